@@ -1,0 +1,1 @@
+"""Synthetic tasks shipped with asyncrl: datasets, prompts and rule-based rewards."""

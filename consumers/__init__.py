@@ -1,0 +1,1 @@
+"""Trainer side: read samples, filter by staleness, batch, compute advantages, update."""

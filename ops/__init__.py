@@ -1,0 +1,1 @@
+"""Operator tooling: config, CLI, embedded broker, topic admin, Kafka clients, progress."""

@@ -1,0 +1,272 @@
+"""Typed run configuration: one YAML file per run plus dotted overrides on the command line.
+
+Key names follow verl where verl has them (``async_training.staleness_threshold``,
+``actor_rollout_ref.rollout.n``, ...) so a verl user recognises every knob. Everything is
+validated at load: an unknown key or a bad value fails at start-up with the key named.
+This module imports pydantic and yaml only (no torch), so the CLI answers instantly.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "asyncrl" / "configs" / "default.yaml"
+
+
+class Strict(BaseModel):
+    """Base for every config section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TopicsConfig(Strict):
+    partitions: dict[str, int] = Field(
+        default_factory=lambda: {
+            "prompts": 4,
+            "samples": 1,
+            "partials": 1,
+            "control": 1,
+            "steps": 1,
+            "dead-letter": 1,
+        }
+    )
+    """Partition count per topic, created explicitly (Tansu would auto-create 4)."""
+
+
+class KafkaConfig(Strict):
+    bootstrap_servers: str | None = None
+    """Kafka bootstrap servers. Unset: an embedded Tansu broker is started on a free loopback port."""
+    max_message_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Largest message we produce; checked client-side before sending (Tansu does not enforce it)."""
+    session_timeout_ms: int = Field(6000, ge=1000)
+    """Consumer-group session timeout. Small values make Tansu's group join take ~3 s, not ~23 s."""
+    heartbeat_interval_ms: int = Field(500, ge=100)
+    """Consumer-group heartbeat interval."""
+    max_poll_interval_ms: int = Field(7000, ge=1000)
+    """Max time between polls; also the rebalance timeout, which bounds the join time."""
+    linger_ms: int = Field(5, ge=0)
+    """Producer batching delay."""
+    extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Raw librdkafka settings applied last to every client (e.g. security.protocol)."""
+    topics: TopicsConfig = Field(default_factory=TopicsConfig)
+
+
+class DataConfig(Strict):
+    task: Literal["arithmetic"] = "arithmetic"
+    """The synthetic task shipped with the project."""
+    train_size: int = Field(2000, ge=1)
+    """Number of training prompts in one epoch."""
+    val_size: int = Field(200, ge=1)
+    """Number of held-out prompts used for accuracy."""
+    seed: int = 0
+    """Seed for the dataset split and the warm start."""
+    max_prompt_length: int = Field(16, ge=1)
+    max_response_length: int = Field(8, ge=1)
+
+
+class ModelConfig(Strict):
+    hidden_size: int = Field(128, ge=8)
+    num_hidden_layers: int = Field(2, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(256, ge=8)
+    warmup_steps: int = Field(200, ge=0)
+    """Supervised warm-start steps on the task before RL (aims at ~20-35% accuracy)."""
+    warmup_lr: float = Field(3e-3, gt=0)
+    warmup_batch_size: int = Field(64, ge=1)
+    cache_dir: str | None = None
+    """Where the warm-started model is cached (default ~/.cache/asyncrl/models)."""
+
+
+class OptimConfig(Strict):
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+
+
+class ActorConfig(Strict):
+    ppo_mini_batch_size: int = Field(8, ge=1)
+    """Prompts (samples) per mini-batch; each holds rollout.n trajectories."""
+    clip_ratio: float = Field(0.2, gt=0)
+    """PPO clip range for the policy ratio."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+
+
+class RolloutConfig(Strict):
+    name: Literal["hf"] = "hf"
+    """Inference engine: hf (transformers on CPU/GPU). vllm/sglang/sim come later."""
+    n: int = Field(8, ge=1)
+    """Trajectories per prompt (the GRPO group size)."""
+    temperature: float = Field(1.0, gt=0)
+    max_concurrent_samples: int = Field(8, ge=1)
+    """Samples (prompts) generated at once by one worker."""
+    num_workers: int = Field(1, ge=0)
+    """Rollout worker processes; 0 runs a trainer alone (tests, replays)."""
+
+
+class ActorRolloutRefConfig(Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+
+class AlgorithmConfig(Strict):
+    adv_estimator: Literal["grpo"] = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide group-relative advantages by the group's std (GRPO) or not (Dr. GRPO)."""
+
+
+class AsyncTrainingConfig(Strict):
+    staleness_threshold: float = Field(0.5, ge=0)
+    """Extra share of samples the rollout may produce per version (0 = synchronous streaming)."""
+    trigger_parameter_sync_step: int = Field(1, ge=1)
+    """Local trainer updates between two weight syncs."""
+    require_batches: int = Field(1, ge=1)
+    """Mini-batches gathered before one update: a step uses require_batches x ppo_mini_batch_size samples."""
+    partial_rollout: bool = False
+    """Interrupt in-flight samples at a sync and continue them (only with staleness_threshold > 0)."""
+    use_rollout_log_probs: bool = True
+    """Use the rollout's logprobs as old_log_prob (verl's default); False recomputes with the trainer."""
+    max_version_lag: int | None = Field(None, ge=0)
+    """Drop samples with current_version - param_version > this (counted, reported). None: keep all."""
+
+    @property
+    def mode(self) -> str:
+        """The seed's mode letter: a on-policy, b stream off-policy, c stale, d partial."""
+        if self.staleness_threshold == 0:
+            return "a" if self.trigger_parameter_sync_step == 1 else "b"
+        return "d" if self.partial_rollout else "c"
+
+
+class TrainerConfig(Strict):
+    total_training_steps: int = Field(100, ge=1)
+    test_freq: int = Field(5, ge=0)
+    """Evaluate held-out accuracy every this many steps (0 = only at the end)."""
+    save_freq: int = Field(10, ge=0)
+    """Write a checkpoint every this many steps (0 = only at the end)."""
+    target_accuracy: float | None = Field(None, gt=0, le=1)
+    """Stop early once held-out accuracy reaches this."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0
+
+
+class SyncConfig(Strict):
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend for the weight broadcast (auto: nccl on CUDA, gloo on CPU)."""
+    bucket_size_mb: float = Field(64.0, gt=0)
+    """Tensors are packed into buckets of this size before each broadcast."""
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = Field(None, ge=1, le=65535)
+    """Rendezvous port of the weight collective; unset: the launcher picks a free one."""
+    timeout_s: float = Field(300.0, gt=0)
+    """How long the trainer waits for every worker to pause before failing the sync."""
+    verify_checksum: bool = True
+    """Workers hash the received weights and compare with the trainer's hash (bit-for-bit check)."""
+
+
+class RunConfig(Strict):
+    run_id: str = Field("demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+    """Prefix of every topic of the run (run42.samples, ...)."""
+    output_dir: str = "runs"
+    """Checkpoints, metrics and logs go to output_dir/run_id."""
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = Field(default_factory=ActorRolloutRefConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+
+    @model_validator(mode="after")
+    def _check_partial(self) -> RunConfig:
+        at = self.async_training
+        if at.partial_rollout and at.staleness_threshold == 0:
+            raise ValueError(
+                "async_training.partial_rollout=True needs async_training.staleness_threshold > 0"
+            )
+        return self
+
+    # --- derived quantities (DESIGN.md section 3) ---------------------------------------------
+    @property
+    def required_samples(self) -> int:
+        """Samples per local update: ppo_mini_batch_size x require_batches."""
+        return self.actor_rollout_ref.actor.ppo_mini_batch_size * self.async_training.require_batches
+
+    @property
+    def samples_per_version(self) -> int:
+        """Samples the trainer consumes between two syncs."""
+        return self.async_training.trigger_parameter_sync_step * self.required_samples
+
+    @property
+    def max_samples_per_version(self) -> int:
+        """(1 + staleness_threshold) x trigger x required, before subtracting num_stale."""
+        return math.floor((1 + self.async_training.staleness_threshold) * self.samples_per_version)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_id
+
+    def topic(self, name: str) -> str:
+        """Full topic name for this run, e.g. topic('samples') -> 'demo.samples'."""
+        return f"{self.run_id}.{name}"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded; the message names the offending key."""
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """Parse ``a.b.c=value`` strings; values are read as YAML scalars (0.5, true, null, text)."""
+    parsed = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like key.path=value")
+        parsed.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
+    return parsed
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(config)"
+        lines.append(f"  {key}: {e['msg']}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load YAML (default: the embedded demo config), apply dotted overrides, validate."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}")
+    tree = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(tree, key, value)
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def dump_config(cfg: RunConfig, path: Path) -> None:
+    """Write the fully resolved config, so every process of a run reads the same values."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,1 @@
+"""Rollout side: workers that turn prompts into scored samples on an inference engine."""

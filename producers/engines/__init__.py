@@ -1,0 +1,1 @@
+"""Inference engines: generate token ids with logprobs, interruptible, reloadable."""

@@ -1,0 +1,9 @@
+"""The wire contract between producers and consumers: Arrow schemas and event types.
+
+Depends on pyarrow only (a test asserts torch is not imported), so any process or tool can
+decode the log.
+"""
+
+from asyncrl.schemas.codec import SCHEMA_HEADER, DecodeError
+
+__all__ = ["SCHEMA_HEADER", "DecodeError"]

@@ -1,0 +1,52 @@
+"""Arrow IPC encoding shared by every message type, with a schema version on each message.
+
+Each message is one Arrow IPC stream holding one record batch. The schema name and version
+travel twice: in the Kafka header ``asyncrl-schema`` (so a reader can route before decoding)
+and in the Arrow schema metadata (so a message is self-describing on disk or in replay).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_HEADER = "asyncrl-schema"
+METADATA_KEY = b"asyncrl.schema"
+
+
+class DecodeError(ValueError):
+    """A message that does not decode to the schema it claims; routed to the dead-letter topic."""
+
+
+def schema_tag(name: str, version: int) -> str:
+    return f"{name}/{version}"
+
+
+def with_tag(schema: pa.Schema, name: str, version: int) -> pa.Schema:
+    return schema.with_metadata({METADATA_KEY: schema_tag(name, version).encode()})
+
+
+def encode_batch(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_batch(data: bytes | None, expected: pa.Schema, tag: str) -> pa.RecordBatch:
+    """Decode one IPC stream and check it is exactly ``expected`` (fields and schema tag)."""
+    if not data:
+        raise DecodeError(f"{tag}: empty message")
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        batches = list(reader)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+        raise DecodeError(f"{tag}: not an Arrow IPC stream ({err})") from None
+    if len(batches) != 1:
+        raise DecodeError(f"{tag}: expected 1 record batch, got {len(batches)}")
+    batch = batches[0]
+    got_tag = (batch.schema.metadata or {}).get(METADATA_KEY, b"").decode(errors="replace")
+    if got_tag != tag:
+        raise DecodeError(f"expected schema {tag}, message says {got_tag or 'nothing'}")
+    if not batch.schema.equals(expected, check_metadata=False):
+        raise DecodeError(f"{tag}: fields differ from the schema: {batch.schema.names}")
+    return batch

@@ -1,0 +1,1 @@
+"""Weight versions and weight transfer: control events drive pause/resume; tensors move by collective."""
