@@ -1,0 +1,110 @@
+"""The ``control`` topic as a typed channel of weight-version events, for one process.
+
+Each process reads the topic from where it stood when it started (the high watermark), so
+a restarted process does not replay an old sync. ``wait_for`` keeps every other event it
+reads for the next ``poll``, so waiting for one event never swallows another.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TypeVar
+
+from asyncrl.ops.config import RunConfig
+from asyncrl.ops.kafka import Publisher, Reader
+from asyncrl.schemas import SCHEMA_HEADER
+from asyncrl.schemas import control as ev
+
+E = TypeVar("E", bound=ev.ControlEvent)
+
+
+class SyncTimeout(TimeoutError):
+    """An expected control event did not arrive; the message says which and from whom."""
+
+
+class ControlChannel:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        bootstrap: str,
+        publisher: Publisher,
+        worker: int = ev.TRAINER,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.topic = cfg.topic("control")
+        self.publisher = publisher
+        self.worker = worker
+        self.timeout_s = timeout_s if timeout_s is not None else cfg.sync.timeout_s
+        self.reader: Reader[ev.ControlEvent] = Reader(
+            cfg.kafka,
+            bootstrap,
+            ev.decode_event,
+            dead_letter=(publisher, cfg.topic("dead-letter")),
+        )
+        self._pending: deque[ev.ControlEvent] = deque()
+        self._started = False
+
+    def start(self, from_beginning: bool = False) -> None:
+        """Position the reader: at the current end (default), or at the start for a replay."""
+        offsets = None
+        if not from_beginning:
+            offsets = {p: high for p, (_low, high) in self.reader.watermarks(self.topic).items()}
+        self.reader.assign(self.topic, offsets)
+        self._started = True
+
+    def publish(self, event: ev.ControlEvent, flush: bool = True) -> None:
+        self.publisher.publish(
+            self.topic,
+            self.cfg.run_id,
+            ev.encode_event(event),
+            headers={SCHEMA_HEADER: event.tag()},
+        )
+        if flush:
+            self.publisher.flush()
+
+    def poll(self, timeout: float) -> list[ev.ControlEvent]:
+        """Events not yet handed out, oldest first."""
+        if not self._pending:
+            self._pending.extend(r.value for r in self.reader.poll(timeout))
+        events = list(self._pending)
+        self._pending.clear()
+        return events
+
+    def wait_for(
+        self,
+        kind: type[E],
+        version: int | None = None,
+        worker: int | None = None,
+        timeout_s: float | None = None,
+    ) -> E:
+        """Block until an event of ``kind`` (optionally for a version/worker) arrives."""
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
+        kept: list[ev.ControlEvent] = []
+        try:
+            while True:
+                while self._pending:
+                    event = self._pending.popleft()
+                    if (
+                        isinstance(event, kind)
+                        and (version is None or event.version == version)
+                        and (worker is None or event.worker == worker)
+                    ):
+                        return event
+                    kept.append(event)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    what = kind.__name__ + (f"(version={version})" if version is not None else "")
+                    who = f" from worker {worker}" if worker is not None else ""
+                    raise SyncTimeout(
+                        f"no {what}{who} on {self.topic} within "
+                        f"{timeout_s if timeout_s is not None else self.timeout_s:.0f} s "
+                        f"(sync.timeout_s); see `asyncrl inspect` of the control topic"
+                    )
+                self._pending.extend(r.value for r in self.reader.poll(min(left, 0.1)))
+        finally:
+            self._pending.extendleft(reversed(kept))
+
+    def close(self) -> None:
+        self.reader.close()

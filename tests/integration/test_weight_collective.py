@@ -1,0 +1,197 @@
+"""The weight collective between real processes on loopback (gloo; NCCL only with 2 GPUs).
+
+Each rank is a spawned process that writes what it saw (checksums, state dicts, errors) to a
+temp dir; the test compares those files. Every process has a deadline and every collective a
+timeout, so a hang fails the test instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import socket
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from asyncrl.sync.checksum import weights_checksum
+from asyncrl.sync.collective import ManifestMismatchError, TransferStats, WeightCollective
+
+PROCESS_DEADLINE_S = 30.0  # hang guard only: a normal run takes 2-7 s, even on a busy box
+COLLECTIVE_TIMEOUT_S = 12.0
+# bucket size per round: small buckets with oversized tensors, one tensor per bucket, one big
+ROUND_BUCKET_BYTES = [4096, 1, 64 << 20]
+
+
+class Small(nn.Module):
+    """A few Linear layers, an embedding tied to the head, a bf16 buffer and an int64 buffer."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, layers: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.ones(dim, dtype=torch.bfloat16))
+        self.register_buffer("version", torch.zeros(1, dtype=torch.int64))
+
+
+def _perturb(model: nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.add_(torch.randn(t.shape, generator=g).to(t.dtype))
+            else:
+                t.add_(1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(
+    rank: int, world_size: int, port: int, scenario: str, out: str, device: str, backend: str
+) -> None:
+    """One rank: rank 0 sends, the others receive; results go to files in ``out``."""
+    torch.set_num_threads(1)
+    result: dict = {"rank": rank, "checksums": [], "initial": None, "error": None, "stats": []}
+    outdir = Path(out)
+    coll = WeightCollective(
+        rank, world_size, "127.0.0.1", port, backend, torch.device(device), COLLECTIVE_TIMEOUT_S
+    )
+    try:
+        torch.manual_seed(0 if rank == 0 else 1000 + rank)
+        dim = 48 if scenario == "mismatch" and rank == world_size - 1 else 32
+        model = Small(dim=dim).to(device)
+        result["initial"] = weights_checksum(model)
+        coll.init()
+        rounds = ROUND_BUCKET_BYTES if scenario == "rounds" else ROUND_BUCKET_BYTES[:1]
+        for k, bucket_bytes in enumerate(rounds):
+            if rank == 0:
+                _perturb(model, seed=k)  # the trainer's weights change between syncs
+                stats = coll.broadcast_from(model, bucket_bytes)
+            else:
+                stats = coll.receive_into(model, bucket_bytes)
+            assert model.head.weight is model.embed.weight
+            result["stats"].append(vars(stats))
+            result["checksums"].append(weights_checksum(model))
+            sd = {k2: v.detach().cpu().clone() for k2, v in model.state_dict().items()}
+            torch.save(sd, outdir / f"rank{rank}_round{k}.pt")
+    except ManifestMismatchError as err:
+        result["error"] = f"ManifestMismatchError: {err}"
+    except Exception:
+        result["error"] = traceback.format_exc()
+    finally:
+        coll.close()
+    (outdir / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _run(world_size: int, scenario: str, out: Path, device: str = "cpu", backend: str = "gloo"):
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, scenario, str(out), device, backend))
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + PROCESS_DEADLINE_S
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    assert not hung, f"ranks {hung} still running after {PROCESS_DEADLINE_S} s (hang)"
+    assert [p.exitcode for p in procs] == [0] * world_size
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def _assert_bit_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        assert torch.equal(a[k], b[k]), k
+        assert torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)), k
+
+
+def _check_rounds(results: list[dict], out: Path) -> None:
+    errors = [r["error"] for r in results if r["error"]]
+    assert not errors, errors[0]
+    sender, receivers = results[0], results[1:]
+    for rec in receivers:
+        assert rec["initial"] != sender["initial"]  # receivers start from other weights
+        assert rec["checksums"] == sender["checksums"]
+    assert len(set(sender["checksums"])) == len(ROUND_BUCKET_BYTES)  # weights changed
+    for k in range(len(ROUND_BUCKET_BYTES)):
+        want = torch.load(out / f"rank0_round{k}.pt")
+        for r in range(1, len(results)):
+            _assert_bit_equal(want, torch.load(out / f"rank{r}_round{k}.pt"))
+    stats = [TransferStats(**s) for s in sender["stats"]]
+    assert all(s.bytes == stats[0].bytes > 0 and s.tensors == 9 for s in stats)
+    assert stats[1].buckets == 9  # 1-byte buckets: one per tensor
+    assert stats[2].buckets == 3  # fp32, bf16, int64
+    assert all(s.gbps > 0 for s in stats)
+
+
+def test_two_processes_three_syncs_bit_exact(tmp_path: Path) -> None:
+    _check_rounds(_run(2, "rounds", tmp_path), tmp_path)
+
+
+def test_three_processes(tmp_path: Path) -> None:
+    _check_rounds(_run(3, "rounds", tmp_path), tmp_path)
+
+
+def test_manifest_mismatch_fails_on_both_sides(tmp_path: Path) -> None:
+    results = _run(2, "mismatch", tmp_path)
+    for r in results:
+        assert r["error"] and r["error"].startswith("ManifestMismatchError"), r["error"]
+        assert "weight manifest mismatch" in r["error"]
+        assert (
+            "embed.weight: trainer torch.float32 [64, 32], rank 1 torch.float32 [64, 48]"
+            in (r["error"])
+        )
+
+
+def test_rendezvous_timeout_names_master_port() -> None:
+    # rank 1 of 2 with nobody listening on the port: must fail fast with a useful message
+    coll = WeightCollective(1, 2, "127.0.0.1", _free_port(), "gloo", torch.device("cpu"), 1.0)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="sync.master_port"):
+        coll.init()
+    assert time.monotonic() - start < 15
+
+
+def test_wrong_role_is_rejected() -> None:
+    coll = WeightCollective(1, 2, "127.0.0.1", 1, "auto", torch.device("cpu"), 1.0)
+    assert coll.backend == "gloo"
+    with pytest.raises(RuntimeError, match="rank 0"):
+        coll.broadcast_from(Small(), 1024)
+    with pytest.raises(ValueError, match="nccl"):
+        WeightCollective(0, 2, "127.0.0.1", 1, "nccl", torch.device("cpu"), 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between ranks needs 2 GPUs")
+def test_nccl_two_gpus(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, 2, port, "rounds", str(tmp_path), f"cuda:{r}", "nccl"))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    _check_rounds(results, tmp_path)

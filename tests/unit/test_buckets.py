@@ -1,0 +1,168 @@
+"""Bucket planning, packing and unpacking (plus the checksum and snapshot helpers built on them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from asyncrl.sync.buckets import (
+    manifest_digest,
+    named_tensors,
+    pack,
+    plan_buckets,
+    unpack,
+    weight_manifest,
+)
+from asyncrl.sync.checksum import weights_checksum
+from asyncrl.sync.snapshot import load_snapshot, save_snapshot
+
+
+class Tied(nn.Module):
+    """Embedding tied to the output head, a bf16 layer and an int64 buffer: every case at once."""
+
+    def __init__(self, vocab: int = 11, dim: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.body = nn.Linear(dim, dim)
+        self.lowp = nn.Linear(dim, dim).to(torch.bfloat16)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("steps", torch.arange(5, dtype=torch.int64))
+
+
+def _randomize(model: nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=g))
+            else:
+                t.copy_(torch.randint(0, 1000, t.shape, generator=g))
+
+
+def _bitwise_equal(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(
+        sa[k].dtype == sb[k].dtype and torch.equal(sa[k].view(torch.uint8), sb[k].view(torch.uint8))
+        for k in sa
+    )
+
+
+def test_manifest_is_sorted_and_dedups_tied_weights() -> None:
+    m = Tied()
+    manifest = weight_manifest(m)
+    names = [s.name for s in manifest]
+    assert names == sorted(names)
+    tied = [s for s in manifest if s.aliases]
+    assert [(s.name, s.aliases) for s in tied] == [("embed.weight", ("head.weight",))]
+    assert "head.weight" not in names
+    assert {s.dtype for s in manifest} == {torch.float32, torch.bfloat16, torch.int64}
+    # a plain state dict (tied entries are the same tensor) gives the same manifest
+    assert weight_manifest(m.state_dict()) == manifest
+
+
+def test_plan_is_deterministic() -> None:
+    a, b = Tied(), Tied()
+    _randomize(b, 3)  # values do not matter, only names/shapes/dtypes
+    ma, mb = weight_manifest(a), weight_manifest(b)
+    assert manifest_digest(ma) == manifest_digest(mb)
+    assert plan_buckets(ma, 64) == plan_buckets(mb, 64)
+    assert plan_buckets(ma, 64) == plan_buckets(list(ma), 64)
+    # digest changes with any shape change
+    assert manifest_digest(ma) != manifest_digest(weight_manifest(Tied(dim=9)))
+
+
+def test_buckets_respect_size_and_dtype() -> None:
+    manifest = weight_manifest(Tied())
+    bucket_bytes = 100
+    buckets = plan_buckets(manifest, bucket_bytes)
+    assert [b.index for b in buckets] == list(range(len(buckets)))
+    planned = [s for b in buckets for s in b.specs]
+    assert sorted(s.name for s in planned) == sorted(s.name for s in manifest)
+    for b in buckets:
+        assert all(s.dtype == b.dtype for s in b.specs)
+        assert b.numel == sum(s.numel for s in b.specs)
+        if b.nbytes > bucket_bytes:  # only a lone oversized tensor may exceed the limit
+            assert len(b.specs) == 1 and b.specs[0].nbytes > bucket_bytes
+    # the 11x8 fp32 embedding (352 B) is bigger than a bucket: alone
+    (emb,) = [b for b in buckets if b.specs[0].name == "embed.weight"]
+    assert len(emb.specs) == 1
+    # one huge bucket: one bucket per dtype
+    assert len(plan_buckets(manifest, 1 << 30)) == 3
+    with pytest.raises(ValueError):
+        plan_buckets(manifest, 0)
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 40, 100, 1 << 20])
+def test_pack_unpack_round_trip_is_exact(bucket_bytes: int) -> None:
+    src, dst = Tied(), Tied()
+    _randomize(src, 1)
+    _randomize(dst, 2)
+    assert not _bitwise_equal(src, dst)
+    dst_head = dst.head.weight
+    manifest = weight_manifest(src)
+    assert manifest == weight_manifest(dst)
+    src_t, dst_t = named_tensors(src), named_tensors(dst)
+    for bucket in plan_buckets(manifest, bucket_bytes):
+        flat = pack(bucket, src_t)
+        assert flat.dtype == bucket.dtype and flat.numel() == bucket.numel
+        unpack(bucket, flat, dst_t)
+    assert _bitwise_equal(src, dst)
+    assert dst.head.weight is dst_head  # updated in place, still tied
+    assert dst.head.weight is dst.embed.weight
+    assert weights_checksum(src) == weights_checksum(dst)
+
+
+def test_unpack_updates_untied_alias_and_keeps_grad_state() -> None:
+    src = Tied()
+    _randomize(src, 5)
+    # receiver given as a dict in which the tied names are two separate tensors
+    into = {k: v.detach().clone() for k, v in src.state_dict().items()}
+    for v in into.values():
+        v.zero_()
+    manifest = weight_manifest(src)
+    for bucket in plan_buckets(manifest, 64):
+        unpack(bucket, pack(bucket, named_tensors(src)), into)
+    assert torch.equal(into["head.weight"], src.head.weight)
+    assert torch.equal(into["embed.weight"], src.embed.weight)
+    # unpacking into live parameters works despite requires_grad (no_grad inside)
+    dst = Tied()
+    for bucket in plan_buckets(manifest, 64):
+        unpack(bucket, pack(bucket, named_tensors(src)), named_tensors(dst))
+    assert dst.body.weight.requires_grad and dst.body.weight.grad_fn is None
+
+
+def test_pack_reuses_out_buffer_and_rejects_shape_mismatch() -> None:
+    manifest = weight_manifest(Tied())
+    bucket = next(b for b in plan_buckets(manifest, 1 << 20) if b.dtype == torch.float32)
+    out = torch.empty(bucket.numel + 7)
+    flat = pack(bucket, named_tensors(Tied()), out=out)
+    assert flat.data_ptr() == out.data_ptr()
+    wrong = named_tensors(Tied(dim=9))
+    with pytest.raises(ValueError, match="expected"):
+        pack(bucket, wrong)
+
+
+def test_checksum_sees_every_bit() -> None:
+    m = Tied()
+    before = weights_checksum(m)
+    assert before == weights_checksum(m.state_dict())
+    with torch.no_grad():
+        w = m.lowp.weight.view(torch.int16)
+        w[0, 0] ^= 1  # flip the lowest bit of one bf16 value
+    assert weights_checksum(m) != before
+
+
+def test_snapshot_round_trip_with_tied_weights(tmp_path) -> None:
+    src, dst = Tied(), Tied()
+    _randomize(src, 7)
+    path = save_snapshot(src, tmp_path, version=12)
+    assert path.exists() and path.parent == tmp_path
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+    head = dst.head.weight
+    assert load_snapshot(dst, path) == 12
+    assert _bitwise_equal(src, dst)
+    assert dst.head.weight is head and head is dst.embed.weight
+    with pytest.raises(ValueError, match="does not match"):
+        load_snapshot(nn.Linear(2, 2), path)
