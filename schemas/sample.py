@@ -1,0 +1,169 @@
+"""A finished sample: one prompt's group of ``rollout.n`` trajectories, one Kafka message.
+
+The group travels together because GRPO's advantage is relative within the group. One row per
+trajectory; token columns are Arrow lists so a reader can hand them to numpy without copying.
+``param_version`` is the weight version the last token was generated under;
+``param_version_start`` the version of the first token (they differ for partial rollouts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
+
+NAME = "sample"
+VERSION = 1
+TAG = schema_tag(NAME, VERSION)
+
+SCHEMA = with_tag(
+    pa.schema(
+        [
+            pa.field("sample_id", pa.string(), nullable=False),
+            pa.field("prompt_id", pa.string(), nullable=False),
+            pa.field("traj_index", pa.int32(), nullable=False),
+            pa.field("worker_id", pa.int32(), nullable=False),
+            pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
+            pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
+            pa.field("response_logprobs", pa.list_(pa.float32()), nullable=False),
+            pa.field("response_mask", pa.list_(pa.int8()), nullable=False),
+            pa.field("reward", pa.float32(), nullable=False),
+            pa.field("finish_reason", pa.string(), nullable=False),
+            pa.field("param_version", pa.int64(), nullable=False),
+            pa.field("param_version_start", pa.int64(), nullable=False),
+            pa.field("ground_truth", pa.string(), nullable=False),
+            pa.field("t_start", pa.float64(), nullable=False),
+            pa.field("t_end", pa.float64(), nullable=False),
+            pa.field("reward_s", pa.float64(), nullable=False),
+        ]
+    ),
+    NAME,
+    VERSION,
+)
+
+
+@dataclass
+class Trajectory:
+    """One response to the prompt, with what the trainer needs to use it off-policy."""
+
+    response_ids: list[int]
+    response_logprobs: list[float]
+    reward: float
+    finish_reason: str = "stop"
+    response_mask: list[int] = field(default_factory=list)
+    param_version: int = 0
+    param_version_start: int = 0
+    t_start: float = 0.0
+    t_end: float = 0.0
+    reward_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.response_mask:
+            self.response_mask = [1] * len(self.response_ids)
+
+
+@dataclass
+class Sample:
+    """A prompt and its group of trajectories: the unit the rollout budget counts."""
+
+    sample_id: str
+    prompt_id: str
+    worker_id: int
+    prompt_ids: list[int]
+    ground_truth: str
+    trajectories: list[Trajectory]
+
+    @property
+    def param_version(self) -> int:
+        """Oldest weight version any token of the group came from (used for staleness)."""
+        return min(t.param_version_start for t in self.trajectories)
+
+    @property
+    def param_version_end(self) -> int:
+        return max(t.param_version for t in self.trajectories)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+
+def validate(sample: Sample) -> None:
+    """Reject a sample that would silently corrupt training; raises DecodeError."""
+    if not sample.trajectories:
+        raise DecodeError(f"sample {sample.sample_id}: no trajectories")
+    for i, t in enumerate(sample.trajectories):
+        n = len(t.response_ids)
+        if len(t.response_logprobs) != n or len(t.response_mask) != n:
+            raise DecodeError(
+                f"sample {sample.sample_id} trajectory {i}: response_ids ({n}), "
+                f"response_logprobs ({len(t.response_logprobs)}) and response_mask "
+                f"({len(t.response_mask)}) must have the same length"
+            )
+        if t.param_version < t.param_version_start or t.param_version_start < 0:
+            raise DecodeError(
+                f"sample {sample.sample_id} trajectory {i}: bad versions "
+                f"{t.param_version_start}..{t.param_version}"
+            )
+
+
+def encode_sample(sample: Sample) -> bytes:
+    validate(sample)
+    trajs = sample.trajectories
+    n = len(trajs)
+    columns = {
+        "sample_id": [sample.sample_id] * n,
+        "prompt_id": [sample.prompt_id] * n,
+        "traj_index": list(range(n)),
+        "worker_id": [sample.worker_id] * n,
+        "prompt_ids": [sample.prompt_ids] * n,
+        "response_ids": [t.response_ids for t in trajs],
+        "response_logprobs": [t.response_logprobs for t in trajs],
+        "response_mask": [t.response_mask for t in trajs],
+        "reward": [t.reward for t in trajs],
+        "finish_reason": [t.finish_reason for t in trajs],
+        "param_version": [t.param_version for t in trajs],
+        "param_version_start": [t.param_version_start for t in trajs],
+        "ground_truth": [sample.ground_truth] * n,
+        "t_start": [t.t_start for t in trajs],
+        "t_end": [t.t_end for t in trajs],
+        "reward_s": [t.reward_s for t in trajs],
+    }
+    return encode_batch(pa.RecordBatch.from_pydict(columns, schema=SCHEMA))
+
+
+def decode_sample(data: bytes | None, headers: dict[str, bytes] | None = None) -> Sample:
+    batch = decode_batch(data, SCHEMA, TAG)
+    if batch.num_rows == 0:
+        raise DecodeError(f"{TAG}: no rows")
+    cols = batch.to_pydict()
+    if len(set(cols["sample_id"])) != 1:
+        raise DecodeError(f"{TAG}: rows of one message must share a sample_id")
+    if cols["traj_index"] != list(range(batch.num_rows)):
+        raise DecodeError(f"{TAG}: traj_index must be 0..n-1, got {cols['traj_index']}")
+    trajs = [
+        Trajectory(
+            response_ids=cols["response_ids"][i],
+            response_logprobs=cols["response_logprobs"][i],
+            response_mask=cols["response_mask"][i],
+            reward=cols["reward"][i],
+            finish_reason=cols["finish_reason"][i],
+            param_version=cols["param_version"][i],
+            param_version_start=cols["param_version_start"][i],
+            t_start=cols["t_start"][i],
+            t_end=cols["t_end"][i],
+            reward_s=cols["reward_s"][i],
+        )
+        for i in range(batch.num_rows)
+    ]
+    sample = Sample(
+        sample_id=cols["sample_id"][0],
+        prompt_id=cols["prompt_id"][0],
+        worker_id=cols["worker_id"][0],
+        prompt_ids=cols["prompt_ids"][0],
+        ground_truth=cols["ground_truth"][0],
+        trajectories=trajs,
+    )
+    validate(sample)
+    return sample
