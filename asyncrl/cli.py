@@ -1,0 +1,172 @@
+"""The one command line: ``asyncrl run|train|rollout|broker ...``.
+
+Entry points stay short and import torch and transformers only after the arguments are
+parsed, so ``asyncrl --help`` answers at once. Every command takes ``--config FILE`` (default:
+the embedded demo) and dotted overrides such as ``async_training.staleness_threshold=0.3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+
+EPILOG = """\
+examples:
+  asyncrl run                                   the embedded demo: broker, trainer, 1 worker
+  asyncrl run async_training.staleness_threshold=0 actor_rollout_ref.rollout.num_workers=2
+  asyncrl broker --port 9092                    a Kafka-protocol broker for your own runs
+  asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
+"""
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="run config YAML (default: the embedded demo config)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="dotted overrides, e.g. trainer.total_training_steps=50",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncrl",
+        description="Fully asynchronous RL post-training for LLMs over a Kafka event log.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "run", help="a whole run: broker (embedded if none), trainer, rollout workers"
+    )
+    _config_args(p)
+
+    p = sub.add_parser("train", help="the trainer process alone (needs kafka.bootstrap_servers)")
+    _config_args(p)
+
+    p = sub.add_parser("rollout", help="one rollout worker process (needs kafka.bootstrap_servers)")
+    p.add_argument(
+        "--worker-id", type=int, default=0, help="this worker's index (0..num_workers-1)"
+    )
+    _config_args(p)
+
+    p = sub.add_parser("broker", help="start an embedded Kafka-protocol broker (Tansu) and wait")
+    p.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--create-topics", action="store_true", help="also create the run's topics")
+    _config_args(p)
+    return parser
+
+
+def _load(args: argparse.Namespace):
+    from asyncrl.ops.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def _need_bootstrap(cfg, role: str) -> str:
+    if not cfg.kafka.bootstrap_servers:
+        raise SystemExit(
+            f"asyncrl {role}: kafka.bootstrap_servers is not set. Start a broker "
+            "(`asyncrl broker`) and pass kafka.bootstrap_servers=HOST:PORT, or use `asyncrl run`."
+        )
+    return cfg.kafka.bootstrap_servers
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from asyncrl.ops.launcher import run
+
+    summary = run(_load(args))
+    return 0 if summary else 1
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import json
+
+    cfg = _load(args)
+    bootstrap = _need_bootstrap(cfg, "train")
+    _torch_threads(cfg.trainer.torch_threads)
+    from asyncrl.consumers.trainer import Trainer
+
+    trainer = Trainer(cfg, bootstrap)
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    logging.getLogger("asyncrl.train").info("done: %s", summary)
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    bootstrap = _need_bootstrap(cfg, "rollout")
+    _torch_threads(cfg.actor_rollout_ref.rollout.torch_threads)
+    from asyncrl.producers.worker import RolloutWorker
+
+    produced = RolloutWorker(cfg, args.worker_id, bootstrap).run()
+    logging.getLogger("asyncrl.rollout").info(
+        "worker %d produced %d samples", args.worker_id, produced
+    )
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from asyncrl.ops.broker import EmbeddedBroker
+
+    cfg = _load(args)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with EmbeddedBroker(port=args.port) as broker:
+        print(f"broker ready: kafka.bootstrap_servers={broker.bootstrap}", flush=True)
+        if args.create_topics:
+            from asyncrl.ops.topics import create_run_topics
+
+            cfg.kafka.bootstrap_servers = broker.bootstrap
+            print("topics:", ", ".join(create_run_topics(cfg, broker.bootstrap)), flush=True)
+        print("Ctrl-C to stop (in-memory storage: topics vanish with the broker)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+    return 0
+
+
+def _torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+COMMANDS = {"run": cmd_run, "train": cmd_train, "rollout": cmd_rollout, "broker": cmd_broker}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from asyncrl.ops.config import ConfigError
+
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as err:
+        print(f"asyncrl: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("asyncrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,369 @@
+"""The trainer process: samples in, policy updates, weight versions out.
+
+Per local update (a "step"), in this order:
+1. Wait until ``require_batches x ppo_mini_batch_size`` samples are queued (staleness filter
+   applied on arrival; drops are counted, published as SamplesDropped, never silent).
+2. Take them first-in first-out; GRPO advantages per group; one optimizer step per mini-batch.
+3. Publish the step's record to ``steps`` (which samples, which version, metrics) and flush.
+4. Every ``save_freq`` steps: write the checkpoint (model, optimizer, step, version, settled
+   offsets), then commit those offsets to the trainer's group (for lag monitoring only; the
+   checkpoint is the source of truth).
+5. Every ``trigger_parameter_sync_step`` steps: SyncRequested(v+1) -> wait for every worker's
+   RolloutPaused -> broadcast the weights in buckets -> WeightsPublished(v+1, checksum).
+   The trainer then goes on without waiting for the workers to load and resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from asyncrl.consumers.batcher import SampleBatcher
+from asyncrl.consumers.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from asyncrl.ops.config import RunConfig
+from asyncrl.ops.kafka import Publisher, Reader, Record
+from asyncrl.ops.metrics import JsonlWriter, WaitClock
+from asyncrl.schemas import SCHEMA_HEADER
+from asyncrl.schemas import control as ev
+from asyncrl.schemas.sample import Sample, decode_sample
+from asyncrl.schemas.step import TAG as STEP_TAG
+from asyncrl.schemas.step import StepRecord, encode_step
+from asyncrl.sync.channel import ControlChannel
+from asyncrl.sync.checksum import weights_checksum
+from asyncrl.sync.collective import WeightCollective
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    def __init__(
+        self, cfg: RunConfig, bootstrap: str, on_step: Callable[[dict], None] | None = None
+    ):
+        from asyncrl.models.tiny import load_policy
+        from asyncrl.tasks.arithmetic import make_splits
+
+        self.cfg = cfg
+        self.on_step = on_step or (lambda m: None)
+        self.device = _device(cfg.trainer.device)
+        torch.manual_seed(cfg.trainer.seed)
+        self.model, self.tokenizer = load_policy(cfg)
+        self.model.to(self.device)
+        self.model.train()
+        optim = cfg.actor_rollout_ref.actor.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay
+        )
+        _, self.val_problems = make_splits(cfg.data)
+        self.num_workers = cfg.actor_rollout_ref.rollout.num_workers
+        self.step = 0
+        self.version = 0
+        self.batcher = SampleBatcher(max_version_lag=cfg.async_training.max_version_lag)
+        self.history: dict[str, Any] = {}
+
+        ckpt = latest_checkpoint(cfg.run_dir)
+        offsets = None
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, self.model, self.optimizer)
+            self.step, self.version = state.step, state.version
+            offsets = self.batcher.restore(state.batcher)
+            self.history = state.metrics
+            log.info("resumed from %s: step %d, version %d", ckpt, self.step, self.version)
+
+        self.publisher = Publisher(cfg.kafka, bootstrap)
+        dead_letter = (self.publisher, cfg.topic("dead-letter"))
+        self.samples: Reader[Sample] = Reader(
+            cfg.kafka,
+            bootstrap,
+            decode_sample,
+            group_id=f"{cfg.run_id}.trainer",
+            dead_letter=dead_letter,
+        )
+        self.samples.assign(cfg.topic("samples"), offsets)
+        self.control = ControlChannel(cfg, bootstrap, self.publisher)
+        self.control.start()
+        self.metrics_file = JsonlWriter(cfg.run_dir / "metrics.jsonl")
+        self.collective: WeightCollective | None = None
+        self.wait_clock = WaitClock()
+        self.rollouter_idle: dict[int, float] = {}
+        self.window_stats = {"stale_samples": 0, "stale_trajectories": 0}
+        self.t_start = time.monotonic()
+        self.samples_trained = 0
+        self.last_sync: dict[str, float] = {}
+
+    # --- weights --------------------------------------------------------------------------------
+    def _publish_weights(self, pause_wait_s: float = 0.0) -> None:
+        """Broadcast the current weights to every worker and announce them on ``control``."""
+        stats_bytes, buckets, transfer_s = 0, 0, 0.0
+        if self.collective is not None:
+            stats = self.collective.broadcast_from(self.model, self._bucket_bytes)
+            stats_bytes, buckets, transfer_s = stats.bytes, stats.buckets, stats.seconds
+        checksum = weights_checksum(self.model) if self.cfg.sync.verify_checksum else ""
+        self.control.publish(
+            ev.WeightsPublished(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                transfer_s=transfer_s,
+                pause_wait_s=pause_wait_s,
+                bytes=stats_bytes,
+                buckets=buckets,
+                checksum=checksum,
+                step=self.step,
+            )
+        )
+        self.last_sync = {"timing/sync_pause_s": pause_wait_s, "timing/sync_transfer_s": transfer_s}
+
+    @property
+    def _bucket_bytes(self) -> int:
+        return int(self.cfg.sync.bucket_size_mb * 1024 * 1024)
+
+    def _start_collective(self) -> None:
+        if self.num_workers == 0:
+            return
+        sc = self.cfg.sync
+        if sc.master_port is None:
+            raise RuntimeError("sync.master_port is not set (the launcher sets it for each run)")
+        self.collective = WeightCollective(
+            rank=0,
+            world_size=self.num_workers + 1,
+            master_addr=sc.master_addr,
+            master_port=sc.master_port,
+            backend=sc.backend,
+            device=self.device,
+            timeout_s=sc.timeout_s,
+        )
+        self.collective.init()
+
+    def sync(self) -> None:
+        """Steps 5 of the class docstring: one weight version, pause to publish."""
+        t0 = time.monotonic()
+        new_version = self.version + 1
+        self.control.publish(
+            ev.SyncRequested(
+                run_id=self.cfg.run_id,
+                version=new_version,
+                step=self.step,
+                consumed={str(w): c for w, c in self.batcher.consumed.items()},
+            )
+        )
+        with self.wait_clock.waiting():
+            for worker in range(self.num_workers):
+                self.control.wait_for(ev.RolloutPaused, version=new_version, worker=worker)
+        self.version = new_version
+        self._publish_weights(pause_wait_s=time.monotonic() - t0)
+
+    # --- samples --------------------------------------------------------------------------------
+    def _read_samples(self, timeout: float) -> None:
+        for rec in self.samples.poll(timeout):
+            dropped = self.batcher.offer(rec, self.version)
+            if dropped is not None:
+                log.warning("dropped sample %s: %s", rec.value.sample_id, dropped.reason)
+                self.control.publish(
+                    ev.SamplesDropped(
+                        run_id=self.cfg.run_id,
+                        version=self.version,
+                        target_worker=rec.value.worker_id,
+                        count=1,
+                        reason=dropped.reason,
+                    )
+                )
+
+    def _handle_control(self) -> None:
+        for event in self.control.poll(0.0):
+            if isinstance(event, ev.RolloutResumed):
+                self.rollouter_idle[event.worker] = event.idle_ratio
+            elif isinstance(event, ev.WeightsLoaded) and not event.checksum_ok:
+                raise RuntimeError(
+                    f"worker {event.worker} loaded weights of version {event.version} that "
+                    "differ from the trainer's (checksum mismatch)"
+                )
+            elif isinstance(event, ev.WorkerStopped) and event.reason == "error":
+                raise RuntimeError(f"rollout worker {event.worker} stopped with an error")
+
+    def _wait_for_batch(self, n: int) -> list[Record[Sample]]:
+        deadline = time.monotonic() + self.cfg.sync.timeout_s
+        with self.wait_clock.waiting():
+            while len(self.batcher) < n:
+                self._handle_control()
+                self._read_samples(0.1)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"only {len(self.batcher)} of {n} samples arrived on "
+                        f"{self.cfg.topic('samples')} within {self.cfg.sync.timeout_s:.0f} s "
+                        "(sync.timeout_s): are the rollout workers running?"
+                    )
+        return self.batcher.take(n)
+
+    # --- one update -----------------------------------------------------------------------------
+    def train_step(self, batch: list[Record[Sample]]) -> dict[str, float]:
+        from asyncrl.consumers.update import grpo_update
+
+        cfg = self.cfg
+        metrics = grpo_update(
+            self.model,
+            self.optimizer,
+            [r.value for r in batch],
+            cfg,
+            self.device,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        stale = [r.value for r in batch if r.value.param_version < self.version]
+        metrics["fully_async/count/stale_samples_processed"] = float(len(stale))
+        metrics["fully_async/count/stale_trajectory_processed"] = float(
+            sum(
+                1
+                for s in (r.value for r in batch)
+                for t in s.trajectories
+                if t.param_version_start < self.version
+            )
+        )
+        return metrics
+
+    def evaluate(self) -> float:
+        from asyncrl.models.tiny import greedy_accuracy
+
+        self.model.eval()
+        acc = greedy_accuracy(
+            self.model,
+            self.tokenizer,
+            self.val_problems,
+            max_new_tokens=self.cfg.data.max_response_length,
+        )
+        self.model.train()
+        return acc
+
+    def _record_step(self, batch: list[Record[Sample]], metrics: dict[str, float]) -> None:
+        rec = StepRecord(
+            run_id=self.cfg.run_id,
+            step=self.step,
+            version=self.version,
+            ts=time.time(),
+            sample_ids=[r.value.sample_id for r in batch],
+            partitions=[r.partition for r in batch],
+            offsets=[r.offset for r in batch],
+            metrics=metrics,
+        )
+        self.publisher.publish(
+            self.cfg.topic("steps"),
+            str(self.step),
+            encode_step(rec),
+            headers={SCHEMA_HEADER: STEP_TAG},
+        )
+        self.publisher.flush()
+        self.metrics_file.write({"step": self.step, "version": self.version, **metrics})
+
+    def checkpoint(self) -> None:
+        state = TrainerState(
+            step=self.step, version=self.version, batcher=self.batcher.state(), metrics=self.history
+        )
+        save_checkpoint(self.cfg.run_dir, self.model, self.optimizer, state)
+        offsets = self.batcher.settled_offsets()
+        topic = self.cfg.topic("samples")
+        self.samples.commit({(topic, p): o for p, o in offsets.items()})
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        tc = self.cfg.trainer
+        at = self.cfg.async_training
+        self._start_collective()
+        self._publish_weights()
+        accuracy = self.history.get("val/accuracy")
+        if accuracy is None and tc.test_freq:
+            accuracy = self.evaluate()
+            self.history["val/accuracy_initial"] = accuracy
+            self.history["val/accuracy"] = accuracy
+        reason = "total_training_steps reached"
+        metrics: dict[str, float] = {}
+        try:
+            while self.step < tc.total_training_steps:
+                t_step = time.monotonic()
+                batch = self._wait_for_batch(self.cfg.required_samples)
+                metrics = self.train_step(batch)
+                self.step += 1
+                self.samples_trained += len(batch)
+                elapsed = time.monotonic() - self.t_start
+                metrics.update(
+                    {
+                        "timing/step_s": time.monotonic() - t_step,
+                        "perf/samples_per_s": self.samples_trained / max(elapsed, 1e-9),
+                        "perf/elapsed_s": elapsed,
+                        "fully_async/count/dropped_samples": float(
+                            sum(self.batcher.dropped.values())
+                        ),
+                        "trainer/queue_size": float(len(self.batcher)),
+                    }
+                )
+                if tc.test_freq and self.step % tc.test_freq == 0:
+                    accuracy = self.evaluate()
+                    metrics["val/accuracy"] = accuracy
+                    self.history["val/accuracy"] = accuracy
+                synced = self.step % at.trigger_parameter_sync_step == 0
+                if synced:
+                    idle, _span = self.wait_clock.close_window()
+                    self.history["trainer/idle_ratio"] = idle
+                    if self.rollouter_idle:
+                        self.history["rollouter/idle_ratio"] = sum(
+                            self.rollouter_idle.values()
+                        ) / len(self.rollouter_idle)
+                for key in ("trainer/idle_ratio", "rollouter/idle_ratio"):
+                    if key in self.history:
+                        metrics[key] = self.history[key]
+                metrics.update(self.last_sync)
+                self._record_step(batch, metrics)
+                self.on_step({"step": self.step, "version": self.version, **metrics})
+                done_early = (
+                    tc.target_accuracy is not None
+                    and accuracy is not None
+                    and (accuracy >= tc.target_accuracy and "val/accuracy" in metrics)
+                )
+                if done_early:
+                    reason = f"target accuracy {tc.target_accuracy:.2f} reached"
+                    break
+                if tc.save_freq and self.step % tc.save_freq == 0:
+                    self.checkpoint()
+                if synced and self.step < tc.total_training_steps:
+                    self.sync()
+            if accuracy is None or "val/accuracy" not in metrics:
+                accuracy = self.evaluate()
+                self.history["val/accuracy"] = accuracy
+            self.checkpoint()
+        finally:
+            self.control.publish(
+                ev.RunFinished(
+                    run_id=self.cfg.run_id, version=self.version, step=self.step, reason=reason
+                )
+            )
+            self.publisher.flush()
+        summary = {
+            "step": self.step,
+            "version": self.version,
+            "reason": reason,
+            "val/accuracy": accuracy,
+            "val/accuracy_initial": self.history.get("val/accuracy_initial"),
+            "elapsed_s": time.monotonic() - self.t_start,
+            "samples_trained": self.samples_trained,
+            "dropped": dict(self.batcher.dropped),
+        }
+        self.metrics_file.write({"summary": summary})
+        return summary
+
+    def close(self) -> None:
+        self.metrics_file.close()
+        self.samples.close()
+        self.control.close()
+        if self.collective is not None:
+            self.collective.close()
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

@@ -1,0 +1,70 @@
+"""One local update ("step") of the policy on a batch of samples: GRPO, verl's layout.
+
+A step holds ``require_batches`` mini-batches of ``ppo_mini_batch_size`` samples; each
+mini-batch is one optimizer step, as in verl's actor update. Advantages are computed per
+sample (group-relative over its ``rollout.n`` trajectories) before the split.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrl.consumers.grpo import build_batch, group_advantages, policy_loss, token_logprobs
+from asyncrl.ops.config import RunConfig
+from asyncrl.schemas.sample import Sample
+
+
+def grpo_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    samples: list[Sample],
+    cfg: RunConfig,
+    device: torch.device,
+    pad_token_id: int = 0,
+) -> dict[str, float]:
+    actor = cfg.actor_rollout_ref.actor
+    temperature = cfg.actor_rollout_ref.rollout.temperature
+    rewards = torch.tensor([s.rewards for s in samples], dtype=torch.float32)
+    advantages = group_advantages(rewards, cfg.algorithm.norm_adv_by_std_in_grpo)
+    size = actor.ppo_mini_batch_size
+    totals: dict[str, float] = {}
+    n_mini = 0
+    for start in range(0, len(samples), size):
+        rows = [
+            (s.prompt_ids, t.response_ids, t.response_logprobs, float(advantages[g, i]))
+            for g, s in enumerate(samples[start : start + size], start=start)
+            for i, t in enumerate(s.trajectories)
+        ]
+        masks = [t.response_mask for s in samples[start : start + size] for t in s.trajectories]
+        batch = build_batch(rows, pad_token_id).to(device)
+        for i, m in enumerate(masks):  # tool tokens (mask 0) are not trained on
+            batch.response_mask[i, : len(m)] *= torch.tensor(m, dtype=torch.float32, device=device)
+        args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
+        if cfg.async_training.use_rollout_log_probs:
+            old = batch.old_logprobs
+        else:
+            with torch.no_grad():
+                old = token_logprobs(model, *args, temperature)
+        logprobs = token_logprobs(model, *args, temperature)
+        loss, m = policy_loss(
+            logprobs,
+            old,
+            batch.advantages,
+            batch.response_mask,
+            actor.clip_ratio,
+            actor.loss_agg_mode,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), actor.optim.grad_clip)
+        optimizer.step()
+        m["grad_norm"] = float(grad_norm)
+        for k, v in m.items():
+            totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
+        n_mini += 1
+    metrics = {k: v / n_mini for k, v in totals.items()}
+    lengths = [len(t.response_ids) for s in samples for t in s.trajectories]
+    metrics["critic/score/mean"] = float(rewards.mean())
+    metrics["critic/advantages/max"] = float(advantages.max())
+    metrics["response_length/mean"] = sum(lengths) / len(lengths)
+    return metrics

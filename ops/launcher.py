@@ -1,0 +1,162 @@
+"""``asyncrl run``: a whole run as local processes that talk only through Kafka.
+
+1. Broker: the configured cluster, or an embedded Tansu on a free loopback port.
+2. Topics of the run, created with explicit partition counts.
+3. The policy: built and warm-started once (cached), so every process loads the same weights.
+4. The prompts topic fed with the dataset.
+5. One trainer and ``rollout.num_workers`` worker processes, each ``python -m asyncrl ...``
+   with the resolved config; they die with the launcher (PDEATHSIG), also on a crash.
+6. Progress read back from the ``steps`` topic until the trainer exits; then the workers stop
+   on RunFinished, and the broker is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from asyncrl.ops.broker import ensure_broker, free_port
+from asyncrl.ops.config import RunConfig, dump_config
+from asyncrl.ops.process import spawn
+from asyncrl.ops.progress import StepProgress
+from asyncrl.ops.topics import create_run_topics
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def prepare_policy(cfg: RunConfig, console: Console) -> None:
+    """Build and warm-start the policy once, before any process needs it."""
+    from asyncrl.models.tiny import load_policy
+
+    with console.status("Preparing the policy (tiny causal LM, supervised warm start; cached)"):
+        t0 = time.monotonic()
+        load_policy(cfg)
+    console.log(f"policy ready in {time.monotonic() - t0:.1f} s")
+
+
+def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
+    console = console or Console()
+    run_dir = cfg.run_dir
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    bootstrap, broker = ensure_broker(cfg.kafka)
+    procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        where = "embedded Tansu" if broker is not None else "external Kafka"
+        console.log(f"broker: {where} at {bootstrap}")
+        resolved = cfg.model_copy(deep=True)
+        resolved.kafka.bootstrap_servers = bootstrap
+        if resolved.sync.master_port is None:
+            resolved.sync.master_port = free_port()
+        topics = create_run_topics(resolved, bootstrap)
+        console.log(f"topics: {', '.join(topics)}")
+        prepare_policy(resolved, console)
+
+        from asyncrl.producers.feed import feed_prompts
+
+        n = feed_prompts(resolved, bootstrap)
+        console.log(f"fed {n} prompts to {resolved.topic('prompts')}")
+        config_path = run_dir / "config.yaml"
+        dump_config(resolved, config_path)
+        at = resolved.async_training
+        console.log(
+            f"mode ({at.mode}): staleness_threshold={at.staleness_threshold} "
+            f"trigger_parameter_sync_step={at.trigger_parameter_sync_step} "
+            f"require_batches={at.require_batches} partial_rollout={at.partial_rollout}; "
+            f"{resolved.actor_rollout_ref.rollout.num_workers} rollout worker(s)"
+        )
+        base = [sys.executable, "-m", "asyncrl"]
+        procs["trainer"] = spawn(
+            [*base, "train", "--config", str(config_path)], logs / "trainer.log"
+        )
+        for i in range(resolved.actor_rollout_ref.rollout.num_workers):
+            procs[f"rollout-{i}"] = spawn(
+                [*base, "rollout", "--config", str(config_path), "--worker-id", str(i)],
+                logs / f"rollout-{i}.log",
+            )
+        summary = _follow(resolved, bootstrap, procs, console)
+        _wait_workers(procs, timeout_s=30)
+        return summary
+    finally:
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        if broker is not None:
+            broker.stop()
+
+
+def _follow(
+    cfg: RunConfig,
+    bootstrap: str,
+    procs: dict[str, tuple[subprocess.Popen, Path]],
+    console: Console,
+) -> dict[str, Any]:
+    """Show progress from the steps topic until the trainer exits; fail fast if a process dies."""
+    from asyncrl.ops.kafka import Reader
+    from asyncrl.schemas.step import decode_step
+
+    trainer, trainer_log = procs["trainer"]
+    reader = Reader(cfg.kafka, bootstrap, decode_step)
+    reader.assign(cfg.topic("steps"))
+    try:
+        with StepProgress(cfg, console) as progress:
+            while True:
+                for rec in reader.poll(0.2):
+                    progress.update(rec.value)
+                for name, (proc, log_path) in procs.items():
+                    rc = proc.poll()
+                    if rc not in (None, 0) or (
+                        rc == 0 and name != "trainer" and trainer.poll() is None
+                    ):
+                        raise RunFailed(
+                            f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
+                        )
+                if trainer.poll() == 0:
+                    for rec in reader.poll(0.5):
+                        progress.update(rec.value)
+                    break
+    finally:
+        reader.close()
+    summary_path = cfg.run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    _print_summary(summary, console, trainer_log)
+    return summary
+
+
+def _wait_workers(procs: dict[str, tuple[subprocess.Popen, Path]], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for name, (proc, _) in procs.items():
+        if name == "trainer":
+            continue
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+
+
+def _print_summary(summary: dict[str, Any], console: Console, trainer_log: Path) -> None:
+    if not summary:
+        console.print(f"[yellow]no summary written; see {trainer_log}[/]")
+        return
+    table = Table(title="run summary", show_header=False)
+    for key, value in summary.items():
+        if isinstance(value, float):
+            value = f"{value:.3f}"
+        table.add_row(str(key), str(value))
+    console.print(table)

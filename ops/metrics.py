@@ -1,0 +1,56 @@
+"""Metrics: verl's names (DESIGN.md section 5), a local JSONL file, and window clocks.
+
+The idle ratios are computed over the whole sync window (from one sync to the next), not
+only over the last pause, which is a known verl bug.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+class JsonlWriter:
+    """Appends one JSON object per line; flushed each write so a crash keeps what was logged."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, default=float) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class WaitClock:
+    """Accumulates the time spent waiting inside ``with clock.waiting():`` per window."""
+
+    def __init__(self) -> None:
+        self.window_start = time.monotonic()
+        self.waited = 0.0
+
+    def waiting(self) -> _Waiting:
+        return _Waiting(self)
+
+    def close_window(self) -> tuple[float, float]:
+        """(idle ratio, window seconds) of the window that ends now; opens the next one."""
+        now = time.monotonic()
+        span = max(now - self.window_start, 1e-9)
+        ratio = self.waited / span
+        self.window_start, self.waited = now, 0.0
+        return ratio, span
+
+
+class _Waiting:
+    def __init__(self, clock: WaitClock) -> None:
+        self.clock = clock
+
+    def __enter__(self) -> None:
+        self._t0 = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        self.clock.waited += time.monotonic() - self._t0

@@ -1,0 +1,62 @@
+"""Live progress of a run, read back from its ``steps`` topic (so any process can show it).
+
+A progress bar over the training steps with the latest step, version, reward, held-out
+accuracy, samples/s, stale count and idle ratios; each evaluation also prints a line, so
+the log of a non-interactive run still tells the story.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from asyncrl.ops.config import RunConfig
+from asyncrl.schemas.step import StepRecord
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class StepProgress:
+    def __init__(self, cfg: RunConfig, console: Console) -> None:
+        self.console = console
+        self.total = cfg.trainer.total_training_steps
+        self.accuracy: float | None = None
+        self.stale = 0
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("waiting for the first step", total=self.total)
+
+    def __enter__(self) -> StepProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, rec: StepRecord) -> None:
+        m = rec.metrics
+        self.stale += int(m.get("fully_async/count/stale_samples_processed", 0))
+        if "val/accuracy" in m:
+            self.accuracy = m["val/accuracy"]
+            self.console.log(
+                f"step {rec.step:4d}  version {rec.version:4d}  "
+                f"held-out accuracy {self.accuracy:.3f}  "
+                f"reward {_fmt(m.get('critic/score/mean'))}  "
+                f"samples/s {_fmt(m.get('perf/samples_per_s'), '.1f')}"
+            )
+        desc = (
+            f"v{rec.version} reward {_fmt(m.get('critic/score/mean'))} "
+            f"acc {_fmt(self.accuracy)} {_fmt(m.get('perf/samples_per_s'), '.1f')} samples/s "
+            f"stale {self.stale} idle trainer {_fmt(m.get('trainer/idle_ratio'))} "
+            f"rollout {_fmt(m.get('rollouter/idle_ratio'))}"
+        )
+        self.progress.update(self.task, completed=rec.step, description=desc)

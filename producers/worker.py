@@ -1,0 +1,321 @@
+"""A rollout worker process: prompts in, scored samples out, weights from the trainer.
+
+One thread runs everything, so a sync can never race with generation: between two decoding
+steps the loop reads control events, admits prompts within the version's budget, advances
+every in-flight trajectory by one token, scores trajectories as they finish (reward during
+rollout), and publishes each sample as soon as its whole group is done.
+
+A sync, on this side (DESIGN.md section 4, mode c; mode d comes with partial rollout):
+1. SyncRequested(v+1) arrives: stop admitting prompts.
+2. In-flight samples finish and are published; publish RolloutPaused(v+1).
+3. Receive the weights over the collective (in place); publish WeightsLoaded(v+1).
+4. Open the budget of v+1 minus this worker's stale samples; publish RolloutResumed(v+1).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncrl.ops.config import RunConfig
+from asyncrl.ops.kafka import Publisher, Record
+from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
+from asyncrl.producers.engines.base import GenRequest, GenResult
+from asyncrl.producers.prompt_source import PromptSource
+from asyncrl.schemas import SCHEMA_HEADER
+from asyncrl.schemas import control as ev
+from asyncrl.schemas.prompt import PromptRecord
+from asyncrl.schemas.sample import TAG as SAMPLE_TAG
+from asyncrl.schemas.sample import Sample, Trajectory, encode_sample
+from asyncrl.sync.channel import ControlChannel
+from asyncrl.sync.checksum import weights_checksum
+from asyncrl.sync.collective import WeightCollective
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlight:
+    """A sample being generated: its prompt and the trajectories finished so far."""
+
+    prompt: Record[PromptRecord]
+    prompt_ids: list[int]
+    version_start: int
+    t_start: float
+    done: dict[int, Trajectory] = field(default_factory=dict)
+
+
+class IdleClock:
+    """Wall time with nothing to generate, per sync window (rollouter/idle_ratio)."""
+
+    def __init__(self) -> None:
+        self.window_start = time.monotonic()
+        self.idle = 0.0
+        self._since: float | None = None
+
+    def set_idle(self, idle: bool) -> None:
+        now = time.monotonic()
+        if idle and self._since is None:
+            self._since = now
+        elif not idle and self._since is not None:
+            self.idle += now - self._since
+            self._since = None
+
+    def close_window(self) -> float:
+        """Idle ratio of the window that ends now; starts the next window."""
+        now = time.monotonic()
+        idle = self.idle + (now - self._since if self._since is not None else 0.0)
+        ratio = idle / max(now - self.window_start, 1e-9)
+        self.window_start, self.idle = now, 0.0
+        self._since = now if self._since is not None else None
+        return ratio
+
+
+class RolloutWorker:
+    def __init__(self, cfg: RunConfig, worker_id: int, bootstrap: str) -> None:
+        from asyncrl.models.tiny import load_policy
+        from asyncrl.producers.engines.hf import HFEngine
+        from asyncrl.tasks.arithmetic import score
+
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.rollout = cfg.actor_rollout_ref.rollout
+        self.score = score
+        model, self.tokenizer = load_policy(cfg)
+        model.eval()
+        self.engine = HFEngine(
+            model,
+            self.tokenizer,
+            temperature=self.rollout.temperature,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            seed=cfg.trainer.seed + 1000 * (worker_id + 1),
+        )
+        self.publisher = Publisher(cfg.kafka, bootstrap)
+        self.dead_letter = (self.publisher, cfg.topic("dead-letter"))
+        self.control = ControlChannel(cfg, bootstrap, self.publisher, worker=worker_id)
+        self.budget = RolloutBudget(
+            cfg.max_samples_per_version, max(1, self.rollout.num_workers), worker_id
+        )
+        self.bootstrap = bootstrap
+        self.in_flight: dict[str, InFlight] = {}
+        self.produced = 0
+        self.version = 0
+        self.pending_sync: ev.SyncRequested | None = None
+        self.sync_seen_at = 0.0
+        self.finished = False
+        self.idle = IdleClock()
+        self.collective: WeightCollective | None = None
+
+    # --- weights --------------------------------------------------------------------------------
+    def _join_collective(self) -> None:
+        sc = self.cfg.sync
+        if sc.master_port is None:
+            raise RuntimeError("sync.master_port is not set (the launcher sets it for each run)")
+        self.collective = WeightCollective(
+            rank=self.worker_id + 1,
+            world_size=self.rollout.num_workers + 1,
+            master_addr=sc.master_addr,
+            master_port=sc.master_port,
+            backend=sc.backend,
+            device=next(self.engine.model.parameters()).device,
+            timeout_s=sc.timeout_s,
+        )
+        self.collective.init()
+
+    def _receive_weights(self, version: int | None = None) -> None:
+        """Steps 3-4 of a sync: weights in place, checksum compared, version taken over.
+
+        The trainer publishes WeightsPublished after the broadcast, so it is read afterwards;
+        at start-up (``version`` None) it also tells which version the trainer is at.
+        """
+        assert self.collective is not None
+        t0 = time.monotonic()
+        self.collective.receive_into(self.engine.model, self._bucket_bytes)
+        published = self.control.wait_for(ev.WeightsPublished, version=version)
+        ok = True
+        if self.cfg.sync.verify_checksum:
+            ok = weights_checksum(self.engine.model) == published.checksum
+            if not ok:
+                log.error(
+                    "worker %d: weights of version %d differ from the trainer's",
+                    self.worker_id,
+                    published.version,
+                )
+        self.version = published.version
+        self.control.publish(
+            ev.WeightsLoaded(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                worker=self.worker_id,
+                load_s=time.monotonic() - t0,
+                checksum_ok=ok,
+            )
+        )
+
+    @property
+    def _bucket_bytes(self) -> int:
+        return int(self.cfg.sync.bucket_size_mb * 1024 * 1024)
+
+    def _open_budget(self, consumed: int) -> None:
+        stale = num_stale_at_sync(self.produced, consumed, in_flight=len(self.in_flight))
+        allowed = self.budget.reset(self.version, stale)
+        self.control.publish(
+            ev.RolloutResumed(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                worker=self.worker_id,
+                budget=allowed,
+                num_stale=stale,
+                idle_ratio=self.idle.close_window(),
+            )
+        )
+        log.info(
+            "worker %d: version %d, budget %d (stale %d)",
+            self.worker_id,
+            self.version,
+            allowed,
+            stale,
+        )
+
+    def _do_sync(self, request: ev.SyncRequested) -> None:
+        self.control.publish(
+            ev.RolloutPaused(
+                run_id=self.cfg.run_id,
+                version=request.version,
+                worker=self.worker_id,
+                pause_s=time.monotonic() - self.sync_seen_at,
+                produced=self.produced,
+            )
+        )
+        self._receive_weights(request.version)
+        self._open_budget(request.consumed.get(str(self.worker_id), 0))
+        self.pending_sync = None
+
+    # --- control events -----------------------------------------------------------------------
+    def _handle(self, event: ev.ControlEvent) -> None:
+        if isinstance(event, ev.SyncRequested) and event.version > self.version:
+            self.pending_sync = event
+            self.sync_seen_at = time.monotonic()
+        elif isinstance(event, ev.SamplesDropped) and event.target_worker == self.worker_id:
+            self.budget.refund(event.count)
+        elif isinstance(event, ev.RunFinished):
+            self.finished = True
+
+    # --- generation -----------------------------------------------------------------------------
+    def _admit(self, prompts: PromptSource) -> bool:
+        """Start one sample if the budget and the concurrency limit allow; True if one started."""
+        if (
+            self.pending_sync is not None
+            or self.budget.remaining == 0
+            or len(self.in_flight) >= self.rollout.max_concurrent_samples
+        ):
+            prompts.keep_alive()
+            return False
+        rec = prompts.take(timeout=0.0 if self.in_flight else 0.05)
+        if rec is None:
+            return False
+        self.budget.take()
+        p = rec.value
+        prompt_ids = self.tokenizer(p.prompt)["input_ids"]  # <bos> + characters
+        self.in_flight[p.sample_id] = InFlight(rec, prompt_ids, self.version, time.time())
+        for i in range(self.rollout.n):
+            self.engine.add(
+                GenRequest(
+                    request_id=f"{p.sample_id}#{i}",
+                    prompt_ids=prompt_ids,
+                    max_new_tokens=self.cfg.data.max_response_length,
+                )
+            )
+        return True
+
+    def _on_finished(self, result: GenResult, prompts: PromptSource) -> None:
+        sample_id, _, index = result.request_id.rpartition("#")
+        fl = self.in_flight[sample_id]
+        t0 = time.perf_counter()
+        text = self.tokenizer.decode(result.response_ids, skip_special_tokens=True)
+        reward = self.score(fl.prompt.value.ground_truth, text)
+        fl.done[int(index)] = Trajectory(
+            response_ids=list(result.response_ids),
+            response_logprobs=list(result.response_logprobs),
+            reward=reward,
+            finish_reason=result.finish_reason,
+            param_version=self.version,
+            param_version_start=fl.version_start,
+            t_start=fl.t_start,
+            t_end=time.time(),
+            reward_s=time.perf_counter() - t0,
+        )
+        if len(fl.done) == self.rollout.n:
+            self._publish(sample_id, fl, prompts)
+
+    def _publish(self, sample_id: str, fl: InFlight, prompts: PromptSource) -> None:
+        p = fl.prompt.value
+        sample = Sample(
+            sample_id=sample_id,
+            prompt_id=p.prompt_id,
+            worker_id=self.worker_id,
+            prompt_ids=fl.prompt_ids,
+            ground_truth=p.ground_truth,
+            trajectories=[fl.done[i] for i in range(self.rollout.n)],
+        )
+        self.publisher.publish(
+            self.cfg.topic("samples"),
+            sample_id,
+            encode_sample(sample),
+            headers={SCHEMA_HEADER: SAMPLE_TAG},
+        )
+        self.publisher.flush()  # acked before the prompt offset is committed
+        del self.in_flight[sample_id]
+        self.produced += 1
+        prompts.done(fl.prompt)
+
+    # --- main loop -----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until the trainer publishes RunFinished; returns the number of samples produced."""
+        self.control.start()
+        self.control.publish(
+            ev.WorkerStarted(run_id=self.cfg.run_id, version=0, worker=self.worker_id)
+        )
+        self._join_collective()
+        self._receive_weights()
+        self._open_budget(consumed=self.produced)
+        prompts = PromptSource(self.cfg, self.bootstrap, dead_letter=self.dead_letter)
+        try:
+            while not self.finished:
+                for event in self.control.poll(0.0):
+                    self._handle(event)
+                if self.pending_sync is not None and not self.in_flight:
+                    self._do_sync(self.pending_sync)
+                    continue
+                while self._admit(prompts):
+                    pass
+                self.idle.set_idle(self.engine.num_active == 0)
+                if self.engine.num_active:
+                    with torch.no_grad():
+                        for result in self.engine.step():
+                            self._on_finished(result, prompts)
+                else:
+                    prompts.keep_alive()
+                    for event in self.control.poll(0.05):
+                        self._handle(event)
+        finally:
+            self.engine.abort_all()
+            self.control.publish(
+                ev.WorkerStopped(
+                    run_id=self.cfg.run_id,
+                    version=self.version,
+                    worker=self.worker_id,
+                    reason="run finished" if self.finished else "error",
+                    produced=self.produced,
+                )
+            )
+            self.publisher.flush()
+            prompts.close()
+            self.control.close()
+            if self.collective is not None:
+                self.collective.close()
+        return self.produced
