@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "asyncrl" / "configs" / "default.yaml"
 
@@ -24,18 +31,32 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+DEFAULT_PARTITIONS = {
+    "prompts": 4,
+    "samples": 1,
+    "partials": 1,
+    "control": 1,
+    "steps": 1,
+    "dead-letter": 1,
+}
+
+
 class TopicsConfig(Strict):
-    partitions: dict[str, int] = Field(
-        default_factory=lambda: {
-            "prompts": 4,
-            "samples": 1,
-            "partials": 1,
-            "control": 1,
-            "steps": 1,
-            "dead-letter": 1,
-        }
-    )
-    """Partition count per topic, created explicitly (Tansu would auto-create 4)."""
+    partitions: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_PARTITIONS))
+    """Partition count per topic, created explicitly (Tansu would auto-create 4).
+    Setting one (kafka.topics.partitions.prompts=8) keeps the defaults of the others."""
+
+    @field_validator("partitions", mode="before")
+    @classmethod
+    def _merge_defaults(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        unknown = set(value) - set(DEFAULT_PARTITIONS)
+        if unknown:
+            raise ValueError(
+                f"unknown topic(s) {sorted(unknown)}; known: {sorted(DEFAULT_PARTITIONS)}"
+            )
+        return {**DEFAULT_PARTITIONS, **value}
 
 
 class KafkaConfig(Strict):
@@ -66,7 +87,9 @@ class DataConfig(Strict):
     seed: int = 0
     """Seed for the dataset split and the warm start."""
     max_prompt_length: int = Field(16, ge=1)
-    max_response_length: int = Field(8, ge=1)
+    max_response_length: int = Field(6, ge=1)
+    max_operand: int = Field(99, ge=1)
+    """Operands of ``a+b=`` are drawn from 0..max_operand (99: two-digit addition with carries)."""
 
 
 class ModelConfig(Strict):
@@ -74,10 +97,15 @@ class ModelConfig(Strict):
     num_hidden_layers: int = Field(2, ge=1)
     num_attention_heads: int = Field(4, ge=1)
     intermediate_size: int = Field(256, ge=8)
-    warmup_steps: int = Field(200, ge=0)
+    warmup_steps: int = Field(600, ge=0)
     """Supervised warm-start steps on the task before RL (aims at ~20-35% accuracy)."""
-    warmup_lr: float = Field(3e-3, gt=0)
+    warmup_lr: float = Field(1e-3, gt=0)
     warmup_batch_size: int = Field(64, ge=1)
+    warmup_target_accuracy: float | None = Field(0.25, gt=0, le=1)
+    """Stop the warm start early once greedy accuracy on a probe of training prompts reaches
+    this (checked every warmup_eval_every steps); None: run all warmup_steps."""
+    warmup_eval_every: int = Field(10, ge=1)
+    """Warm-start steps between two probe-accuracy checks for the early stop."""
     cache_dir: str | None = None
     """Where the warm-started model is cached (default ~/.cache/asyncrl/models)."""
 
@@ -107,6 +135,8 @@ class RolloutConfig(Strict):
     """Samples (prompts) generated at once by one worker."""
     num_workers: int = Field(1, ge=0)
     """Rollout worker processes; 0 runs a trainer alone (tests, replays)."""
+    torch_threads: int = Field(1, ge=1)
+    """CPU threads of each rollout worker process."""
 
 
 class ActorRolloutRefConfig(Strict):
@@ -153,6 +183,8 @@ class TrainerConfig(Strict):
     """Stop early once held-out accuracy reaches this."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
+    torch_threads: int = Field(1, ge=1)
+    """CPU threads of the trainer process (rollout and training share the machine's cores)."""
 
 
 class SyncConfig(Strict):
@@ -195,7 +227,9 @@ class RunConfig(Strict):
     @property
     def required_samples(self) -> int:
         """Samples per local update: ppo_mini_batch_size x require_batches."""
-        return self.actor_rollout_ref.actor.ppo_mini_batch_size * self.async_training.require_batches
+        return (
+            self.actor_rollout_ref.actor.ppo_mini_batch_size * self.async_training.require_batches
+        )
 
     @property
     def samples_per_version(self) -> int:

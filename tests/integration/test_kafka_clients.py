@@ -1,0 +1,178 @@
+"""Publisher, Reader and topic admin against the real (embedded Tansu) broker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+from asyncrl.ops.config import RunConfig
+from asyncrl.ops.kafka import (
+    MessageTooLarge,
+    Publisher,
+    Reader,
+    Record,
+    count_records,
+    raw_decode,
+)
+from asyncrl.ops.topics import RUN_TOPICS, create_run_topics, delete_run_topics
+from asyncrl.schemas import DecodeError
+
+pytestmark = pytest.mark.kafka
+
+
+def _poll_n(reader: Reader, n: int, timeout: float = 10.0) -> list[Record]:
+    """Poll until ``n`` records arrived or ``timeout`` passed (then return what arrived)."""
+    out: list[Record] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        out += reader.poll(0.1)
+    return out
+
+
+def _topic_partitions(bootstrap: str) -> dict[str, int]:
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=5)
+    return {name: len(t.partitions) for name, t in md.topics.items()}
+
+
+def test_topics_created_with_configured_partitions(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    cfg = make_run_cfg("kafka.max_message_bytes=2097152", create_topics=False)
+    # (a dotted override of one partitions key replaces the whole dict: set it here instead)
+    cfg.kafka.topics.partitions = {**cfg.kafka.topics.partitions, "prompts": 3}
+    assert create_run_topics(cfg, broker) == [cfg.topic(n) for n in RUN_TOPICS]
+    have = _topic_partitions(broker)
+    for name in RUN_TOPICS:
+        assert have[cfg.topic(name)] == cfg.kafka.topics.partitions[name]
+    assert have[cfg.topic("prompts")] == 3
+    # idempotent: a second call with topics present is fine
+    assert create_run_topics(cfg, broker) == [cfg.topic(n) for n in RUN_TOPICS]
+    res = ConfigResource(ResourceType.TOPIC, cfg.topic("samples"))
+    admin = AdminClient({"bootstrap.servers": broker})
+    entries = admin.describe_configs([res])[res].result(timeout=5)
+    assert entries["max.message.bytes"].value == "2097152"
+
+    assert sorted(delete_run_topics(cfg, broker)) == sorted(cfg.topic(n) for n in RUN_TOPICS)
+    assert not any(cfg.topic(n) in _topic_partitions(broker) for n in RUN_TOPICS)
+
+
+def test_one_partition_override_keeps_the_other_defaults(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    cfg = make_run_cfg("kafka.topics.partitions.prompts=3", create_topics=False)
+    create_run_topics(cfg, broker)
+    with Reader(cfg.kafka, broker, raw_decode) as reader:
+        assert len(reader.partitions(cfg.topic("prompts"))) == 3
+        assert len(reader.partitions(cfg.topic("samples"))) == 1
+
+
+def test_publish_read_round_trip_with_headers(run_cfg: RunConfig, broker: str) -> None:
+    topic = run_cfg.topic("samples")
+    sent = [
+        ("k0", b"v0", {"asyncrl-schema": "sample/1", "bin": b"\x00\xff"}, 1_700_000_000_000),
+        (None, b"v1", None, 1_700_000_000_001),
+        ("k2", b"", {"h": "x"}, 1_700_000_000_002),
+    ]
+    with Publisher(run_cfg.kafka, broker) as pub:
+        for key, value, headers, ts in sent:
+            pub.publish(topic, key, value, headers=headers, timestamp_ms=ts)
+    assert pub.delivered == 3
+    assert count_records(run_cfg.kafka, broker, topic) == 3
+
+    with Reader(run_cfg.kafka, broker, raw_decode) as reader:
+        reader.assign(topic)
+        got = _poll_n(reader, 3)
+        assert [(r.key, r.value, r.timestamp_ms, r.offset) for r in got] == [
+            (k, v, ts, i) for i, (k, v, _, ts) in enumerate(sent)
+        ]
+        assert got[0].headers == {"asyncrl-schema": b"sample/1", "bin": b"\x00\xff"}
+        assert got[1].headers == {}
+        assert got[2].headers == {"h": b"x"}
+        assert reader.position() == {(topic, 0): 3}
+        assert reader.watermarks(topic) == {0: (0, 3)}
+
+        # assign from an explicit offset replaces the earlier assignment of the topic
+        reader.assign(topic, {0: 2})
+        assert [r.offset for r in _poll_n(reader, 1)] == [2]
+
+
+def test_too_large_is_refused_before_sending(make_run_cfg: Callable[..., RunConfig]) -> None:
+    cfg = make_run_cfg("kafka.max_message_bytes=4096")
+    bootstrap = cfg.kafka.bootstrap_servers
+    assert bootstrap is not None
+    topic = cfg.topic("samples")
+    with Publisher(cfg.kafka, bootstrap) as pub:
+        with pytest.raises(MessageTooLarge) as info:
+            pub.publish(topic, "big-one", b"x" * 5000)
+        assert len(pub) == 0
+        pub.publish(topic, "small", b"x" * 1000)
+    msg = str(info.value)
+    assert topic in msg and "big-one" in msg and "5007" in msg
+    assert "kafka.max_message_bytes" in msg
+    assert count_records(cfg.kafka, bootstrap, topic) == 1
+
+
+def test_undecodable_messages_go_to_dead_letter(run_cfg: RunConfig, broker: str) -> None:
+    topic, dlq = run_cfg.topic("samples"), run_cfg.topic("dead-letter")
+    values = [b"ok0", b"bad1", b"ok2", b"ok3", b"bad4", b"ok5"]
+
+    def decode(value: bytes | None, headers: dict[str, bytes]) -> str:
+        assert value is not None
+        if value.startswith(b"bad"):
+            raise DecodeError(f"cannot decode {value!r}")
+        return value.decode()
+
+    with Publisher(run_cfg.kafka, broker) as pub:
+        for i, v in enumerate(values):
+            pub.publish(topic, f"key{i}", v, headers={"asyncrl-schema": "sample/1"})
+
+    with (
+        Publisher(run_cfg.kafka, broker) as dl_pub,
+        Reader(run_cfg.kafka, broker, decode, dead_letter=(dl_pub, dlq)) as reader,
+    ):
+        reader.assign(topic)
+        got = _poll_n(reader, 4)
+        assert [(r.offset, r.key, r.value) for r in got] == [
+            (0, "key0", "ok0"),
+            (2, "key2", "ok2"),
+            (3, "key3", "ok3"),
+            (5, "key5", "ok5"),
+        ]
+        assert reader.dead_lettered == 2
+        assert reader.poll(0.2) == []  # goes on; nothing else pending
+
+    with Reader(run_cfg.kafka, broker, raw_decode) as dl_reader:
+        dl_reader.assign(dlq)
+        dead = _poll_n(dl_reader, 2)
+    assert [(r.key, r.value) for r in dead] == [("key1", b"bad1"), ("key4", b"bad4")]
+    for rec, offset in zip(dead, (1, 4), strict=True):
+        assert rec.headers["error"] == f"cannot decode {rec.value!r}".encode()
+        assert rec.headers["source-topic"] == topic.encode()
+        assert rec.headers["source-partition"] == b"0"
+        assert rec.headers["source-offset"] == str(offset).encode()
+        assert rec.headers["asyncrl-schema"] == b"sample/1"
+
+
+def test_consumer_group_gets_messages_quickly(run_cfg: RunConfig, broker: str) -> None:
+    topic = run_cfg.topic("prompts")
+    n_parts = run_cfg.kafka.topics.partitions["prompts"]
+    with Publisher(run_cfg.kafka, broker) as pub:
+        for i in range(8):
+            pub.publish(topic, f"p{i}", str(i).encode())
+
+    assigned: list[list[tuple[str, int]]] = []
+    t0 = time.monotonic()
+    with Reader(run_cfg.kafka, broker, raw_decode, group_id=f"{run_cfg.run_id}-g") as reader:
+        reader.subscribe([topic], on_assign=assigned.append)
+        got = _poll_n(reader, 8, timeout=10.0)
+        elapsed = time.monotonic() - t0
+        assert sorted(r.value for r in got) == [str(i).encode() for i in range(8)], elapsed
+        assert [sorted(a) for a in assigned] == [[(topic, p) for p in range(n_parts)]]
+
+        next_offsets = {(r.topic, r.partition): r.offset + 1 for r in got}
+        reader.commit(next_offsets)
+        assert reader.committed(list(next_offsets)) == next_offsets
+    assert elapsed < 10.0

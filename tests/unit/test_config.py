@@ -1,0 +1,85 @@
+"""Config: defaults load, overrides apply, bad keys and values fail naming the key."""
+
+import subprocess
+import sys
+
+import pytest
+
+from asyncrl.ops.config import ConfigError, load_config
+
+
+def test_default_config_and_derived_quantities():
+    cfg = load_config(
+        overrides=[
+            "async_training.staleness_threshold=0.5",
+            "async_training.trigger_parameter_sync_step=2",
+            "async_training.require_batches=3",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        ]
+    )
+    assert cfg.required_samples == 12
+    assert cfg.samples_per_version == 24
+    assert cfg.max_samples_per_version == 36
+    assert cfg.async_training.mode == "c"
+    assert cfg.topic("samples") == f"{cfg.run_id}.samples"
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("async_training.staleness_treshold=0.1", "async_training.staleness_treshold"),
+        ("async_training.staleness_threshold=-1", "async_training.staleness_threshold"),
+        ("actor_rollout_ref.rollout.n=zero", "actor_rollout_ref.rollout.n"),
+        ("run_id=has spaces", "run_id"),
+    ],
+)
+def test_bad_config_names_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[override])
+    assert key in str(err.value)
+
+
+def test_partial_rollout_needs_staleness():
+    with pytest.raises(ConfigError, match="partial_rollout"):
+        load_config(
+            overrides=[
+                "async_training.partial_rollout=true",
+                "async_training.staleness_threshold=0",
+            ]
+        )
+
+
+def test_modes():
+    def mode(*o):
+        return load_config(overrides=list(o)).async_training.mode
+
+    assert mode("async_training.staleness_threshold=0") == "a"
+    assert (
+        mode("async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=4")
+        == "b"
+    )
+    assert mode("async_training.staleness_threshold=0.3") == "c"
+    assert (
+        mode("async_training.staleness_threshold=0.3", "async_training.partial_rollout=true") == "d"
+    )
+
+
+def test_cli_help_is_instant_and_torch_free():
+    code = (
+        "import sys\nfrom asyncrl.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    for command in ("run", "train", "rollout", "broker"):
+        assert command in out.stdout
+
+
+def test_cli_bad_config_exits_2_naming_the_key():
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "run", "trainer.total_training_stepz=3"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "trainer.total_training_stepz" in out.stderr
