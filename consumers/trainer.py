@@ -264,7 +264,13 @@ class Trainer:
         state = TrainerState(
             step=self.step, version=self.version, batcher=self.batcher.state(), metrics=self.history
         )
-        save_checkpoint(self.cfg.run_dir, self.model, self.optimizer, state)
+        save_checkpoint(
+            self.cfg.run_dir,
+            self.model,
+            self.optimizer,
+            state,
+            keep=self.cfg.trainer.keep_checkpoints,
+        )
         offsets = self.batcher.settled_offsets()
         topic = self.cfg.topic("samples")
         self.samples.commit({(topic, p): o for p, o in offsets.items()})

@@ -179,6 +179,8 @@ class TrainerConfig(Strict):
     """Evaluate held-out accuracy every this many steps (0 = only at the end)."""
     save_freq: int = Field(10, ge=0)
     """Write a checkpoint every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = Field(3, ge=1)
+    """How many of the newest checkpoints to keep (older ones are deleted)."""
     target_accuracy: float | None = Field(None, gt=0, le=1)
     """Stop early once held-out accuracy reaches this."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -65,3 +65,9 @@ def run_cfg(make_run_cfg: Callable[..., RunConfig]) -> RunConfig:
 def kafka_cfg(run_cfg: RunConfig) -> KafkaConfig:
     """The ``kafka`` section of ``run_cfg`` (bootstrap_servers set to the session broker)."""
     return run_cfg.kafka
+
+
+@pytest.fixture(scope="session")
+def policy_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An override pointing every run of the session at one model cache (one warm start)."""
+    return f"actor_rollout_ref.model.cache_dir='{tmp_path_factory.mktemp('policy')}'"

@@ -1,0 +1,56 @@
+"""Small helpers shared by the tests: read a whole topic back, build samples, check logprobs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from asyncrl.ops.config import RunConfig
+from asyncrl.ops.kafka import Reader, Record, count_records, raw_decode
+from asyncrl.schemas import control, prompt, sample, step
+
+DECODERS = {
+    "samples": sample.decode_sample,
+    "control": control.decode_event,
+    "steps": step.decode_step,
+    "prompts": prompt.decode_prompt,
+    "dead-letter": raw_decode,
+}
+
+
+def read_topic(cfg: RunConfig, name: str, timeout_s: float = 20.0) -> list[Record[Any]]:
+    """Every record of the run's topic ``name``, in offset order per partition."""
+    bootstrap = cfg.kafka.bootstrap_servers
+    topic = cfg.topic(name)
+    expected = count_records(cfg.kafka, bootstrap, topic)
+    out: list[Record[Any]] = []
+    with Reader(cfg.kafka, bootstrap, DECODERS[name]) as reader:
+        reader.assign(topic)
+        deadline = time.monotonic() + timeout_s
+        while len(out) < expected and time.monotonic() < deadline:
+            out.extend(reader.poll(0.2))
+    assert len(out) == expected, f"read {len(out)} of {expected} records of {topic}"
+    return out
+
+
+def sample_logprob_error(cfg: RunConfig, state_dict: dict, s: sample.Sample) -> float:
+    """Max |rollout logprob - logprob recomputed with ``state_dict``| over a sample's tokens."""
+    import torch
+
+    from asyncrl.consumers.grpo import build_batch, token_logprobs
+    from asyncrl.models.tiny import load_policy
+
+    model, tokenizer = load_policy(cfg)
+    model.load_state_dict(state_dict)
+    rows = [(s.prompt_ids, t.response_ids, t.response_logprobs, 0.0) for t in s.trajectories]
+    batch = build_batch(rows, tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp = token_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.position_ids,
+            batch.response_mask,
+            cfg.actor_rollout_ref.rollout.temperature,
+        )
+    return float(((lp - batch.old_logprobs).abs() * batch.response_mask).max())

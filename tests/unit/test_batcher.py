@@ -1,0 +1,53 @@
+"""The trainer's batcher: FIFO batches, staleness drops, and the offsets a restart resumes at."""
+
+from asyncrl.consumers.batcher import SampleBatcher
+from asyncrl.ops.kafka import Record
+from asyncrl.schemas.sample import Sample, Trajectory
+
+
+def rec(offset: int, version: int = 0, worker: int = 0, partition: int = 0) -> Record[Sample]:
+    t = Trajectory([3], [-0.1], 1.0, param_version=version, param_version_start=version)
+    s = Sample(f"s{offset}", f"p{offset}", worker, [1], "1", [t])
+    return Record("x.samples", partition, offset, s.sample_id, 0, {}, s)
+
+
+def test_fifo_batches_and_counts_per_worker():
+    b = SampleBatcher()
+    for i in range(5):
+        b.offer(rec(i, worker=i % 2), current_version=0)
+    batch = b.take(3)
+    assert [r.offset for r in batch] == [0, 1, 2]
+    assert b.consumed == {0: 2, 1: 1}
+    assert len(b) == 2
+
+
+def test_settled_offsets_point_at_the_first_unused_sample():
+    b = SampleBatcher()
+    for i in range(5):
+        b.offer(rec(i), 0)
+    b.take(3)
+    assert b.settled_offsets() == {0: 3}
+    b.take(2)
+    assert b.settled_offsets() == {0: 5}
+
+
+def test_version_lag_drops_are_counted_and_settled():
+    b = SampleBatcher(max_version_lag=1)
+    assert b.offer(rec(0, version=5), current_version=6) is None
+    dropped = b.offer(rec(1, version=4, worker=1), current_version=6)
+    assert dropped is not None and "lag 2" in dropped.reason
+    assert b.dropped["max_version_lag"] == 1
+    assert b.consumed[1] == 1
+    assert len(b) == 1
+
+
+def test_state_round_trip_restores_counters_and_offsets():
+    b = SampleBatcher()
+    for i in range(4):
+        b.offer(rec(i, worker=1), 0)
+    b.take(2)
+    c = SampleBatcher()
+    offsets = c.restore(b.state())
+    assert offsets == {0: 2}
+    assert c.consumed == {1: 2}
+    assert len(c) == 0
