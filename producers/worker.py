@@ -221,6 +221,7 @@ class RolloutWorker:
         self.budget.take()
         p = rec.value
         prompt_ids = self.tokenizer(p.prompt)["input_ids"]  # <bos> + characters
+        prompt_ids = prompt_ids[-self.cfg.data.max_prompt_length :]  # verl truncation="left"
         self.in_flight[p.sample_id] = InFlight(rec, prompt_ids, self.version, time.time())
         for i in range(self.rollout.n):
             self.engine.add(

@@ -1,0 +1,257 @@
+"""The demo policy: a character-level tokenizer and a tiny Qwen2 built locally, warm-started.
+
+Nothing is downloaded: the tokenizer is built with the ``tokenizers`` library and the model is a
+randomly initialised ``Qwen2ForCausalLM`` (a real HF architecture, so the same code paths serve
+real checkpoints later). A short supervised warm start gives RL a policy that is right ~25% of
+the time: enough reward signal for GRPO, far enough from 90% that RL visibly does the work.
+
+:func:`load_policy` caches the warm-started model on disk, keyed by a hash of the model and data
+config, so the trainer and every rollout worker load the very same bytes (bit-identical weights,
+which the weight-sync checksum relies on) and only the first process pays the warm start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from asyncrl.tasks.arithmetic import Problem, make_splits, score
+
+if TYPE_CHECKING:
+    from asyncrl.ops.config import ModelConfig, RunConfig
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+CHARS = "0123456789+-*=() "
+"""Every character the tokenizer knows; anything else maps to <unk>."""
+CACHE_FORMAT = 1
+"""Bump when the tokenizer, architecture or warm-start recipe changes: it invalidates caches."""
+METRICS_FILE = "warm_start.json"
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer: one id per character, ``<bos>`` prepended, left padding.
+
+    Left padding because generation batches prompts of different lengths. Decoding fuses the
+    characters back with no separators, so ``decode(encode(s), skip_special_tokens=True) == s``.
+    """
+    vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK, *CHARS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+    )
+
+
+def build_model(model_cfg: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForCausalLM:
+    """Randomly initialised float32 Qwen2 (tied embeddings), deterministic in ``seed``.
+
+    Special-token ids follow :func:`build_tokenizer` (pad 0, bos 1, eos 2). The global torch
+    RNG is left untouched (the init runs under ``fork_rng``).
+    """
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size,
+        num_hidden_layers=model_cfg.num_hidden_layers,
+        num_attention_heads=model_cfg.num_attention_heads,
+        num_key_value_heads=model_cfg.num_attention_heads,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        use_cache=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model.float().eval()
+
+
+def encode_problems(
+    tokenizer: PreTrainedTokenizerFast, problems: list[Problem]
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt_ids, answer_ids + [eos]) per problem: the supervised targets of the warm start."""
+    out = []
+    for p in problems:
+        prompt = tokenizer(p.prompt)["input_ids"]
+        answer = tokenizer(p.answer, add_special_tokens=False)["input_ids"]
+        out.append((prompt, answer + [tokenizer.eos_token_id]))
+    return out
+
+
+@torch.no_grad()
+def greedy_accuracy(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    problems: list[Problem],
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+) -> float:
+    """Share of ``problems`` whose greedy completion scores 1.0 (the demo's held-out metric)."""
+    from asyncrl.producers.engines.base import GenRequest
+    from asyncrl.producers.engines.hf import HFEngine
+
+    engine = HFEngine(model, tokenizer, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    correct = 0.0
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        reqs = [
+            GenRequest(str(i), tokenizer(p.prompt)["input_ids"], max_new_tokens, greedy=True)
+            for i, p in enumerate(chunk)
+        ]
+        for p, res in zip(chunk, engine.generate(reqs), strict=True):
+            correct += score(p.answer, tokenizer.decode(res.response_ids, skip_special_tokens=True))
+    return correct / max(len(problems), 1)
+
+
+def warm_start(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    train_problems: list[Problem],
+    model_cfg: ModelConfig,
+    seed: int = 0,
+    val_problems: list[Problem] | None = None,
+    max_new_tokens: int = 8,
+) -> dict[str, Any]:
+    """Plain supervised training on correct answers, stopped early; returns metrics.
+
+    Cross-entropy on the answer tokens and EOS only (the prompt is given, not learned), AdamW at
+    ``warmup_lr``, batches of ``warmup_batch_size`` drawn with a generator seeded by ``seed``.
+    Stops after ``warmup_steps`` or, earlier, once greedy accuracy on a fixed probe of 200
+    *training* prompts reaches ``warmup_target_accuracy`` (val is never used to stop; it is only
+    measured at the end when given).
+    """
+    t0 = time.perf_counter()
+    pairs = encode_problems(tokenizer, train_problems)
+    probe = train_problems[:200]
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=model_cfg.warmup_lr, weight_decay=0.0)
+    pad = tokenizer.pad_token_id
+    loss_val, steps, probe_acc = float("nan"), 0, float("nan")
+    target = model_cfg.warmup_target_accuracy
+    model.train()
+    for step in range(1, model_cfg.warmup_steps + 1):
+        idx = torch.randint(len(pairs), (model_cfg.warmup_batch_size,), generator=gen).tolist()
+        seqs = [pairs[i][0] + pairs[i][1] for i in idx]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            prompt, answer = pairs[i]
+            n = len(prompt) + len(answer)
+            ids[row, :n] = torch.tensor(prompt + answer)
+            labels[row, len(prompt) : n] = torch.tensor(answer)
+            mask[row, :n] = 1
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_val, steps = float(loss.detach()), step
+        if target is not None and step % model_cfg.warmup_eval_every == 0:
+            model.eval()
+            probe_acc = greedy_accuracy(model, tokenizer, probe, max_new_tokens)
+            model.train()
+            if probe_acc >= target:
+                break
+    model.eval()
+    metrics: dict[str, Any] = {
+        "warmup_steps_run": steps,
+        "warmup_loss": loss_val,
+        "warmup_probe_accuracy": probe_acc,
+        "warmup_seconds": time.perf_counter() - t0,
+    }
+    if val_problems is not None:
+        metrics["warmup_val_accuracy"] = greedy_accuracy(
+            model, tokenizer, val_problems, max_new_tokens
+        )
+    return metrics
+
+
+def cache_key(cfg: RunConfig) -> str:
+    """Hash of everything that determines the warm-started weights (not where they are kept)."""
+    spec = {
+        "format": CACHE_FORMAT,
+        "model": cfg.actor_rollout_ref.model.model_dump(mode="json", exclude={"cache_dir"}),
+        "data": cfg.data.model_dump(mode="json"),
+        "chars": CHARS,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def policy_dir(cfg: RunConfig) -> Path:
+    """Where :func:`load_policy` keeps this config's warm-started model."""
+    root = cfg.actor_rollout_ref.model.cache_dir
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "asyncrl" / "models"
+    return base / cache_key(cfg)
+
+
+def load_policy(cfg: RunConfig) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """The warm-started policy (eval mode, float32, CPU) and its tokenizer, built once per config.
+
+    The first caller builds, warm-starts and saves into a fresh temp dir beside the cache entry,
+    then renames it into place; rename is atomic, so a racing process either wins or finds the
+    entry taken and throws its own copy away. Everyone then loads from disk, so all processes,
+    builder included, hold bit-identical weights.
+    """
+    final = policy_dir(cfg)
+    if not (final / METRICS_FILE).exists():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer = build_tokenizer()
+        model = build_model(cfg.actor_rollout_ref.model, len(tokenizer), cfg.data.seed)
+        train, val = make_splits(cfg.data)
+        metrics = warm_start(
+            model,
+            tokenizer,
+            train,
+            cfg.actor_rollout_ref.model,
+            seed=cfg.data.seed,
+            val_problems=val,
+            max_new_tokens=cfg.data.max_response_length,
+        )
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            # Written last: its presence marks a complete entry.
+            (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not (final / METRICS_FILE).exists():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    model = Qwen2ForCausalLM.from_pretrained(final, dtype=torch.float32).eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(final)
+    return model, tokenizer
+
+
+def warm_start_metrics(cfg: RunConfig) -> dict[str, Any] | None:
+    """The metrics recorded when this config's cached policy was built (None if not cached)."""
+    path = policy_dir(cfg) / METRICS_FILE
+    return json.loads(path.read_text()) if path.exists() else None

@@ -1,0 +1,187 @@
+"""GRPO maths: group-relative advantages, token logprobs, the clipped policy loss, batching.
+
+Batch layout (verl's): row ``i`` is ``[pad.. prompt_i | response_i ..pad]``, i.e. prompts
+left-padded to width ``P`` and responses right-padded to width ``R``, so the responses of all
+rows start at column ``P`` and every per-token tensor (logprobs, masks) is ``[B, R]``.
+Positions count real tokens only, so each row's logits equal those of the row alone (and those
+the rollout engine saw, which left-pads the whole sequence instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean"]
+
+
+def group_advantages(rewards: torch.Tensor, norm_by_std: bool, eps: float = 1e-6) -> torch.Tensor:
+    """Outcome advantages relative to the group: ``A_ij = (r_ij - mean_j r_ij) / (std_j + eps)``.
+
+    ``rewards`` is ``[G, n]``: G prompts, n trajectories each. The group mean is the baseline
+    (no critic). With ``norm_by_std`` (GRPO) the difference is divided by the group's unbiased
+    std (``torch.std``, as verl); without it (Dr. GRPO) it is not. A group whose rewards are all
+    equal gets advantage 0 for every member: it carries no signal about which sample was better.
+    As in verl, a group of one (n = 1) uses mean 0 and std 1, i.e. the raw reward.
+
+    Example, one group of rewards [1, 0, 0, 0]: mean 0.25, std = sqrt((0.75^2 + 3 * 0.25^2) / 3)
+    = 0.5, so A = [1.5, -0.5, -0.5, -0.5].
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [G, n], got shape {tuple(rewards.shape)}")
+    rewards = rewards.float()
+    if rewards.shape[1] == 1:
+        mean, std = torch.zeros_like(rewards), torch.ones_like(rewards)
+    else:
+        mean = rewards.mean(dim=1, keepdim=True)
+        std = rewards.std(dim=1, keepdim=True)
+    adv = rewards - mean
+    return adv / (std + eps) if norm_by_std else adv
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """``[B, R]`` logprobs of each response token under ``model`` at ``temperature``.
+
+    With ``P = L - R`` the prompt width, token ``input_ids[:, P + t]`` is predicted by the logits
+    at column ``P + t - 1``: ``lp[:, t] = log_softmax(logits[:, P - 1 + t] / T)[input_ids[:, P + t]]``,
+    exactly what the engine records when it samples that token. Entries where
+    ``response_mask`` is 0 are set to 0. Gradients flow (the trainer differentiates this).
+    ``position_ids`` default to ``cumsum(attention_mask) - 1``.
+    """
+    width = response_mask.shape[1]
+    prompt_width = input_ids.shape[1] - width
+    if position_ids is None:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+    ).logits
+    logits = logits[:, prompt_width - 1 : prompt_width - 1 + width].float() / temperature
+    targets = input_ids[:, prompt_width:]
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    return lp * response_mask.to(lp.dtype)
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio: float,
+    loss_agg_mode: LossAggMode = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate, to minimise. All per-token tensors are ``[B, R]``.
+
+    Per token: ``rho = exp(logp - old_logp)`` and
+    ``l = max(-A * rho, -A * clip(rho, 1 - eps, 1 + eps))`` (the pessimistic of the unclipped and
+    clipped objectives, negated). ``advantages`` is ``[B]`` (broadcast over the sequence: one
+    outcome reward per trajectory) or ``[B, R]``.
+
+    Aggregation over the valid tokens (mask m):
+      * ``token-mean``: ``sum(l * m) / sum(m)`` (every token weighs the same; DAPO / verl default);
+      * ``seq-mean-token-mean``: ``mean_i(sum_t l_it m_it / sum_t m_it)`` (every sequence does).
+
+    Metrics: ``pg_loss``; ``pg_clipfrac``, the share of tokens where the clipped term won (its
+    gradient is zero there); ``ppo_kl``, the masked mean of ``old_logp - logp``, a k1 estimate
+    of KL(old || new) that is 0 on-policy.
+
+    Gradient check, on-policy (rho = 1, no clipping): d l / d logp = -A * rho = -A, so the loss
+    is the REINFORCE estimator with the group baseline.
+    """
+    mask = response_mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    advantages = advantages.to(logprobs.dtype).expand_as(logprobs)
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    pg1 = -advantages * ratio
+    pg2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    per_token = torch.maximum(pg1, pg2)
+    if loss_agg_mode == "token-mean":
+        loss = _masked_mean(per_token, mask)
+    elif loss_agg_mode == "seq-mean-token-mean":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        loss = per_seq[mask.sum(-1) > 0].mean()
+    else:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
+    with torch.no_grad():
+        metrics = {
+            "pg_loss": float(loss),
+            "pg_clipfrac": float(_masked_mean((pg2 > pg1).to(mask.dtype), mask)),
+            "ppo_kl": float(_masked_mean(-log_ratio, mask)),
+        }
+    return loss, metrics
+
+
+class Trajectory(NamedTuple):
+    """One sampled response with what the update needs; a plain 4-tuple works as well."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    advantage: float
+
+
+@dataclass
+class Batch:
+    """Padded tensors for one update (see the module doc for the layout)."""
+
+    input_ids: torch.Tensor
+    """``[B, P + R]`` prompt (left-padded) then response (right-padded)."""
+    attention_mask: torch.Tensor
+    """``[B, P + R]`` 1 on real tokens."""
+    position_ids: torch.Tensor
+    """``[B, P + R]`` positions counting real tokens only."""
+    response_mask: torch.Tensor
+    """``[B, R]`` 1 on real response tokens (float)."""
+    old_logprobs: torch.Tensor
+    """``[B, R]`` logprobs the rollout recorded (0 on padding)."""
+    advantages: torch.Tensor
+    """``[B]`` one advantage per trajectory."""
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+def build_batch(
+    trajectories: Sequence[Trajectory | tuple[list[int], list[int], list[float], float]],
+    pad_token_id: int,
+) -> Batch:
+    """Pad ``(prompt_ids, response_ids, response_logprobs, advantage)`` rows into a :class:`Batch`."""
+    if not trajectories:
+        raise ValueError("empty batch")
+    rows = [Trajectory(*t) for t in trajectories]
+    for t in rows:
+        if len(t.response_ids) != len(t.response_logprobs):
+            raise ValueError("response_ids and response_logprobs differ in length")
+    bsz = len(rows)
+    pw = max(len(t.prompt_ids) for t in rows)
+    rw = max(max(len(t.response_ids) for t in rows), 1)
+    input_ids = torch.full((bsz, pw + rw), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((bsz, pw + rw), dtype=torch.long)
+    response_mask = torch.zeros((bsz, rw), dtype=torch.float32)
+    old_logprobs = torch.zeros((bsz, rw), dtype=torch.float32)
+    for i, t in enumerate(rows):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        input_ids[i, pw - p : pw] = torch.tensor(t.prompt_ids, dtype=torch.long)
+        attention_mask[i, pw - p : pw + r] = 1
+        if r:
+            input_ids[i, pw : pw + r] = torch.tensor(t.response_ids, dtype=torch.long)
+            response_mask[i, :r] = 1.0
+            old_logprobs[i, :r] = torch.tensor(t.response_logprobs, dtype=torch.float32)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    advantages = torch.tensor([float(t.advantage) for t in rows], dtype=torch.float32)
+    return Batch(input_ids, attention_mask, position_ids, response_mask, old_logprobs, advantages)

@@ -1,0 +1,101 @@
+"""The inference-engine contract: stepwise, token-at-a-time generation with exact logprobs.
+
+Why stepwise: a weight sync must be able to interrupt generation *between two tokens*. The
+rollout worker drives ``step()`` itself, so at a sync it calls ``abort_all()``, swaps the weights
+in ``engine.model``, and (with partial rollout) re-adds each aborted request with
+``prefix_ids``/``prefix_logprobs`` set to what it had so far, to continue under the new weights.
+
+Length convention: ``max_new_tokens`` caps the whole *response*, prefix included, so a continued
+request stops exactly where the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class GenRequest:
+    """One sequence to generate. ``prefix_ids`` continues an aborted response (see module doc)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    prefix_ids: list[int] = field(default_factory=list)
+    prefix_logprobs: list[float] = field(default_factory=list)
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.prefix_ids) != len(self.prefix_logprobs):
+            raise ValueError(
+                f"{self.request_id}: {len(self.prefix_ids)} prefix ids but "
+                f"{len(self.prefix_logprobs)} prefix logprobs"
+            )
+        if not self.prompt_ids:
+            raise ValueError(f"{self.request_id}: empty prompt")
+
+
+@dataclass
+class GenResult:
+    """A finished (or aborted) request. ``response_ids``/``response_logprobs`` include the prefix.
+
+    ``response_logprobs[i]`` is log pi(response_ids[i] | prompt, response_ids[:i]) under the
+    temperature-scaled distribution the token was sampled from (for greedy requests: under the
+    same temperature-scaled distribution, argmax taken). With ``finish_reason == "stop"`` the
+    last id is EOS.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What a rollout worker needs from an inference engine."""
+
+    model: torch.nn.Module
+    """The live torch module; a weight sync copies new tensors into it in place."""
+
+    @property
+    def num_active(self) -> int:
+        """Requests added and neither finished nor aborted."""
+        ...
+
+    def add(self, req: GenRequest) -> None:
+        """Queue ``req``; it takes part from the next ``step()`` on."""
+        ...
+
+    def step(self) -> list[GenResult]:
+        """Advance every active request by one token; return (and drop) those that finished."""
+        ...
+
+    def abort_all(self) -> list[GenResult]:
+        """Drop every active request, returning what each had so far (finish_reason 'abort')."""
+        ...
+
+    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+        """Add ``reqs``, step until all are done; results in the order of ``reqs``."""
+        ...
+
+
+def generate_all(engine: Engine, reqs: list[GenRequest]) -> list[GenResult]:
+    """Reference ``generate``: add all, step until none is active, return in request order.
+
+    Requests that were already active in the engine are stepped too and their results dropped,
+    so call it on an idle engine.
+    """
+    for req in reqs:
+        engine.add(req)
+    done: dict[str, GenResult] = {}
+    while engine.num_active:
+        for res in engine.step():
+            done[res.request_id] = res
+    return [done[req.request_id] for req in reqs]

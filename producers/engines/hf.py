@@ -1,0 +1,126 @@
+"""A transformers/torch engine: one batched forward per step over every active sequence.
+
+No KV cache: each step recomputes the full (left-padded) sequences. The demo's sequences are
+~12 tokens, so this costs little, and it keeps the engine trivially correct across weight swaps
+and continuations (there is no cache that could go stale when ``model`` changes under it).
+The logprob of each chosen token is ``log_softmax(logits / T)[token]``, the same quantity the
+trainer recomputes with :func:`asyncrl.consumers.grpo.token_logprobs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from asyncrl.producers.engines.base import GenRequest, GenResult, generate_all
+
+
+@dataclass
+class _Active:
+    req: GenRequest
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+def left_pad(
+    seqs: list[list[int]], pad_token_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad ``seqs`` to one width: (input_ids, attention_mask, position_ids).
+
+    Positions count real tokens only (0 at each sequence's first real token), so a sequence
+    gets the same positions, hence the same logits, whatever it is batched with.
+    """
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+class HFEngine:
+    """Stepwise sampler over a causal LM (see :class:`asyncrl.producers.engines.base.Engine`)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None,
+        temperature: float,
+        eos_token_id: int,
+        pad_token_id: int,
+        seed: int = 0,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0 (use GenRequest.greedy for argmax)")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = float(temperature)
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._active: dict[str, _Active] = {}
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def add(self, req: GenRequest) -> None:
+        if req.request_id in self._active:
+            raise ValueError(f"request {req.request_id!r} is already active")
+        self._active[req.request_id] = _Active(
+            req, list(req.prefix_ids), [float(x) for x in req.prefix_logprobs]
+        )
+
+    def _result(self, a: _Active, reason: str) -> GenResult:
+        return GenResult(a.req.request_id, list(a.req.prompt_ids), a.ids, a.logprobs, reason)
+
+    def _finish_reason(self, a: _Active) -> str | None:
+        if a.ids and a.ids[-1] == self.eos_token_id:
+            return "stop"
+        if len(a.ids) >= a.req.max_new_tokens:
+            return "length"
+        return None
+
+    @torch.no_grad()
+    def step(self) -> list[GenResult]:
+        finished: list[GenResult] = []
+        # A continuation may already be complete (prefix ends in EOS or fills the budget).
+        for rid, a in list(self._active.items()):
+            reason = self._finish_reason(a)
+            if reason is not None:
+                finished.append(self._result(a, reason))
+                del self._active[rid]
+        if not self._active:
+            return finished
+        actives = list(self._active.values())
+        device = next(self.model.parameters()).device
+        ids, mask, pos = left_pad(
+            [a.req.prompt_ids + a.ids for a in actives], self.pad_token_id, device
+        )
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        logp = torch.log_softmax(logits[:, -1, :].float() / self.temperature, dim=-1).cpu()
+        sampled = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+        greedy = torch.tensor([a.req.greedy for a in actives])
+        chosen = torch.where(greedy, logp.argmax(-1), sampled)
+        chosen_logp = logp.gather(-1, chosen[:, None]).squeeze(-1)
+        for a, tok, lp in zip(actives, chosen.tolist(), chosen_logp.tolist(), strict=True):
+            a.ids.append(tok)
+            a.logprobs.append(lp)
+            reason = self._finish_reason(a)
+            if reason is not None:
+                finished.append(self._result(a, reason))
+                del self._active[a.req.request_id]
+        return finished
+
+    def abort_all(self) -> list[GenResult]:
+        out = [self._result(a, "abort") for a in self._active.values()]
+        self._active.clear()
+        return out
+
+    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+        return generate_all(self, reqs)
