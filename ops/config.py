@@ -28,7 +28,9 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "asyncrl" / "configs" 
 class Strict(BaseModel):
     """Base for every config section: unknown keys are errors, not silently ignored."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
+    )
 
 
 DEFAULT_PARTITIONS = {
@@ -87,20 +89,28 @@ class DataConfig(Strict):
     seed: int = 0
     """Seed for the dataset split and the warm start."""
     max_prompt_length: int = Field(16, ge=1)
+    """Longer prompts keep their last this-many tokens (verl's truncation="left")."""
     max_response_length: int = Field(6, ge=1)
+    """Generation stops after this many response tokens (EOS included)."""
     max_operand: int = Field(99, ge=1)
     """Operands of ``a+b=`` are drawn from 0..max_operand (99: two-digit addition with carries)."""
 
 
 class ModelConfig(Strict):
     hidden_size: int = Field(128, ge=8)
+    """Width of the demo Qwen2 model built locally (no hub download)."""
     num_hidden_layers: int = Field(2, ge=1)
+    """Transformer layers of the demo model."""
     num_attention_heads: int = Field(4, ge=1)
+    """Attention heads of the demo model (must divide hidden_size)."""
     intermediate_size: int = Field(256, ge=8)
+    """MLP width of the demo model."""
     warmup_steps: int = Field(600, ge=0)
     """Supervised warm-start steps on the task before RL (aims at ~20-35% accuracy)."""
     warmup_lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate of the supervised warm start."""
     warmup_batch_size: int = Field(64, ge=1)
+    """Problems per supervised warm-start step."""
     warmup_target_accuracy: float | None = Field(0.25, gt=0, le=1)
     """Stop the warm start early once greedy accuracy on a probe of training prompts reaches
     this (checked every warmup_eval_every steps); None: run all warmup_steps."""
@@ -112,8 +122,11 @@ class ModelConfig(Strict):
 
 class OptimConfig(Strict):
     lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate of the RL updates."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay of the RL updates."""
     grad_clip: float = Field(1.0, gt=0)
+    """Gradients are clipped to this global norm before each optimizer step."""
 
 
 class ActorConfig(Strict):
@@ -122,6 +135,7 @@ class ActorConfig(Strict):
     clip_ratio: float = Field(0.2, gt=0)
     """PPO clip range for the policy ratio."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses are averaged: over all tokens, or per sequence then over sequences."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
 
 
@@ -131,6 +145,7 @@ class RolloutConfig(Strict):
     n: int = Field(8, ge=1)
     """Trajectories per prompt (the GRPO group size)."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; logprobs are recorded under the same temperature."""
     max_concurrent_samples: int = Field(8, ge=1)
     """Samples (prompts) generated at once by one worker."""
     num_workers: int = Field(1, ge=0)
@@ -147,6 +162,7 @@ class ActorRolloutRefConfig(Strict):
 
 class AlgorithmConfig(Strict):
     adv_estimator: Literal["grpo"] = "grpo"
+    """Advantage estimator: GRPO (group-relative, no critic)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide group-relative advantages by the group's std (GRPO) or not (Dr. GRPO)."""
 
@@ -175,6 +191,7 @@ class AsyncTrainingConfig(Strict):
 
 class TrainerConfig(Strict):
     total_training_steps: int = Field(100, ge=1)
+    """Local updates to run; the run ends here (or earlier at target_accuracy)."""
     test_freq: int = Field(5, ge=0)
     """Evaluate held-out accuracy every this many steps (0 = only at the end)."""
     save_freq: int = Field(10, ge=0)
@@ -184,7 +201,9 @@ class TrainerConfig(Strict):
     target_accuracy: float | None = Field(None, gt=0, le=1)
     """Stop early once held-out accuracy reaches this."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the trainer's model lives (auto: cuda when available)."""
     seed: int = 0
+    """Seed of the trainer's RNG (rollout workers derive theirs from it)."""
     torch_threads: int = Field(1, ge=1)
     """CPU threads of the trainer process (rollout and training share the machine's cores)."""
 
@@ -195,6 +214,7 @@ class SyncConfig(Strict):
     bucket_size_mb: float = Field(64.0, gt=0)
     """Tensors are packed into buckets of this size before each broadcast."""
     master_addr: str = "127.0.0.1"
+    """Address of the trainer (rank 0) for the weight collective's rendezvous."""
     master_port: int | None = Field(None, ge=1, le=65535)
     """Rendezvous port of the weight collective; unset: the launcher picks a free one."""
     timeout_s: float = Field(300.0, gt=0)

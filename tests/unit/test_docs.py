@@ -1,0 +1,45 @@
+"""Docs that are generated from code stay in step with it."""
+
+from pathlib import Path
+
+from asyncrl.ops.config_docs import config_reference
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_configuration_reference_is_up_to_date():
+    on_disk = (ROOT / "docs" / "configuration.md").read_text()
+    assert on_disk == config_reference(), (
+        "docs/configuration.md is stale: python -m asyncrl.ops.config_docs > docs/configuration.md"
+    )
+
+
+def test_every_config_key_is_documented():
+    undocumented = [
+        line.split("`")[1]
+        for line in config_reference().splitlines()
+        if line.startswith("| `") and line.rstrip().endswith("|  |")
+    ]
+    assert not undocumented, f"config keys without a docstring: {undocumented}"
+
+
+def test_package_list_matches_the_tree():
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    roots = {
+        "asyncrl": "asyncrl",
+        "producers": "asyncrl.producers",
+        "consumers": "asyncrl.consumers",
+        "schemas": "asyncrl.schemas",
+        "sync": "asyncrl.sync",
+        "ops": "asyncrl.ops",
+    }
+    found = set()
+    for folder, package in roots.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join([package, *rel]))
+    assert found == listed
