@@ -305,9 +305,20 @@ class Reader(Generic[T]):
 
     # --- reading ------------------------------------------------------------------------------
     def poll(self, timeout: float, max_records: int = 500) -> list[Record[T]]:
-        """Up to ``max_records`` decoded records, waiting at most ``timeout`` seconds."""
+        """Up to ``max_records`` decoded records, returning as soon as there is one.
+
+        Waits at most ``timeout`` seconds for the first message, then takes what is already
+        queued. (``Consumer.consume(n, timeout)`` alone waits the whole ``timeout`` unless
+        ``n`` messages arrive.)
+        """
         records: list[Record[T]] = []
-        for msg in self._consumer.consume(num_messages=max_records, timeout=timeout):
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return records
+        messages = [first]
+        if max_records > 1:
+            messages += self._consumer.consume(num_messages=max_records - 1, timeout=0)
+        for msg in messages:
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
