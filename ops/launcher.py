@@ -120,10 +120,10 @@ def _follow(
                 for rec in reader.poll(0.2):
                     progress.update(rec.value)
                 for name, (proc, log_path) in procs.items():
+                    # A worker exits 0 only after the trainer's RunFinished, which the trainer
+                    # publishes before it writes its summary and exits: not a failure.
                     rc = proc.poll()
-                    if rc not in (None, 0) or (
-                        rc == 0 and name != "trainer" and trainer.poll() is None
-                    ):
+                    if rc not in (None, 0):
                         raise RunFailed(
                             f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
                         )
