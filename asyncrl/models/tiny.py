@@ -2,8 +2,9 @@
 
 Nothing is downloaded: the tokenizer is built with the ``tokenizers`` library and the model is a
 randomly initialised ``Qwen2ForCausalLM`` (a real HF architecture, so the same code paths serve
-real checkpoints later). A short supervised warm start gives RL a policy that is right ~25% of
-the time: enough reward signal for GRPO, far enough from 90% that RL visibly does the work.
+real checkpoints later). A supervised warm start imitates a sloppy teacher who mostly forgets
+to carry: greedy decoding is then right on ~30-40% of held-out problems, sampling finds the
+right answer often enough for GRPO's binary reward, and RL visibly does the rest.
 
 :func:`load_policy` caches the warm-started model on disk, keyed by a hash of the model and data
 config, so the trainer and every rollout worker load the very same bytes (bit-identical weights,
@@ -25,7 +26,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from asyncrl.tasks.arithmetic import Problem, make_splits, score
+from asyncrl.tasks.arithmetic import Problem, make_splits, score, teacher_answer
 
 if TYPE_CHECKING:
     from asyncrl.ops.config import ModelConfig, RunConfig
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 CHARS = "0123456789+-*=() "
 """Every character the tokenizer knows; anything else maps to <unk>."""
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 """Bump when the tokenizer, architecture or warm-start recipe changes: it invalidates caches."""
 METRICS_FILE = "warm_start.json"
 
@@ -88,13 +89,17 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForC
 
 
 def encode_problems(
-    tokenizer: PreTrainedTokenizerFast, problems: list[Problem]
+    tokenizer: PreTrainedTokenizerFast, problems: list[Problem], drop_carry: bool = False
 ) -> list[tuple[list[int], list[int]]]:
-    """(prompt_ids, answer_ids + [eos]) per problem: the supervised targets of the warm start."""
+    """(prompt_ids, answer_ids + [eos]) per problem: the supervised targets of the warm start.
+
+    With ``drop_carry`` the targets are the sloppy teacher's carry-less answers.
+    """
     out = []
     for p in problems:
         prompt = tokenizer(p.prompt)["input_ids"]
-        answer = tokenizer(p.answer, add_special_tokens=False)["input_ids"]
+        text = teacher_answer(p, drop_carry)
+        answer = tokenizer(text, add_special_tokens=False)["input_ids"]
         out.append((prompt, answer + [tokenizer.eos_token_id]))
     return out
 
@@ -133,7 +138,10 @@ def warm_start(
     val_problems: list[Problem] | None = None,
     max_new_tokens: int = 8,
 ) -> dict[str, Any]:
-    """Plain supervised training on correct answers, stopped early; returns metrics.
+    """Supervised training on the sloppy teacher's answers; returns metrics.
+
+    Each target is the carry-less answer with probability ``warmup_drop_carry_prob``, else the
+    correct one (see :func:`asyncrl.tasks.arithmetic.teacher_answer`).
 
     Cross-entropy on the answer tokens and EOS only (the prompt is given, not learned), AdamW at
     ``warmup_lr``, batches of ``warmup_batch_size`` drawn with a generator seeded by ``seed``.
@@ -143,6 +151,7 @@ def warm_start(
     """
     t0 = time.perf_counter()
     pairs = encode_problems(tokenizer, train_problems)
+    sloppy = encode_problems(tokenizer, train_problems, drop_carry=True)
     probe = train_problems[:200]
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=model_cfg.warmup_lr, weight_decay=0.0)
@@ -152,13 +161,14 @@ def warm_start(
     model.train()
     for step in range(1, model_cfg.warmup_steps + 1):
         idx = torch.randint(len(pairs), (model_cfg.warmup_batch_size,), generator=gen).tolist()
-        seqs = [pairs[i][0] + pairs[i][1] for i in idx]
+        drop = torch.rand(len(idx), generator=gen) < model_cfg.warmup_drop_carry_prob
+        rows = [sloppy[i] if d else pairs[i] for i, d in zip(idx, drop.tolist(), strict=True)]
+        seqs = [prompt + answer for prompt, answer in rows]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), pad, dtype=torch.long)
         labels = torch.full((len(seqs), width), -100, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            prompt, answer = pairs[i]
+        for row, (prompt, answer) in enumerate(rows):
             n = len(prompt) + len(answer)
             ids[row, :n] = torch.tensor(prompt + answer)
             labels[row, len(prompt) : n] = torch.tensor(answer)
@@ -182,7 +192,7 @@ def warm_start(
     metrics: dict[str, Any] = {
         "warmup_steps_run": steps,
         "warmup_loss": loss_val,
-        "warmup_probe_accuracy": probe_acc,
+        "warmup_probe_accuracy": None if probe_acc != probe_acc else probe_acc,  # NaN: no probe
         "warmup_seconds": time.perf_counter() - t0,
     }
     if val_problems is not None:

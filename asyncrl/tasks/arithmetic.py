@@ -85,6 +85,35 @@ def make_splits(data_cfg: _DataCfg) -> tuple[list[Problem], list[Problem]]:
     return train, val
 
 
+def carryless_sum(a: int, b: int) -> int:
+    """``a + b`` computed digit by digit with every carry dropped (``57+68`` -> ``15``).
+
+    The one mistake of the warm start's sloppy teacher (see :func:`teacher_answer`).
+    """
+    out, place = 0, 1
+    while a or b:
+        out += ((a % 10 + b % 10) % 10) * place
+        a, b, place = a // 10, b // 10, place * 10
+    return out
+
+
+def operands(problem: Problem) -> tuple[int, int]:
+    """``(a, b)`` of a problem made by :func:`make_problem`."""
+    a, b = problem.prompt.rstrip("=").split("+")
+    return int(a), int(b)
+
+
+def teacher_answer(problem: Problem, drop_carry: bool) -> str:
+    """The answer a sloppy teacher writes: correct, or with its carries dropped.
+
+    The warm start imitates a teacher who forgets carries some of the time. The policy learns
+    both answers for every problem that has a carry; greedy decoding picks the more frequent
+    (wrong) one, while sampling still finds the right one often enough for a binary reward to
+    teach the policy to carry. Problems without a carry are right either way.
+    """
+    return str(carryless_sum(*operands(problem))) if drop_carry else problem.answer
+
+
 def parse_response(response_text: str) -> str:
     """The answer a response states: the text up to the first ``<eos>``, stripped of spaces.
 
