@@ -68,6 +68,21 @@ def kafka_cfg(run_cfg: RunConfig) -> KafkaConfig:
 
 
 @pytest.fixture(scope="session")
-def policy_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """An override pointing every run of the session at one model cache (one warm start)."""
-    return f"actor_rollout_ref.model.cache_dir='{tmp_path_factory.mktemp('policy')}'"
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache for the session: each warm-start recipe is built once."""
+    return tmp_path_factory.mktemp("policy")
+
+
+@pytest.fixture(scope="session")
+def quick_policy(policy_dir: Path) -> tuple[str, ...]:
+    """Overrides for runs that test the protocol, not learning: a 100-step warm start (~5 s)."""
+    return (
+        f"actor_rollout_ref.model.cache_dir='{policy_dir}'",
+        "actor_rollout_ref.model.warmup_steps=100",
+    )
+
+
+@pytest.fixture(scope="session")
+def demo_policy(policy_dir: Path) -> tuple[str, ...]:
+    """Overrides for runs that must learn: the demo's own warm start (~1 min, once)."""
+    return (f"actor_rollout_ref.model.cache_dir='{policy_dir}'",)

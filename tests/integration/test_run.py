@@ -68,9 +68,9 @@ def _control(cfg: RunConfig) -> list[ev.ControlEvent]:
     ],
     ids=["a-on-policy", "b-stream-off-policy", "c-stale-samples"],
 )
-def test_budget_never_exceeded_per_version(make_run_cfg, policy_cache, mode_overrides, steps):
+def test_budget_never_exceeded_per_version(make_run_cfg, quick_policy, mode_overrides, steps):
     cfg = make_run_cfg(
-        *SMALL, *mode_overrides, policy_cache, f"trainer.total_training_steps={steps}"
+        *SMALL, *mode_overrides, *quick_policy, f"trainer.total_training_steps={steps}"
     )
     summary = _run(cfg)
     assert summary["step"] == steps
@@ -95,11 +95,11 @@ def test_budget_never_exceeded_per_version(make_run_cfg, policy_cache, mode_over
         assert stale > 0, "mode (c) should train on some samples of the previous version"
 
 
-def test_versions_match_weights_and_syncs_are_bit_exact(make_run_cfg, policy_cache):
+def test_versions_match_weights_and_syncs_are_bit_exact(make_run_cfg, quick_policy):
     """Two workers; every sample's logprobs match the weights of its param_version."""
     cfg = make_run_cfg(
         *SMALL,
-        policy_cache,
+        *quick_policy,
         "actor_rollout_ref.rollout.num_workers=2",
         "async_training.staleness_threshold=0.5",
         "trainer.total_training_steps=4",

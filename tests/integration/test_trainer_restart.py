@@ -26,9 +26,9 @@ def synthetic_sample(i: int) -> Sample:
     return Sample(f"s{i}", f"p{i}", 0, prompt, "0", trajs)
 
 
-def test_restart_consumes_each_sample_exactly_once(make_run_cfg, policy_cache):
+def test_restart_consumes_each_sample_exactly_once(make_run_cfg, quick_policy):
     cfg = make_run_cfg(
-        policy_cache,
+        *quick_policy,
         "actor_rollout_ref.rollout.num_workers=0",
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
