@@ -40,18 +40,65 @@ def _tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
+def archive_orphaned_run(cfg: RunConfig, console: Console) -> Path | None:
+    """Move aside a run dir whose checkpoint points into a log that no longer exists.
+
+    A checkpoint records offsets in the run's ``samples`` topic. The embedded broker keeps its
+    topics in memory, so once it has stopped, a new embedded broker starts with empty topics
+    and those offsets point nowhere: resuming would wait for samples that never come. The old
+    directory is kept, renamed ``<run_dir>.<time>``, and the run starts from step 0.
+    """
+    from asyncrl.consumers.checkpoint import latest_checkpoint
+
+    run_dir = cfg.run_dir
+    if latest_checkpoint(run_dir) is None:
+        return None
+    archived = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(archived)
+    console.log(
+        f"{run_dir} holds a checkpoint whose log lived in an embedded broker that has stopped; "
+        f"moved it to {archived} and starting afresh (set kafka.bootstrap_servers to a "
+        "persistent Kafka to resume runs)"
+    )
+    return archived
+
+
 def prepare_policy(cfg: RunConfig, console: Console) -> None:
     """Build and warm-start the policy once, before any process needs it."""
-    from asyncrl.models.tiny import load_policy
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with console.status("Preparing the policy (tiny causal LM, supervised warm start; cached)"):
-        t0 = time.monotonic()
-        load_policy(cfg)
-    console.log(f"policy ready in {time.monotonic() - t0:.1f} s")
+    from asyncrl.models.tiny import load_policy, policy_dir, warm_start_metrics
+
+    t0 = time.monotonic()
+    if warm_start_metrics(cfg) is None:
+        console.log(f"warm-starting the policy (once per config; cached in {policy_dir(cfg)})")
+    with Progress(
+        TextColumn("[bold]warm start"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("", total=cfg.actor_rollout_ref.model.warmup_steps)
+
+        def on_step(step: int, total: int, loss: float) -> None:
+            progress.update(task, completed=step, description=f"loss {loss:.3f}")
+
+        load_policy(cfg, on_step=on_step)
+    ws = warm_start_metrics(cfg) or {}
+    acc = ws.get("warmup_val_accuracy")
+    console.log(
+        f"policy ready in {time.monotonic() - t0:.1f} s"
+        + (f" (warm start: held-out accuracy {acc:.3f})" if acc is not None else "")
+    )
 
 
 def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
+    if cfg.kafka.bootstrap_servers is None:
+        archive_orphaned_run(cfg, console)
     run_dir = cfg.run_dir
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)

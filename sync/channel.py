@@ -100,7 +100,7 @@ class ControlChannel:
                     raise SyncTimeout(
                         f"no {what}{who} on {self.topic} within "
                         f"{timeout_s if timeout_s is not None else self.timeout_s:.0f} s "
-                        f"(sync.timeout_s); see `asyncrl inspect` of the control topic"
+                        f"(sync.timeout_s); check the other processes' logs in {self.cfg.run_dir / 'logs'}"
                     )
                 self._pending.extend(r.value for r in self.reader.poll(min(left, 0.1)))
         finally:

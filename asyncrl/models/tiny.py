@@ -19,12 +19,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.utils import logging as hf_logging
 
 from asyncrl.tasks.arithmetic import Problem, make_splits, score, teacher_answer
 
@@ -137,8 +139,11 @@ def warm_start(
     seed: int = 0,
     val_problems: list[Problem] | None = None,
     max_new_tokens: int = 8,
+    on_step: Callable[[int, int, float], None] | None = None,
 ) -> dict[str, Any]:
     """Supervised training on the sloppy teacher's answers; returns metrics.
+
+    ``on_step(step, total, loss)`` is called after every step (for progress output).
 
     Each target is the carry-less answer with probability ``warmup_drop_carry_prob``, else the
     correct one (see :func:`asyncrl.tasks.arithmetic.teacher_answer`).
@@ -182,6 +187,8 @@ def warm_start(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss_val, steps = float(loss.detach()), step
+        if on_step is not None:
+            on_step(step, model_cfg.warmup_steps, loss_val)
         if target is not None and step % model_cfg.warmup_eval_every == 0:
             model.eval()
             probe_acc = greedy_accuracy(model, tokenizer, probe, max_new_tokens)
@@ -220,7 +227,9 @@ def policy_dir(cfg: RunConfig) -> Path:
     return base / cache_key(cfg)
 
 
-def load_policy(cfg: RunConfig) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+def load_policy(
+    cfg: RunConfig, on_step: Callable[[int, int, float], None] | None = None
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     """The warm-started policy (eval mode, float32, CPU) and its tokenizer, built once per config.
 
     The first caller builds, warm-starts and saves into a fresh temp dir beside the cache entry,
@@ -228,6 +237,7 @@ def load_policy(cfg: RunConfig) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFa
     entry taken and throws its own copy away. Everyone then loads from disk, so all processes,
     builder included, hold bit-identical weights.
     """
+    hf_logging.disable_progress_bar()  # tqdm bars for a 1 MB model are noise in our logs
     final = policy_dir(cfg)
     if not (final / METRICS_FILE).exists():
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -242,6 +252,7 @@ def load_policy(cfg: RunConfig) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFa
             seed=cfg.data.seed,
             val_problems=val,
             max_new_tokens=cfg.data.max_response_length,
+            on_step=on_step,
         )
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
