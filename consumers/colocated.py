@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from asyncrl.consumers.grpo import build_batch, group_advantages, policy_loss, token_logprobs
+from asyncrl.consumers.grpo import build_batch, group_advantages
+from asyncrl.consumers.update import policy_step
 from asyncrl.models.tiny import greedy_accuracy, load_policy, warm_start_metrics
 from asyncrl.ops.config import RunConfig, load_config
 from asyncrl.producers.engines.base import GenRequest
@@ -114,26 +115,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
             tok.pad_token_id,
         ).to(device)
         model.train()
-        logprobs = token_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.position_ids,
-            batch.response_mask,
-            arr.rollout.temperature,
-        )
-        loss, metrics = policy_loss(
-            logprobs,
-            batch.old_logprobs,
-            batch.advantages,
-            batch.response_mask,
-            actor.clip_ratio,
-            actor.loss_agg_mode,
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), actor.optim.grad_clip)
-        opt.step()
+        metrics = policy_step(model, opt, batch, cfg)
         t2 = time.perf_counter()
         gen_s, train_s, n_traj = gen_s + (t1 - t0), train_s + (t2 - t1), n_traj + len(results)
 
@@ -141,7 +123,6 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
         row: dict[str, Any] = {
             "step": step,
             "reward": float(rewards.mean()),
-            "grad_norm": float(grad_norm),
             "response_len": float(batch.response_mask.sum(-1).mean()),
             **metrics,
             "gen_samples_per_s": n_traj / gen_s,

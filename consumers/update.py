@@ -9,9 +9,43 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.consumers.grpo import build_batch, group_advantages, policy_loss, token_logprobs
+from asyncrl.consumers.grpo import (
+    Batch,
+    build_batch,
+    group_advantages,
+    policy_loss,
+    token_logprobs,
+)
 from asyncrl.ops.config import RunConfig
 from asyncrl.schemas.sample import Sample
+
+
+def policy_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: RunConfig
+) -> dict[str, float]:
+    """One optimizer step on one mini-batch: clipped policy loss, backward, clip, step.
+
+    ``old_log_prob`` is the rollout's (``use_rollout_log_probs``) or recomputed with the
+    current weights before the update (verl's default for the actor).
+    """
+    actor = cfg.actor_rollout_ref.actor
+    temperature = cfg.actor_rollout_ref.rollout.temperature
+    args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
+    if cfg.async_training.use_rollout_log_probs:
+        old = batch.old_logprobs
+    else:
+        with torch.no_grad():
+            old = token_logprobs(model, *args, temperature)
+    logprobs = token_logprobs(model, *args, temperature)
+    loss, metrics = policy_loss(
+        logprobs, old, batch.advantages, batch.response_mask, actor.clip_ratio, actor.loss_agg_mode
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), actor.optim.grad_clip)
+    optimizer.step()
+    metrics["grad_norm"] = float(grad_norm)
+    return metrics
 
 
 def grpo_update(
@@ -23,7 +57,6 @@ def grpo_update(
     pad_token_id: int = 0,
 ) -> dict[str, float]:
     actor = cfg.actor_rollout_ref.actor
-    temperature = cfg.actor_rollout_ref.rollout.temperature
     rewards = torch.tensor([s.rewards for s in samples], dtype=torch.float32)
     advantages = group_advantages(rewards, cfg.algorithm.norm_adv_by_std_in_grpo)
     size = actor.ppo_mini_batch_size
@@ -39,26 +72,7 @@ def grpo_update(
         batch = build_batch(rows, pad_token_id).to(device)
         for i, m in enumerate(masks):  # tool tokens (mask 0) are not trained on
             batch.response_mask[i, : len(m)] *= torch.tensor(m, dtype=torch.float32, device=device)
-        args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
-        if cfg.async_training.use_rollout_log_probs:
-            old = batch.old_logprobs
-        else:
-            with torch.no_grad():
-                old = token_logprobs(model, *args, temperature)
-        logprobs = token_logprobs(model, *args, temperature)
-        loss, m = policy_loss(
-            logprobs,
-            old,
-            batch.advantages,
-            batch.response_mask,
-            actor.clip_ratio,
-            actor.loss_agg_mode,
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), actor.optim.grad_clip)
-        optimizer.step()
-        m["grad_norm"] = float(grad_norm)
+        m = policy_step(model, optimizer, batch, cfg)
         for k, v in m.items():
             totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
         n_mini += 1
