@@ -1,0 +1,99 @@
+"""The hf engine's contract: interruptible between tokens, continuable from a prefix."""
+
+import pytest
+import torch
+
+from asyncrl.models.tiny import build_model, build_tokenizer
+from asyncrl.ops.config import ModelConfig
+from asyncrl.producers.engines.base import GenRequest
+from asyncrl.producers.engines.hf import HFEngine
+
+PROMPTS = ["07+35=", "99+99=", "1+2=", "45+54="]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def _engine(tok, seed: int = 0, model_seed: int = 0) -> HFEngine:
+    model = build_model(ModelConfig(hidden_size=32, intermediate_size=64), len(tok), model_seed)
+    return HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=seed)
+
+
+def _requests(tok, greedy: bool) -> list[GenRequest]:
+    return [
+        GenRequest(f"r{i}", tok(p)["input_ids"], 8, greedy=greedy) for i, p in enumerate(PROMPTS)
+    ]
+
+
+def test_interrupted_greedy_generation_continues_to_the_same_tokens(tok):
+    engine = _engine(tok)
+    full = engine.generate(_requests(tok, greedy=True))
+
+    for req in _requests(tok, greedy=True):
+        engine.add(req)
+    engine.step()
+    engine.step()
+    cut = {r.request_id: r for r in engine.abort_all()}
+    assert engine.num_active == 0
+    assert all(r.finish_reason == "abort" for r in cut.values())
+    resumed = engine.generate(
+        [
+            GenRequest(
+                rid,
+                r.prompt_ids,
+                8,
+                prefix_ids=r.response_ids,
+                prefix_logprobs=r.response_logprobs,
+                greedy=True,
+            )
+            for rid, r in cut.items()
+        ]
+    )
+    for want, got in zip(full, resumed, strict=True):
+        assert got.response_ids == want.response_ids
+        assert got.response_logprobs == pytest.approx(want.response_logprobs, abs=1e-5)
+        assert got.finish_reason == want.finish_reason
+
+
+def test_a_continuation_scores_new_tokens_with_the_new_weights(tok):
+    engine = _engine(tok)
+    for req in _requests(tok, greedy=False):
+        engine.add(req)
+    engine.step()
+    cut = engine.abort_all()
+    before = {r.request_id: r.response_logprobs[0] for r in cut}
+    other = _engine(tok, model_seed=1).model
+    engine.model.load_state_dict(other.state_dict())  # a "sync": new weights in place
+    resumed = engine.generate(
+        [
+            GenRequest(
+                r.request_id,
+                r.prompt_ids,
+                8,
+                prefix_ids=r.response_ids,
+                prefix_logprobs=r.response_logprobs,
+            )
+            for r in cut
+        ]
+    )
+    fresh = _engine(tok, model_seed=1).model
+    for r in resumed:
+        ids = torch.tensor([r.prompt_ids + r.response_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(fresh(input_ids=ids).logits[0].float(), -1)
+        p = len(r.prompt_ids)
+        new = [float(logp[p + t - 1, r.response_ids[t]]) for t in range(1, len(r.response_ids))]
+        assert r.response_logprobs[1:] == pytest.approx(new, abs=1e-4)
+        assert r.response_logprobs[0] == before[r.request_id]  # the prefix is kept
+
+
+def test_a_finished_prefix_is_returned_as_it_is(tok):
+    engine = _engine(tok)
+    prompt = tok("1+2=")["input_ids"]
+    eos = tok.eos_token_id
+    [res] = engine.generate(
+        [GenRequest("x", prompt, 8, prefix_ids=[7, eos], prefix_logprobs=[-1.0, -0.5])]
+    )
+    assert (res.response_ids, res.finish_reason) == ([7, eos], "stop")
