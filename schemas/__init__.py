@@ -4,7 +4,7 @@ Depends on pyarrow only (a test asserts torch is not imported), so any process o
 decode the log. One module per message type; each exports its schema, tag and codec.
 """
 
-from asyncrl.schemas import control, prompt, sample, step
+from asyncrl.schemas import control, partial, prompt, sample, step
 from asyncrl.schemas.codec import SCHEMA_HEADER, DecodeError
 
-__all__ = ["SCHEMA_HEADER", "DecodeError", "control", "prompt", "sample", "step"]
+__all__ = ["SCHEMA_HEADER", "DecodeError", "control", "partial", "prompt", "sample", "step"]

@@ -4,18 +4,21 @@ The group travels together because GRPO's advantage is relative within the group
 trajectory; token columns are Arrow lists so a reader can hand them to numpy without copying.
 ``param_version`` is the weight version the last token was generated under;
 ``param_version_start`` the version of the first token (they differ for partial rollouts).
+``segment_starts``/``segment_versions`` list every segment of a trajectory interrupted by
+syncs: the response index where it begins and the weight version its tokens came from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import pyarrow as pa
 
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 
 NAME = "sample"
-VERSION = 1
+VERSION = 2
 TAG = schema_tag(NAME, VERSION)
 
 SCHEMA = with_tag(
@@ -33,6 +36,8 @@ SCHEMA = with_tag(
             pa.field("finish_reason", pa.string(), nullable=False),
             pa.field("param_version", pa.int64(), nullable=False),
             pa.field("param_version_start", pa.int64(), nullable=False),
+            pa.field("segment_starts", pa.list_(pa.int32()), nullable=False),
+            pa.field("segment_versions", pa.list_(pa.int64()), nullable=False),
             pa.field("ground_truth", pa.string(), nullable=False),
             pa.field("t_start", pa.float64(), nullable=False),
             pa.field("t_end", pa.float64(), nullable=False),
@@ -58,10 +63,35 @@ class Trajectory:
     t_start: float = 0.0
     t_end: float = 0.0
     reward_s: float = 0.0
+    segment_starts: list[int] = field(default_factory=list)
+    """Response index where each segment begins (``[0]`` for an uninterrupted trajectory)."""
+    segment_versions: list[int] = field(default_factory=list)
+    """Weight version of each segment's tokens; first is param_version_start, last param_version."""
 
     def __post_init__(self) -> None:
         if not self.response_mask:
             self.response_mask = [1] * len(self.response_ids)
+        if not self.segment_starts:
+            self.segment_starts = [0]
+            self.segment_versions = [self.param_version_start]
+            if self.param_version != self.param_version_start:
+                self.segment_starts.append(len(self.response_ids))
+                self.segment_versions.append(self.param_version)
+
+    @property
+    def span(self) -> int:
+        """Weight versions this trajectory's tokens span (0: generated under one version)."""
+        return self.param_version - self.param_version_start
+
+    def token_versions(self) -> list[int]:
+        """The weight version of every response token."""
+        bounds = [*self.segment_starts[1:], len(self.response_ids)]
+        out: list[int] = []
+        for start, end, version in zip(
+            self.segment_starts, bounds, self.segment_versions, strict=True
+        ):
+            out += [version] * (end - start)
+        return out
 
 
 @dataclass
@@ -106,13 +136,33 @@ def validate(sample: Sample) -> None:
                 f"sample {sample.sample_id} trajectory {i}: bad versions "
                 f"{t.param_version_start}..{t.param_version}"
             )
+        validate_segments(t, f"sample {sample.sample_id} trajectory {i}")
 
 
-def encode_sample(sample: Sample) -> bytes:
-    validate(sample)
+def validate_segments(t: Trajectory, where: str) -> None:
+    """Segments start at 0, never go backwards, and their versions match the trajectory's."""
+    starts, versions = t.segment_starts, t.segment_versions
+    ok = (
+        len(starts) == len(versions) >= 1
+        and starts[0] == 0
+        and all(a <= b for a, b in pairwise(starts))
+        and starts[-1] <= len(t.response_ids)
+        and all(a < b for a, b in pairwise(versions))
+        and versions[0] == t.param_version_start
+        and versions[-1] == t.param_version
+    )
+    if not ok:
+        raise DecodeError(
+            f"{where}: bad segments starts={starts} versions={versions} for "
+            f"{len(t.response_ids)} tokens, versions {t.param_version_start}..{t.param_version}"
+        )
+
+
+def sample_columns(sample: Sample) -> dict[str, list]:
+    """One column per SCHEMA field, one row per trajectory (shared by the partials schema)."""
     trajs = sample.trajectories
     n = len(trajs)
-    columns = {
+    return {
         "sample_id": [sample.sample_id] * n,
         "prompt_id": [sample.prompt_id] * n,
         "traj_index": list(range(n)),
@@ -125,23 +175,29 @@ def encode_sample(sample: Sample) -> bytes:
         "finish_reason": [t.finish_reason for t in trajs],
         "param_version": [t.param_version for t in trajs],
         "param_version_start": [t.param_version_start for t in trajs],
+        "segment_starts": [t.segment_starts for t in trajs],
+        "segment_versions": [t.segment_versions for t in trajs],
         "ground_truth": [sample.ground_truth] * n,
         "t_start": [t.t_start for t in trajs],
         "t_end": [t.t_end for t in trajs],
         "reward_s": [t.reward_s for t in trajs],
     }
-    return encode_batch(pa.RecordBatch.from_pydict(columns, schema=SCHEMA))
 
 
-def decode_sample(data: bytes | None, headers: dict[str, bytes] | None = None) -> Sample:
-    batch = decode_batch(data, SCHEMA, TAG)
-    if batch.num_rows == 0:
-        raise DecodeError(f"{TAG}: no rows")
-    cols = batch.to_pydict()
+def encode_sample(sample: Sample) -> bytes:
+    validate(sample)
+    return encode_batch(pa.RecordBatch.from_pydict(sample_columns(sample), schema=SCHEMA))
+
+
+def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
+    """Inverse of :func:`sample_columns`; checks the rows form one sample, then validates."""
+    n = len(cols["sample_id"])
+    if n == 0:
+        raise DecodeError(f"{tag}: no rows")
     if len(set(cols["sample_id"])) != 1:
-        raise DecodeError(f"{TAG}: rows of one message must share a sample_id")
-    if cols["traj_index"] != list(range(batch.num_rows)):
-        raise DecodeError(f"{TAG}: traj_index must be 0..n-1, got {cols['traj_index']}")
+        raise DecodeError(f"{tag}: rows of one message must share a sample_id")
+    if cols["traj_index"] != list(range(n)):
+        raise DecodeError(f"{tag}: traj_index must be 0..n-1, got {cols['traj_index']}")
     trajs = [
         Trajectory(
             response_ids=cols["response_ids"][i],
@@ -151,11 +207,13 @@ def decode_sample(data: bytes | None, headers: dict[str, bytes] | None = None) -
             finish_reason=cols["finish_reason"][i],
             param_version=cols["param_version"][i],
             param_version_start=cols["param_version_start"][i],
+            segment_starts=cols["segment_starts"][i],
+            segment_versions=cols["segment_versions"][i],
             t_start=cols["t_start"][i],
             t_end=cols["t_end"][i],
             reward_s=cols["reward_s"][i],
         )
-        for i in range(batch.num_rows)
+        for i in range(n)
     ]
     sample = Sample(
         sample_id=cols["sample_id"][0],
@@ -167,3 +225,7 @@ def decode_sample(data: bytes | None, headers: dict[str, bytes] | None = None) -
     )
     validate(sample)
     return sample
+
+
+def decode_sample(data: bytes | None, headers: dict[str, bytes] | None = None) -> Sample:
+    return sample_from_columns(decode_batch(data, SCHEMA, TAG).to_pydict(), TAG)

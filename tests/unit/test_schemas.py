@@ -40,7 +40,7 @@ def test_sample_round_trip_keeps_every_field():
 
 def test_sample_metadata_carries_schema_tag():
     reader = pa.ipc.open_stream(pa.py_buffer(encode_sample(make_sample())))
-    assert reader.schema.metadata[b"asyncrl.schema"] == b"sample/1"
+    assert reader.schema.metadata[b"asyncrl.schema"] == b"sample/2"
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_sample_metadata_carries_schema_tag():
     [
         (b"", "empty"),
         (b"not arrow at all", "not an Arrow IPC stream"),
-        (encode_prompt(PromptRecord("p", "1+1=", "2")), "expected schema sample/1"),
+        (encode_prompt(PromptRecord("p", "1+1=", "2")), "expected schema sample/2"),
     ],
 )
 def test_sample_rejects_bad_bytes(data, match):
@@ -76,6 +76,8 @@ def test_sample_rejects_misaligned_logprobs():
         finish_reason="stop",
         param_version=0,
         param_version_start=0,
+        segment_starts=[0],
+        segment_versions=[0],
         ground_truth="1",
         t_start=0.0,
         t_end=0.0,
@@ -86,6 +88,33 @@ def test_sample_rejects_misaligned_logprobs():
     data = encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA))
     with pytest.raises(DecodeError, match="same length"):
         decode_sample(data)
+
+
+def test_segments_of_a_partial_trajectory_round_trip():
+    s = make_sample()
+    t = s.trajectories[0]
+    t.response_ids, t.response_logprobs, t.response_mask = [5, 6, 7, 2], [-1.0] * 4, [1] * 4
+    t.param_version_start, t.param_version = 3, 5
+    t.segment_starts, t.segment_versions = [0, 1, 3], [3, 4, 5]
+    back = decode_sample(encode_sample(s)).trajectories[0]
+    assert (back.segment_starts, back.segment_versions) == ([0, 1, 3], [3, 4, 5])
+    assert back.token_versions() == [3, 4, 4, 5]
+    assert back.span == 2
+
+
+@pytest.mark.parametrize(
+    "starts, versions",
+    [([1, 3], [3, 5]), ([0, 3], [3, 4]), ([0, 3, 2], [3, 4, 5]), ([0, 9], [3, 5])],
+    ids=["not-from-0", "last-version-wrong", "backwards", "past-the-end"],
+)
+def test_inconsistent_segments_are_rejected(starts, versions):
+    s = make_sample()
+    t = s.trajectories[0]
+    t.response_ids, t.response_logprobs, t.response_mask = [5, 6, 7, 2], [-1.0] * 4, [1] * 4
+    t.param_version_start, t.param_version = 3, 5
+    t.segment_starts, t.segment_versions = starts, versions
+    with pytest.raises(DecodeError, match="bad segments"):
+        encode_sample(s)
 
 
 def test_prompt_and_step_round_trip():
@@ -116,3 +145,16 @@ def test_control_event_with_map_and_unknown_tag():
 def test_schemas_import_without_torch():
     code = "import sys, asyncrl.schemas; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_partial_round_trip_keeps_finished_and_interrupted_trajectories():
+    from asyncrl.schemas.partial import PartialSample, decode_partial, encode_partial
+
+    s = make_sample(n=2, version=4)
+    cut = s.trajectories[1]
+    cut.finish_reason, cut.reward = "abort", 0.0
+    p = PartialSample(s, interrupted_at_version=4, prompt_partition=2, prompt_offset=17, epoch=1)
+    back = decode_partial(encode_partial(p))
+    assert back == p
+    assert back.interrupted == [1]
+    assert back.agent_state == ["", ""]
