@@ -94,7 +94,9 @@ class Trainer:
         self.collective: WeightCollective | None = None
         self.wait_clock = WaitClock()
         self.rollouter_idle: dict[int, float] = {}
-        self.window_stats = {"stale_samples": 0, "stale_trajectories": 0}
+        self.partial_window = {"partial": 0, "total": 0, "max_span": 0}
+        """Partial samples trained on since the last sync (verl's fully_async/partial/*)."""
+        self.sync_pauses: list[float] = []
         self.t_start = time.monotonic()
         self.samples_trained = 0
         self.last_sync: dict[str, float] = {}
@@ -120,6 +122,8 @@ class Trainer:
             )
         )
         self.last_sync = {"timing/sync_pause_s": pause_wait_s, "timing/sync_transfer_s": transfer_s}
+        if self.step > 0:
+            self.sync_pauses.append(pause_wait_s)
 
     @property
     def _bucket_bytes(self) -> int:
@@ -146,6 +150,7 @@ class Trainer:
         """Steps 5 of the class docstring: one weight version, pause to publish."""
         t0 = time.monotonic()
         new_version = self.version + 1
+        self.partial_window = {"partial": 0, "total": 0, "max_span": 0}
         self.control.publish(
             ev.SyncRequested(
                 run_id=self.cfg.run_id,
@@ -225,6 +230,14 @@ class Trainer:
                 if t.param_version_start < self.version
             )
         )
+        window = self.partial_window
+        spans = [max(t.span for t in r.value.trajectories) for r in batch]
+        window["partial"] += sum(1 for span in spans if span > 0)
+        window["total"] += len(batch)
+        window["max_span"] = max(window["max_span"], *spans)
+        metrics["fully_async/partial/total_partial_num"] = float(window["partial"])
+        metrics["fully_async/partial/partial_ratio"] = window["partial"] / window["total"]
+        metrics["fully_async/partial/max_partial_span"] = float(window["max_span"])
         return metrics
 
     def evaluate(self) -> float:
@@ -357,6 +370,9 @@ class Trainer:
             "elapsed_s": time.monotonic() - self.t_start,
             "samples_trained": self.samples_trained,
             "dropped": dict(self.batcher.dropped),
+            "syncs": len(self.sync_pauses),
+            "sync_pause_s_mean": sum(self.sync_pauses) / max(len(self.sync_pauses), 1),
+            "sync_pause_s_max": max(self.sync_pauses, default=0.0),
         }
         self.metrics_file.write({"summary": summary})
         return summary

@@ -156,6 +156,9 @@ class RolloutConfig(Strict):
     """Rollout worker processes; 0 runs a trainer alone (tests, replays)."""
     torch_threads: int = Field(1, ge=1)
     """CPU threads of each rollout worker process."""
+    emulated_decode_latency_s: float = Field(0.0, ge=0)
+    """Seconds the hf engine sleeps after each decoding step, to emulate a bigger model's
+    decode time on CPU (benchmarks and tests of partial rollout). 0: off."""
 
 
 class ActorRolloutRefConfig(Strict):

@@ -5,11 +5,16 @@ steps the loop reads control events, admits prompts within the version's budget,
 every in-flight trajectory by one token, scores trajectories as they finish (reward during
 rollout), and publishes each sample as soon as its whole group is done.
 
-A sync, on this side (DESIGN.md section 4, mode c; mode d comes with partial rollout):
+A sync, on this side (DESIGN.md section 4):
 1. SyncRequested(v+1) arrives: stop admitting prompts.
-2. In-flight samples finish and are published; publish RolloutPaused(v+1).
+2. Mode (c): in-flight samples finish and are published. Mode (d, ``partial_rollout``): they
+   are interrupted before the next decoding step, and each is published to ``partials`` (its
+   finished trajectories and the interrupted ones' tokens so far). Publish RolloutPaused(v+1).
 3. Receive the weights over the collective (in place); publish WeightsLoaded(v+1).
-4. Open the budget of v+1 minus this worker's stale samples; publish RolloutResumed(v+1).
+4. Mode (d): re-add every interrupted trajectory as a continuation of its prefix, before any
+   new prompt; its next tokens form a new segment under v+1.
+5. Open the budget of v+1 minus this worker's stale samples (partial ones included); publish
+   RolloutResumed(v+1).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from asyncrl.producers.engines.base import GenRequest, GenResult
 from asyncrl.producers.prompt_source import PromptSource
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
+from asyncrl.schemas.partial import TAG as PARTIAL_TAG
+from asyncrl.schemas.partial import PartialSample, encode_partial
 from asyncrl.schemas.prompt import PromptRecord
 from asyncrl.schemas.sample import TAG as SAMPLE_TAG
 from asyncrl.schemas.sample import Sample, Trajectory, encode_sample
@@ -46,6 +53,13 @@ class InFlight:
     version_start: int
     t_start: float
     done: dict[int, Trajectory] = field(default_factory=dict)
+    segments: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
+    """Per trajectory: (segment_starts, segment_versions), grown at each continuation."""
+    interrupted: dict[int, GenResult] = field(default_factory=dict)
+    """Trajectories cut short by a sync, waiting to be continued."""
+
+    def segments_of(self, index: int) -> tuple[list[int], list[int]]:
+        return self.segments.setdefault(index, ([0], [self.version_start]))
 
 
 class IdleClock:
@@ -83,6 +97,7 @@ class RolloutWorker:
         self.cfg = cfg
         self.worker_id = worker_id
         self.rollout = cfg.actor_rollout_ref.rollout
+        self.partial_rollout = cfg.async_training.mode == "d"
         self.score = score
         model, self.tokenizer = load_policy(cfg)
         model.eval()
@@ -93,6 +108,7 @@ class RolloutWorker:
             eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
             seed=cfg.trainer.seed + 1000 * (worker_id + 1),
+            emulated_decode_latency_s=self.rollout.emulated_decode_latency_s,
         )
         self.publisher = Publisher(cfg.kafka, bootstrap)
         self.dead_letter = (self.publisher, cfg.topic("dead-letter"))
@@ -182,18 +198,98 @@ class RolloutWorker:
         )
 
     def _do_sync(self, request: ev.SyncRequested) -> None:
+        n_partial = self._interrupt() if self.partial_rollout else 0
         self.control.publish(
             ev.RolloutPaused(
                 run_id=self.cfg.run_id,
                 version=request.version,
                 worker=self.worker_id,
                 pause_s=time.monotonic() - self.sync_seen_at,
+                n_partial=n_partial,
                 produced=self.produced,
             )
         )
         self._receive_weights(request.version)
+        self._continue_interrupted()
         self._open_budget(request.consumed.get(str(self.worker_id), 0))
         self.pending_sync = None
+
+    # --- partial rollout (mode d) ------------------------------------------------------------
+    def _interrupt(self) -> int:
+        """Cut every in-flight trajectory short and log each interrupted sample to ``partials``.
+
+        Returns the number of samples interrupted. The messages are acknowledged before the
+        worker pauses, so the log holds every partial trajectory of the sync.
+        """
+        for result in self.engine.abort_all():
+            sample_id, _, index = result.request_id.rpartition("#")
+            self.in_flight[sample_id].interrupted[int(index)] = result
+        now = time.time()
+        topic = self.cfg.topic("partials")
+        interrupted = [(sid, fl) for sid, fl in self.in_flight.items() if fl.interrupted]
+        for sample_id, fl in interrupted:
+            trajectories = []
+            for i in range(self.rollout.n):
+                if i in fl.done:
+                    trajectories.append(fl.done[i])
+                    continue
+                res = fl.interrupted[i]
+                starts, versions = fl.segments_of(i)
+                trajectories.append(
+                    Trajectory(
+                        response_ids=list(res.response_ids),
+                        response_logprobs=list(res.response_logprobs),
+                        reward=0.0,
+                        finish_reason="abort",
+                        param_version=versions[-1],
+                        param_version_start=versions[0],
+                        segment_starts=list(starts),
+                        segment_versions=list(versions),
+                        t_start=fl.t_start,
+                        t_end=now,
+                    )
+                )
+            p = fl.prompt.value
+            record = PartialSample(
+                sample=Sample(
+                    sample_id=sample_id,
+                    prompt_id=p.prompt_id,
+                    worker_id=self.worker_id,
+                    prompt_ids=fl.prompt_ids,
+                    ground_truth=p.ground_truth,
+                    trajectories=trajectories,
+                ),
+                interrupted_at_version=self.version,
+                prompt_partition=fl.prompt.partition,
+                prompt_offset=fl.prompt.offset,
+                epoch=p.epoch,
+            )
+            self.publisher.publish(
+                topic, sample_id, encode_partial(record), headers={SCHEMA_HEADER: PARTIAL_TAG}
+            )
+        self.publisher.flush()
+        return len(interrupted)
+
+    def _continue_interrupted(self) -> None:
+        """Re-add interrupted trajectories, continuing their prefixes under the new version."""
+        for sample_id, fl in self.in_flight.items():
+            for i, res in sorted(fl.interrupted.items()):
+                starts, versions = fl.segments_of(i)
+                if starts[-1] == len(res.response_ids):
+                    versions[-1] = self.version  # the last segment got no token: it moves
+                else:
+                    starts.append(len(res.response_ids))
+                    versions.append(self.version)
+                self.engine.add(
+                    GenRequest(
+                        request_id=f"{sample_id}#{i}",
+                        prompt_ids=fl.prompt_ids,
+                        max_new_tokens=self.cfg.data.max_response_length,
+                        prefix_ids=list(res.response_ids),
+                        prefix_logprobs=list(res.response_logprobs),
+                    )
+                )
+            fl.interrupted.clear()
 
     # --- control events -----------------------------------------------------------------------
     def _handle(self, event: ev.ControlEvent) -> None:
@@ -239,13 +335,16 @@ class RolloutWorker:
         t0 = time.perf_counter()
         text = self.tokenizer.decode(result.response_ids, skip_special_tokens=True)
         reward = self.score(fl.prompt.value.ground_truth, text)
+        starts, versions = fl.segments_of(int(index))
         fl.done[int(index)] = Trajectory(
             response_ids=list(result.response_ids),
             response_logprobs=list(result.response_logprobs),
             reward=reward,
             finish_reason=result.finish_reason,
-            param_version=self.version,
-            param_version_start=fl.version_start,
+            param_version=versions[-1],
+            param_version_start=versions[0],
+            segment_starts=list(starts),
+            segment_versions=list(versions),
             t_start=fl.t_start,
             t_end=time.time(),
             reward_s=time.perf_counter() - t0,
@@ -289,7 +388,7 @@ class RolloutWorker:
             while not self.finished:
                 for event in self.control.poll(0.0):
                     self._handle(event)
-                if self.pending_sync is not None and not self.in_flight:
+                if self.pending_sync is not None and (self.partial_rollout or not self.in_flight):
                     self._do_sync(self.pending_sync)
                     continue
                 while self._admit(prompts):

@@ -7,13 +7,14 @@ from typing import Any
 
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Reader, Record, count_records, raw_decode
-from asyncrl.schemas import control, prompt, sample, step
+from asyncrl.schemas import control, partial, prompt, sample, step
 
 DECODERS = {
     "samples": sample.decode_sample,
     "control": control.decode_event,
     "steps": step.decode_step,
     "prompts": prompt.decode_prompt,
+    "partials": partial.decode_partial,
     "dead-letter": raw_decode,
 }
 
@@ -54,3 +55,29 @@ def sample_logprob_error(cfg: RunConfig, state_dict: dict, s: sample.Sample) -> 
             cfg.actor_rollout_ref.rollout.temperature,
         )
     return float(((lp - batch.old_logprobs).abs() * batch.response_mask).max())
+
+
+def token_logprob_errors(
+    cfg: RunConfig, state_dict: dict, prompt_ids: list[int], traj: sample.Trajectory
+) -> list[float]:
+    """|rollout logprob - logprob recomputed with ``state_dict``| for each response token."""
+    import torch
+
+    from asyncrl.consumers.grpo import build_batch, token_logprobs
+    from asyncrl.models.tiny import load_policy
+
+    model, tokenizer = load_policy(cfg)
+    model.load_state_dict(state_dict)
+    batch = build_batch(
+        [(prompt_ids, traj.response_ids, traj.response_logprobs, 0.0)], tokenizer.pad_token_id
+    )
+    with torch.no_grad():
+        lp = token_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.position_ids,
+            batch.response_mask,
+            cfg.actor_rollout_ref.rollout.temperature,
+        )
+    return (lp - batch.old_logprobs).abs()[0, : len(traj.response_ids)].tolist()

@@ -9,6 +9,7 @@ trainer recomputes with :func:`asyncrl.consumers.grpo.token_logprobs`.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,7 @@ class HFEngine:
         eos_token_id: int,
         pad_token_id: int,
         seed: int = 0,
+        emulated_decode_latency_s: float = 0.0,
     ) -> None:
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use GenRequest.greedy for argmax)")
@@ -63,6 +65,7 @@ class HFEngine:
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.emulated_decode_latency_s = emulated_decode_latency_s
         self._active: dict[str, _Active] = {}
 
     @property
@@ -103,6 +106,8 @@ class HFEngine:
             [a.req.prompt_ids + a.ids for a in actives], self.pad_token_id, device
         )
         logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        if self.emulated_decode_latency_s:
+            time.sleep(self.emulated_decode_latency_s)
         logp = torch.log_softmax(logits[:, -1, :].float() / self.temperature, dim=-1).cpu()
         sampled = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
         greedy = torch.tensor([a.req.greedy for a in actives])

@@ -95,11 +95,11 @@ def test_budget_never_exceeded_per_version(make_run_cfg, quick_policy, mode_over
         assert stale > 0, "mode (c) should train on some samples of the previous version"
 
 
-def test_versions_match_weights_and_syncs_are_bit_exact(make_run_cfg, quick_policy):
+def test_versions_match_weights_and_syncs_are_bit_exact(make_run_cfg, demo_policy):
     """Two workers; every sample's logprobs match the weights of its param_version."""
     cfg = make_run_cfg(
         *SMALL,
-        *quick_policy,
+        *demo_policy,  # rewards vary within groups, so every step moves the weights
         "actor_rollout_ref.rollout.num_workers=2",
         "async_training.staleness_threshold=0.5",
         "trainer.total_training_steps=4",
@@ -120,7 +120,7 @@ def test_versions_match_weights_and_syncs_are_bit_exact(make_run_cfg, quick_poli
     by_version = defaultdict(list)
     for s in samples:
         by_version[s.param_version].append(s)
-    checked = 0
+    checked, apart = 0, 0.0
     for version, group in sorted(by_version.items()):
         if version == 0:
             continue  # version 0 is the warm start, which the trainer did not checkpoint
@@ -136,6 +136,9 @@ def test_versions_match_weights_and_syncs_are_bit_exact(make_run_cfg, quick_poli
         )
         for s in group[:2]:
             assert sample_logprob_error(cfg, weights, s) < 2e-4
-            assert sample_logprob_error(cfg, other, s) > 1e-3  # the check can tell versions apart
+            # The check can tell versions apart (over all samples: a confident sample may
+            # score almost alike under two neighbouring versions).
+            apart = max(apart, sample_logprob_error(cfg, other, s))
             checked += 1
     assert checked >= 2
+    assert apart > 1e-3
