@@ -1,4 +1,4 @@
-"""The one command line: ``asyncrl run|train|rollout|broker ...``.
+"""The one command line: ``asyncrl run|train|rollout|broker|bench ...``.
 
 Entry points stay short and import torch and transformers only after the arguments are
 parsed, so ``asyncrl --help`` answers at once. Every command takes ``--config FILE`` (default:
@@ -19,6 +19,7 @@ examples:
   asyncrl run async_training.staleness_threshold=0 actor_rollout_ref.rollout.num_workers=2
   asyncrl broker --port 9092                    a Kafka-protocol broker for your own runs
   asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
+  asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
 """
 
 
@@ -59,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("broker", help="start an embedded Kafka-protocol broker (Tansu) and wait")
     p.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
     p.add_argument("--create-topics", action="store_true", help="also create the run's topics")
+    _config_args(p)
+
+    p = sub.add_parser(
+        "bench",
+        help="measurements printed side by side from one invocation",
+        description="sync-pause: the same workload in mode (c) and mode (d, partial rollout); "
+        "prints how long syncs waited for the workers to pause, and the throughput of each.",
+    )
+    p.add_argument("name", choices=["sync-pause"], help="which benchmark")
     _config_args(p)
     return parser
 
@@ -138,13 +148,28 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.ops.bench import sync_pause
+
+    sync_pause(args.config, args.overrides, Console())
+    return 0
+
+
 def _torch_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
 
 
-COMMANDS = {"run": cmd_run, "train": cmd_train, "rollout": cmd_rollout, "broker": cmd_broker}
+COMMANDS = {
+    "run": cmd_run,
+    "train": cmd_train,
+    "rollout": cmd_rollout,
+    "broker": cmd_broker,
+    "bench": cmd_bench,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
