@@ -178,6 +178,7 @@ class Trainer:
                         target_worker=rec.value.worker_id,
                         count=1,
                         reason=dropped.reason,
+                        sample_ids=[rec.value.sample_id],
                     )
                 )
 

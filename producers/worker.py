@@ -404,6 +404,18 @@ class RolloutWorker:
                         self._handle(event)
         finally:
             self.engine.abort_all()
+            if self.finished and self.in_flight:
+                # Accounted for in the log: every prompt taken is a sample or a logged drop.
+                self.control.publish(
+                    ev.SamplesDropped(
+                        run_id=self.cfg.run_id,
+                        version=self.version,
+                        target_worker=self.worker_id,
+                        count=len(self.in_flight),
+                        reason="run finished before the sample did",
+                        sample_ids=sorted(self.in_flight),
+                    )
+                )
             self.control.publish(
                 ev.WorkerStopped(
                     run_id=self.cfg.run_id,

@@ -43,6 +43,7 @@ _ARROW_TYPES: dict[Any, pa.DataType] = {
     bool: pa.bool_(),
     dict[str, int]: pa.map_(pa.string(), pa.int64()),
     dict[str, float]: pa.map_(pa.string(), pa.float64()),
+    list[str]: pa.list_(pa.string()),
 }
 
 
@@ -135,11 +136,14 @@ class RolloutResumed(ControlEvent):
 
 @dataclass
 class SamplesDropped(ControlEvent):
-    """The trainer dropped samples (e.g. beyond max_version_lag); the worker may refill its budget."""
+    """Samples given up: by the trainer (e.g. beyond max_version_lag; the worker may refill its
+    budget), or by a worker (in flight when the run finished)."""
 
     target_worker: int = 0
     count: int = 0
     reason: str = ""
+    sample_ids: list[str] = field(default_factory=list)
+    """Which samples: with the samples topic, accounts for every prompt taken."""
 
 
 @dataclass
@@ -180,7 +184,7 @@ def decode_event(data: bytes | None, headers: dict[str, bytes] | None = None) ->
     if batch.num_rows != 1:
         raise DecodeError(f"{tag}: expected 1 row, got {batch.num_rows}")
     row = batch.to_pylist()[0]
-    for f in dataclasses.fields(cls):
-        if isinstance(row[f.name], list):  # Arrow maps decode as lists of pairs
+    for f in batch.schema:
+        if pa.types.is_map(f.type):  # Arrow maps decode as lists of pairs
             row[f.name] = dict(row[f.name])
     return cls(**row)

@@ -48,10 +48,14 @@ def test_interrupted_samples_continue_under_the_new_weights(make_run_cfg, demo_p
     partials = [r.value for r in read_topic(cfg, "partials")]
     samples = {r.value.sample_id: r.value for r in read_topic(cfg, "samples")}
     assert partials, "no sync interrupted a generation"
-    paused = [
-        e for e in (r.value for r in read_topic(cfg, "control")) if isinstance(e, ev.RolloutPaused)
-    ]
+    events = [r.value for r in read_topic(cfg, "control")]
+    paused = [e for e in events if isinstance(e, ev.RolloutPaused)]
     assert sum(e.n_partial for e in paused) == len(partials)
+    # Every interrupted sample is accounted for once: finished, or dropped with a reason.
+    dropped = [sid for e in events if isinstance(e, ev.SamplesDropped) for sid in e.sample_ids]
+    assert len(dropped) == len(set(dropped))
+    assert not set(dropped) & set(samples)
+    assert {p.sample.sample_id for p in partials} <= set(samples) | set(dropped)
 
     # Every logged partial is continued: the final trajectory extends the logged tokens, and
     # the interrupted segment's version is where the next segment starts from.
