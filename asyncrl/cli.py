@@ -20,6 +20,7 @@ examples:
   asyncrl broker --port 9092                    a Kafka-protocol broker for your own runs
   asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
+  asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
 """
 
 
@@ -66,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="measurements printed side by side from one invocation",
         description="sync-pause: the same workload in mode (c) and mode (d, partial rollout); "
-        "prints how long syncs waited for the workers to pause, and the throughput of each.",
+        "prints how long syncs waited for the workers to pause, and the throughput of each. "
+        "learn: wall time to the target held-out accuracy, colocated sync vs async (c) vs (d).",
     )
-    p.add_argument("name", choices=["sync-pause"], help="which benchmark")
+    p.add_argument("name", choices=["sync-pause", "learn"], help="which benchmark")
     _config_args(p)
     return parser
 
@@ -151,9 +153,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.ops.bench import sync_pause
+    from asyncrl.ops.bench import learn, sync_pause
 
-    sync_pause(args.config, args.overrides, Console())
+    {"sync-pause": sync_pause, "learn": learn}[args.name](args.config, args.overrides, Console())
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -95,3 +96,84 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
         f"throughput (d)/(c) = {d['samples_per_s'] / c['samples_per_s']:.2f}x"
     )
     return {"c": c, "d": d, "pause_ratio_c_over_d": ratio}
+
+
+LEARN_DEFAULTS = ["trainer.total_training_steps=400", "trainer.target_accuracy=0.9"]
+
+
+def _async_curve(cfg: RunConfig) -> list[tuple[float, float]]:
+    """(seconds since the trainer started, held-out accuracy) at each evaluation."""
+    curve = []
+    with open(cfg.run_dir / "metrics.jsonl") as f:
+        for line in f:
+            row = json.loads(line)
+            if "val/accuracy" in row:
+                curve.append((row["perf/elapsed_s"], row["val/accuracy"]))
+    return curve
+
+
+def learn(config: str | None, overrides: list[str], console: Console) -> dict[str, Any]:
+    """Wall time to the target accuracy: colocated sync vs async mode (c) vs mode (d).
+
+    All three start from the same cached warm start and run the same GRPO settings; times
+    exclude the warm start. Colocated sync generates and trains in one process with all the
+    machine's cores; the async modes run a trainer and a worker process (one core each).
+    """
+    import os
+
+    import torch
+
+    from asyncrl.consumers.colocated import main as colocated
+    from asyncrl.ops.launcher import prepare_policy, run
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = [*LEARN_DEFAULTS, *overrides]
+    results: dict[str, dict[str, Any]] = {}
+
+    cfg = load_config(config, [*base, f"run_id=learn-sync-{stamp}"])
+    prepare_policy(cfg, console)
+    console.rule("colocated sync (one process)")
+    torch.set_num_threads(os.cpu_count() or 1)
+    history = colocated(cfg, log=console.log)
+    evals = [(h["time_s"], h["val_acc"]) for h in history if "val_acc" in h]
+    results["colocated sync"] = _learn_row(cfg, evals, history[-1]["step"])
+
+    for mode, partial in (("c", "false"), ("d", "true")):
+        cfg = load_config(
+            config,
+            [*base, f"async_training.partial_rollout={partial}", f"run_id=learn-{mode}-{stamp}"],
+        )
+        console.rule(f"async mode ({mode})")
+        summary = run(cfg, console)
+        results[f"async ({mode})"] = _learn_row(cfg, _async_curve(cfg), summary["step"])
+
+    table = Table(title=f"time to held-out accuracy {cfg.trainer.target_accuracy}")
+    for col in ("setup", "steps", "time to target s", "final accuracy", "speedup"):
+        table.add_column(col, justify="right")
+    ref = results["colocated sync"]["time_to_target_s"]
+    for name, r in results.items():
+        t = r["time_to_target_s"]
+        table.add_row(
+            name,
+            str(r["steps"]),
+            "-" if t is None else f"{t:.1f}",
+            f"{r['final_accuracy']:.3f}",
+            "-" if t is None or ref is None else f"{ref / t:.2f}x",
+        )
+    console.print(table)
+    out = Path(cfg.output_dir) / f"bench-learn-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    console.print(f"curves and figures: {out}")
+    return results
+
+
+def _learn_row(cfg: RunConfig, curve: list[tuple[float, float]], steps: int) -> dict[str, Any]:
+    target = cfg.trainer.target_accuracy or 1.0
+    reached = [t for t, acc in curve if acc >= target]
+    return {
+        "steps": steps,
+        "time_to_target_s": reached[0] if reached else None,
+        "final_accuracy": curve[-1][1] if curve else float("nan"),
+        "curve": curve,
+    }
