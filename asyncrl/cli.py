@@ -1,4 +1,4 @@
-"""The one command line: ``asyncrl run|train|rollout|broker|bench ...``.
+"""The one command line: ``asyncrl run|train|rollout|broker|inspect|bench ...``.
 
 Entry points stay short and import torch and transformers only after the arguments are
 parsed, so ``asyncrl --help`` answers at once. Every command takes ``--config FILE`` (default:
@@ -19,6 +19,7 @@ examples:
   asyncrl run async_training.staleness_threshold=0 actor_rollout_ref.rollout.num_workers=2
   asyncrl broker --port 9092                    a Kafka-protocol broker for your own runs
   asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
+  asyncrl inspect control run_id=demo kafka.bootstrap_servers=127.0.0.1:9092
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
 """
@@ -61,6 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("broker", help="start an embedded Kafka-protocol broker (Tansu) and wait")
     p.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
     p.add_argument("--create-topics", action="store_true", help="also create the run's topics")
+    _config_args(p)
+
+    p = sub.add_parser(
+        "inspect",
+        help="read a run's topics back: samples, partials, control, steps, dead-letter",
+        description="Reads the run's topic (run_id from the config) on kafka.bootstrap_servers "
+        "and prints one row per record: samples with versions, reward, lengths and staleness "
+        "at consumption; partial samples with each trajectory's segments; the control history "
+        "(every sync's pause/transfer/load times); steps; dead-letter records with their errors.",
+    )
+    p.add_argument("topic", choices=["samples", "partials", "control", "steps", "dead-letter"])
+    p.add_argument("--from", dest="start", type=int, default=0, help="first offset (default 0)")
+    p.add_argument("--to", dest="end", type=int, default=None, help="stop before this offset")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    p.add_argument("--text", action="store_true", help="decode token ids to text")
     _config_args(p)
 
     p = sub.add_parser(
@@ -150,6 +166,17 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.ops.inspect_log import inspect_topic
+
+    cfg = _load(args)
+    bootstrap = _need_bootstrap(cfg, "inspect")
+    inspect_topic(cfg, bootstrap, args.topic, Console(), args.start, args.end, args.json, args.text)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -170,6 +197,7 @@ COMMANDS = {
     "train": cmd_train,
     "rollout": cmd_rollout,
     "broker": cmd_broker,
+    "inspect": cmd_inspect,
     "bench": cmd_bench,
 }
 

@@ -1,0 +1,247 @@
+"""``asyncrl inspect``: read a run's topics back as tables or JSON lines.
+
+The log is the run's memory: which samples were produced under which weight version, how
+stale they were when the trainer used them, how a partial trajectory grew across syncs, how
+long each sync paused, and what was dead-lettered and why. Records are read raw and decoded
+here, so a message that fails to decode is shown with its error instead of stopping the read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from asyncrl.ops.config import RunConfig
+from asyncrl.ops.kafka import (
+    HEADER_ERROR,
+    HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_TOPIC,
+    Reader,
+    Record,
+    raw_decode,
+)
+from asyncrl.schemas import DecodeError
+from asyncrl.schemas import control as ev
+from asyncrl.schemas.partial import decode_partial
+from asyncrl.schemas.sample import decode_sample
+from asyncrl.schemas.step import decode_step
+
+TOPICS = ("samples", "partials", "control", "steps", "dead-letter")
+
+
+def read_records(
+    cfg: RunConfig,
+    bootstrap: str,
+    name: str,
+    start: int = 0,
+    end: int | None = None,
+    timeout_s: float = 30.0,
+) -> Iterator[Record[bytes | None]]:
+    """Raw records of the run's topic ``name`` with ``start <= offset < end`` (default: its
+    current end), partition by partition in offset order."""
+    topic = cfg.topic(name)
+    with Reader(cfg.kafka, bootstrap, raw_decode) as reader:
+        highs = {p: high for p, (_low, high) in reader.watermarks(topic).items()}
+        stops = {p: min(high, end) if end is not None else high for p, high in highs.items()}
+        remaining = {p for p, stop in stops.items() if stop > start}
+        if not remaining:
+            return
+        reader.assign(topic, {p: start for p in remaining})
+        deadline = time.monotonic() + timeout_s
+        while remaining:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic} up to {stops} within {timeout_s:.0f} s")
+            for rec in reader.poll(0.2):
+                if rec.partition in remaining and rec.offset < stops[rec.partition]:
+                    yield rec
+                if rec.offset + 1 >= stops[rec.partition]:
+                    remaining.discard(rec.partition)
+
+
+def _ts(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _consumed_at(cfg: RunConfig, bootstrap: str) -> dict[str, tuple[int, int]]:
+    """sample_id -> (step, trainer version) of the step that trained on it."""
+    out: dict[str, tuple[int, int]] = {}
+    for rec in read_records(cfg, bootstrap, "steps"):
+        try:
+            step = decode_step(rec.value, rec.headers)
+        except DecodeError:
+            continue
+        for sid in step.sample_ids:
+            out[sid] = (step.step, step.version)
+    return out
+
+
+def _sample_row(rec, text: Callable[[list[int]], str] | None, consumed) -> dict[str, Any]:
+    s = decode_sample(rec.value, rec.headers)
+    trajs = s.trajectories
+    row: dict[str, Any] = {
+        "offset": rec.offset,
+        "time": _ts(rec.timestamp_ms),
+        "sample_id": s.sample_id,
+        "worker": s.worker_id,
+        "versions": f"{s.param_version}..{s.param_version_end}",
+        "max_span": max(t.span for t in trajs),
+        "reward_mean": round(sum(t.reward for t in trajs) / len(trajs), 4),
+        "length_mean": round(sum(len(t.response_ids) for t in trajs) / len(trajs), 2),
+    }
+    step = consumed.get(s.sample_id)
+    row["trained_at_step"] = step[0] if step else None
+    row["staleness"] = step[1] - s.param_version if step else None
+    if text is not None:
+        row["prompt"] = text(s.prompt_ids)
+        row["responses"] = [text(t.response_ids) for t in trajs]
+    return row
+
+
+def _partial_row(rec, text: Callable[[list[int]], str] | None, _consumed) -> dict[str, Any]:
+    p = decode_partial(rec.value, rec.headers)
+    trajs = p.sample.trajectories
+    row: dict[str, Any] = {
+        "offset": rec.offset,
+        "time": _ts(rec.timestamp_ms),
+        "sample_id": p.sample.sample_id,
+        "interrupted_at": p.interrupted_at_version,
+        "interrupted": len(p.interrupted),
+        "finished": len(trajs) - len(p.interrupted),
+        "segments": [
+            [
+                {"version": v, "tokens": end - start}
+                for start, end, v in zip(
+                    t.segment_starts,
+                    [*t.segment_starts[1:], len(t.response_ids)],
+                    t.segment_versions,
+                    strict=True,
+                )
+            ]
+            for t in trajs
+        ],
+    }
+    if text is not None:
+        row["responses"] = [text(t.response_ids) for t in trajs]
+    return row
+
+
+_EVENT_FIELDS = (
+    "pause_s", "pause_wait_s", "transfer_s", "load_s", "n_partial", "budget", "num_stale",
+    "count", "reason", "checksum_ok", "step",
+)  # fmt: skip
+
+
+def _control_row(rec, _text, _consumed) -> dict[str, Any]:
+    e = ev.decode_event(rec.value, rec.headers)
+    row: dict[str, Any] = {
+        "offset": rec.offset,
+        "time": _ts(rec.timestamp_ms),
+        "event": type(e).__name__,
+        "version": e.version,
+        "worker": getattr(e, "worker", None),
+    }
+    details = {f: getattr(e, f) for f in _EVENT_FIELDS if hasattr(e, f)}
+    row["details"] = ", ".join(
+        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in details.items()
+    )
+    return row
+
+
+def _step_row(rec, _text, _consumed) -> dict[str, Any]:
+    s = decode_step(rec.value, rec.headers)
+    m = s.metrics
+    return {
+        "offset": rec.offset,
+        "time": _ts(rec.timestamp_ms),
+        "step": s.step,
+        "version": s.version,
+        "samples": len(s.sample_ids),
+        "pg_loss": m.get("actor/pg_loss"),
+        "reward": m.get("critic/score/mean"),
+        "stale": m.get("fully_async/count/stale_samples_processed"),
+        "accuracy": m.get("val/accuracy"),
+    }
+
+
+def _dead_letter_row(rec, _text, _consumed) -> dict[str, Any]:
+    h = rec.headers
+    return {
+        "offset": rec.offset,
+        "time": _ts(rec.timestamp_ms),
+        "key": rec.key,
+        "source": f"{h.get(HEADER_SOURCE_TOPIC, b'').decode()}@"
+        f"{h.get(HEADER_SOURCE_OFFSET, b'').decode()}",
+        "bytes": len(rec.value or b""),
+        "error": h.get(HEADER_ERROR, b"").decode(errors="replace"),
+    }
+
+
+ROWS = {
+    "samples": _sample_row,
+    "partials": _partial_row,
+    "control": _control_row,
+    "steps": _step_row,
+    "dead-letter": _dead_letter_row,
+}
+
+
+def inspect_topic(
+    cfg: RunConfig,
+    bootstrap: str,
+    name: str,
+    console: Console,
+    start: int = 0,
+    end: int | None = None,
+    as_json: bool = False,
+    text: bool = False,
+) -> list[dict[str, Any]]:
+    """Print (and return) one row per record of ``name`` in ``[start, end)``."""
+    if name not in ROWS:
+        raise ValueError(f"unknown topic {name!r}; choose from {', '.join(TOPICS)}")
+    decode_text = None
+    if text:
+        from asyncrl.models.tiny import build_tokenizer
+
+        tok = build_tokenizer()
+
+        def decode_text(ids: list[int]) -> str:
+            return tok.decode(ids, skip_special_tokens=True)
+
+    consumed = _consumed_at(cfg, bootstrap) if name == "samples" else {}
+    rows = []
+    for rec in read_records(cfg, bootstrap, name, start, end):
+        try:
+            row = ROWS[name](rec, decode_text, consumed)
+        except DecodeError as err:
+            row = {"offset": rec.offset, "time": _ts(rec.timestamp_ms), "decode_error": str(err)}
+        rows.append(row)
+    if as_json:
+        for row in rows:
+            console.file.write(json.dumps(row, default=str) + "\n")
+        return rows
+    table = Table(title=f"{cfg.topic(name)}: {len(rows)} records")
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(row.get(c)) for c in columns))
+    console.print(table)
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)

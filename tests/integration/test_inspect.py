@@ -1,0 +1,57 @@
+"""`asyncrl inspect` reads a finished run's topics back from the broker."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from asyncrl.ops.inspect_log import inspect_topic
+from asyncrl.ops.kafka import Publisher
+from asyncrl.ops.launcher import run
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def _rows(cfg, topic: str, **kw) -> list[dict]:
+    out = io.StringIO()
+    inspect_topic(cfg, cfg.kafka.bootstrap_servers, topic, Console(file=out), as_json=True, **kw)
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_inspect_samples_control_steps_and_dead_letter(make_run_cfg, quick_policy):
+    cfg = make_run_cfg(
+        *quick_policy,
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=0",
+    )
+    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        pub.publish(cfg.topic("samples"), "junk", b"not arrow at all")
+    run(cfg, Console(file=io.StringIO()))
+
+    samples = _rows(cfg, "samples", text=True)
+    assert samples[0]["offset"] == 0 and "decode_error" in samples[0]
+    good = [r for r in samples if "sample_id" in r]
+    trained = [r for r in good if r["trained_at_step"] is not None]
+    assert len(trained) == 3 * 4
+    assert all(r["staleness"] >= 0 for r in trained)
+    assert all(isinstance(r["prompt"], str) and r["prompt"].endswith("=") for r in good)
+
+    window = _rows(cfg, "samples", start=2, end=4)
+    assert [r["offset"] for r in window] == [2, 3]
+
+    control = _rows(cfg, "control")
+    syncs = [r["version"] for r in control if r["event"] == "SyncRequested"]
+    assert syncs == [1, 2]
+    assert any(r["event"] == "RunFinished" for r in control)
+
+    steps = _rows(cfg, "steps")
+    assert [r["step"] for r in steps] == [1, 2, 3]
+
+    [dead] = _rows(cfg, "dead-letter")
+    assert dead["source"] == f"{cfg.topic('samples')}@0"
+    assert "Arrow" in dead["error"]
