@@ -1,4 +1,4 @@
-"""The one command line: ``asyncrl run|train|rollout|broker|inspect|bench ...``.
+"""The one command line: ``asyncrl run|train|rollout|broker|inspect|replay|bench ...``.
 
 Entry points stay short and import torch and transformers only after the arguments are
 parsed, so ``asyncrl --help`` answers at once. Every command takes ``--config FILE`` (default:
@@ -20,6 +20,7 @@ examples:
   asyncrl broker --port 9092                    a Kafka-protocol broker for your own runs
   asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
   asyncrl inspect control run_id=demo kafka.bootstrap_servers=127.0.0.1:9092
+  asyncrl replay step 12 --config runs/demo/config.yaml   re-run step 12 from the log
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
 """
@@ -77,6 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", dest="end", type=int, default=None, help="stop before this offset")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--text", action="store_true", help="decode token ids to text")
+    _config_args(p)
+
+    p = sub.add_parser(
+        "replay",
+        help="re-run a training step from the log and its checkpoint",
+        description="replay step N: loads the checkpoint step N started from, fetches exactly "
+        "the samples of step N from the samples topic, re-runs the update and compares loss, "
+        "grad norm and the resulting weights with what was recorded. Overrides (e.g. "
+        "actor_rollout_ref.actor.optim.lr=1e-3) re-run the step with other settings. Use the "
+        "run's own config (--config runs/<run_id>/config.yaml) and its kafka.bootstrap_servers.",
+    )
+    p.add_argument("what", choices=["step"], help="what to replay")
+    p.add_argument("step", type=int, help="the step number (1-based)")
     _config_args(p)
 
     p = sub.add_parser(
@@ -177,6 +191,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.ops.replay import ReplayError, replay_step
+
+    cfg = _load(args)
+    bootstrap = _need_bootstrap(cfg, "replay")
+    try:
+        replay_step(cfg, bootstrap, args.step, Console())
+    except ReplayError as err:
+        print(f"asyncrl replay: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -198,6 +227,7 @@ COMMANDS = {
     "rollout": cmd_rollout,
     "broker": cmd_broker,
     "inspect": cmd_inspect,
+    "replay": cmd_replay,
     "bench": cmd_bench,
 }
 

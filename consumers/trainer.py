@@ -254,7 +254,9 @@ class Trainer:
         self.model.train()
         return acc
 
-    def _record_step(self, batch: list[Record[Sample]], metrics: dict[str, float]) -> None:
+    def _record_step(
+        self, batch: list[Record[Sample]], metrics: dict[str, float], checksum_before: str
+    ) -> None:
         rec = StepRecord(
             run_id=self.cfg.run_id,
             step=self.step,
@@ -264,6 +266,7 @@ class Trainer:
             partitions=[r.partition for r in batch],
             offsets=[r.offset for r in batch],
             metrics=metrics,
+            weights_checksum=checksum_before,
         )
         self.publisher.publish(
             self.cfg.topic("steps"),
@@ -306,6 +309,7 @@ class Trainer:
             while self.step < tc.total_training_steps:
                 t_step = time.monotonic()
                 batch = self._wait_for_batch(self.cfg.required_samples)
+                checksum_before = weights_checksum(self.model)  # lets a replay check its start
                 metrics = self.train_step(batch)
                 self.step += 1
                 self.samples_trained += len(batch)
@@ -337,7 +341,7 @@ class Trainer:
                     if key in self.history:
                         metrics[key] = self.history[key]
                 metrics.update(self.last_sync)
-                self._record_step(batch, metrics)
+                self._record_step(batch, metrics, checksum_before)
                 self.on_step({"step": self.step, "version": self.version, **metrics})
                 done_early = (
                     tc.target_accuracy is not None

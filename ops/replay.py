@@ -1,0 +1,124 @@
+"""``asyncrl replay step N``: re-run one training step from the log and its checkpoint.
+
+The step's record on ``steps`` says exactly which samples (partition, offset) formed its batch;
+the checkpoint of step N-1 holds the model and optimizer it started from. Re-running the
+update on those samples must reproduce the recorded loss and grad norm and, on CPU with the
+trainer's thread count, the checkpoint of step N bit for bit. Overrides (learning rate, clip
+ratio, loss aggregation, ...) re-run the same step with other settings and show what changes:
+the debugging loop for "why did the loss spike at step 812?". The step record also carries the
+checksum of the weights the step started from, so a replay knows it starts from the right state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from asyncrl.ops.config import RunConfig
+from asyncrl.ops.inspect_log import read_records
+from asyncrl.schemas.sample import Sample, decode_sample
+from asyncrl.schemas.step import StepRecord, decode_step
+
+COMPARED = ("actor/pg_loss", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl")
+
+
+class ReplayError(RuntimeError):
+    pass
+
+
+def _ckpt(cfg: RunConfig, step: int) -> Path:
+    return cfg.run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def find_step(cfg: RunConfig, bootstrap: str, step: int) -> StepRecord:
+    for rec in read_records(cfg, bootstrap, "steps"):
+        record = decode_step(rec.value, rec.headers)
+        if record.step == step:
+            return record
+    raise ReplayError(f"step {step} is not on {cfg.topic('steps')}")
+
+
+def fetch_samples(cfg: RunConfig, bootstrap: str, record: StepRecord) -> list[Sample]:
+    """The step's samples, in the order of its batch, read at their recorded offsets."""
+    wanted = set(zip(record.partitions, record.offsets, strict=True))
+    found: dict[tuple[int, int], Sample] = {}
+    start = min(record.offsets)
+    for rec in read_records(cfg, bootstrap, "samples", start, max(record.offsets) + 1):
+        if (rec.partition, rec.offset) in wanted:
+            found[(rec.partition, rec.offset)] = decode_sample(rec.value, rec.headers)
+    missing = wanted - set(found)
+    if missing:
+        raise ReplayError(f"samples of step {record.step} missing from the log: {sorted(missing)}")
+    samples = [found[key] for key in zip(record.partitions, record.offsets, strict=True)]
+    if [s.sample_id for s in samples] != record.sample_ids:
+        raise ReplayError(f"step {record.step}: the samples at the recorded offsets differ")
+    return samples
+
+
+def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> dict[str, Any]:
+    """Re-run ``step`` with ``cfg``'s settings; print and return recorded vs replayed."""
+    from asyncrl.consumers.checkpoint import load_checkpoint
+    from asyncrl.consumers.update import grpo_update
+    from asyncrl.models.tiny import load_policy
+    from asyncrl.sync.checksum import weights_checksum
+
+    record = find_step(cfg, bootstrap, step)
+    samples = fetch_samples(cfg, bootstrap, record)
+    before = _ckpt(cfg, step - 1)
+    if step > 1 and not before.exists():
+        raise ReplayError(
+            f"no checkpoint of step {step - 1} in {before.parent}: replaying step {step} needs "
+            "the state it started from (run with trainer.save_freq=1 and keep_checkpoints large "
+            "enough)"
+        )
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    model, tokenizer = load_policy(cfg)
+    optim = cfg.actor_rollout_ref.actor.optim
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+    if step > 1:
+        load_checkpoint(before, model, optimizer)
+        for group in optimizer.param_groups:  # the replay's settings, not the checkpoint's
+            group["lr"], group["weight_decay"] = optim.lr, optim.weight_decay
+    if record.weights_checksum and weights_checksum(model) != record.weights_checksum:
+        raise ReplayError(
+            f"the weights loaded for step {step} differ from those it started from (checksum "
+            f"recorded on {cfg.topic('steps')}): is this the run's own config and run_dir?"
+        )
+    model.train()
+    replayed = grpo_update(
+        model, optimizer, samples, cfg, torch.device("cpu"), tokenizer.pad_token_id
+    )
+
+    result: dict[str, Any] = {"step": step, "version": record.version, "metrics": {}}
+    table = Table(title=f"replay of step {step} (version {record.version}, {len(samples)} samples)")
+    for col in ("metric", "recorded", "replayed", "difference"):
+        table.add_column(col, justify="right")
+    for key in COMPARED:
+        old, new = record.metrics.get(key), replayed.get(key)
+        result["metrics"][key] = {"recorded": old, "replayed": new}
+        diff = None if old is None or new is None else new - old
+        table.add_row(
+            key,
+            "-" if old is None else f"{old:.6g}",
+            "-" if new is None else f"{new:.6g}",
+            "-" if diff is None else f"{diff:+.3g}",
+        )
+    after = _ckpt(cfg, step)
+    if after.exists():
+        recorded = torch.load(after / "model.pt", weights_only=True)
+        current = model.state_dict()
+        max_diff = max((current[k] - v).abs().max().item() for k, v in recorded.items())
+        result["weights_max_abs_diff"] = max_diff
+        result["weights_equal"] = all(torch.equal(current[k], v) for k, v in recorded.items())
+        table.add_row(
+            "weights after the step",
+            "checkpoint",
+            "bit-identical" if result["weights_equal"] else "differ",
+            f"max |Δ| {max_diff:.3g}",
+        )
+    console.print(table)
+    return result
