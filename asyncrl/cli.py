@@ -83,14 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "replay",
         help="re-run a training step from the log and its checkpoint",
-        description="replay step N: loads the checkpoint step N started from, fetches exactly "
+        description="replay topic samples|partials --to-run OTHER: re-publishes a selection "
+        "(offsets, --versions, --sample-ids) into another run's topic, to feed its trainer the "
+        "recorded stream. replay step N: loads the checkpoint step N started from, fetches exactly "
         "the samples of step N from the samples topic, re-runs the update and compares loss, "
         "grad norm and the resulting weights with what was recorded. Overrides (e.g. "
         "actor_rollout_ref.actor.optim.lr=1e-3) re-run the step with other settings. Use the "
         "run's own config (--config runs/<run_id>/config.yaml) and its kafka.bootstrap_servers.",
     )
-    p.add_argument("what", choices=["step"], help="what to replay")
-    p.add_argument("step", type=int, help="the step number (1-based)")
+    p.add_argument("what", choices=["step", "topic"], help="what to replay")
+    p.add_argument("target", help="step: the step number (1-based); topic: samples or partials")
+    p.add_argument("--to-run", help="topic: the run_id whose topic receives the records")
+    p.add_argument("--from", dest="start", type=int, default=0, help="topic: first offset")
+    p.add_argument("--to", dest="end", type=int, default=None, help="topic: stop before offset")
+    p.add_argument("--versions", help="topic: param_version range, e.g. 3..7")
+    p.add_argument("--sample-ids", help="topic: comma-separated sample ids")
     _config_args(p)
 
     p = sub.add_parser(
@@ -194,12 +201,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.ops.replay import ReplayError, replay_step
+    from asyncrl.ops.replay import ReplayError, replay_step, replay_topic
 
     cfg = _load(args)
     bootstrap = _need_bootstrap(cfg, "replay")
     try:
-        replay_step(cfg, bootstrap, args.step, Console())
+        if args.what == "step":
+            replay_step(cfg, bootstrap, int(args.target), Console())
+        else:
+            if not args.to_run:
+                raise ReplayError("replay topic needs --to-run RUN_ID")
+            versions = None
+            if args.versions:
+                lo, _, hi = args.versions.partition("..")
+                versions = (int(lo), int(hi or lo))
+            ids = set(args.sample_ids.split(",")) if args.sample_ids else None
+            replay_topic(
+                cfg, bootstrap, args.target, args.to_run, Console(), args.start, args.end,
+                versions, ids,
+            )  # fmt: skip
     except ReplayError as err:
         print(f"asyncrl replay: {err}", file=sys.stderr)
         return 1

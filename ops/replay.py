@@ -122,3 +122,50 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
         )
     console.print(table)
     return result
+
+
+def replay_topic(
+    cfg: RunConfig,
+    bootstrap: str,
+    name: str,
+    target_run_id: str,
+    console: Console,
+    start: int = 0,
+    end: int | None = None,
+    versions: tuple[int, int] | None = None,
+    sample_ids: set[str] | None = None,
+) -> int:
+    """Re-publish a selection of ``samples`` or ``partials`` into run ``target_run_id``'s topic.
+
+    The records keep their key, bytes and headers, in offset order, so a trainer of the target
+    run is fed the recorded stream: an off-policy re-training from the log. Selection: offsets
+    ``[start, end)``, then optionally a version range (a sample's ``param_version``, inclusive)
+    and a set of sample ids. Returns the number of records published.
+    """
+    from asyncrl.ops.kafka import Publisher
+    from asyncrl.ops.topics import create_run_topics
+    from asyncrl.schemas.partial import decode_partial
+
+    if name not in ("samples", "partials"):
+        raise ReplayError(f"replay topic takes samples or partials, not {name!r}")
+    if target_run_id == cfg.run_id:
+        raise ReplayError("the target run must differ from the source run")
+    target = cfg.model_copy(update={"run_id": target_run_id})
+    create_run_topics(target, bootstrap)
+    filtered = versions is not None or sample_ids is not None
+    published = 0
+    with Publisher(cfg.kafka, bootstrap) as pub:
+        for rec in read_records(cfg, bootstrap, name, start, end):
+            if filtered:
+                if name == "samples":
+                    sample = decode_sample(rec.value, rec.headers)
+                else:
+                    sample = decode_partial(rec.value, rec.headers).sample
+                if versions is not None and not versions[0] <= sample.param_version <= versions[1]:
+                    continue
+                if sample_ids is not None and sample.sample_id not in sample_ids:
+                    continue
+            pub.publish(target.topic(name), rec.key, rec.value, headers=rec.headers)
+            published += 1
+    console.print(f"replayed {published} records of {cfg.topic(name)} into {target.topic(name)}")
+    return published

@@ -48,3 +48,50 @@ def test_step_replay_is_exact_and_a_changed_lr_differs(make_run_cfg, demo_policy
 
     with pytest.raises(ReplayError, match="not on"):
         replay_step(load_config(run_cfg), bootstrap, 99, Console(file=io.StringIO()))
+
+
+def test_topic_replay_delivers_exactly_the_selected_records_in_order(make_run_cfg, quick_policy):
+    from asyncrl.ops.replay import replay_topic
+    from tests.helpers import read_topic
+
+    cfg = make_run_cfg(
+        *quick_policy,
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=0",
+    )
+    run(cfg, Console(file=io.StringIO()))
+    bootstrap = cfg.kafka.bootstrap_servers
+    source = read_topic(cfg, "samples")
+    target = cfg.model_copy(update={"run_id": f"{cfg.run_id}-replay"})
+
+    n = replay_topic(cfg, bootstrap, "samples", target.run_id, Console(file=io.StringIO()), 2, 7)
+    got = read_topic(target, "samples")
+    assert n == 5
+    assert [r.value.sample_id for r in got] == [r.value.sample_id for r in source[2:7]]
+    assert [r.headers for r in got] == [r.headers for r in source[2:7]]
+
+    picked = {source[0].value.sample_id, source[-1].value.sample_id}
+    other = cfg.model_copy(update={"run_id": f"{cfg.run_id}-picked"})
+    replay_topic(
+        cfg, bootstrap, "samples", other.run_id, Console(file=io.StringIO()), sample_ids=picked
+    )
+    assert [r.value.sample_id for r in read_topic(other, "samples")] == [
+        source[0].value.sample_id,
+        source[-1].value.sample_id,
+    ]
+
+    newest = max(r.value.param_version for r in source)
+    late = cfg.model_copy(update={"run_id": f"{cfg.run_id}-late"})
+    replay_topic(
+        cfg,
+        bootstrap,
+        "samples",
+        late.run_id,
+        Console(file=io.StringIO()),
+        versions=(newest, newest),
+    )
+    assert [r.value.sample_id for r in read_topic(late, "samples")] == [
+        r.value.sample_id for r in source if r.value.param_version == newest
+    ]
