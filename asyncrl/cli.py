@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topic", choices=["samples", "partials", "control", "steps", "dead-letter"])
     p.add_argument("--from", dest="start", type=int, default=0, help="first offset (default 0)")
     p.add_argument("--to", dest="end", type=int, default=None, help="stop before this offset")
+    p.add_argument("--since", help="records at or after this time (ISO 8601, UTC, or epoch ms)")
+    p.add_argument("--until", help="records before this time")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--text", action="store_true", help="decode token ids to text")
     _config_args(p)
@@ -96,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to-run", help="topic: the run_id whose topic receives the records")
     p.add_argument("--from", dest="start", type=int, default=0, help="topic: first offset")
     p.add_argument("--to", dest="end", type=int, default=None, help="topic: stop before offset")
+    p.add_argument("--since", help="topic: records at or after this time (ISO 8601 or epoch ms)")
+    p.add_argument("--until", help="topic: records before this time")
     p.add_argument("--versions", help="topic: param_version range, e.g. 3..7")
     p.add_argument("--sample-ids", help="topic: comma-separated sample ids")
     _config_args(p)
@@ -190,11 +194,20 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.ops.inspect_log import inspect_topic
+    from asyncrl.ops.inspect_log import inspect_topic, parse_time
 
     cfg = _load(args)
     bootstrap = _need_bootstrap(cfg, "inspect")
-    inspect_topic(cfg, bootstrap, args.topic, Console(), args.start, args.end, args.json, args.text)
+    try:
+        since = parse_time(args.since) if args.since else None
+        until = parse_time(args.until) if args.until else None
+    except ValueError as err:
+        print(f"asyncrl inspect: {err}", file=sys.stderr)
+        return 2
+    inspect_topic(
+        cfg, bootstrap, args.topic, Console(), args.start, args.end, args.json, args.text,
+        since, until,
+    )  # fmt: skip
     return 0
 
 
@@ -216,9 +229,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 lo, _, hi = args.versions.partition("..")
                 versions = (int(lo), int(hi or lo))
             ids = set(args.sample_ids.split(",")) if args.sample_ids else None
+            from asyncrl.ops.inspect_log import parse_time
+
+            try:
+                since = parse_time(args.since) if args.since else None
+                until = parse_time(args.until) if args.until else None
+            except ValueError as err:
+                raise ReplayError(str(err)) from None
             replay_topic(
                 cfg, bootstrap, args.target, args.to_run, Console(), args.start, args.end,
-                versions, ids,
+                versions, ids, since, until,
             )  # fmt: skip
     except ReplayError as err:
         print(f"asyncrl replay: {err}", file=sys.stderr)

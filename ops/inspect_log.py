@@ -42,26 +42,54 @@ def read_records(
     start: int = 0,
     end: int | None = None,
     timeout_s: float = 30.0,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
 ) -> Iterator[Record[bytes | None]]:
     """Raw records of the run's topic ``name`` with ``start <= offset < end`` (default: its
-    current end), partition by partition in offset order."""
+    current end), partition by partition in offset order.
+
+    ``since_ms``/``until_ms`` select by record timestamp, exactly: the broker's offset-for-time
+    lookup only positions the read (Tansu answers the start of the record batch, which may hold
+    earlier records), and every record is then checked against the requested time itself.
+    """
     topic = cfg.topic(name)
     with Reader(cfg.kafka, bootstrap, raw_decode) as reader:
         highs = {p: high for p, (_low, high) in reader.watermarks(topic).items()}
         stops = {p: min(high, end) if end is not None else high for p, high in highs.items()}
-        remaining = {p for p, stop in stops.items() if stop > start}
+        starts = dict.fromkeys(stops, start)
+        if since_ms is not None:
+            for p, offset in reader.offsets_for_time(topic, since_ms).items():
+                starts[p] = max(start, stops[p] if offset is None else offset)
+        remaining = {p for p, stop in stops.items() if stop > starts[p]}
         if not remaining:
             return
-        reader.assign(topic, {p: start for p in remaining})
+        reader.assign(topic, {p: starts[p] for p in remaining})
         deadline = time.monotonic() + timeout_s
         while remaining:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"could not read {topic} up to {stops} within {timeout_s:.0f} s")
             for rec in reader.poll(0.2):
-                if rec.partition in remaining and rec.offset < stops[rec.partition]:
+                in_time = (since_ms is None or rec.timestamp_ms >= since_ms) and (
+                    until_ms is None or rec.timestamp_ms < until_ms
+                )
+                if rec.partition in remaining and rec.offset < stops[rec.partition] and in_time:
                     yield rec
                 if rec.offset + 1 >= stops[rec.partition]:
                     remaining.discard(rec.partition)
+
+
+def parse_time(text: str) -> int:
+    """Epoch milliseconds from ``1700000000000`` or an ISO time (``2026-11-22T07:49:57``, UTC
+    unless it names a zone)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (epoch ms or ISO 8601)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
 
 
 def _ts(ms: int) -> str:
@@ -200,6 +228,8 @@ def inspect_topic(
     end: int | None = None,
     as_json: bool = False,
     text: bool = False,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
 ) -> list[dict[str, Any]]:
     """Print (and return) one row per record of ``name`` in ``[start, end)``."""
     if name not in ROWS:
@@ -215,7 +245,7 @@ def inspect_topic(
 
     consumed = _consumed_at(cfg, bootstrap) if name == "samples" else {}
     rows = []
-    for rec in read_records(cfg, bootstrap, name, start, end):
+    for rec in read_records(cfg, bootstrap, name, start, end, since_ms=since_ms, until_ms=until_ms):
         try:
             row = ROWS[name](rec, decode_text, consumed)
         except DecodeError as err:

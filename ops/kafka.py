@@ -300,6 +300,16 @@ class Reader(Generic[T]):
             self._consumer.incremental_unassign(current)
         self._consumer.incremental_assign(wanted)
 
+    def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[int, int | None]:
+        """``{partition: offset}`` to start reading at ``timestamp_ms`` (None: nothing that late).
+
+        A broker may answer the base offset of the record *batch* holding the first record at
+        or after the time (Tansu does), so readers must still skip earlier records themselves.
+        """
+        parts = [TopicPartition(topic, p, timestamp_ms) for p in self.partitions(topic)]
+        found = self._consumer.offsets_for_times(parts, timeout=10)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+
     def assignment(self) -> list[tuple[str, int]]:
         return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
 

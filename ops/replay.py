@@ -134,6 +134,8 @@ def replay_topic(
     end: int | None = None,
     versions: tuple[int, int] | None = None,
     sample_ids: set[str] | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
 ) -> int:
     """Re-publish a selection of ``samples`` or ``partials`` into run ``target_run_id``'s topic.
 
@@ -155,7 +157,10 @@ def replay_topic(
     filtered = versions is not None or sample_ids is not None
     published = 0
     with Publisher(cfg.kafka, bootstrap) as pub:
-        for rec in read_records(cfg, bootstrap, name, start, end):
+        records = read_records(
+            cfg, bootstrap, name, start, end, since_ms=since_ms, until_ms=until_ms
+        )
+        for rec in records:
             if filtered:
                 if name == "samples":
                     sample = decode_sample(rec.value, rec.headers)
