@@ -109,6 +109,15 @@ def _consumed_at(cfg: RunConfig, bootstrap: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _segments(t) -> list[dict[str, int]]:
+    """A trajectory's chain of segments: the weight version of each and its token count."""
+    bounds = [*t.segment_starts[1:], len(t.response_ids)]
+    return [
+        {"version": v, "tokens": end - start}
+        for start, end, v in zip(t.segment_starts, bounds, t.segment_versions, strict=True)
+    ]
+
+
 def _sample_row(rec, text: Callable[[list[int]], str] | None, consumed) -> dict[str, Any]:
     s = decode_sample(rec.value, rec.headers)
     trajs = s.trajectories
@@ -122,6 +131,8 @@ def _sample_row(rec, text: Callable[[list[int]], str] | None, consumed) -> dict[
         "reward_mean": round(sum(t.reward for t in trajs) / len(trajs), 4),
         "length_mean": round(sum(len(t.response_ids) for t in trajs) / len(trajs), 2),
     }
+    if row["max_span"] > 0:  # a partial rollout: show how each trajectory grew
+        row["segments"] = [_segments(t) for t in trajs]
     step = consumed.get(s.sample_id)
     row["trained_at_step"] = step[0] if step else None
     row["staleness"] = step[1] - s.param_version if step else None
@@ -141,18 +152,7 @@ def _partial_row(rec, text: Callable[[list[int]], str] | None, _consumed) -> dic
         "interrupted_at": p.interrupted_at_version,
         "interrupted": len(p.interrupted),
         "finished": len(trajs) - len(p.interrupted),
-        "segments": [
-            [
-                {"version": v, "tokens": end - start}
-                for start, end, v in zip(
-                    t.segment_starts,
-                    [*t.segment_starts[1:], len(t.response_ids)],
-                    t.segment_versions,
-                    strict=True,
-                )
-            ]
-            for t in trajs
-        ],
+        "segments": [_segments(t) for t in trajs],
     }
     if text is not None:
         row["responses"] = [text(t.response_ids) for t in trajs]

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
+from itertools import pairwise
 
 import pytest
 import torch
 from rich.console import Console
 
 from asyncrl.models.tiny import load_policy
+from asyncrl.ops.inspect_log import inspect_topic
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
 from tests.helpers import read_topic, token_logprob_errors
@@ -98,6 +100,15 @@ def test_interrupted_samples_continue_under_the_new_weights(make_run_cfg, demo_p
                 apart, *(e for e, tv in zip(errors, versions, strict=True) if tv == tokens_of)
             )
     assert apart > 1e-3
+
+    # `asyncrl inspect samples` shows the chain: a trajectory's segments with their versions.
+    out = io.StringIO()
+    rows = inspect_topic(
+        cfg, cfg.kafka.bootstrap_servers, "samples", Console(file=out), as_json=True
+    )
+    chains = [seg for r in rows if "segments" in r for seg in r["segments"] if len(seg) > 1]
+    assert chains and all(a["version"] < b["version"] for seg in chains for a, b in pairwise(seg))
+    assert all(sum(s["tokens"] for s in seg) > 0 for seg in chains)
 
     steps = [r.value for r in read_topic(cfg, "steps")]
     assert sum(x.metrics["fully_async/partial/total_partial_num"] for x in steps) > 0
