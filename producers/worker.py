@@ -61,6 +61,36 @@ class InFlight:
     def segments_of(self, index: int) -> tuple[list[int], list[int]]:
         return self.segments.setdefault(index, ([0], [self.version_start]))
 
+    def trajectory(
+        self, index: int, result: GenResult, reward: float, t_end: float, reward_s: float = 0.0
+    ) -> Trajectory:
+        """Trajectory ``index`` as generated so far, with its segments and their versions."""
+        starts, versions = self.segments_of(index)
+        return Trajectory(
+            response_ids=list(result.response_ids),
+            response_logprobs=list(result.response_logprobs),
+            reward=reward,
+            finish_reason=result.finish_reason,
+            param_version=versions[-1],
+            param_version_start=versions[0],
+            segment_starts=list(starts),
+            segment_versions=list(versions),
+            t_start=self.t_start,
+            t_end=t_end,
+            reward_s=reward_s,
+        )
+
+    def sample(self, sample_id: str, worker_id: int, trajectories: list[Trajectory]) -> Sample:
+        p = self.prompt.value
+        return Sample(
+            sample_id=sample_id,
+            prompt_id=p.prompt_id,
+            worker_id=worker_id,
+            prompt_ids=self.prompt_ids,
+            ground_truth=p.ground_truth,
+            trajectories=trajectories,
+        )
+
 
 class IdleClock:
     """Wall time with nothing to generate, per sync window (rollouter/idle_ratio)."""
@@ -228,41 +258,16 @@ class RolloutWorker:
         topic = self.cfg.topic("partials")
         interrupted = [(sid, fl) for sid, fl in self.in_flight.items() if fl.interrupted]
         for sample_id, fl in interrupted:
-            trajectories = []
-            for i in range(self.rollout.n):
-                if i in fl.done:
-                    trajectories.append(fl.done[i])
-                    continue
-                res = fl.interrupted[i]
-                starts, versions = fl.segments_of(i)
-                trajectories.append(
-                    Trajectory(
-                        response_ids=list(res.response_ids),
-                        response_logprobs=list(res.response_logprobs),
-                        reward=0.0,
-                        finish_reason="abort",
-                        param_version=versions[-1],
-                        param_version_start=versions[0],
-                        segment_starts=list(starts),
-                        segment_versions=list(versions),
-                        t_start=fl.t_start,
-                        t_end=now,
-                    )
-                )
-            p = fl.prompt.value
+            trajectories = [
+                fl.done[i] if i in fl.done else fl.trajectory(i, fl.interrupted[i], 0.0, now)
+                for i in range(self.rollout.n)
+            ]
             record = PartialSample(
-                sample=Sample(
-                    sample_id=sample_id,
-                    prompt_id=p.prompt_id,
-                    worker_id=self.worker_id,
-                    prompt_ids=fl.prompt_ids,
-                    ground_truth=p.ground_truth,
-                    trajectories=trajectories,
-                ),
+                sample=fl.sample(sample_id, self.worker_id, trajectories),
                 interrupted_at_version=self.version,
                 prompt_partition=fl.prompt.partition,
                 prompt_offset=fl.prompt.offset,
-                epoch=p.epoch,
+                epoch=fl.prompt.value.epoch,
             )
             self.publisher.publish(
                 topic, sample_id, encode_partial(record), headers={SCHEMA_HEADER: PARTIAL_TAG}
@@ -335,33 +340,14 @@ class RolloutWorker:
         t0 = time.perf_counter()
         text = self.tokenizer.decode(result.response_ids, skip_special_tokens=True)
         reward = self.score(fl.prompt.value.ground_truth, text)
-        starts, versions = fl.segments_of(int(index))
-        fl.done[int(index)] = Trajectory(
-            response_ids=list(result.response_ids),
-            response_logprobs=list(result.response_logprobs),
-            reward=reward,
-            finish_reason=result.finish_reason,
-            param_version=versions[-1],
-            param_version_start=versions[0],
-            segment_starts=list(starts),
-            segment_versions=list(versions),
-            t_start=fl.t_start,
-            t_end=time.time(),
-            reward_s=time.perf_counter() - t0,
+        fl.done[int(index)] = fl.trajectory(
+            int(index), result, reward, time.time(), reward_s=time.perf_counter() - t0
         )
         if len(fl.done) == self.rollout.n:
             self._publish(sample_id, fl, prompts)
 
     def _publish(self, sample_id: str, fl: InFlight, prompts: PromptSource) -> None:
-        p = fl.prompt.value
-        sample = Sample(
-            sample_id=sample_id,
-            prompt_id=p.prompt_id,
-            worker_id=self.worker_id,
-            prompt_ids=fl.prompt_ids,
-            ground_truth=p.ground_truth,
-            trajectories=[fl.done[i] for i in range(self.rollout.n)],
-        )
+        sample = fl.sample(sample_id, self.worker_id, [fl.done[i] for i in range(self.rollout.n)])
         self.publisher.publish(
             self.cfg.topic("samples"),
             sample_id,
