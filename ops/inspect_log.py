@@ -111,11 +111,7 @@ def _consumed_at(cfg: RunConfig, bootstrap: str) -> dict[str, tuple[int, int]]:
 
 def _segments(t) -> list[dict[str, int]]:
     """A trajectory's chain of segments: the weight version of each and its token count."""
-    bounds = [*t.segment_starts[1:], len(t.response_ids)]
-    return [
-        {"version": v, "tokens": end - start}
-        for start, end, v in zip(t.segment_starts, bounds, t.segment_versions, strict=True)
-    ]
+    return [{"version": v, "tokens": end - start} for start, end, v in t.segments()]
 
 
 def _sample_row(rec, text: Callable[[list[int]], str] | None, consumed) -> dict[str, Any]:

@@ -83,15 +83,14 @@ class Trajectory:
         """Weight versions this trajectory's tokens span (0: generated under one version)."""
         return self.param_version - self.param_version_start
 
+    def segments(self) -> list[tuple[int, int, int]]:
+        """``(start, end, version)`` of each segment: response tokens ``[start, end)``."""
+        bounds = [*self.segment_starts[1:], len(self.response_ids)]
+        return list(zip(self.segment_starts, bounds, self.segment_versions, strict=True))
+
     def token_versions(self) -> list[int]:
         """The weight version of every response token."""
-        bounds = [*self.segment_starts[1:], len(self.response_ids)]
-        out: list[int] = []
-        for start, end, version in zip(
-            self.segment_starts, bounds, self.segment_versions, strict=True
-        ):
-            out += [version] * (end - start)
-        return out
+        return [version for start, end, version in self.segments() for _ in range(end - start)]
 
 
 @dataclass
