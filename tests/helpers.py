@@ -34,8 +34,8 @@ def read_topic(cfg: RunConfig, name: str, timeout_s: float = 20.0) -> list[Recor
     return out
 
 
-def sample_logprob_error(cfg: RunConfig, state_dict: dict, s: sample.Sample) -> float:
-    """Max |rollout logprob - logprob recomputed with ``state_dict``| over a sample's tokens."""
+def _rescore(cfg: RunConfig, state_dict: dict, rows: list[tuple]) -> tuple[Any, Any]:
+    """(logprobs recomputed with ``state_dict``, the padded batch of ``rows``)."""
     import torch
 
     from asyncrl.consumers.grpo import build_batch, token_logprobs
@@ -43,7 +43,6 @@ def sample_logprob_error(cfg: RunConfig, state_dict: dict, s: sample.Sample) -> 
 
     model, tokenizer = load_policy(cfg)
     model.load_state_dict(state_dict)
-    rows = [(s.prompt_ids, t.response_ids, t.response_logprobs, 0.0) for t in s.trajectories]
     batch = build_batch(rows, tokenizer.pad_token_id)
     with torch.no_grad():
         lp = token_logprobs(
@@ -54,6 +53,13 @@ def sample_logprob_error(cfg: RunConfig, state_dict: dict, s: sample.Sample) -> 
             batch.response_mask,
             cfg.actor_rollout_ref.rollout.temperature,
         )
+    return lp, batch
+
+
+def sample_logprob_error(cfg: RunConfig, state_dict: dict, s: sample.Sample) -> float:
+    """Max |rollout logprob - logprob recomputed with ``state_dict``| over a sample's tokens."""
+    rows = [(s.prompt_ids, t.response_ids, t.response_logprobs, 0.0) for t in s.trajectories]
+    lp, batch = _rescore(cfg, state_dict, rows)
     return float(((lp - batch.old_logprobs).abs() * batch.response_mask).max())
 
 
@@ -61,23 +67,6 @@ def token_logprob_errors(
     cfg: RunConfig, state_dict: dict, prompt_ids: list[int], traj: sample.Trajectory
 ) -> list[float]:
     """|rollout logprob - logprob recomputed with ``state_dict``| for each response token."""
-    import torch
-
-    from asyncrl.consumers.grpo import build_batch, token_logprobs
-    from asyncrl.models.tiny import load_policy
-
-    model, tokenizer = load_policy(cfg)
-    model.load_state_dict(state_dict)
-    batch = build_batch(
-        [(prompt_ids, traj.response_ids, traj.response_logprobs, 0.0)], tokenizer.pad_token_id
-    )
-    with torch.no_grad():
-        lp = token_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.position_ids,
-            batch.response_mask,
-            cfg.actor_rollout_ref.rollout.temperature,
-        )
+    rows = [(prompt_ids, traj.response_ids, traj.response_logprobs, 0.0)]
+    lp, batch = _rescore(cfg, state_dict, rows)
     return (lp - batch.old_logprobs).abs()[0, : len(traj.response_ids)].tolist()
