@@ -97,6 +97,7 @@ class Trainer:
         self.partial_window = {"partial": 0, "total": 0, "max_span": 0}
         """Partial samples trained on since the last sync (verl's fully_async/partial/*)."""
         self.sync_pauses: list[float] = []
+        self._checksum_cache: str | None = None
         self.t_start = time.monotonic()
         self.samples_trained = 0
         self.last_sync: dict[str, float] = {}
@@ -108,7 +109,7 @@ class Trainer:
         if self.collective is not None:
             stats = self.collective.broadcast_from(self.model, self._bucket_bytes)
             stats_bytes, buckets, transfer_s = stats.bytes, stats.buckets, stats.seconds
-        checksum = weights_checksum(self.model) if self.cfg.sync.verify_checksum else ""
+        checksum = self._checksum() if self.cfg.sync.verify_checksum else ""
         self.control.publish(
             ev.WeightsPublished(
                 run_id=self.cfg.run_id,
@@ -124,6 +125,13 @@ class Trainer:
         self.last_sync = {"timing/sync_pause_s": pause_wait_s, "timing/sync_transfer_s": transfer_s}
         if self.step > 0:
             self.sync_pauses.append(pause_wait_s)
+
+    def _checksum(self) -> str:
+        """Checksum of the current weights, computed once per weight state: the sync after a
+        step and the record of the next step need the same one."""
+        if self._checksum_cache is None:
+            self._checksum_cache = weights_checksum(self.model)
+        return self._checksum_cache
 
     @property
     def _bucket_bytes(self) -> int:
@@ -309,8 +317,9 @@ class Trainer:
             while self.step < tc.total_training_steps:
                 t_step = time.monotonic()
                 batch = self._wait_for_batch(self.cfg.required_samples)
-                checksum_before = weights_checksum(self.model)  # lets a replay check its start
+                checksum_before = self._checksum()  # lets a replay check its start
                 metrics = self.train_step(batch)
+                self._checksum_cache = None  # the update changed the weights
                 self.step += 1
                 self.samples_trained += len(batch)
                 elapsed = time.monotonic() - self.t_start
