@@ -191,16 +191,25 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _time_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``--since``/``--until`` as epoch ms; ValueError names a bad value."""
+    from asyncrl.ops.inspect_log import parse_time
+
+    return (
+        parse_time(args.since) if args.since else None,
+        parse_time(args.until) if args.until else None,
+    )
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.ops.inspect_log import inspect_topic, parse_time
+    from asyncrl.ops.inspect_log import inspect_topic
 
     cfg = _load(args)
     bootstrap = _need_bootstrap(cfg, "inspect")
     try:
-        since = parse_time(args.since) if args.since else None
-        until = parse_time(args.until) if args.until else None
+        since, until = _time_range(args)
     except ValueError as err:
         print(f"asyncrl inspect: {err}", file=sys.stderr)
         return 2
@@ -229,11 +238,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 lo, _, hi = args.versions.partition("..")
                 versions = (int(lo), int(hi or lo))
             ids = set(args.sample_ids.split(",")) if args.sample_ids else None
-            from asyncrl.ops.inspect_log import parse_time
-
             try:
-                since = parse_time(args.since) if args.since else None
-                until = parse_time(args.until) if args.until else None
+                since, until = _time_range(args)
             except ValueError as err:
                 raise ReplayError(str(err)) from None
             replay_topic(
@@ -273,7 +279,15 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may also follow options (`replay topic samples --to-run x key=value`): argparse
+    # leaves such trailing positionals unparsed, so they are collected here.
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(
