@@ -160,9 +160,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _load(args)
     bootstrap = _need_bootstrap(cfg, "rollout")
     _torch_threads(cfg.actor_rollout_ref.rollout.torch_threads)
+    import signal
+
     from asyncrl.producers.worker import RolloutWorker
 
-    produced = RolloutWorker(cfg, args.worker_id, bootstrap).run()
+    worker = RolloutWorker(cfg, args.worker_id, bootstrap)
+    # SIGTERM (docker stop, Ray, kill): leave cleanly; unfinished prompts go back to the group.
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    produced = worker.run()
     logging.getLogger("asyncrl.rollout").info(
         "worker %d produced %d samples", args.worker_id, produced
     )

@@ -11,6 +11,13 @@ Per local update (a "step"), in this order:
 5. Every ``trigger_parameter_sync_step`` steps: SyncRequested(v+1) -> wait for every worker's
    RolloutPaused -> broadcast the weights in buckets -> WeightsPublished(v+1, checksum).
    The trainer then goes on without waiting for the workers to load and resume.
+
+Workers come and go: the trainer serves whoever announces itself (WorkerStarted) over the
+weight collective, sending a joining worker the current weights at once. A worker that
+restarts has a new incarnation id; if that happens while a sync waits for its pause, the new
+incarnation counts as paused (it has nothing in flight) and gets the sync's weights. A worker
+whose pair fails, that stops, or that does not pause within ``sync.timeout_s`` is dropped
+from the collective; its unfinished prompts go back to the group for the others.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from asyncrl.schemas.step import TAG as STEP_TAG
 from asyncrl.schemas.step import StepRecord, encode_step
 from asyncrl.sync.channel import ControlChannel
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.collective import WeightCollective
+from asyncrl.sync.collective import WeightSender
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +98,7 @@ class Trainer:
         self.control = ControlChannel(cfg, bootstrap, self.publisher)
         self.control.start()
         self.metrics_file = JsonlWriter(cfg.run_dir / "metrics.jsonl")
-        self.collective: WeightCollective | None = None
+        self.sender: WeightSender | None = None
         self.wait_clock = WaitClock()
         self.rollouter_idle: dict[int, float] = {}
         self.partial_window = {"partial": 0, "total": 0, "max_span": 0}
@@ -103,12 +110,19 @@ class Trainer:
         self.last_sync: dict[str, float] = {}
 
     # --- weights --------------------------------------------------------------------------------
-    def _publish_weights(self, pause_wait_s: float = 0.0) -> None:
-        """Broadcast the current weights to every worker and announce them on ``control``."""
+    def _publish_weights(self, pause_wait_s: float = 0.0, workers: list[int] | None = None) -> None:
+        """Send the current weights to ``workers`` (default: every member) and announce them
+        on ``control``, naming the incarnations that received them."""
         stats_bytes, buckets, transfer_s = 0, 0, 0.0
-        if self.collective is not None:
-            stats = self.collective.broadcast_from(self.model, self._bucket_bytes)
-            stats_bytes, buckets, transfer_s = stats.bytes, stats.buckets, stats.seconds
+        delivered: dict[int, str] = {}
+        if self.sender is not None:
+            sent = self.sender.broadcast(self.model, self._bucket_bytes, workers)
+            stats_bytes, buckets, transfer_s = (
+                sent.stats.bytes,
+                sent.stats.buckets,
+                sent.stats.seconds,
+            )
+            delivered = sent.delivered
         checksum = self._checksum() if self.cfg.sync.verify_checksum else ""
         self.control.publish(
             ev.WeightsPublished(
@@ -120,11 +134,17 @@ class Trainer:
                 buckets=buckets,
                 checksum=checksum,
                 step=self.step,
+                incarnations=sorted(delivered.values()),
+                consumed={str(w): c for w, c in self.batcher.consumed.items()},
             )
         )
-        self.last_sync = {"timing/sync_pause_s": pause_wait_s, "timing/sync_transfer_s": transfer_s}
-        if self.step > 0:
-            self.sync_pauses.append(pause_wait_s)
+        if workers is None:
+            self.last_sync = {
+                "timing/sync_pause_s": pause_wait_s,
+                "timing/sync_transfer_s": transfer_s,
+            }
+            if self.step > 0:
+                self.sync_pauses.append(pause_wait_s)
 
     def _checksum(self) -> str:
         """Checksum of the current weights, computed once per weight state: the sync after a
@@ -138,21 +158,50 @@ class Trainer:
         return int(self.cfg.sync.bucket_size_mb * 1024 * 1024)
 
     def _start_collective(self) -> None:
-        if self.num_workers == 0:
-            return
         sc = self.cfg.sync
+        if self.num_workers == 0 and sc.master_port is None:
+            return  # trained from samples already on the log: nobody to send weights to
         if sc.master_port is None:
             raise RuntimeError("sync.master_port is not set (the launcher sets it for each run)")
-        self.collective = WeightCollective(
-            rank=0,
-            world_size=self.num_workers + 1,
+        self.sender = WeightSender(
             master_addr=sc.master_addr,
             master_port=sc.master_port,
             backend=sc.backend,
             device=self.device,
             timeout_s=sc.timeout_s,
         )
-        self.collective.init()
+        self.sender.start()
+
+    @property
+    def members(self) -> dict[int, str]:
+        """worker -> incarnation of every worker in the weight collective."""
+        return self.sender.members if self.sender is not None else {}
+
+    def _join(self, event: ev.WorkerStarted, syncing: bool = False) -> bool:
+        """Accept a worker's announcement; outside a sync, send it the current weights now.
+
+        Returns True if the worker is (now) a member. Repeated announcements of a member are
+        ignored; a new incarnation replaces the old one, which is gone.
+        """
+        if self.sender is None or self.members.get(event.worker) == event.incarnation:
+            return self.sender is not None
+        old = self.members.get(event.worker)
+        if not self.sender.connect(event.worker, event.incarnation):
+            return False
+        log.info(
+            "worker %d joined (incarnation %s%s)",
+            event.worker,
+            event.incarnation,
+            f", replacing {old}" if old else "",
+        )
+        if not syncing:
+            self._publish_weights(workers=[event.worker])
+        return True
+
+    def _leave(self, worker: int, why: str) -> None:
+        if self.sender is not None and worker in self.members:
+            log.warning("worker %d leaves the weight collective: %s", worker, why)
+            self.sender.disconnect(worker)
 
     def sync(self) -> None:
         """Steps 5 of the class docstring: one weight version, pause to publish."""
@@ -168,10 +217,31 @@ class Trainer:
             )
         )
         with self.wait_clock.waiting():
-            for worker in range(self.num_workers):
-                self.control.wait_for(ev.RolloutPaused, version=new_version, worker=worker)
+            self._wait_for_pauses(new_version)
         self.version = new_version
         self._publish_weights(pause_wait_s=time.monotonic() - t0)
+
+    def _wait_for_pauses(self, version: int) -> None:
+        """Until every member has paused for ``version``. A worker that (re)joins meanwhile
+        has nothing in flight: it counts as paused and gets this sync's weights."""
+        waiting = dict(self.members)
+        deadline = time.monotonic() + self.cfg.sync.timeout_s
+        while waiting:
+            for event in self.control.poll(0.1):
+                if isinstance(event, ev.RolloutPaused) and event.version == version:
+                    if waiting.get(event.worker) == event.incarnation:
+                        del waiting[event.worker]
+                elif isinstance(event, ev.WorkerStarted):
+                    if self._join(event, syncing=True):
+                        waiting.pop(event.worker, None)
+                else:
+                    self._on_event(event)
+            for worker in set(waiting) - set(self.members):  # left during the wait
+                del waiting[worker]
+            if waiting and time.monotonic() > deadline:
+                for worker in waiting:
+                    self._leave(worker, f"no RolloutPaused({version}) within sync.timeout_s")
+                break
 
     # --- samples --------------------------------------------------------------------------------
     def _read_samples(self, timeout: float) -> None:
@@ -192,15 +262,24 @@ class Trainer:
 
     def _handle_control(self) -> None:
         for event in self.control.poll(0.0):
-            if isinstance(event, ev.RolloutResumed):
-                self.rollouter_idle[event.worker] = event.idle_ratio
-            elif isinstance(event, ev.WeightsLoaded) and not event.checksum_ok:
-                raise RuntimeError(
-                    f"worker {event.worker} loaded weights of version {event.version} that "
-                    "differ from the trainer's (checksum mismatch)"
-                )
-            elif isinstance(event, ev.WorkerStopped) and event.reason == "error":
-                raise RuntimeError(f"rollout worker {event.worker} stopped with an error")
+            if isinstance(event, ev.WorkerStarted):
+                self._join(event)
+            else:
+                self._on_event(event)
+
+    def _on_event(self, event: ev.ControlEvent) -> None:
+        if isinstance(event, ev.RolloutResumed):
+            self.rollouter_idle[event.worker] = event.idle_ratio
+        elif isinstance(event, ev.WeightsLoaded) and not event.checksum_ok:
+            raise RuntimeError(
+                f"worker {event.worker} loaded weights of version {event.version} that "
+                "differ from the trainer's (checksum mismatch)"
+            )
+        elif (
+            isinstance(event, ev.WorkerStopped)
+            and self.members.get(event.worker) == event.incarnation
+        ):
+            self._leave(event.worker, f"stopped ({event.reason})")
 
     def _wait_for_batch(self, n: int) -> list[Record[Sample]]:
         deadline = time.monotonic() + self.cfg.sync.timeout_s
@@ -305,7 +384,6 @@ class Trainer:
         tc = self.cfg.trainer
         at = self.cfg.async_training
         self._start_collective()
-        self._publish_weights()
         accuracy = self.history.get("val/accuracy")
         if accuracy is None and tc.test_freq:
             accuracy = self.evaluate()
@@ -395,8 +473,8 @@ class Trainer:
         self.metrics_file.close()
         self.samples.close()
         self.control.close()
-        if self.collective is not None:
-            self.collective.close()
+        if self.sender is not None:
+            self.sender.close()
 
 
 def _device(name: str) -> torch.device:

@@ -154,6 +154,10 @@ class RolloutConfig(Strict):
     """Samples (prompts) generated at once by one worker."""
     num_workers: int = Field(1, ge=0)
     """Rollout worker processes; 0 runs a trainer alone (tests, replays)."""
+    max_restarts: int = Field(3, ge=0)
+    """`asyncrl run` restarts a rollout worker that dies, up to this many times per worker;
+    the restarted worker continues its logged partial samples and unfinished prompts.
+    0: a worker's death fails the run."""
     torch_threads: int = Field(1, ge=1)
     """CPU threads of each rollout worker process."""
     emulated_decode_latency_s: float = Field(0.0, ge=0)
@@ -221,9 +225,9 @@ class SyncConfig(Strict):
     bucket_size_mb: float = Field(64.0, gt=0)
     """Tensors are packed into buckets of this size before each broadcast."""
     master_addr: str = "127.0.0.1"
-    """Address of the trainer (rank 0) for the weight collective's rendezvous."""
+    """Address of the trainer, which hosts the weight collective's rendezvous store."""
     master_port: int | None = Field(None, ge=1, le=65535)
-    """Rendezvous port of the weight collective; unset: the launcher picks a free one."""
+    """Port of that store (workers join through it); unset: the launcher picks a free one."""
     timeout_s: float = Field(300.0, gt=0)
     """How long the trainer waits for every worker to pause before failing the sync."""
     verify_checksum: bool = True

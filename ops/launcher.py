@@ -6,8 +6,9 @@
 4. The prompts topic fed with the dataset.
 5. One trainer and ``rollout.num_workers`` worker processes, each ``python -m asyncrl ...``
    with the resolved config; they die with the launcher (PDEATHSIG), also on a crash.
-6. Progress read back from the ``steps`` topic until the trainer exits; then the workers stop
-   on RunFinished, and the broker is stopped.
+6. Progress read back from the ``steps`` topic until the trainer exits; a rollout worker that
+   dies is restarted (``rollout.max_restarts``) and recovers its work from the log. Then the
+   workers stop on RunFinished, and the broker is stopped.
 """
 
 from __future__ import annotations
@@ -128,16 +129,10 @@ def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
             f"require_batches={at.require_batches} partial_rollout={at.partial_rollout}; "
             f"{resolved.actor_rollout_ref.rollout.num_workers} rollout worker(s)"
         )
-        base = [sys.executable, "-m", "asyncrl"]
-        procs["trainer"] = spawn(
-            [*base, "train", "--config", str(config_path)], logs / "trainer.log"
-        )
+        procs["trainer"] = spawn(trainer_command(config_path), logs / "trainer.log")
         for i in range(resolved.actor_rollout_ref.rollout.num_workers):
-            procs[f"rollout-{i}"] = spawn(
-                [*base, "rollout", "--config", str(config_path), "--worker-id", str(i)],
-                logs / f"rollout-{i}.log",
-            )
-        summary = _follow(resolved, bootstrap, procs, console)
+            procs[f"rollout-{i}"] = spawn(worker_command(config_path, i), logs / f"rollout-{i}.log")
+        summary = _follow(resolved, bootstrap, procs, console, config_path)
         _wait_workers(procs, timeout_s=30)
         return summary
     finally:
@@ -148,16 +143,31 @@ def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
             broker.stop()
 
 
+def trainer_command(config_path: Path) -> list[str]:
+    return [sys.executable, "-m", "asyncrl", "train", "--config", str(config_path)]
+
+
+def worker_command(config_path: Path, worker_id: int) -> list[str]:
+    return [
+        *[sys.executable, "-m", "asyncrl", "rollout"],
+        *["--config", str(config_path), "--worker-id", str(worker_id)],
+    ]
+
+
 def _follow(
     cfg: RunConfig,
     bootstrap: str,
     procs: dict[str, tuple[subprocess.Popen, Path]],
     console: Console,
+    config_path: Path,
 ) -> dict[str, Any]:
-    """Show progress from the steps topic until the trainer exits; fail fast if a process dies."""
+    """Show progress from the steps topic until the trainer exits. A rollout worker that dies
+    is restarted up to ``rollout.max_restarts`` times; any other death fails the run."""
     from asyncrl.ops.kafka import Reader
     from asyncrl.schemas.step import decode_step
 
+    restarts: dict[str, int] = {}
+    max_restarts = cfg.actor_rollout_ref.rollout.max_restarts
     trainer, trainer_log = procs["trainer"]
     reader = Reader(cfg.kafka, bootstrap, decode_step)
     reader.assign(cfg.topic("steps"))
@@ -170,10 +180,20 @@ def _follow(
                     # A worker exits 0 only after the trainer's RunFinished, which the trainer
                     # publishes before it writes its summary and exits: not a failure.
                     rc = proc.poll()
-                    if rc not in (None, 0):
-                        raise RunFailed(
-                            f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
+                    if rc in (None, 0):
+                        continue
+                    if name.startswith("rollout-") and restarts.get(name, 0) < max_restarts:
+                        restarts[name] = restarts.get(name, 0) + 1
+                        console.log(
+                            f"[yellow]{name} exited with code {rc}; restarting it "
+                            f"({restarts[name]}/{max_restarts}); it recovers its work from the log"
                         )
+                        worker_id = int(name.removeprefix("rollout-"))
+                        procs[name] = spawn(worker_command(config_path, worker_id), log_path)
+                        break
+                    raise RunFailed(
+                        f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
+                    )
                 if trainer.poll() == 0:
                     for rec in reader.poll(0.5):
                         progress.update(rec.value)

@@ -15,12 +15,20 @@ A sync, on this side (DESIGN.md section 4):
    new prompt; its next tokens form a new segment under v+1.
 5. Open the budget of v+1 minus this worker's stale samples (partial ones included); publish
    RolloutResumed(v+1).
+
+A (re)start: scan the log (``recovery.RecoveryIndex``), announce WorkerStarted with a fresh
+incarnation id, join the weight collective and receive the trainer's current weights. Prompts
+the previous incarnation took but did not finish are redelivered by the group: one whose
+sample is already on ``samples`` is committed without generating it again, one with a logged
+partial is continued from it, any other starts afresh. So every prompt taken ends as exactly
+one sample, or (at the end of the run) one logged drop.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +38,7 @@ from asyncrl.ops.kafka import Publisher, Record
 from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
 from asyncrl.producers.engines.base import GenRequest, GenResult
 from asyncrl.producers.prompt_source import PromptSource
+from asyncrl.producers.recovery import WORKER_HEADER, RecoveryIndex
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.partial import TAG as PARTIAL_TAG
@@ -39,7 +48,7 @@ from asyncrl.schemas.sample import TAG as SAMPLE_TAG
 from asyncrl.schemas.sample import Sample, Trajectory, encode_sample
 from asyncrl.sync.channel import ControlChannel
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.collective import WeightCollective
+from asyncrl.sync.collective import WeightReceiver
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +149,13 @@ class RolloutWorker:
             seed=cfg.trainer.seed + 1000 * (worker_id + 1),
             emulated_decode_latency_s=self.rollout.emulated_decode_latency_s,
         )
+        self.incarnation = uuid.uuid4().hex[:12]
+        """This process's lifetime; a restarted worker gets a new one (WorkerStarted says it)."""
         self.publisher = Publisher(cfg.kafka, bootstrap)
         self.dead_letter = (self.publisher, cfg.topic("dead-letter"))
-        self.control = ControlChannel(cfg, bootstrap, self.publisher, worker=worker_id)
+        self.control = ControlChannel(
+            cfg, bootstrap, self.publisher, worker=worker_id, incarnation=self.incarnation
+        )
         self.budget = RolloutBudget(
             cfg.max_samples_per_version, max(1, self.rollout.num_workers), worker_id
         )
@@ -153,35 +166,50 @@ class RolloutWorker:
         self.pending_sync: ev.SyncRequested | None = None
         self.sync_seen_at = 0.0
         self.finished = False
+        self.stopping = False
+        """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
         self.idle = IdleClock()
-        self.collective: WeightCollective | None = None
+        self.receiver: WeightReceiver | None = None
+        self.recovery = RecoveryIndex()
 
     # --- weights --------------------------------------------------------------------------------
     def _join_collective(self) -> None:
+        """Announce this incarnation and form its pair with the trainer (see sync.collective)."""
         sc = self.cfg.sync
         if sc.master_port is None:
             raise RuntimeError("sync.master_port is not set (the launcher sets it for each run)")
-        self.collective = WeightCollective(
-            rank=self.worker_id + 1,
-            world_size=self.rollout.num_workers + 1,
+        self.receiver = WeightReceiver(
             master_addr=sc.master_addr,
             master_port=sc.master_port,
             backend=sc.backend,
             device=next(self.engine.model.parameters()).device,
             timeout_s=sc.timeout_s,
         )
-        self.collective.init()
+        self.receiver.join(
+            self.worker_id,
+            self.incarnation,
+            announce=lambda: self.control.publish(
+                ev.WorkerStarted(
+                    run_id=self.cfg.run_id, version=self.version, worker=self.worker_id
+                )
+            ),
+        )
 
-    def _receive_weights(self, version: int | None = None) -> None:
+    def _receive_weights(self, version: int | None = None) -> ev.WeightsPublished:
         """Steps 3-4 of a sync: weights in place, checksum compared, version taken over.
 
-        The trainer publishes WeightsPublished after the broadcast, so it is read afterwards;
-        at start-up (``version`` None) it also tells which version the trainer is at.
+        The trainer publishes WeightsPublished after the transfer, naming the incarnations it
+        reached, so it is read afterwards; at a join (``version`` None) it also tells which
+        version the trainer is at and how many of this worker's samples it has consumed.
         """
-        assert self.collective is not None
+        assert self.receiver is not None
         t0 = time.monotonic()
-        self.collective.receive_into(self.engine.model, self._bucket_bytes)
-        published = self.control.wait_for(ev.WeightsPublished, version=version)
+        self.receiver.receive_into(self.engine.model, self._bucket_bytes)
+        published = self.control.wait_for(
+            ev.WeightsPublished,
+            version=version,
+            where=lambda e: self.incarnation in e.incarnations,
+        )
         ok = True
         if self.cfg.sync.verify_checksum:
             ok = weights_checksum(self.engine.model) == published.checksum
@@ -201,6 +229,7 @@ class RolloutWorker:
                 checksum_ok=ok,
             )
         )
+        return published
 
     @property
     def _bucket_bytes(self) -> int:
@@ -278,23 +307,58 @@ class RolloutWorker:
     def _continue_interrupted(self) -> None:
         """Re-add interrupted trajectories, continuing their prefixes under the new version."""
         for sample_id, fl in self.in_flight.items():
-            for i, res in sorted(fl.interrupted.items()):
-                starts, versions = fl.segments_of(i)
-                if starts[-1] == len(res.response_ids):
-                    versions[-1] = self.version  # the last segment got no token: it moves
-                else:
-                    starts.append(len(res.response_ids))
-                    versions.append(self.version)
-                self.engine.add(
-                    GenRequest(
-                        request_id=f"{sample_id}#{i}",
-                        prompt_ids=fl.prompt_ids,
-                        max_new_tokens=self.cfg.data.max_response_length,
-                        prefix_ids=list(res.response_ids),
-                        prefix_logprobs=list(res.response_logprobs),
-                    )
+            self._continue(sample_id, fl)
+
+    def _continue(self, sample_id: str, fl: InFlight) -> None:
+        """Re-add one sample's interrupted trajectories; each starts a segment under self.version."""
+        for i, res in sorted(fl.interrupted.items()):
+            starts, versions = fl.segments_of(i)
+            if starts[-1] == len(res.response_ids):
+                versions[-1] = self.version  # the last segment got no token: it moves
+            else:
+                starts.append(len(res.response_ids))
+                versions.append(self.version)
+            self.engine.add(
+                GenRequest(
+                    request_id=f"{sample_id}#{i}",
+                    prompt_ids=fl.prompt_ids,
+                    max_new_tokens=self.cfg.data.max_response_length,
+                    prefix_ids=list(res.response_ids),
+                    prefix_logprobs=list(res.response_logprobs),
                 )
-            fl.interrupted.clear()
+            )
+        fl.interrupted.clear()
+
+    def _resume_logged(self, rec: Record[PromptRecord], partial: PartialSample) -> None:
+        """Continue a sample a previous incarnation logged to ``partials`` (crash recovery)."""
+        s = partial.sample
+        fl = InFlight(
+            rec,
+            list(s.prompt_ids),
+            version_start=min(t.param_version_start for t in s.trajectories),
+            t_start=min(t.t_start for t in s.trajectories),
+        )
+        for i, t in enumerate(s.trajectories):
+            if t.finish_reason != "abort":
+                fl.done[i] = t
+                continue
+            fl.segments[i] = (list(t.segment_starts), list(t.segment_versions))
+            fl.interrupted[i] = GenResult(
+                request_id=f"{s.sample_id}#{i}",
+                prompt_ids=list(s.prompt_ids),
+                response_ids=list(t.response_ids),
+                response_logprobs=list(t.response_logprobs),
+                finish_reason="abort",
+            )
+        self.in_flight[s.sample_id] = fl
+        log.info(
+            "worker %d: continuing %s from the partials log (%d of %d trajectories to finish)",
+            self.worker_id,
+            s.sample_id,
+            len(fl.interrupted),
+            self.rollout.n,
+        )
+        self._continue(s.sample_id, fl)
 
     # --- control events -----------------------------------------------------------------------
     def _handle(self, event: ev.ControlEvent) -> None:
@@ -319,8 +383,19 @@ class RolloutWorker:
         rec = prompts.take(timeout=0.0 if self.in_flight else 0.05)
         if rec is None:
             return False
-        self.budget.take()
         p = rec.value
+        if self.recovery.already_published(p.sample_id):
+            # Redelivered after a crash, but its sample is on the log: only the commit was lost.
+            log.info(
+                "worker %d: %s already published, not generated again", self.worker_id, p.sample_id
+            )
+            prompts.done(rec)
+            return True
+        self.budget.take()
+        partial = self.recovery.take_partial(p.sample_id)
+        if partial is not None:
+            self._resume_logged(rec, partial)
+            return True
         prompt_ids = self.tokenizer(p.prompt)["input_ids"]  # <bos> + characters
         prompt_ids = prompt_ids[-self.cfg.data.max_prompt_length :]  # verl truncation="left"
         self.in_flight[p.sample_id] = InFlight(rec, prompt_ids, self.version, time.time())
@@ -352,7 +427,7 @@ class RolloutWorker:
             self.cfg.topic("samples"),
             sample_id,
             encode_sample(sample),
-            headers={SCHEMA_HEADER: SAMPLE_TAG},
+            headers={SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: str(self.worker_id)},
         )
         self.publisher.flush()  # acked before the prompt offset is committed
         del self.in_flight[sample_id]
@@ -360,18 +435,35 @@ class RolloutWorker:
         prompts.done(fl.prompt)
 
     # --- main loop -----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Leave the run at the next decoding step (safe to call from a signal handler).
+
+        Prompts in flight are not committed, so the group hands them to another worker (or
+        to this worker's successor); in mode (d) their tokens so far are logged to
+        ``partials`` first, so the successor continues rather than restarts them.
+        """
+        self.stopping = True
+
     def run(self) -> int:
         """Serve until the trainer publishes RunFinished; returns the number of samples produced."""
         self.control.start()
-        self.control.publish(
-            ev.WorkerStarted(run_id=self.cfg.run_id, version=0, worker=self.worker_id)
-        )
+        self.recovery = RecoveryIndex.from_log(self.cfg, self.bootstrap)
+        self.produced = self.recovery.produced[self.worker_id]
+        if self.recovery.published or self.recovery.partials:
+            log.info(
+                "worker %d: the log holds %d samples (%d of this worker) and %d unfinished "
+                "partial samples",
+                self.worker_id,
+                len(self.recovery.published),
+                self.produced,
+                len(self.recovery.partials),
+            )
         self._join_collective()
-        self._receive_weights()
-        self._open_budget(consumed=self.produced)
+        welcome = self._receive_weights()
+        self._open_budget(consumed=welcome.consumed.get(str(self.worker_id), 0))
         prompts = PromptSource(self.cfg, self.bootstrap, dead_letter=self.dead_letter)
         try:
-            while not self.finished:
+            while not self.finished and not self.stopping:
                 for event in self.control.poll(0.0):
                     self._handle(event)
                 if self.pending_sync is not None and (self.partial_rollout or not self.in_flight):
@@ -388,6 +480,8 @@ class RolloutWorker:
                     prompts.keep_alive()
                     for event in self.control.poll(0.05):
                         self._handle(event)
+            if self.stopping and self.partial_rollout and self.in_flight:
+                self._interrupt()
         finally:
             self.engine.abort_all()
             if self.finished and self.in_flight:
@@ -396,6 +490,7 @@ class RolloutWorker:
                     ev.SamplesDropped(
                         run_id=self.cfg.run_id,
                         version=self.version,
+                        worker=self.worker_id,
                         target_worker=self.worker_id,
                         count=len(self.in_flight),
                         reason="run finished before the sample did",
@@ -407,13 +502,24 @@ class RolloutWorker:
                     run_id=self.cfg.run_id,
                     version=self.version,
                     worker=self.worker_id,
-                    reason="run finished" if self.finished else "error",
+                    reason="run finished"
+                    if self.finished
+                    else "stopped"
+                    if self.stopping
+                    else "error",
                     produced=self.produced,
                 )
             )
             self.publisher.flush()
             prompts.close()
             self.control.close()
-            if self.collective is not None:
-                self.collective.close()
+            if self.receiver is not None:
+                self.receiver.close()
+            log.info(
+                "worker %d: %d redelivered prompts were already published, %d logged partial "
+                "samples continued",
+                self.worker_id,
+                self.recovery.skipped,
+                self.recovery.resumed,
+            )
         return self.produced

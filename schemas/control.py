@@ -1,9 +1,10 @@
 """Weight-version events on the ``control`` topic (DESIGN.md section 4).
 
 Each event is a typed dataclass; on the wire it is a one-row Arrow batch whose schema is
-derived from the dataclass fields (tag ``control.<EventName>/1``). Every event carries the run
+derived from the dataclass fields (tag ``control.<EventName>/2``). Every event carries the run
 id, the wall-clock time and the version it is about, so the control history of a run can be
-read back and a stuck sync diagnosed from the log alone. ``worker`` is -1 for the trainer.
+read back and a stuck sync diagnosed from the log alone. ``worker`` is -1 for the trainer;
+``incarnation`` names one process lifetime of a worker (a restarted worker has a new one).
 
 A sync, in events:
 1. trainer  SyncRequested(version=v+1)   after update k with k % trigger_parameter_sync_step == 0
@@ -33,7 +34,7 @@ from asyncrl.schemas.codec import (
     with_tag,
 )
 
-VERSION = 1
+VERSION = 2  # 2: incarnation on every event; WeightsPublished names its receivers
 TRAINER = -1
 
 _ARROW_TYPES: dict[Any, pa.DataType] = {
@@ -55,6 +56,8 @@ class ControlEvent:
     version: int
     worker: int = TRAINER
     ts: float = field(default_factory=time.time)
+    incarnation: str = ""
+    """The publishing worker process's id ("" for the trainer)."""
 
     registry: ClassVar[dict[str, type[ControlEvent]]] = {}
 
@@ -80,7 +83,9 @@ class ControlEvent:
 
 @dataclass
 class WorkerStarted(ControlEvent):
-    """A rollout worker is up and waiting for its first weights."""
+    """A rollout worker is up and waiting for its first weights. Repeated every few seconds
+    until the trainer accepts it into the weight collective; a new ``incarnation`` of a known
+    worker means the old process is gone."""
 
 
 @dataclass
@@ -116,6 +121,10 @@ class WeightsPublished(ControlEvent):
     buckets: int = 0
     checksum: str = ""
     step: int = 0
+    incarnations: list[str] = field(default_factory=list)
+    """The worker incarnations that received these weights (a sync: all; a join: one)."""
+    consumed: dict[str, int] = field(default_factory=dict)
+    """Samples consumed per worker id so far (a joining worker's staleness count needs it)."""
 
 
 @dataclass

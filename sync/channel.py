@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TypeVar
 
 from asyncrl.ops.config import RunConfig
@@ -31,11 +32,14 @@ class ControlChannel:
         publisher: Publisher,
         worker: int = ev.TRAINER,
         timeout_s: float | None = None,
+        incarnation: str = "",
     ) -> None:
         self.cfg = cfg
         self.topic = cfg.topic("control")
         self.publisher = publisher
         self.worker = worker
+        self.incarnation = incarnation
+        """Stamped on every event this process publishes (workers; "" for the trainer)."""
         self.timeout_s = timeout_s if timeout_s is not None else cfg.sync.timeout_s
         self.reader: Reader[ev.ControlEvent] = Reader(
             cfg.kafka,
@@ -55,6 +59,8 @@ class ControlChannel:
         self._started = True
 
     def publish(self, event: ev.ControlEvent, flush: bool = True) -> None:
+        if self.incarnation and not event.incarnation:
+            event.incarnation = self.incarnation
         self.publisher.publish(
             self.topic,
             self.cfg.run_id,
@@ -78,8 +84,10 @@ class ControlChannel:
         version: int | None = None,
         worker: int | None = None,
         timeout_s: float | None = None,
+        where: Callable[[E], bool] | None = None,
     ) -> E:
-        """Block until an event of ``kind`` (optionally for a version/worker) arrives."""
+        """Block until an event of ``kind`` (optionally for a version/worker, or passing
+        ``where``) arrives."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
         kept: list[ev.ControlEvent] = []
         try:
@@ -90,6 +98,7 @@ class ControlChannel:
                         isinstance(event, kind)
                         and (version is None or event.version == version)
                         and (worker is None or event.worker == worker)
+                        and (where is None or where(event))
                     ):
                         return event
                     kept.append(event)

@@ -1,19 +1,34 @@
-"""The weight collective: the trainer (rank 0) broadcasts its weights to every rollout worker.
+"""The weight collective: the trainer sends its weights to each rollout worker over a pair group.
 
-One process group is created once per run and reused for every sync (a rendezvous costs
-seconds; a sync should cost only the bytes). Each sync first checks that every rank derived
-the same manifest and bucket plan (a 32-byte digest plus the bucket size, all-gathered), so a
-mismatch is a clear error on every rank rather than a hang or silently scrambled weights.
-Then each bucket is one ``dist.broadcast``; the sender packs bucket i+1 while bucket i is on
-the wire, and the receivers unpack bucket i while bucket i+1 arrives (two buffers each side).
-Buckets holding a single contiguous tensor are sent and received in place, without packing.
+Why pairs, not one group of every process: a torch.distributed group has a fixed membership
+formed once, so a worker that crashes and restarts (or one added mid-run) could never rejoin.
+Here the trainer hosts a rendezvous store; each worker *incarnation* (one process lifetime,
+named by a random id it announces in WorkerStarted) forms its own two-process group with the
+trainer under a key of its own. A restart forms a new pair and receives the current weights
+like a start-up; a dead worker's pair fails fast ("connection closed by peer") and is dropped,
+without touching the others.
+
+Joining, in order: the worker connects to the store and announces itself (WorkerStarted on
+``control``, repeated every few seconds until answered, since the trainer may not be reading
+yet); the trainer sets ``accept/<worker>/<incarnation>`` and builds its end of the pair; the
+worker sees the key and builds its end.
+
+A transfer first checks that both ends derived the same manifest and bucket plan (a 32-byte
+digest plus the bucket size, all-gathered on the pair), so a mismatch is a clear error on both
+sides rather than a hang or silently scrambled weights. Then each bucket is one broadcast per
+pair, posted to every pair at once; the sender packs bucket i+1 while bucket i is on the wire
+and the receiver unpacks bucket i while bucket i+1 arrives (two buffers each side). Buckets
+holding a single contiguous tensor are sent and received in place, without packing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal
 
@@ -32,10 +47,19 @@ from .buckets import (
     weight_manifest,
 )
 
-__all__ = ["ManifestMismatchError", "TransferStats", "WeightCollective"]
+__all__ = [
+    "BroadcastResult",
+    "ManifestMismatchError",
+    "TransferStats",
+    "WeightReceiver",
+    "WeightSender",
+]
+
+log = logging.getLogger(__name__)
 
 Backend = Literal["auto", "gloo", "nccl"]
 _HEADER_BYTES = 32 + 8  # sha256 digest of the manifest + bucket_bytes as int64 little-endian
+_ANNOUNCE_EVERY_S = 2.0
 
 
 class ManifestMismatchError(RuntimeError):
@@ -44,7 +68,7 @@ class ManifestMismatchError(RuntimeError):
 
 @dataclass
 class TransferStats:
-    """What one sync moved and how long it took (digest check included)."""
+    """What one transfer moved (per receiver) and how long it took (digest check included)."""
 
     bytes: int
     seconds: float
@@ -57,179 +81,124 @@ class TransferStats:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
 
 
-class WeightCollective:
-    """A persistent torch.distributed group between the trainer (rank 0) and the workers."""
+@dataclass
+class BroadcastResult:
+    """A send to several workers: who got the weights, and why the others did not."""
+
+    stats: TransferStats
+    delivered: dict[int, str] = field(default_factory=dict)
+    """worker -> incarnation, for every pair that received every bucket."""
+    failed: dict[int, str] = field(default_factory=dict)
+    """worker -> error; these pairs are closed (the worker must join again)."""
+
+
+def _resolve_backend(backend: Backend, device: torch.device) -> str:
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"sync.backend must be auto, gloo or nccl, got {backend!r}")
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError(f"sync.backend=nccl needs a CUDA device, got {device}")
+    return backend
+
+
+class _Pair:
+    """A two-process group (trainer rank 0, worker rank 1) built directly on the store."""
 
     def __init__(
         self,
+        store: dist.Store,
+        key: str,
         rank: int,
-        world_size: int,
+        backend: str,
+        device: torch.device,
+        timeout_s: float,
+        op_timeout_s: float,
+    ) -> None:
+        prefixed = dist.PrefixStore(f"pair/{key}/", store)
+        timeout = timedelta(seconds=timeout_s)
+        if backend == "gloo":
+            self.pg: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
+        else:  # pragma: no cover - needs two CUDA processes
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, 2, opts)
+        self.pg.set_timeout(timedelta(seconds=op_timeout_s))
+        self.device = device
+
+    def broadcast(self, tensor: Tensor) -> dist.Work:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        return self.pg.broadcast([tensor], opts)
+
+    def exchange(self, data: bytes) -> tuple[bytes, bytes]:
+        """Both ends' bytes (rank 0's first): lengths first, then the padded payloads."""
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        sizes = [torch.empty_like(size) for _ in range(2)]
+        self.pg.allgather([sizes], [size]).wait()
+        longest = max(int(s.item()) for s in sizes)
+        mine = torch.zeros(max(longest, 1), dtype=torch.uint8, device=self.device)
+        mine[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+        both = [torch.empty_like(mine) for _ in range(2)]
+        self.pg.allgather([both], [mine]).wait()
+        a, b = (bytes(t[: int(s.item())].cpu().tolist()) for t, s in zip(both, sizes, strict=True))
+        return a, b
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # a pair whose peer is gone may refuse it
+            self.pg.shutdown()
+
+
+class _Endpoint:
+    """What both ends share: backend, device, the two reusable byte buffers, manifest checks."""
+
+    role = "?"
+
+    def __init__(
+        self,
         master_addr: str,
         master_port: int,
         backend: Backend = "auto",
         device: torch.device | str = "cpu",
         timeout_s: float = 300.0,
     ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
-        if backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"sync.backend must be auto, gloo or nccl, got {backend!r}")
-        self.rank = rank
-        self.world_size = world_size
+        self.device = torch.device(device)
+        self.backend = _resolve_backend(backend, self.device)
         self.master_addr = master_addr
         self.master_port = master_port
-        self.device = torch.device(device)
-        if backend == "auto":
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-        if backend == "nccl" and self.device.type != "cuda":
-            raise ValueError(f"sync.backend=nccl needs a CUDA device, got {self.device}")
-        self.backend: str = backend
         self.timeout_s = timeout_s
-        self._group: dist.ProcessGroup | None = None
-        self._buffers: list[Tensor] = []  # two byte buffers, kept across syncs
+        self._store: dist.TCPStore | None = None
+        self._buffers: list[Tensor] = []
 
-    # --- lifecycle ------------------------------------------------------------------------
-    def init(self) -> None:
-        """Rendezvous with every other rank (blocks until all world_size ranks have joined)."""
-        if self._group is not None:
-            return
-        if dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is already initialised in this process; the weight "
-                "collective needs its own default process group"
-            )
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        try:
-            dist.init_process_group(
-                backend=self.backend,
-                init_method=f"tcp://{self.master_addr}:{self.master_port}",
-                rank=self.rank,
-                world_size=self.world_size,
-                timeout=timedelta(seconds=self.timeout_s),
-            )
-        except Exception as err:
-            raise RuntimeError(
-                f"weight collective rendezvous failed (rank {self.rank}/{self.world_size}, "
-                f"{self.backend}, tcp://{self.master_addr}:{self.master_port}, "
-                f"timeout {self.timeout_s:g} s): {type(err).__name__}: {err}. Check that "
-                f"sync.master_addr/sync.master_port are the same on the trainer and every "
-                f"worker, that the port is free on the trainer host, and that all "
-                f"{self.world_size} processes started (sync.timeout_s bounds the wait)."
-            ) from err
-        self._group = dist.group.WORLD
-
-    def close(self) -> None:
-        """Tear the group down (every rank should call it)."""
-        self._buffers = []
-        if self._group is not None:
-            self._group = None
-            if dist.is_initialized():
-                dist.destroy_process_group()
-
-    def __enter__(self) -> WeightCollective:
-        self.init()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # --- transfers ------------------------------------------------------------------------
-    def broadcast_from(
-        self, model: nn.Module | Mapping[str, Tensor], bucket_bytes: int
-    ) -> TransferStats:
-        """Trainer side: send every weight of ``model`` to all other ranks."""
-        if self.rank != 0:
-            raise RuntimeError(f"broadcast_from is for rank 0 (the trainer), this is {self.rank}")
-        start = time.perf_counter()
-        tensors, manifest, buckets = self._prepare(model, bucket_bytes)
-        bufs = self._ensure_buffers(buckets, tensors)
-        pending: list[dist.Work | None] = [None, None]
-        for i, bucket in enumerate(buckets):
-            slot = i % 2
-            if pending[slot] is not None:
-                pending[slot].wait()  # this buffer was sent two buckets ago: free to refill
-                pending[slot] = None
-            wire = self._direct(bucket, tensors)
-            if wire is None:
-                flat = pack(bucket, tensors, out=_typed(bufs[slot], bucket))
-                wire = flat.view(torch.uint8)
-            pending[slot] = dist.broadcast(wire, src=0, group=self._group, async_op=True)
-        for work in pending:
-            if work is not None:
-                work.wait()
-        self._sync_device()
-        return self._stats(start, manifest, buckets)
-
-    def receive_into(
-        self, model: nn.Module | Mapping[str, Tensor], bucket_bytes: int
-    ) -> TransferStats:
-        """Worker side: receive the trainer's weights into ``model``'s tensors, in place."""
-        if self.rank == 0:
-            raise RuntimeError("receive_into is for the workers (rank >= 1); rank 0 sends")
-        start = time.perf_counter()
-        tensors, manifest, buckets = self._prepare(model, bucket_bytes)
-        bufs = self._ensure_buffers(buckets, tensors)
-        # posted[j] = (bucket, work, flat buffer to unpack or None when received in place)
-        posted: list[tuple[Bucket, dist.Work, Tensor | None]] = []
-
-        def post(i: int) -> None:
-            bucket = buckets[i]
-            wire = self._direct(bucket, tensors)
-            flat = None
-            if wire is None:
-                flat = _typed(bufs[i % 2], bucket)
-                wire = flat.view(torch.uint8)
-            work = dist.broadcast(wire, src=0, group=self._group, async_op=True)
-            posted.append((bucket, work, flat))
-
-        if buckets:
-            post(0)
-        for i in range(len(buckets)):
-            if i + 1 < len(buckets):
-                post(i + 1)  # its buffer slot was released when bucket i-1 was unpacked
-            bucket, work, flat = posted[i]
-            work.wait()
-            if flat is not None:
-                unpack(bucket, flat, tensors)
-        self._sync_device()
-        return self._stats(start, manifest, buckets)
-
-    # --- internals ------------------------------------------------------------------------
     def _prepare(
         self, model: nn.Module | Mapping[str, Tensor], bucket_bytes: int
     ) -> tuple[dict[str, Tensor], list[TensorSpec], list[Bucket]]:
-        if self._group is None:
-            raise RuntimeError("WeightCollective.init() must be called before a transfer")
-        bucket_bytes = int(bucket_bytes)
         tensors = named_tensors(model)
         manifest = weight_manifest(tensors)
-        self._verify_manifest(manifest, bucket_bytes)
-        return tensors, manifest, plan_buckets(manifest, bucket_bytes)
+        return tensors, manifest, plan_buckets(manifest, int(bucket_bytes))
 
-    def _verify_manifest(self, manifest: list[TensorSpec], bucket_bytes: int) -> None:
-        """All-gather (digest, bucket_bytes) so every rank knows whether every rank agrees."""
-        header = bytes.fromhex(manifest_digest(manifest)) + bucket_bytes.to_bytes(8, "little")
-        mine = torch.tensor(list(header), dtype=torch.uint8, device=self.device)
-        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(gathered, mine, group=self._group)
-        rows = [bytes(t.cpu().tolist()) for t in gathered]
-        bad = [r for r, row in enumerate(rows) if row != rows[0]]
-        if not bad:
+    def _verify_manifest(
+        self, pair: _Pair, manifest: list[TensorSpec], bucket_bytes: int, worker: int
+    ) -> None:
+        """Exchange (digest, bucket_bytes) on the pair; on a mismatch both ends raise."""
+        header = bytes.fromhex(manifest_digest(manifest)) + int(bucket_bytes).to_bytes(8, "little")
+        trainer_row, worker_row = pair.exchange(header)
+        if trainer_row == worker_row:
             return
-        # Everyone saw the mismatch, so everyone joins this second (rare) exchange of details.
-        summary = [(s.name, s.aliases, s.shape, str(s.dtype)) for s in manifest]
-        everyone: list[list | None] = [None] * self.world_size
-        dist.all_gather_object(everyone, summary, group=self._group)
+        # Both ends saw the mismatch, so both join this second (rare) exchange of details.
+        summary = json.dumps([(s.name, s.aliases, s.shape, str(s.dtype)) for s in manifest])
+        a, b = pair.exchange(summary.encode())
         details = []
-        for r in bad:
-            sizes = int.from_bytes(rows[r][32:], "little"), int.from_bytes(rows[0][32:], "little")
-            if sizes[0] != sizes[1]:
-                details.append(f"rank {r} uses bucket_bytes={sizes[0]}, trainer {sizes[1]}")
-            details.extend(_diff(everyone[0] or [], everyone[r] or [], r))
+        sizes = (
+            int.from_bytes(worker_row[32:], "little"),
+            int.from_bytes(trainer_row[32:], "little"),
+        )
+        if sizes[0] != sizes[1]:
+            details.append(f"worker {worker} uses bucket_bytes={sizes[0]}, trainer {sizes[1]}")
+        details.extend(_diff(json.loads(a), json.loads(b), worker))
         raise ManifestMismatchError(
-            f"weight manifest mismatch (this is rank {self.rank}); the trainer (rank 0) and "
-            f"rank(s) {bad} would transfer different tensors:\n  "
+            f"weight manifest mismatch (this is the {self.role}); the trainer and worker "
+            f"{worker} would transfer different tensors:\n  "
             + "\n  ".join(details[:20])
             + ("\n  ..." if len(details) > 20 else "")
         )
@@ -257,15 +226,256 @@ class WeightCollective:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
-    def _stats(
-        self, start: float, manifest: list[TensorSpec], buckets: list[Bucket]
-    ) -> TransferStats:
-        return TransferStats(
-            bytes=sum(s.nbytes for s in manifest),
-            seconds=time.perf_counter() - start,
-            buckets=len(buckets),
-            tensors=len(manifest),
+    def _rendezvous_error(self, what: str, err: Exception) -> RuntimeError:
+        return RuntimeError(
+            f"weight collective: {what} failed ({self.backend}, "
+            f"{self.master_addr}:{self.master_port}, timeout {self.timeout_s:g} s): "
+            f"{type(err).__name__}: {err}. Check that sync.master_addr/sync.master_port "
+            "name the trainer's host and a port free there, the same for the trainer and "
+            "every worker, and that the trainer is running (sync.timeout_s bounds the wait)."
         )
+
+
+class WeightSender(_Endpoint):
+    """The trainer's end: hosts the rendezvous store and one pair per joined worker."""
+
+    role = "trainer"
+
+    def __init__(self, *args, join_timeout_s: float = 10.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.join_timeout_s = min(join_timeout_s, self.timeout_s)
+        self._pairs: dict[int, tuple[str, _Pair]] = {}
+
+    def start(self) -> None:
+        """Listen on master_port (the workers connect to it)."""
+        if self._store is not None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        try:
+            self._store = dist.TCPStore(
+                self.master_addr,
+                self.master_port,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=self.timeout_s),
+            )
+        except Exception as err:
+            raise self._rendezvous_error("hosting the rendezvous store", err) from err
+
+    @property
+    def members(self) -> dict[int, str]:
+        """worker -> incarnation of every connected worker."""
+        return {w: inc for w, (inc, _) in self._pairs.items()}
+
+    def connect(self, worker: int, incarnation: str) -> bool:
+        """Accept a worker incarnation's announcement and build the pair; False if it never came.
+
+        A previous incarnation of the same worker is dropped (it is dead: a live worker never
+        announces twice with different ids).
+        """
+        if self._store is None:
+            raise RuntimeError("WeightSender.start() must be called before connect()")
+        if self._pairs.get(worker, ("", None))[0] == incarnation:
+            return True
+        self.disconnect(worker)
+        key = f"{worker}/{incarnation}"
+        self._store.set(f"accept/{key}", "1")
+        try:
+            pair = _Pair(
+                self._store,
+                key,
+                0,
+                self.backend,
+                self.device,
+                self.join_timeout_s,
+                self.timeout_s,
+            )
+        except Exception as err:
+            log.warning("worker %d (%s) did not complete the join: %s", worker, incarnation, err)
+            return False
+        self._pairs[worker] = (incarnation, pair)
+        return True
+
+    def disconnect(self, worker: int) -> None:
+        entry = self._pairs.pop(worker, None)
+        if entry is not None:
+            entry[1].close()
+
+    def broadcast(
+        self,
+        model: nn.Module | Mapping[str, Tensor],
+        bucket_bytes: int,
+        workers: Iterable[int] | None = None,
+    ) -> BroadcastResult:
+        """Send every weight of ``model`` to ``workers`` (default: every connected worker).
+
+        A pair that fails (its worker died) is closed and reported, the others go on. A
+        manifest mismatch is a configuration error and raises.
+        """
+        start = time.perf_counter()
+        tensors, manifest, buckets = self._prepare(model, bucket_bytes)
+        targets = (
+            sorted(self._pairs) if workers is None else sorted(set(workers) & set(self._pairs))
+        )
+        live: dict[int, _Pair] = {}
+        failed: dict[int, str] = {}
+        for w in targets:
+            try:
+                self._verify_manifest(self._pairs[w][1], manifest, bucket_bytes, w)
+                live[w] = self._pairs[w][1]
+            except ManifestMismatchError:
+                raise
+            except Exception as err:
+                failed[w] = f"{type(err).__name__}: {err}"
+        bufs = self._ensure_buffers(buckets, tensors)
+        pending: list[list[tuple[int, dist.Work]]] = [[], []]
+
+        def settle(slot: int) -> None:
+            for w, work in pending[slot]:
+                try:
+                    work.wait()
+                except Exception as err:
+                    failed[w] = f"{type(err).__name__}: {err}"
+                    live.pop(w, None)
+            pending[slot] = []
+
+        for i, bucket in enumerate(buckets):
+            if not live:
+                break
+            slot = i % 2
+            settle(slot)  # this buffer was sent two buckets ago: free to refill
+            wire = self._direct(bucket, tensors)
+            if wire is None:
+                flat = pack(bucket, tensors, out=_typed(bufs[slot], bucket))
+                wire = flat.view(torch.uint8)
+            for w, pair in list(live.items()):
+                try:
+                    pending[slot].append((w, pair.broadcast(wire)))
+                except Exception as err:
+                    failed[w] = f"{type(err).__name__}: {err}"
+                    live.pop(w)
+        settle(0)
+        settle(1)
+        self._sync_device()
+        for w, why in failed.items():
+            log.warning("weights not delivered to worker %d (pair closed): %s", w, why)
+            self.disconnect(w)
+        delivered = {w: self._pairs[w][0] for w in live if w in self._pairs}
+        return BroadcastResult(_stats(start, manifest, buckets), delivered, failed)
+
+    def close(self) -> None:
+        for w in list(self._pairs):
+            self.disconnect(w)
+        self._buffers = []
+        self._store = None
+
+    def __enter__(self) -> WeightSender:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class WeightReceiver(_Endpoint):
+    """A worker's end: one pair with the trainer for this process's lifetime."""
+
+    role = "worker"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._pair: _Pair | None = None
+        self.worker = -1
+
+    def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
+        """Connect to the trainer's store and form this incarnation's pair.
+
+        ``announce`` publishes WorkerStarted; it is called again every couple of seconds until
+        the trainer accepts, since the trainer may not have been reading the first time.
+        """
+        if self._pair is not None:
+            return
+        self.worker = worker
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        try:
+            store = dist.TCPStore(
+                self.master_addr,
+                self.master_port,
+                is_master=False,
+                timeout=timedelta(seconds=self.timeout_s),
+            )
+        except Exception as err:
+            raise self._rendezvous_error("connecting to the trainer's store", err) from err
+        key = f"{worker}/{incarnation}"
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            announce()
+            try:
+                store.wait([f"accept/{key}"], timedelta(seconds=_ANNOUNCE_EVERY_S))
+                break
+            except Exception as err:  # not accepted yet: announce again
+                if time.monotonic() > deadline:
+                    raise self._rendezvous_error(
+                        f"worker {worker} waiting to be accepted by the trainer", err
+                    ) from err
+        try:
+            self._pair = _Pair(
+                store, key, 1, self.backend, self.device, self.timeout_s, self.timeout_s
+            )
+        except Exception as err:
+            raise self._rendezvous_error(f"worker {worker} forming its pair", err) from err
+
+    def receive_into(
+        self, model: nn.Module | Mapping[str, Tensor], bucket_bytes: int
+    ) -> TransferStats:
+        """Receive the trainer's next transfer into ``model``'s tensors, in place."""
+        if self._pair is None:
+            raise RuntimeError("WeightReceiver.join() must be called before a transfer")
+        pair = self._pair
+        start = time.perf_counter()
+        tensors, manifest, buckets = self._prepare(model, bucket_bytes)
+        self._verify_manifest(pair, manifest, bucket_bytes, self.worker)
+        bufs = self._ensure_buffers(buckets, tensors)
+        # posted[j] = (bucket, work, flat buffer to unpack or None when received in place)
+        posted: list[tuple[Bucket, dist.Work, Tensor | None]] = []
+
+        def post(i: int) -> None:
+            bucket = buckets[i]
+            wire = self._direct(bucket, tensors)
+            flat = None
+            if wire is None:
+                flat = _typed(bufs[i % 2], bucket)
+                wire = flat.view(torch.uint8)
+            posted.append((bucket, pair.broadcast(wire), flat))
+
+        if buckets:
+            post(0)
+        for i in range(len(buckets)):
+            if i + 1 < len(buckets):
+                post(i + 1)  # its buffer slot was released when bucket i-1 was unpacked
+            bucket, work, flat = posted[i]
+            work.wait()
+            if flat is not None:
+                unpack(bucket, flat, tensors)
+        self._sync_device()
+        return _stats(start, manifest, buckets)
+
+    def close(self) -> None:
+        self._buffers = []
+        if self._pair is not None:
+            self._pair.close()
+            self._pair = None
+
+
+def _stats(start: float, manifest: list[TensorSpec], buckets: list[Bucket]) -> TransferStats:
+    return TransferStats(
+        bytes=sum(s.nbytes for s in manifest),
+        seconds=time.perf_counter() - start,
+        buckets=len(buckets),
+        tensors=len(manifest),
+    )
 
 
 def _typed(buf: Tensor, bucket: Bucket) -> Tensor:
@@ -273,19 +483,19 @@ def _typed(buf: Tensor, bucket: Bucket) -> Tensor:
     return buf[: bucket.nbytes].view(bucket.dtype)
 
 
-def _diff(ref: list, other: list, rank: int) -> list[str]:
+def _diff(ref: list, other: list, worker: int) -> list[str]:
     """Human-readable differences between the trainer's manifest summary and a worker's."""
     a = {row[0]: row for row in ref}
     b = {row[0]: row for row in other}
     out = []
     for name in sorted(a.keys() - b.keys()):
-        out.append(f"{name}: on the trainer, missing on rank {rank}")
+        out.append(f"{name}: on the trainer, missing on worker {worker}")
     for name in sorted(b.keys() - a.keys()):
-        out.append(f"{name}: on rank {rank}, not on the trainer")
+        out.append(f"{name}: on worker {worker}, not on the trainer")
     for name in sorted(a.keys() & b.keys()):
         (_, ta, sa, da), (_, tb, sb, db) = a[name], b[name]
         if (sa, da) != (sb, db):
-            out.append(f"{name}: trainer {da} {list(sa)}, rank {rank} {db} {list(sb)}")
+            out.append(f"{name}: trainer {da} {list(sa)}, worker {worker} {db} {list(sb)}")
         elif ta != tb:
-            out.append(f"{name}: tied to {list(ta)} on the trainer, {list(tb)} on rank {rank}")
-    return out or [f"rank {rank}: manifests differ in order"]
+            out.append(f"{name}: tied to {list(ta)} on the trainer, {list(tb)} on worker {worker}")
+    return out or [f"worker {worker}: manifests differ in order"]

@@ -111,8 +111,14 @@ def test_versions_match_weights_and_syncs_are_bit_exact(make_run_cfg, demo_polic
     events = _control(cfg)
     published = [e for e in events if isinstance(e, ev.WeightsPublished)]
     loaded = [e for e in events if isinstance(e, ev.WeightsLoaded)]
-    assert len(published) == 4  # start-up + 3 syncs (the last step ends the run)
-    assert Counter(e.version for e in loaded) == {e.version: 2 for e in published}
+    # Each worker is sent the weights when it joins, then 3 syncs reach both (the last step
+    # ends the run); every transfer names the incarnations it reached.
+    joins = [e for e in published if len(e.incarnations) == 1]
+    syncs = [e for e in published if len(e.incarnations) == 2]
+    assert [e.version for e in joins] == [0, 0] and len(set(e.incarnations[0] for e in joins)) == 2
+    assert [e.version for e in syncs] == [1, 2, 3]
+    assert all(set(e.incarnations) == {j.incarnations[0] for j in joins} for e in syncs)
+    assert Counter(e.version for e in loaded) == {v: 2 for v in range(4)}
     assert all(e.checksum_ok for e in loaded)
 
     samples = [r.value for r in read_topic(cfg, "samples")]

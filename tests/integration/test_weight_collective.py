@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
+import signal
 import socket
 import time
 import traceback
@@ -19,7 +21,12 @@ import torch
 from torch import nn
 
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.collective import ManifestMismatchError, TransferStats, WeightCollective
+from asyncrl.sync.collective import (
+    ManifestMismatchError,
+    TransferStats,
+    WeightReceiver,
+    WeightSender,
+)
 
 PROCESS_DEADLINE_S = 30.0  # hang guard only: a normal run takes 2-7 s, even on a busy box
 COLLECTIVE_TIMEOUT_S = 12.0
@@ -59,26 +66,34 @@ def _free_port() -> int:
 def _worker(
     rank: int, world_size: int, port: int, scenario: str, out: str, device: str, backend: str
 ) -> None:
-    """One rank: rank 0 sends, the others receive; results go to files in ``out``."""
+    """One process: rank 0 is the trainer (sends), the others are workers (receive); results
+    go to files in ``out``."""
     torch.set_num_threads(1)
     result: dict = {"rank": rank, "checksums": [], "initial": None, "error": None, "stats": []}
     outdir = Path(out)
-    coll = WeightCollective(
-        rank, world_size, "127.0.0.1", port, backend, torch.device(device), COLLECTIVE_TIMEOUT_S
-    )
+    args = ("127.0.0.1", port, backend, torch.device(device), COLLECTIVE_TIMEOUT_S)
+    end = WeightSender(*args) if rank == 0 else WeightReceiver(*args)
     try:
         torch.manual_seed(0 if rank == 0 else 1000 + rank)
         dim = 48 if scenario == "mismatch" and rank == world_size - 1 else 32
         model = Small(dim=dim).to(device)
         result["initial"] = weights_checksum(model)
-        coll.init()
+        if isinstance(end, WeightSender):
+            end.start()
+            for w in range(world_size - 1):
+                assert end.connect(w, f"inc{w}")
+        else:
+            end.join(rank - 1, f"inc{rank - 1}", announce=lambda: None)
         rounds = ROUND_BUCKET_BYTES if scenario == "rounds" else ROUND_BUCKET_BYTES[:1]
         for k, bucket_bytes in enumerate(rounds):
-            if rank == 0:
+            if isinstance(end, WeightSender):
                 _perturb(model, seed=k)  # the trainer's weights change between syncs
-                stats = coll.broadcast_from(model, bucket_bytes)
+                sent = end.broadcast(model, bucket_bytes)
+                assert not sent.failed, sent.failed
+                assert sorted(sent.delivered) == list(range(world_size - 1))
+                stats = sent.stats
             else:
-                stats = coll.receive_into(model, bucket_bytes)
+                stats = end.receive_into(model, bucket_bytes)
             assert model.head.weight is model.embed.weight
             result["stats"].append(vars(stats))
             result["checksums"].append(weights_checksum(model))
@@ -89,7 +104,7 @@ def _worker(
     except Exception:
         result["error"] = traceback.format_exc()
     finally:
-        coll.close()
+        end.close()
     (outdir / f"rank{rank}.json").write_text(json.dumps(result))
 
 
@@ -156,27 +171,77 @@ def test_manifest_mismatch_fails_on_both_sides(tmp_path: Path) -> None:
         assert r["error"] and r["error"].startswith("ManifestMismatchError"), r["error"]
         assert "weight manifest mismatch" in r["error"]
         assert (
-            "embed.weight: trainer torch.float32 [64, 32], rank 1 torch.float32 [64, 48]"
+            "embed.weight: trainer torch.float32 [64, 32], worker 0 torch.float32 [64, 48]"
             in (r["error"])
         )
 
 
-def test_rendezvous_timeout_names_master_port() -> None:
-    # rank 1 of 2 with nobody listening on the port: must fail fast with a useful message
-    coll = WeightCollective(1, 2, "127.0.0.1", _free_port(), "gloo", torch.device("cpu"), 1.0)
+def _rejoining_worker(port: int, incarnation: str, die: bool, out: str) -> None:
+    """A worker incarnation: joins, receives once, then either dies (SIGKILL) or receives again."""
+    torch.set_num_threads(1)
+    torch.manual_seed(7)
+    model = Small()
+    rx = WeightReceiver("127.0.0.1", port, "gloo", torch.device("cpu"), COLLECTIVE_TIMEOUT_S)
+    rx.join(0, incarnation, announce=lambda: None)
+    rx.receive_into(model, 4096)
+    checksums = [weights_checksum(model)]
+    if die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    rx.receive_into(model, 4096)
+    checksums.append(weights_checksum(model))
+    Path(out, f"{incarnation}.json").write_text(json.dumps(checksums))
+    rx.close()
+
+
+def test_killed_worker_is_dropped_and_its_restart_rejoins(tmp_path: Path) -> None:
+    """A pair whose worker died fails fast and alone; a new incarnation forms a new pair."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    model = Small()
+    with WeightSender("127.0.0.1", port, "gloo", "cpu", COLLECTIVE_TIMEOUT_S) as tx:
+        first = ctx.Process(target=_rejoining_worker, args=(port, "a", True, str(tmp_path)))
+        first.start()
+        assert tx.connect(0, "a")
+        sent = [weights_checksum(model)]
+        assert tx.broadcast(model, 4096).delivered == {0: "a"}
+        first.join(PROCESS_DEADLINE_S)
+        assert first.exitcode == -signal.SIGKILL
+        _perturb(model, seed=1)
+        t0 = time.monotonic()
+        lost = tx.broadcast(model, 4096)
+        assert time.monotonic() - t0 < COLLECTIVE_TIMEOUT_S / 2  # fails fast, no timeout wait
+        assert list(lost.failed) == [0] and not lost.delivered
+        assert tx.members == {}  # the dead pair is closed
+
+        second = ctx.Process(target=_rejoining_worker, args=(port, "b", False, str(tmp_path)))
+        second.start()
+        assert tx.connect(0, "b")
+        assert tx.broadcast(model, 4096).delivered == {0: "b"}
+        sent.append(weights_checksum(model))
+        _perturb(model, seed=2)
+        assert tx.broadcast(model, 4096).delivered == {0: "b"}
+        sent.append(weights_checksum(model))
+        second.join(PROCESS_DEADLINE_S)
+        assert second.exitcode == 0
+    assert json.loads((tmp_path / "b.json").read_text()) == sent[1:]
+
+
+def test_join_times_out_naming_master_port() -> None:
+    # a worker with nobody listening on the port: must fail fast with a useful message
+    rx = WeightReceiver("127.0.0.1", _free_port(), "gloo", torch.device("cpu"), 1.0)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="sync.master_port"):
-        coll.init()
+        rx.join(0, "x", announce=lambda: None)
     assert time.monotonic() - start < 15
 
 
-def test_wrong_role_is_rejected() -> None:
-    coll = WeightCollective(1, 2, "127.0.0.1", 1, "auto", torch.device("cpu"), 1.0)
-    assert coll.backend == "gloo"
-    with pytest.raises(RuntimeError, match="rank 0"):
-        coll.broadcast_from(Small(), 1024)
+def test_unanswered_join_gives_up_and_backend_is_checked() -> None:
+    with WeightSender("127.0.0.1", _free_port(), "auto", "cpu", 1.0) as tx:
+        assert tx.backend == "gloo"
+        assert not tx.connect(0, "nobody")  # announced, never formed its end: not a member
+        assert tx.members == {}
     with pytest.raises(ValueError, match="nccl"):
-        WeightCollective(0, 2, "127.0.0.1", 1, "nccl", torch.device("cpu"), 1.0)
+        WeightSender("127.0.0.1", 1, "nccl", torch.device("cpu"), 1.0)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,158 @@
+"""A rollout worker killed with SIGKILL mid-run is restarted by ``asyncrl run`` and recovers its
+work from the log: it continues the partial samples it had logged, does not generate again what
+it had published, and at the end every prompt taken is one sample or one logged drop."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from asyncrl.ops.kafka import Reader, raw_decode
+from asyncrl.ops.launcher import run
+from asyncrl.schemas import control as ev
+from tests.helpers import read_topic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+STEPS = 8
+# Two samples at a time, 0.1 s per decoding step and a sync after every 4 samples: each sync
+# interrupts generations, and their continuation takes long enough to be caught mid-way.
+MODE_D = [
+    "async_training.staleness_threshold=0.5",
+    "async_training.partial_rollout=true",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.rollout.max_concurrent_samples=2",
+    "actor_rollout_ref.rollout.emulated_decode_latency_s=0.1",
+    "trainer.test_freq=0",
+    f"trainer.total_training_steps={STEPS}",
+]
+
+
+def _worker_pid(config_path: Path) -> int | None:
+    """The pid of the rollout worker started with ``config_path`` (as a user would find it)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"rollout" in argv and str(config_path).encode() in argv:
+            return int(entry.name)
+    return None
+
+
+def _kill_with_unfinished_partials(cfg, stop: threading.Event, out: dict) -> None:
+    """Freeze the worker right after a sync interrupted samples; SIGKILL it if one of them is
+    still unfinished on the log (else let it go on and try at the next sync)."""
+    bootstrap = cfg.kafka.bootstrap_servers
+    config_path = cfg.run_dir / "config.yaml"
+    with Reader(cfg.kafka, bootstrap, ev.decode_event) as control:
+        while not config_path.exists():  # written after the topics are created
+            time.sleep(0.1)
+        control.assign(cfg.topic("control"))
+        while not stop.is_set():
+            paused = [
+                r.value
+                for r in control.poll(0.05)
+                if isinstance(r.value, ev.RolloutPaused) and r.value.n_partial > 0
+            ]
+            pid = _worker_pid(config_path) if paused else None
+            if pid is None:
+                continue
+            os.kill(pid, signal.SIGSTOP)
+            published = {r.key for r in _raw(cfg, "samples")}
+            logged = {r.key for r in _raw(cfg, "partials")}
+            if logged - published:
+                out["unfinished"] = logged - published
+                out["killed_at_ms"] = int(time.time() * 1000)
+                os.kill(pid, signal.SIGKILL)
+                return
+            os.kill(pid, signal.SIGCONT)
+
+
+def _raw(cfg, name: str):
+    from asyncrl.ops.inspect_log import read_records
+
+    return list(read_records(cfg, cfg.kafka.bootstrap_servers, name))
+
+
+def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg, quick_policy):
+    cfg = make_run_cfg(*quick_policy, *MODE_D)
+    killed: dict = {}
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_with_unfinished_partials, args=(cfg, stop, killed))
+    killer.start()
+    out = io.StringIO()
+    try:
+        summary = run(cfg, Console(file=out, width=200))
+    finally:
+        stop.set()
+        killer.join(30)
+    assert killed, "no sync left an unfinished partial sample to kill the worker over"
+    assert "rollout-0 exited with code -9; restarting it" in out.getvalue()
+    assert summary["step"] == STEPS
+
+    # The restarted worker (a new incarnation) joined and got the weights.
+    events = [r.value for r in read_topic(cfg, "control")]
+    incarnations = {e.incarnation for e in events if isinstance(e, ev.WorkerStarted)}
+    assert len(incarnations) == 2
+    joins = [e for e in events if isinstance(e, ev.WeightsPublished) and len(e.incarnations) == 1]
+    assert len({e.incarnations[0] for e in joins}) == 2
+
+    # Partials unfinished at the kill were continued by the new incarnation from the logged
+    # tokens (the final trajectories extend them), not generated afresh.
+    samples = read_topic(cfg, "samples")
+    by_id = {r.value.sample_id: r for r in samples}
+    partials = {r.value.sample.sample_id: r.value for r in read_topic(cfg, "partials")}
+    log_text = (cfg.run_dir / "logs" / "rollout-0.log").read_text()
+    assert "from the partials log" in log_text
+    ended = [sid for e in events if isinstance(e, ev.SamplesDropped) for sid in e.sample_ids]
+    continued = 0
+    for sid in killed["unfinished"]:
+        if sid not in by_id:
+            assert sid in ended  # interrupted again at the run's last sync
+            continue
+        final, cut = by_id[sid], partials[sid]
+        assert final.timestamp_ms >= killed["killed_at_ms"]
+        for i in cut.interrupted:
+            done, prefix = final.value.trajectories[i], cut.sample.trajectories[i]
+            assert done.response_ids[: len(prefix.response_ids)] == prefix.response_ids
+            assert done.response_logprobs[: len(prefix.response_logprobs)] == (
+                prefix.response_logprobs
+            )
+            continued += 1
+    assert continued > 0
+
+    # Accounting: every prompt the workers' group has consumed is exactly one sample or one
+    # drop logged at the end of the run; nothing is generated twice.
+    ids = [r.value.sample_id for r in samples]
+    assert [sid for sid, n in Counter(ids).items() if n > 1] == []
+    end_drops = [
+        sid
+        for e in events
+        if isinstance(e, ev.SamplesDropped) and e.worker == 0
+        for sid in e.sample_ids
+    ]
+    assert len(end_drops) == len(set(end_drops)) and not set(end_drops) & set(ids)
+    prompts = read_topic(cfg, "prompts")
+    topic = cfg.topic("prompts")
+    with Reader(
+        cfg.kafka, cfg.kafka.bootstrap_servers, raw_decode, group_id=f"{cfg.run_id}.rollout"
+    ) as group:
+        committed = group.committed([(topic, p) for p in {r.partition for r in prompts}])
+    taken = {
+        r.value.sample_id for r in prompts if r.offset < (committed.get((topic, r.partition)) or 0)
+    }
+    assert taken, "the workers' group committed nothing"
+    assert taken <= set(ids) | set(end_drops)
+    assert set(ids) | set(end_drops) <= {r.value.sample_id for r in prompts}
