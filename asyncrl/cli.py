@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="measurements printed side by side from one invocation",
-        description="sync-pause: the same workload in mode (c) and mode (d, partial rollout); "
+        description="sync-pause: the same long-tail workload (sim engine) in mode (c) and mode "
+        "(d, partial rollout); "
         "prints how long syncs waited for the workers to pause, and the throughput of each. "
         "learn: wall time to the target held-out accuracy, colocated sync vs async (c) vs (d).",
     )

@@ -71,6 +71,8 @@ class Trainer:
         )
         _, self.val_problems = make_splits(cfg.data)
         self.num_workers = cfg.actor_rollout_ref.rollout.num_workers
+        self.simulated = cfg.actor_rollout_ref.rollout.name == "sim"
+        """The sim engine's runs model the update's time instead of training (benchmarks)."""
         self.step = 0
         self.version = 0
         self.batcher = SampleBatcher(max_version_lag=cfg.async_training.max_version_lag)
@@ -297,17 +299,20 @@ class Trainer:
 
     # --- one update -----------------------------------------------------------------------------
     def train_step(self, batch: list[Record[Sample]]) -> dict[str, float]:
-        from asyncrl.consumers.update import grpo_update
+        from asyncrl.consumers.update import grpo_update, simulated_update
 
         cfg = self.cfg
-        metrics = grpo_update(
-            self.model,
-            self.optimizer,
-            [r.value for r in batch],
-            cfg,
-            self.device,
-            pad_token_id=self.tokenizer.pad_token_id,
-        )
+        if self.simulated:
+            metrics = simulated_update([r.value for r in batch], cfg)
+        else:
+            metrics = grpo_update(
+                self.model,
+                self.optimizer,
+                [r.value for r in batch],
+                cfg,
+                self.device,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
         stale = [r.value for r in batch if r.value.param_version < self.version]
         metrics["fully_async/count/stale_samples_processed"] = float(len(stale))
         metrics["fully_async/count/stale_trajectory_processed"] = float(
@@ -384,8 +389,9 @@ class Trainer:
         tc = self.cfg.trainer
         at = self.cfg.async_training
         self._start_collective()
+        test_freq = 0 if self.simulated else tc.test_freq  # sim: nothing is learnt
         accuracy = self.history.get("val/accuracy")
-        if accuracy is None and tc.test_freq:
+        if accuracy is None and test_freq:
             accuracy = self.evaluate()
             self.history["val/accuracy_initial"] = accuracy
             self.history["val/accuracy"] = accuracy
@@ -412,7 +418,7 @@ class Trainer:
                         "trainer/queue_size": float(len(self.batcher)),
                     }
                 )
-                if tc.test_freq and self.step % tc.test_freq == 0:
+                if test_freq and self.step % test_freq == 0:
                     accuracy = self.evaluate()
                     metrics["val/accuracy"] = accuracy
                     self.history["val/accuracy"] = accuracy
@@ -442,7 +448,7 @@ class Trainer:
                     self.checkpoint()
                 if synced and self.step < tc.total_training_steps:
                     self.sync()
-            if accuracy is None or "val/accuracy" not in metrics:
+            if not self.simulated and (accuracy is None or "val/accuracy" not in metrics):
                 accuracy = self.evaluate()
                 self.history["val/accuracy"] = accuracy
             self.checkpoint()

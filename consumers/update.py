@@ -82,3 +82,17 @@ def grpo_update(
     metrics["critic/advantages/max"] = float(advantages.max())
     metrics["response_length/mean"] = sum(lengths) / len(lengths)
     return metrics
+
+
+def simulated_update(samples: list[Sample], cfg: RunConfig) -> dict[str, float]:
+    """The ``sim`` engine's counterpart on the trainer: no gradient, only the modelled time
+    (``sim.train_s_per_sample`` per sample) and the batch statistics a real step reports."""
+    import time
+
+    time.sleep(cfg.sim.train_s_per_sample * len(samples))
+    lengths = [len(t.response_ids) for s in samples for t in s.trajectories]
+    rewards = [r for s in samples for r in s.rewards]
+    return {
+        "critic/score/mean": sum(rewards) / len(rewards),
+        "response_length/mean": sum(lengths) / len(lengths),
+    }

@@ -3,9 +3,9 @@
 ``sync-pause``: the same workload in mode (c) and mode (d), one after the other. In mode (c) a
 sync waits for every in-flight sample to finish; in mode (d) it interrupts them between two
 tokens and logs them to ``partials``. The figure of merit is the time the trainer waits from
-SyncRequested until every worker has paused. Generation on this machine is far faster than on
-a real model, so the workload emulates decode latency (``emulated_decode_latency_s``) and keeps
-few samples in flight, so that a sync finds generations under way.
+SyncRequested until every worker has paused. The workload is the ``sim`` engine's long-tail
+response lengths (most responses short, one in ten near ``max_response_length``), the case
+partial rollout exists for: in mode (c) nearly every sync waits for some long response.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from asyncrl.ops.config import RunConfig, load_config
 
 SYNC_PAUSE_DEFAULTS = [
     "async_training.staleness_threshold=0.5",
-    "actor_rollout_ref.rollout.emulated_decode_latency_s=0.05",
-    "actor_rollout_ref.rollout.max_concurrent_samples=2",
+    "actor_rollout_ref.rollout.name=sim",
+    "data.max_response_length=256",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.rollout.max_concurrent_samples=8",
     "trainer.total_training_steps=30",
     "trainer.target_accuracy=null",
     "trainer.test_freq=0",

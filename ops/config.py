@@ -144,8 +144,9 @@ class ActorConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    name: Literal["hf"] = "hf"
-    """Inference engine: hf (transformers on CPU/GPU). vllm/sglang/sim come later."""
+    name: Literal["hf", "sim"] = "hf"
+    """Inference engine: hf (transformers on CPU/GPU), or sim (a latency model for benchmarks,
+    no real generation; see the `sim` section). vllm/sglang come later."""
     n: int = Field(8, ge=1)
     """Trajectories per prompt (the GRPO group size)."""
     temperature: float = Field(1.0, gt=0)
@@ -234,6 +235,23 @@ class SyncConfig(Strict):
     """Workers hash the received weights and compare with the trainer's hash (bit-for-bit check)."""
 
 
+class SimConfig(Strict):
+    """The `sim` engine's latency model (rollout.name=sim): benchmarks of the pipeline at scale."""
+
+    decode_step_s: float = Field(0.004, gt=0)
+    """Modelled time of one decoding step of a replica (each active sequence gets one token)."""
+    capacity: int = Field(64, ge=1)
+    """Sequences one replica (rollout worker) decodes at once; more wait their turn."""
+    long_tail_fraction: float = Field(0.1, ge=0, le=1)
+    """Share of responses that run to 80-100% of data.max_response_length (long-CoT tail)."""
+    short_mean_fraction: float = Field(0.15, gt=0, le=1)
+    """Mean length of the other responses (exponential), as a fraction of max_response_length."""
+    train_s_per_sample: float = Field(0.02, ge=0)
+    """Modelled trainer time per sample (all its trajectories); replaces the GRPO update."""
+    seed: int = 0
+    """Seed of the length draws (each request's length is a function of its id and this)."""
+
+
 class RunConfig(Strict):
     run_id: str = Field("demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
     """Prefix of every topic of the run (run42.samples, ...)."""
@@ -246,6 +264,7 @@ class RunConfig(Strict):
     async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
+    sim: SimConfig = Field(default_factory=SimConfig)
 
     @model_validator(mode="after")
     def _check_partial(self) -> RunConfig:

@@ -130,7 +130,7 @@ class IdleClock:
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, worker_id: int, bootstrap: str) -> None:
         from asyncrl.models.tiny import load_policy
-        from asyncrl.producers.engines.hf import HFEngine
+        from asyncrl.producers.engines.factory import make_engine
         from asyncrl.tasks.arithmetic import score
 
         self.cfg = cfg
@@ -140,14 +140,8 @@ class RolloutWorker:
         self.score = score
         model, self.tokenizer = load_policy(cfg)
         model.eval()
-        self.engine = HFEngine(
-            model,
-            self.tokenizer,
-            temperature=self.rollout.temperature,
-            eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id,
-            seed=cfg.trainer.seed + 1000 * (worker_id + 1),
-            emulated_decode_latency_s=self.rollout.emulated_decode_latency_s,
+        self.engine = make_engine(
+            cfg, model, self.tokenizer, seed=cfg.trainer.seed + 1000 * (worker_id + 1)
         )
         self.incarnation = uuid.uuid4().hex[:12]
         """This process's lifetime; a restarted worker gets a new one (WorkerStarted says it)."""

@@ -1,0 +1,37 @@
+"""One place that turns ``actor_rollout_ref.rollout.name`` into an engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from asyncrl.ops.config import RunConfig
+from asyncrl.producers.engines.base import Engine
+
+
+def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, seed: int) -> Engine:
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name == "hf":
+        from asyncrl.producers.engines.hf import HFEngine
+
+        return HFEngine(
+            model,
+            tokenizer,
+            temperature=rollout.temperature,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            seed=seed,
+            emulated_decode_latency_s=rollout.emulated_decode_latency_s,
+        )
+    if rollout.name == "sim":
+        from asyncrl.producers.engines.sim import SimEngine
+
+        return SimEngine(
+            model,
+            cfg.sim,
+            vocab_size=len(tokenizer),
+            eos_token_id=tokenizer.eos_token_id,
+            seed=seed,
+        )
+    raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} has no engine")

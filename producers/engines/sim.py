@@ -1,0 +1,129 @@
+"""The ``sim`` engine: a latency model of GPU generation, for benchmarking the pipeline.
+
+A fake, on purpose and by name: nothing here runs a model. Everything around it is real (the
+broker, the worker's budget and staleness logic, control events, partial-rollout interrupts,
+the weight sync into ``model``); only the time a GPU would spend decoding is replaced by its
+modelled duration, so that cluster-scale behaviour (long-tail response lengths keeping a sync
+waiting) can be measured on one CPU machine in minutes.
+
+The model, per replica (one rollout worker):
+- every request draws a target response length from a long-tail distribution: with
+  probability ``long_tail_fraction`` it runs to 80-100% of ``max_new_tokens`` (the long
+  chains of thought), otherwise its length is exponential with mean
+  ``short_mean_fraction x max_new_tokens``. The draw is seeded by the request id, so a
+  continued request (partial rollout) stops where the uninterrupted one would have;
+- one decoding step takes ``decode_step_s`` and advances up to ``capacity`` sequences by one
+  token each (the rest wait their turn, first come first served), as a batch on one GPU does.
+Tokens are random ids (never EOS before the target) with a fixed logprob.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncrl.ops.config import SimConfig
+from asyncrl.producers.engines.base import GenRequest, GenResult, generate_all
+
+SIM_LOGPROB = -1.0
+
+
+@dataclass
+class _Active:
+    req: GenRequest
+    target: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+def target_length(request_id: str, max_new_tokens: int, sim: SimConfig) -> int:
+    """The response length this request will have (same for every continuation of it)."""
+    rng = random.Random(zlib.crc32(request_id.encode()) ^ sim.seed)
+    if rng.random() < sim.long_tail_fraction:
+        return max(1, round(max_new_tokens * rng.uniform(0.8, 1.0)))
+    mean = max(1.0, sim.short_mean_fraction * max_new_tokens)
+    return max(1, min(max_new_tokens, round(rng.expovariate(1.0 / mean))))
+
+
+class SimEngine:
+    """Stepwise, interruptible, continuable; time modelled (see module doc)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        sim: SimConfig,
+        vocab_size: int,
+        eos_token_id: int,
+        first_token_id: int = 4,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.sim = sim
+        self.eos_token_id = eos_token_id
+        self._ids = [i for i in range(first_token_id, vocab_size) if i != eos_token_id]
+        self._rng = random.Random(seed)
+        self._active: dict[str, _Active] = {}
+        self._next_step_at = 0.0
+        self.steps = 0
+        self.tokens = 0
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def add(self, req: GenRequest) -> None:
+        if req.request_id in self._active:
+            raise ValueError(f"request {req.request_id!r} is already active")
+        target = target_length(req.request_id, req.max_new_tokens, self.sim)
+        self._active[req.request_id] = _Active(
+            req, target, list(req.prefix_ids), [float(x) for x in req.prefix_logprobs]
+        )
+
+    def _result(self, a: _Active, reason: str) -> GenResult:
+        return GenResult(a.req.request_id, list(a.req.prompt_ids), a.ids, a.logprobs, reason)
+
+    def _finish_reason(self, a: _Active) -> str | None:
+        if a.ids and a.ids[-1] == self.eos_token_id:
+            return "stop"
+        if len(a.ids) >= a.req.max_new_tokens:
+            return "length"
+        return None
+
+    def step(self) -> list[GenResult]:
+        finished: list[GenResult] = []
+        for rid, a in list(self._active.items()):  # a continuation may already be complete
+            reason = self._finish_reason(a)
+            if reason is not None:
+                finished.append(self._result(a, reason))
+                del self._active[rid]
+        if not self._active:
+            return finished
+        # One modelled decoding step, measured from the end of the previous one, so the
+        # worker's own work between steps overlaps with it as host work overlaps a GPU step.
+        now = time.monotonic()
+        if self._next_step_at > now:
+            time.sleep(self._next_step_at - now)
+        self._next_step_at = max(now, self._next_step_at) + self.sim.decode_step_s
+        self.steps += 1
+        for a in list(self._active.values())[: self.sim.capacity]:
+            last = len(a.ids) + 1 >= a.target
+            a.ids.append(self.eos_token_id if last else self._rng.choice(self._ids))
+            a.logprobs.append(SIM_LOGPROB)
+            self.tokens += 1
+            reason = self._finish_reason(a)
+            if reason is not None:
+                finished.append(self._result(a, reason))
+                del self._active[a.req.request_id]
+        return finished
+
+    def abort_all(self) -> list[GenResult]:
+        out = [self._result(a, "abort") for a in self._active.values()]
+        self._active.clear()
+        return out
+
+    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+        return generate_all(self, reqs)

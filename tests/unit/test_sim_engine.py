@@ -1,0 +1,76 @@
+"""The sim engine's latency model: long-tail lengths, capacity, continuation, step time."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from asyncrl.ops.config import SimConfig
+from asyncrl.producers.engines.base import GenRequest
+from asyncrl.producers.engines.sim import SimEngine, target_length
+
+EOS = 2
+
+
+def _engine(**sim: float) -> SimEngine:
+    return SimEngine(torch.nn.Linear(2, 2), SimConfig(**sim), vocab_size=30, eos_token_id=EOS)
+
+
+def test_lengths_have_a_long_tail_and_depend_only_on_the_request():
+    sim = SimConfig(long_tail_fraction=0.1, short_mean_fraction=0.15)
+    lengths = [target_length(f"s{i}#0", 200, sim) for i in range(4000)]
+    long = sum(1 for n in lengths if n >= 160) / len(lengths)
+    assert 0.08 < long < 0.12  # the tail (plus a few exponential draws that reach it)
+    short = sorted(n for n in lengths if n < 160)
+    assert 17 <= short[len(short) // 2] <= 25  # median of an exponential of mean 30: 30 ln 2
+    assert all(1 <= n <= 200 for n in lengths)
+    assert lengths[:50] == [target_length(f"s{i}#0", 200, sim) for i in range(50)]
+    other_seed = SimConfig(long_tail_fraction=0.1, short_mean_fraction=0.15, seed=1)
+    assert lengths[:50] != [target_length(f"s{i}#0", 200, other_seed) for i in range(50)]
+
+
+def test_capacity_limits_the_sequences_advanced_per_step():
+    engine = _engine(capacity=3, decode_step_s=1e-4)
+    for i in range(5):
+        engine.add(GenRequest(f"r{i}", [1, 5], max_new_tokens=500))
+    engine.step()
+    assert engine.tokens == 3
+    engine.step()
+    assert engine.tokens == 6
+
+
+def test_interrupted_and_continued_ends_where_uninterrupted_does():
+    whole = _engine(decode_step_s=1e-4)
+    [ref] = whole.generate([GenRequest("a#1", [1, 5], max_new_tokens=64)])
+    assert ref.response_ids[-1] == EOS or ref.finish_reason == "length"
+
+    cut = _engine(decode_step_s=1e-4)
+    cut.add(GenRequest("a#1", [1, 5], max_new_tokens=64))
+    cut.step()
+    [part] = cut.abort_all()
+    assert part.finish_reason == "abort" and len(part.response_ids) == 1
+    [done] = cut.generate(
+        [
+            GenRequest(
+                "a#1",
+                [1, 5],
+                max_new_tokens=64,
+                prefix_ids=part.response_ids,
+                prefix_logprobs=part.response_logprobs,
+            )
+        ]
+    )
+    assert len(done.response_ids) == len(ref.response_ids)
+    assert done.response_ids[:1] == part.response_ids
+    assert done.finish_reason == ref.finish_reason
+
+
+def test_a_step_takes_the_modelled_time():
+    engine = _engine(decode_step_s=0.02)
+    engine.add(GenRequest("t#0", [1, 5], max_new_tokens=10_000))
+    engine.step()  # the first step starts the clock
+    t0 = time.monotonic()
+    for _ in range(10):
+        engine.step()
+    assert time.monotonic() - t0 >= 10 * 0.02 * 0.95
