@@ -21,6 +21,7 @@ examples:
   asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
   asyncrl inspect control run_id=demo kafka.bootstrap_servers=127.0.0.1:9092
   asyncrl replay step 12 --config runs/demo/config.yaml   re-run step 12 from the log
+  asyncrl bench modes                           colocated sync vs modes (a)-(d), sim workload
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
 """
@@ -107,12 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="measurements printed side by side from one invocation",
-        description="sync-pause: the same long-tail workload (sim engine) in mode (c) and mode "
-        "(d, partial rollout); "
+        description="modes: verl's mode table on the sim engine's long-tail workload: colocated "
+        "sync vs (a) on-policy pipeline, (b) stream off-policy, (c) stale samples, (d) partial "
+        "rollout, and a staleness ablation; time, idle ratios, speedup, efficiency. "
+        "sync-pause: the same long-tail workload in mode (c) and mode (d, partial rollout); "
         "prints how long syncs waited for the workers to pause, and the throughput of each. "
         "learn: wall time to the target held-out accuracy, colocated sync vs async (c) vs (d).",
     )
-    p.add_argument("name", choices=["sync-pause", "learn"], help="which benchmark")
+    p.add_argument("name", choices=["modes", "sync-pause", "learn"], help="which benchmark")
     _config_args(p)
     return parser
 
@@ -262,8 +265,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from asyncrl.ops.bench import learn, sync_pause
+    from asyncrl.ops.bench_modes import modes
 
-    {"sync-pause": sync_pause, "learn": learn}[args.name](args.config, args.overrides, Console())
+    {"modes": modes, "sync-pause": sync_pause, "learn": learn}[args.name](
+        args.config, args.overrides, Console()
+    )
     return 0
 
 

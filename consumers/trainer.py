@@ -108,6 +108,8 @@ class Trainer:
         self.sync_pauses: list[float] = []
         self._checksum_cache: str | None = None
         self.t_start = time.monotonic()
+        self.t_first_join: float | None = None
+        """When the first worker got its weights: rollout could start (benchmarks time from it)."""
         self.samples_trained = 0
         self.last_sync: dict[str, float] = {}
 
@@ -198,6 +200,8 @@ class Trainer:
         )
         if not syncing:
             self._publish_weights(workers=[event.worker])
+        if self.t_first_join is None:
+            self.t_first_join = time.monotonic()
         return True
 
     def _leave(self, worker: int, why: str) -> None:
@@ -466,6 +470,9 @@ class Trainer:
             "val/accuracy": accuracy,
             "val/accuracy_initial": self.history.get("val/accuracy_initial"),
             "elapsed_s": time.monotonic() - self.t_start,
+            "first_worker_joined_s": (
+                None if self.t_first_join is None else self.t_first_join - self.t_start
+            ),
             "samples_trained": self.samples_trained,
             "dropped": dict(self.batcher.dropped),
             "syncs": len(self.sync_pauses),

@@ -165,8 +165,13 @@ class Publisher:
         value: bytes | None,
         headers: Mapping[str, str | bytes] | None = None,
         timestamp_ms: int | None = None,
+        on_acked: Callable[[], None] | None = None,
     ) -> None:
-        """Queue one message (asynchronous); raises MessageTooLarge before anything is sent."""
+        """Queue one message (asynchronous); raises MessageTooLarge before anything is sent.
+
+        ``on_acked`` runs (from ``poll``/``flush``) once the broker has acknowledged it; a
+        failed delivery is raised by the next ``flush`` or ``check``.
+        """
         key_b = key.encode() if key is not None else None
         hdrs = [
             (k, v.encode() if isinstance(v, str) else bytes(v)) for k, v in (headers or {}).items()
@@ -174,7 +179,15 @@ class Publisher:
         size = _message_size(key_b, value, hdrs)
         if size > self.max_message_bytes:
             raise MessageTooLarge(topic, key, size, self.max_message_bytes)
-        kwargs: dict[str, Any] = {"headers": hdrs, "on_delivery": self._on_delivery}
+        callback = self._on_delivery
+        if on_acked is not None:
+
+            def callback(err: KafkaError | None, msg: Message) -> None:
+                self._on_delivery(err, msg)
+                if err is None:
+                    on_acked()
+
+        kwargs: dict[str, Any] = {"headers": hdrs, "on_delivery": callback}
         if timestamp_ms is not None:
             kwargs["timestamp"] = timestamp_ms
         while True:
@@ -189,13 +202,17 @@ class Publisher:
         """Serve delivery callbacks; returns how many were served."""
         return self._producer.poll(timeout)
 
-    def flush(self, timeout: float = 30.0) -> None:
-        """Wait for every queued message; raise KafkaDeliveryError if any failed or remain."""
-        remaining = self._producer.flush(timeout)
+    def check(self) -> None:
+        """Raise KafkaDeliveryError if a delivery has failed (without waiting for the rest)."""
         if self._error is not None:
             raise KafkaDeliveryError(
                 f"delivery to {self._error_topic!r} failed: {self._error.str()}"
             )
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait for every queued message; raise KafkaDeliveryError if any failed or remain."""
+        remaining = self._producer.flush(timeout)
+        self.check()
         if remaining:
             raise KafkaDeliveryError(f"{remaining} message(s) still undelivered after {timeout} s")
 
@@ -385,8 +402,9 @@ class Reader(Generic[T]):
         log.warning("dead-lettered undecodable message %s -> %s: %s", where, dlq_topic, err)
 
     # --- offsets ------------------------------------------------------------------------------
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Synchronously commit next-offsets (``record.offset + 1``) for the group.
+    def commit(self, offsets: Mapping[tuple[str, int], int], asynchronous: bool = False) -> None:
+        """Commit next-offsets (``record.offset + 1``) for the group; synchronously (errors
+        raised) unless ``asynchronous`` (errors logged: for commits a later one supersedes).
 
         Dead-letter copies are flushed first, so a committed bad message is never lost.
         """
@@ -395,6 +413,9 @@ class Reader(Generic[T]):
         if self._dead_letter is not None and self.dead_lettered:
             self._dead_letter[0].flush()
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        if asynchronous:
+            self._consumer.commit(offsets=tps, asynchronous=True)
+            return
         result = self._consumer.commit(offsets=tps, asynchronous=False) or []
         failed = [tp for tp in result if tp.error is not None]
         if failed:

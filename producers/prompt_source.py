@@ -94,21 +94,27 @@ class PromptSource:
         return rec
 
     def done(self, rec: Record[PromptRecord]) -> None:
-        """The sample for ``rec`` is acknowledged: commit as far as nothing earlier is open."""
-        self._open[rec.partition].discard(rec.offset)
-        self.commit()
+        """The sample for ``rec`` is acknowledged: commit as far as nothing earlier is open.
 
-    def commit(self) -> None:
+        Asynchronously: a commit lost in a crash only means a prompt is redelivered, and the
+        restarted worker finds its sample on the log (see ``recovery``). ``close`` commits
+        synchronously.
+        """
+        self._open[rec.partition].discard(rec.offset)
+        self.commit(asynchronous=True)
+
+    def commit(self, asynchronous: bool = False) -> None:
         offsets = {}
         for partition, high in self._next_commit.items():
             open_offsets = self._open.get(partition)
             offsets[(self.topic, partition)] = min(open_offsets) if open_offsets else high
         if offsets:
-            self.reader.commit(offsets)
+            self.reader.commit(offsets, asynchronous=asynchronous)
 
     @property
     def in_progress(self) -> int:
         return sum(len(s) for s in self._open.values())
 
     def close(self) -> None:
+        self.commit()
         self.reader.close()

@@ -26,6 +26,7 @@ one sample, or (at the end of the run) one logged drop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -422,11 +423,12 @@ class RolloutWorker:
             sample_id,
             encode_sample(sample),
             headers={SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: str(self.worker_id)},
+            # The prompt's offset may be committed only once the broker has the sample. Not
+            # flushing here keeps the decode loop from stalling a broker round trip per sample.
+            on_acked=functools.partial(prompts.done, fl.prompt),
         )
-        self.publisher.flush()  # acked before the prompt offset is committed
         del self.in_flight[sample_id]
         self.produced += 1
-        prompts.done(fl.prompt)
 
     # --- main loop -----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -465,6 +467,8 @@ class RolloutWorker:
                     continue
                 while self._admit(prompts):
                     pass
+                self.publisher.poll(0)  # acknowledgements: commit the prompts of acked samples
+                self.publisher.check()
                 self.idle.set_idle(self.engine.num_active == 0)
                 if self.engine.num_active:
                     with torch.no_grad():
@@ -509,6 +513,15 @@ class RolloutWorker:
             self.control.close()
             if self.receiver is not None:
                 self.receiver.close()
+            steps = getattr(self.engine, "steps", 0)
+            if steps:  # the sim engine: how full its modelled batches were
+                log.info(
+                    "worker %d: %d decoding steps, %.1f sequences per step (capacity %d)",
+                    self.worker_id,
+                    steps,
+                    self.engine.tokens / steps,
+                    self.cfg.sim.capacity,
+                )
             log.info(
                 "worker %d: %d redelivered prompts were already published, %d logged partial "
                 "samples continued",

@@ -13,7 +13,10 @@ The model, per replica (one rollout worker):
   ``short_mean_fraction x max_new_tokens``. The draw is seeded by the request id, so a
   continued request (partial rollout) stops where the uninterrupted one would have;
 - one decoding step takes ``decode_step_s`` and advances up to ``capacity`` sequences by one
-  token each (the rest wait their turn, first come first served), as a batch on one GPU does.
+  token each (the rest wait their turn, first come first served), as a batch on one GPU does;
+- the engine's clock runs on while the worker does host work (publishing, scoring), as a GPU
+  engine in its own process does: ``step()`` performs every modelled step that has come due
+  since the last one (at least one, waiting for it if need be), up to ``_MAX_CATCH_UP``.
 Tokens are random ids (never EOS before the target) with a fixed logprob.
 """
 
@@ -30,6 +33,8 @@ from asyncrl.ops.config import SimConfig
 from asyncrl.producers.engines.base import GenRequest, GenResult, generate_all
 
 SIM_LOGPROB = -1.0
+_MAX_CATCH_UP = 8
+"""At most this many modelled steps per ``step()`` call (a stalled host cannot bank time)."""
 
 
 @dataclass
@@ -67,7 +72,7 @@ class SimEngine:
         self._ids = [i for i in range(first_token_id, vocab_size) if i != eos_token_id]
         self._rng = random.Random(seed)
         self._active: dict[str, _Active] = {}
-        self._next_step_at = 0.0
+        self._clock = 0.0  # when the last modelled step ended
         self.steps = 0
         self.tokens = 0
 
@@ -102,12 +107,24 @@ class SimEngine:
                 del self._active[rid]
         if not self._active:
             return finished
-        # One modelled decoding step, measured from the end of the previous one, so the
-        # worker's own work between steps overlaps with it as host work overlaps a GPU step.
+        step_s = self.sim.decode_step_s
         now = time.monotonic()
-        if self._next_step_at > now:
-            time.sleep(self._next_step_at - now)
-        self._next_step_at = max(now, self._next_step_at) + self.sim.decode_step_s
+        if now - self._clock > _MAX_CATCH_UP * step_s:  # idle or stalled: no banked time
+            self._clock = now - step_s
+        due = int((now - self._clock) / step_s)
+        if due == 0:
+            time.sleep(self._clock + step_s - now)
+            due = 1
+        self._clock += due * step_s
+        for _ in range(due):
+            if not self._active:
+                break
+            finished.extend(self._decode_step())
+        return finished
+
+    def _decode_step(self) -> list[GenResult]:
+        """One modelled decoding step: the first ``capacity`` active sequences get a token."""
+        finished = []
         self.steps += 1
         for a in list(self._active.values())[: self.sim.capacity]:
             last = len(a.ids) + 1 >= a.target
