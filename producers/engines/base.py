@@ -99,3 +99,76 @@ def generate_all(engine: Engine, reqs: list[GenRequest]) -> list[GenResult]:
         for res in engine.step():
             done[res.request_id] = res
     return [done[req.request_id] for req in reqs]
+
+
+@dataclass
+class ActiveRequest:
+    """A request being generated: the tokens and logprobs so far (prefix included)."""
+
+    req: GenRequest
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class StepwiseEngine:
+    """The bookkeeping every stepwise engine shares: active requests, finish rules, abort.
+
+    A subclass implements ``step()`` (what one decoding step costs and which token comes
+    next) and calls :meth:`_take_complete` first and :meth:`_append` per new token.
+    """
+
+    def __init__(self, model: torch.nn.Module, eos_token_id: int) -> None:
+        self.model = model
+        self.eos_token_id = eos_token_id
+        self._active: dict[str, ActiveRequest] = {}
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def add(self, req: GenRequest) -> None:
+        if req.request_id in self._active:
+            raise ValueError(f"request {req.request_id!r} is already active")
+        self._active[req.request_id] = self._start(req)
+
+    def _start(self, req: GenRequest) -> ActiveRequest:
+        return ActiveRequest(req, list(req.prefix_ids), [float(x) for x in req.prefix_logprobs])
+
+    def _result(self, a: ActiveRequest, reason: FinishReason) -> GenResult:
+        return GenResult(a.req.request_id, list(a.req.prompt_ids), a.ids, a.logprobs, reason)
+
+    def _finish_reason(self, a: ActiveRequest) -> FinishReason | None:
+        if a.ids and a.ids[-1] == self.eos_token_id:
+            return "stop"
+        if len(a.ids) >= a.req.max_new_tokens:
+            return "length"
+        return None
+
+    def _take_complete(self) -> list[GenResult]:
+        """Drop and return continuations that are already complete (prefix ends in EOS or
+        fills the budget), before a step would add a token to them."""
+        finished = []
+        for rid, a in list(self._active.items()):
+            reason = self._finish_reason(a)
+            if reason is not None:
+                finished.append(self._result(a, reason))
+                del self._active[rid]
+        return finished
+
+    def _append(self, a: ActiveRequest, token: int, logprob: float) -> GenResult | None:
+        """Give ``a`` its next token; if that finishes it, drop it and return its result."""
+        a.ids.append(token)
+        a.logprobs.append(logprob)
+        reason = self._finish_reason(a)
+        if reason is None:
+            return None
+        del self._active[a.req.request_id]
+        return self._result(a, reason)
+
+    def abort_all(self) -> list[GenResult]:
+        out = [self._result(a, "abort") for a in self._active.values()]
+        self._active.clear()
+        return out
+
+    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+        return generate_all(self, reqs)  # type: ignore[arg-type]

@@ -10,19 +10,11 @@ trainer recomputes with :func:`asyncrl.consumers.grpo.token_logprobs`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.producers.engines.base import GenRequest, GenResult, generate_all
-
-
-@dataclass
-class _Active:
-    req: GenRequest
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+from asyncrl.producers.engines.base import GenResult, StepwiseEngine
 
 
 def left_pad(
@@ -44,7 +36,7 @@ def left_pad(
     return ids.to(device), mask.to(device), pos.to(device)
 
 
-class HFEngine:
+class HFEngine(StepwiseEngine):
     """Stepwise sampler over a causal LM (see :class:`asyncrl.producers.engines.base.Engine`)."""
 
     def __init__(
@@ -59,45 +51,16 @@ class HFEngine:
     ) -> None:
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use GenRequest.greedy for argmax)")
-        self.model = model
+        super().__init__(model, eos_token_id)
         self.tokenizer = tokenizer
         self.temperature = float(temperature)
-        self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.emulated_decode_latency_s = emulated_decode_latency_s
-        self._active: dict[str, _Active] = {}
-
-    @property
-    def num_active(self) -> int:
-        return len(self._active)
-
-    def add(self, req: GenRequest) -> None:
-        if req.request_id in self._active:
-            raise ValueError(f"request {req.request_id!r} is already active")
-        self._active[req.request_id] = _Active(
-            req, list(req.prefix_ids), [float(x) for x in req.prefix_logprobs]
-        )
-
-    def _result(self, a: _Active, reason: str) -> GenResult:
-        return GenResult(a.req.request_id, list(a.req.prompt_ids), a.ids, a.logprobs, reason)
-
-    def _finish_reason(self, a: _Active) -> str | None:
-        if a.ids and a.ids[-1] == self.eos_token_id:
-            return "stop"
-        if len(a.ids) >= a.req.max_new_tokens:
-            return "length"
-        return None
 
     @torch.no_grad()
     def step(self) -> list[GenResult]:
-        finished: list[GenResult] = []
-        # A continuation may already be complete (prefix ends in EOS or fills the budget).
-        for rid, a in list(self._active.items()):
-            reason = self._finish_reason(a)
-            if reason is not None:
-                finished.append(self._result(a, reason))
-                del self._active[rid]
+        finished = self._take_complete()
         if not self._active:
             return finished
         actives = list(self._active.values())
@@ -114,18 +77,7 @@ class HFEngine:
         chosen = torch.where(greedy, logp.argmax(-1), sampled)
         chosen_logp = logp.gather(-1, chosen[:, None]).squeeze(-1)
         for a, tok, lp in zip(actives, chosen.tolist(), chosen_logp.tolist(), strict=True):
-            a.ids.append(tok)
-            a.logprobs.append(lp)
-            reason = self._finish_reason(a)
-            if reason is not None:
-                finished.append(self._result(a, reason))
-                del self._active[a.req.request_id]
+            result = self._append(a, tok, lp)
+            if result is not None:
+                finished.append(result)
         return finished
-
-    def abort_all(self) -> list[GenResult]:
-        out = [self._result(a, "abort") for a in self._active.values()]
-        self._active.clear()
-        return out
-
-    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
-        return generate_all(self, reqs)

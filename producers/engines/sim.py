@@ -25,12 +25,12 @@ from __future__ import annotations
 import random
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from asyncrl.ops.config import SimConfig
-from asyncrl.producers.engines.base import GenRequest, GenResult, generate_all
+from asyncrl.producers.engines.base import ActiveRequest, GenRequest, GenResult, StepwiseEngine
 
 SIM_LOGPROB = -1.0
 _MAX_CATCH_UP = 8
@@ -38,11 +38,9 @@ _MAX_CATCH_UP = 8
 
 
 @dataclass
-class _Active:
-    req: GenRequest
-    target: int
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+class _SimActive(ActiveRequest):
+    target: int = 1
+    """The response length this request ends at (see ``target_length``)."""
 
 
 def target_length(request_id: str, max_new_tokens: int, sim: SimConfig) -> int:
@@ -54,7 +52,7 @@ def target_length(request_id: str, max_new_tokens: int, sim: SimConfig) -> int:
     return max(1, min(max_new_tokens, round(rng.expovariate(1.0 / mean))))
 
 
-class SimEngine:
+class SimEngine(StepwiseEngine):
     """Stepwise, interruptible, continuable; time modelled (see module doc)."""
 
     def __init__(
@@ -66,45 +64,21 @@ class SimEngine:
         first_token_id: int = 4,
         seed: int = 0,
     ) -> None:
-        self.model = model
+        super().__init__(model, eos_token_id)
         self.sim = sim
-        self.eos_token_id = eos_token_id
         self._ids = [i for i in range(first_token_id, vocab_size) if i != eos_token_id]
         self._rng = random.Random(seed)
-        self._active: dict[str, _Active] = {}
         self._clock = 0.0  # when the last modelled step ended
         self.steps = 0
         self.tokens = 0
 
-    @property
-    def num_active(self) -> int:
-        return len(self._active)
-
-    def add(self, req: GenRequest) -> None:
-        if req.request_id in self._active:
-            raise ValueError(f"request {req.request_id!r} is already active")
+    def _start(self, req: GenRequest) -> _SimActive:
+        base = super()._start(req)
         target = target_length(req.request_id, req.max_new_tokens, self.sim)
-        self._active[req.request_id] = _Active(
-            req, target, list(req.prefix_ids), [float(x) for x in req.prefix_logprobs]
-        )
-
-    def _result(self, a: _Active, reason: str) -> GenResult:
-        return GenResult(a.req.request_id, list(a.req.prompt_ids), a.ids, a.logprobs, reason)
-
-    def _finish_reason(self, a: _Active) -> str | None:
-        if a.ids and a.ids[-1] == self.eos_token_id:
-            return "stop"
-        if len(a.ids) >= a.req.max_new_tokens:
-            return "length"
-        return None
+        return _SimActive(base.req, base.ids, base.logprobs, target=target)
 
     def step(self) -> list[GenResult]:
-        finished: list[GenResult] = []
-        for rid, a in list(self._active.items()):  # a continuation may already be complete
-            reason = self._finish_reason(a)
-            if reason is not None:
-                finished.append(self._result(a, reason))
-                del self._active[rid]
+        finished = self._take_complete()
         if not self._active:
             return finished
         step_s = self.sim.decode_step_s
@@ -127,20 +101,11 @@ class SimEngine:
         finished = []
         self.steps += 1
         for a in list(self._active.values())[: self.sim.capacity]:
+            assert isinstance(a, _SimActive)
             last = len(a.ids) + 1 >= a.target
-            a.ids.append(self.eos_token_id if last else self._rng.choice(self._ids))
-            a.logprobs.append(SIM_LOGPROB)
+            token = self.eos_token_id if last else self._rng.choice(self._ids)
             self.tokens += 1
-            reason = self._finish_reason(a)
-            if reason is not None:
-                finished.append(self._result(a, reason))
-                del self._active[a.req.request_id]
+            result = self._append(a, token, SIM_LOGPROB)
+            if result is not None:
+                finished.append(result)
         return finished
-
-    def abort_all(self) -> list[GenResult]:
-        out = [self._result(a, "abort") for a in self._active.values()]
-        self._active.clear()
-        return out
-
-    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
-        return generate_all(self, reqs)
