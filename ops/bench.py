@@ -33,22 +33,24 @@ SYNC_PAUSE_DEFAULTS = [
 ]
 
 
-def _partial_totals(cfg: RunConfig) -> tuple[int, int]:
-    """(partial samples trained on, max span) over the run, from its metrics file.
+def step_rows(cfg: RunConfig) -> list[dict[str, Any]]:
+    """The per-step rows of a run's metrics file (the summary row left out)."""
+    with open(cfg.run_dir / "metrics.jsonl") as f:
+        return [row for row in map(json.loads, f) if "step" in row]
+
+
+def partial_totals(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(partial samples trained on, max span) over a run's step rows.
 
     ``total_partial_num`` counts within a sync window (one weight version), so the run's total
     is the sum over versions of each window's last value.
     """
     per_version: dict[int, int] = {}
     span = 0
-    with open(cfg.run_dir / "metrics.jsonl") as f:
-        for line in f:
-            row = json.loads(line)
-            if "step" not in row:
-                continue
-            num = int(row.get("fully_async/partial/total_partial_num", 0))
-            per_version[row["version"]] = max(per_version.get(row["version"], 0), num)
-            span = max(span, int(row.get("fully_async/partial/max_partial_span", 0)))
+    for row in rows:
+        num = int(row.get("fully_async/partial/total_partial_num", 0))
+        per_version[row["version"]] = max(per_version.get(row["version"], 0), num)
+        span = max(span, int(row.get("fully_async/partial/max_partial_span", 0)))
     return sum(per_version.values()), span
 
 
@@ -70,7 +72,7 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
         )
         console.rule(f"mode ({mode})")
         summary = run(cfg, console)
-        n_partial, span = _partial_totals(cfg)
+        n_partial, span = partial_totals(step_rows(cfg))
         results[mode] = {
             **summary,
             "partial_samples": n_partial,
@@ -105,13 +107,7 @@ LEARN_DEFAULTS = ["trainer.total_training_steps=400", "trainer.target_accuracy=0
 
 def _async_curve(cfg: RunConfig) -> list[tuple[float, float]]:
     """(seconds since the trainer started, held-out accuracy) at each evaluation."""
-    curve = []
-    with open(cfg.run_dir / "metrics.jsonl") as f:
-        for line in f:
-            row = json.loads(line)
-            if "val/accuracy" in row:
-                curve.append((row["perf/elapsed_s"], row["val/accuracy"]))
-    return curve
+    return [(r["perf/elapsed_s"], r["val/accuracy"]) for r in step_rows(cfg) if "val/accuracy" in r]
 
 
 def learn(config: str | None, overrides: list[str], console: Console) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.ops.bench import partial_totals, step_rows
 from asyncrl.ops.config import RunConfig, load_config
 
 BATCH = 32  # samples per step (the colocated train_batch_size)
@@ -107,21 +108,13 @@ def colocated_sim(cfg: RunConfig, steps: int, batch: int) -> dict[str, Any]:
 
 def _async_row(cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
     """The row of an async run, from its metrics file."""
-    rows = []
-    with open(cfg.run_dir / "metrics.jsonl") as f:
-        for line in f:
-            row = json.loads(line)
-            if "step" in row:
-                rows.append(row)
+    rows = step_rows(cfg)
 
     def mean(key: str) -> float:
         vals = [r[key] for r in rows if key in r]
         return sum(vals) / len(vals) if vals else float("nan")
 
-    per_version: dict[int, int] = {}
-    for r in rows:
-        num = int(r.get("fully_async/partial/total_partial_num", 0))
-        per_version[r["version"]] = max(per_version.get(r["version"], 0), num)
+    partial, _span = partial_totals(rows)
     samples = summary["samples_trained"]
     n = cfg.actor_rollout_ref.rollout.n
     tokens = sum(r["response_length/mean"] * n * cfg.required_samples for r in rows)
@@ -136,7 +129,7 @@ def _async_row(cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
         "stale_samples": int(
             sum(r.get("fully_async/count/stale_samples_processed", 0) for r in rows)
         ),
-        "partial_ratio": sum(per_version.values()) / max(samples, 1),
+        "partial_ratio": partial / max(samples, 1),
         "ideal_s": max(rollout_ideal, train_ideal),
     }
 
