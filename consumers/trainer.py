@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -106,6 +106,10 @@ class Trainer:
         self.partial_window = {"partial": 0, "total": 0, "max_span": 0}
         """Partial samples trained on since the last sync (verl's fully_async/partial/*)."""
         self.sync_pauses: list[float] = []
+        self.sync_requested_ts: dict[int, float] = {}
+        """Wall time each version's SyncRequested was published (event ``ts``)."""
+        self.sync_resumed_s: dict[int, float] = {}
+        """Per version: SyncRequested -> the last member's RolloutResumed, a whole sync."""
         self._checksum_cache: str | None = None
         self.t_start = time.monotonic()
         self.t_first_join: float | None = None
@@ -214,14 +218,14 @@ class Trainer:
         t0 = time.monotonic()
         new_version = self.version + 1
         self.partial_window = {"partial": 0, "total": 0, "max_span": 0}
-        self.control.publish(
-            ev.SyncRequested(
-                run_id=self.cfg.run_id,
-                version=new_version,
-                step=self.step,
-                consumed={str(w): c for w, c in self.batcher.consumed.items()},
-            )
+        request = ev.SyncRequested(
+            run_id=self.cfg.run_id,
+            version=new_version,
+            step=self.step,
+            consumed={str(w): c for w, c in self.batcher.consumed.items()},
         )
+        self.sync_requested_ts[new_version] = request.ts
+        self.control.publish(request)
         with self.wait_clock.waiting():
             self._wait_for_pauses(new_version)
         self.version = new_version
@@ -276,6 +280,12 @@ class Trainer:
     def _on_event(self, event: ev.ControlEvent) -> None:
         if isinstance(event, ev.RolloutResumed):
             self.rollouter_idle[event.worker] = event.idle_ratio
+            requested = self.sync_requested_ts.get(event.version)
+            if requested is not None:  # the last worker to resume ends the sync
+                took = event.ts - requested
+                self.sync_resumed_s[event.version] = max(
+                    took, self.sync_resumed_s.get(event.version, 0.0)
+                )
         elif isinstance(event, ev.WeightsLoaded) and not event.checksum_ok:
             raise RuntimeError(
                 f"worker {event.worker} loaded weights of version {event.version} that "
@@ -478,6 +488,8 @@ class Trainer:
             "syncs": len(self.sync_pauses),
             "sync_pause_s_mean": sum(self.sync_pauses) / max(len(self.sync_pauses), 1),
             "sync_pause_s_max": max(self.sync_pauses, default=0.0),
+            "sync_resumed_s_mean": _mean(self.sync_resumed_s.values()),
+            "sync_resumed_s_max": max(self.sync_resumed_s.values(), default=0.0),
         }
         self.metrics_file.write({"summary": summary})
         return summary
@@ -488,6 +500,11 @@ class Trainer:
         self.control.close()
         if self.sender is not None:
             self.sender.close()
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / max(len(values), 1)
 
 
 def _device(name: str) -> torch.device:

@@ -80,7 +80,8 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
             "samples_per_s": summary["samples_trained"] / summary["elapsed_s"],
         }
     table = Table(title="sync pause: mode (c) vs mode (d), same workload")
-    for col in ("mode", "syncs", "pause mean s", "pause max s", "samples/s", "partial samples"):
+    cols = ("mode", "syncs", "pause mean s", "pause max s", "pause->resumed s", "samples/s")
+    for col in (*cols, "partial samples"):
         table.add_column(col, justify="right")
     for mode, r in results.items():
         table.add_row(
@@ -88,6 +89,7 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
             str(r["syncs"]),
             f"{r['sync_pause_s_mean']:.3f}",
             f"{r['sync_pause_s_max']:.3f}",
+            f"{r['sync_resumed_s_mean']:.3f}",
             f"{r['samples_per_s']:.1f}",
             str(r["partial_samples"]),
         )
@@ -97,6 +99,8 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
     console.print(
         f"mean sync pause: mode (c) {c['sync_pause_s_mean'] * 1e3:.0f} ms, "
         f"mode (d) {d['sync_pause_s_mean'] * 1e3:.0f} ms: (c)/(d) = {ratio:.2f}x; "
+        f"whole sync (SyncRequested -> last RolloutResumed): "
+        f"(c) {c['sync_resumed_s_mean'] * 1e3:.0f} ms, (d) {d['sync_resumed_s_mean'] * 1e3:.0f} ms; "
         f"throughput (d)/(c) = {d['samples_per_s'] / c['samples_per_s']:.2f}x"
     )
     return {"c": c, "d": d, "pause_ratio_c_over_d": ratio}
