@@ -1,0 +1,44 @@
+"""PNG plots for benchmarks and reports, drawn with matplotlib's file-only backend (no display)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def line_plot(
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    path: str | Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    hline: float | None = None,
+    hline_label: str = "",
+) -> Path:
+    """One line per series of (x, y) points, with markers, a legend, and an optional target
+    line; written to ``path`` (PNG). Empty series are listed in the legend as "(no points)"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for name, points in series.items():
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5, label=name)
+        else:
+            ax.plot([], [], label=f"{name} (no points)")
+    if hline is not None:
+        ax.axhline(hline, color="grey", linestyle="--", linewidth=1, label=hline_label or None)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

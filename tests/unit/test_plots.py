@@ -1,0 +1,16 @@
+from asyncrl.ops.plots import line_plot
+
+
+def test_line_plot_writes_a_png(tmp_path):
+    path = line_plot(
+        {"a": [(0.0, 0.4), (1.5, 0.7), (3.0, 0.92)], "b": []},
+        tmp_path / "sub" / "curves.png",
+        title="t",
+        xlabel="s",
+        ylabel="acc",
+        hline=0.9,
+        hline_label="target",
+    )
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 5_000  # axes, lines and a legend, not an empty canvas
