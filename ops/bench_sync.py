@@ -1,0 +1,275 @@
+"""``asyncrl bench sync``: moving a model's weights from the trainer to a rollout worker.
+
+Two processes, as in a run: this one holds the trainer's weights, a receiver process holds a
+worker's copy (same names and shapes, zeros). Models are state dicts shaped like Qwen2 (tied
+embedding, q/k/v with biases, o, gate/up/down, RMSNorms) at ~50M and ~500M parameters, bf16 as
+a GPU trainer would send them. Ways to move the bytes, each timed from "go" on the sender to
+"loaded" on the receiver; a warm-up round (buffers allocated, pages faulted in) then several
+timed rounds, median reported:
+
+- ``bucketed``: the weight collective as the trainer uses it (``sync.bucket_size_mb`` buckets,
+  two buffers each side, packing overlapped with the wire).
+- ``per-tensor``: the same collective with one tensor per message (bucket_bytes=1), what a
+  naive loop over ``named_parameters`` costs.
+- ``safetensors``: the fallback path: the trainer writes a snapshot file (fsync'd, atomic
+  rename), the worker loads it into its tensors.
+- ``memcpy``: one in-memory copy of the same number of bytes in one process, the machine's
+  limit for any of the above.
+
+After the last round of each way the receiver hashes its weights and the sender compares, so a
+figure is only printed for a transfer that delivered every bit. The second half of a whole sync
+(pause -> transfer -> load -> resumed, modes c and d) comes from ``asyncrl bench sync-pause``,
+which this command runs at a reduced size unless ``pause_resume=False``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from asyncrl.ops.config import load_config
+
+# hidden, layers, intermediate, vocab, attention heads, kv heads
+SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
+    "5M": (256, 4, 768, 8192, 4, 2),  # smoke size
+    "50M": (512, 12, 1536, 32000, 8, 2),
+    "500M": (896, 24, 4864, 151936, 14, 2),  # Qwen2.5-0.5B's shape
+}
+METHODS = ("bucketed", "per-tensor", "safetensors")
+_WAIT = timedelta(seconds=600)
+
+
+def qwen2_like_state(shape: str, fill: bool) -> dict[str, Any]:
+    """Tensors named and shaped like a Qwen2 causal LM's state dict (bf16); random or zeros."""
+    import torch
+
+    hidden, layers, inter, vocab, heads, kv_heads = SHAPES[shape]
+    kv = hidden // heads * kv_heads
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (hidden, hidden),
+            p + "self_attn.q_proj.bias": (hidden,),
+            p + "self_attn.k_proj.weight": (kv, hidden),
+            p + "self_attn.k_proj.bias": (kv,),
+            p + "self_attn.v_proj.weight": (kv, hidden),
+            p + "self_attn.v_proj.bias": (kv,),
+            p + "self_attn.o_proj.weight": (hidden, hidden),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+        }
+    shapes["model.norm.weight"] = (hidden,)
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for name, s in shapes.items():
+        t = torch.zeros(s, dtype=torch.bfloat16)
+        if fill:
+            t.normal_(generator=g)
+        out[name] = t
+    out["lm_head.weight"] = out["model.embed_tokens.weight"]  # tied, sent once
+    return out
+
+
+def _nbytes(state: dict[str, Any]) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in state.values():
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def memcpy_seconds(nbytes: int, rounds: int) -> float:
+    """Median time of one in-memory copy of ``nbytes`` (source and target allocated once)."""
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(rounds + 1):  # the first copy faults the target's pages in: not counted
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def _method_bucket_bytes(method: str, bucket_bytes: int) -> int:
+    return 1 if method == "per-tensor" else bucket_bytes
+
+
+def sync(
+    config: str | None,
+    overrides: list[str],
+    console: Console,
+    shapes: tuple[str, ...] = ("50M", "500M"),
+    rounds: int = 3,
+    pause_resume: bool = True,
+) -> dict[str, Any]:
+    """Time every way of moving weights for each model size; print and return the figures."""
+    import torch
+    import torch.distributed as dist
+
+    from asyncrl.ops.broker import free_port
+    from asyncrl.ops.process import spawn
+    from asyncrl.sync.checksum import weights_checksum
+    from asyncrl.sync.collective import WeightSender
+    from asyncrl.sync.snapshot import save_snapshot
+
+    cfg = load_config(config, overrides)
+    torch.set_num_threads(1)  # a trainer's host side; the receiver gets the other core
+    bucket_bytes = int(cfg.sync.bucket_size_mb * 1024 * 1024)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+
+    for shape in shapes:
+        console.rule(f"{shape} parameters")
+        state = qwen2_like_state(shape, fill=True)
+        nbytes = _nbytes(state)
+        params = nbytes // 2
+        console.log(f"{shape}: {params / 1e6:.0f}M parameters, {nbytes / 1e9:.2f} GB bf16")
+        store_port, weights_port = free_port(), free_port()
+        store = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
+        sender = WeightSender(
+            "127.0.0.1", weights_port, backend=cfg.sync.backend, timeout_s=cfg.sync.timeout_s
+        )
+        sender.start()
+        snap_dir = Path(tempfile.mkdtemp(prefix="bench-sync-", dir=out_dir))
+        cmd = [
+            sys.executable, "-m", "asyncrl.ops.bench_sync",
+            "--store-port", str(store_port), "--weights-port", str(weights_port),
+            "--shape", shape, "--rounds", str(rounds + 1), "--bucket-bytes", str(bucket_bytes),
+            "--backend", cfg.sync.backend, "--dir", str(snap_dir),
+        ]  # fmt: skip
+        proc, log_path = spawn(cmd, out_dir / f"bench-sync-receiver-{stamp}.log")
+        row: dict[str, Any] = {"params": params, "bytes": nbytes}
+        try:
+            store.wait(["announce"], _WAIT)
+            if not sender.connect(0, "bench"):
+                raise RuntimeError(f"the receiver did not join; see {log_path}")
+            expected = weights_checksum(state)
+            for method in METHODS:
+                times = []
+                for r in range(rounds + 1):
+                    store.wait([f"ready/{method}/{r}"], _WAIT)
+                    t0 = time.time()
+                    if method == "safetensors":
+                        path = save_snapshot(state, snap_dir, r)
+                        store.set(f"snapshot/{r}", str(path))
+                    else:
+                        sender.broadcast(state, _method_bucket_bytes(method, bucket_bytes))
+                    store.wait([f"done/{method}/{r}"], _WAIT)
+                    times.append(float(store.get(f"done/{method}/{r}")) - t0)
+                    what = "warm-up" if r == 0 else f"round {r}/{rounds}"
+                    console.log(f"{shape} {method} {what}: {times[-1]:.2f} s")
+                store.wait([f"checksum/{method}"], _WAIT)
+                if store.get(f"checksum/{method}").decode() != expected:
+                    raise RuntimeError(f"{shape} {method}: the receiver's weights differ")
+                row[method] = _figures(times[1:], nbytes)
+            proc.wait(timeout=60)
+            row["memcpy"] = _figures([memcpy_seconds(nbytes, rounds)], nbytes)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            sender.close()
+            del store
+            for f in snap_dir.glob("*"):
+                f.unlink()
+            snap_dir.rmdir()
+        results[shape] = row
+
+    table = Table(title="weight transfer between two processes (gloo on CPU), bf16, median")
+    for col in ("model", "way", "seconds", "GB/s", "vs memcpy"):
+        table.add_column(col, justify="right")
+    for shape, row in results.items():
+        for method in (*METHODS, "memcpy"):
+            f = row[method]
+            table.add_row(
+                shape,
+                method,
+                f"{f['s']:.3f}",
+                f"{f['gbps']:.2f}",
+                f"{f['gbps'] / row['memcpy']['gbps']:.2f}",
+            )
+    console.print(table)
+    for shape, row in results.items():
+        console.print(
+            f"{shape}: per-tensor / bucketed time = "
+            f"{row['per-tensor']['s'] / row['bucketed']['s']:.2f}x, safetensors / bucketed = "
+            f"{row['safetensors']['s'] / row['bucketed']['s']:.2f}x; bucketed reaches "
+            f"{row['bucketed']['gbps'] / row['memcpy']['gbps']:.0%} of memcpy"
+        )
+    figures: dict[str, Any] = {"transfer": results}
+    if pause_resume:
+        from asyncrl.ops.bench import sync_pause
+
+        console.rule("a whole sync: pause -> transfer -> load -> resumed, modes (c) and (d)")
+        figures["sync_pause"] = sync_pause(
+            config, ["trainer.total_training_steps=15", *overrides], console
+        )
+    out = out_dir / f"bench-sync-{stamp}.json"
+    out.write_text(json.dumps(figures, indent=1))
+    console.print(f"figures: {out}")
+    return figures
+
+
+def _figures(times: list[float], nbytes: int) -> dict[str, Any]:
+    s = statistics.median(times)
+    return {"s": s, "gbps": nbytes / s / 1e9, "rounds_s": times}
+
+
+def _receive(argv: list[str]) -> None:
+    """The receiver process: join, then for each way and round load what the sender sends."""
+    import torch
+    import torch.distributed as dist
+
+    from asyncrl.sync.checksum import weights_checksum
+    from asyncrl.sync.collective import WeightReceiver
+    from asyncrl.sync.snapshot import load_snapshot
+
+    p = argparse.ArgumentParser()
+    for name in ("--store-port", "--weights-port", "--rounds", "--bucket-bytes"):
+        p.add_argument(name, type=int, required=True)
+    for name in ("--shape", "--backend", "--dir"):
+        p.add_argument(name, required=True)
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    state = qwen2_like_state(a.shape, fill=False)
+    store = dist.TCPStore("127.0.0.1", a.store_port, is_master=False, timeout=_WAIT)
+    receiver = WeightReceiver("127.0.0.1", a.weights_port, backend=a.backend)
+    receiver.join(0, "bench", lambda: store.set("announce", "1"))
+    for method in METHODS:
+        for t in state.values():
+            t.zero_()
+        for r in range(a.rounds):
+            store.set(f"ready/{method}/{r}", "1")
+            if method == "safetensors":
+                store.wait([f"snapshot/{r}"], _WAIT)
+                path = store.get(f"snapshot/{r}").decode()
+                load_snapshot(state, path)
+                Path(path).unlink()
+            else:
+                receiver.receive_into(state, _method_bucket_bytes(method, a.bucket_bytes))
+            store.set(f"done/{method}/{r}", repr(time.time()))
+        store.set(f"checksum/{method}", weights_checksum(state))
+    receiver.close()
+
+
+if __name__ == "__main__":
+    _receive(sys.argv[1:])

@@ -1,0 +1,40 @@
+"""``bench sync`` at smoke size: two real processes, every way of moving the weights."""
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from asyncrl.ops.bench_sync import METHODS, qwen2_like_state, sync
+
+pytestmark = pytest.mark.slow
+
+
+def test_qwen2_like_state_has_the_named_size():
+    state = qwen2_like_state("50M", fill=False)
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]  # tied: sent once
+    params = sum(t.numel() for n, t in state.items() if n != "lm_head.weight")
+    assert 45e6 < params < 60e6
+
+
+def test_sync_smoke(tmp_path):
+    out = io.StringIO()
+    figures = sync(
+        None,
+        [f"output_dir='{tmp_path}'"],
+        Console(file=out, width=200),
+        shapes=("5M",),
+        rounds=1,
+        pause_resume=False,
+    )
+    row = figures["transfer"]["5M"]
+    assert row["bytes"] == 2 * row["params"] and row["params"] > 4e6
+    for way in (*METHODS, "memcpy"):
+        assert row[way]["s"] > 0 and row[way]["gbps"] > 0
+    for way in METHODS:  # one timed round after the warm-up, checksum checked by sync()
+        assert len(row[way]["rounds_s"]) == 1
+    assert "per-tensor / bucketed time" in out.getvalue()
+    saved = json.loads(next(tmp_path.glob("bench-sync-*.json")).read_text())
+    assert saved["transfer"]["5M"]["bytes"] == row["bytes"]
+    assert not list(tmp_path.glob("bench-sync-*/*"))  # snapshots cleaned up
