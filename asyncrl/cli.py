@@ -24,6 +24,8 @@ examples:
   asyncrl bench modes                           colocated sync vs modes (a)-(d), sim workload
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
+  asyncrl bench transport                       Arrow over Kafka vs raw bytes vs a Ray queue
+  asyncrl bench sync                            weight transfer: bucketed, per-tensor, file, memcpy
 """
 
 
@@ -113,9 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
         "rollout, and a staleness ablation; time, idle ratios, speedup, efficiency. "
         "sync-pause: the same long-tail workload in mode (c) and mode (d, partial rollout); "
         "prints how long syncs waited for the workers to pause, and the throughput of each. "
-        "learn: wall time to the target held-out accuracy, colocated sync vs async (c) vs (d).",
+        "learn: wall time to the target held-out accuracy, colocated sync vs async (c) vs (d), "
+        "and the accuracy curves on one plot (PNG). "
+        "transport: samples/s, MB/s, encode/decode time and bytes per token of our Arrow samples "
+        "through Kafka, next to raw byte strings and a Ray actor queue of pickled tensors. "
+        "sync: weight transfer time and GB/s between two processes (bucketed, per-tensor, a "
+        "safetensors file) next to an in-memory copy of the same bytes.",
     )
-    p.add_argument("name", choices=["modes", "sync-pause", "learn"], help="which benchmark")
+    p.add_argument(
+        "name",
+        choices=["modes", "sync-pause", "learn", "transport", "sync"],
+        help="which benchmark",
+    )
     _config_args(p)
     return parser
 
@@ -266,10 +277,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from asyncrl.ops.bench import learn, sync_pause
     from asyncrl.ops.bench_modes import modes
+    from asyncrl.ops.bench_sync import sync
+    from asyncrl.ops.bench_transport import transport
 
-    {"modes": modes, "sync-pause": sync_pause, "learn": learn}[args.name](
-        args.config, args.overrides, Console()
-    )
+    benchmarks = {
+        "modes": modes,
+        "sync-pause": sync_pause,
+        "learn": learn,
+        "transport": transport,
+        "sync": sync,
+    }
+    benchmarks[args.name](args.config, args.overrides, Console())
     return 0
 
 

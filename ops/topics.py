@@ -40,7 +40,11 @@ def _partition_counts(cfg: RunConfig) -> dict[str, int]:
 
 def create_run_topics(cfg: RunConfig, bootstrap: str) -> list[str]:
     """Create every run topic (existing ones are fine) and wait until metadata shows them."""
-    wanted = _partition_counts(cfg)
+    return create_topics(cfg, bootstrap, _partition_counts(cfg))
+
+
+def create_topics(cfg: RunConfig, bootstrap: str, wanted: dict[str, int]) -> list[str]:
+    """Create topics (name -> partitions) with the run's message size limit; wait until visible."""
     admin = _admin(cfg, bootstrap)
     new = [
         NewTopic(

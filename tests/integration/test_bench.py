@@ -52,3 +52,25 @@ def test_modes_smoke(broker, tmp_path, quick_policy):
     assert results["(b) stream off-policy"]["stale_samples"] == 0  # staleness 0: none
     assert "speedup over colocated sync" in out.getvalue()
     assert list(tmp_path.glob("bench-modes-*.json"))
+
+
+def test_transport_smoke(broker, tmp_path):
+    from asyncrl.ops.bench_transport import VARIANTS, transport
+
+    out = io.StringIO()
+    results = transport(
+        None,
+        [f"kafka.bootstrap_servers='{broker}'", f"output_dir='{tmp_path}'"],
+        Console(file=out, width=200),
+        sizes=(1024,),
+        samples={1024: 3},
+    )
+    row = results["1024"]
+    assert list(row) == ["samples", "bytes_per_sample", *VARIANTS]  # ray is a dev dependency
+    arrow = row["arrow + kafka"]
+    # 16 x 1024 tokens of id (4 B), logprob (4 B), mask (1 B) plus the schema and offsets
+    assert 9.0 < arrow["bytes_per_token"] < 11.0
+    assert arrow["encode_us"] > 0 and arrow["decode_us"] > 0
+    assert all(row[v]["samples_per_s"] > 0 for v in VARIANTS)
+    assert "arrow+kafka / raw kafka" in out.getvalue()
+    assert list(tmp_path.glob("bench-transport-*.json"))
