@@ -28,7 +28,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
+from asyncrl.consumers import spans
 from asyncrl.consumers.batcher import SampleBatcher
 from asyncrl.consumers.checkpoint import (
     TrainerState,
@@ -36,6 +39,7 @@ from asyncrl.consumers.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from asyncrl.ops import tracing
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Reader, Record
 from asyncrl.ops.metrics import JsonlWriter, WaitClock
@@ -59,6 +63,7 @@ class Trainer:
         from asyncrl.tasks.arithmetic import make_splits
 
         self.cfg = cfg
+        tracing.init_tracing(cfg, "asyncrl-trainer")
         self.on_step = on_step or (lambda m: None)
         self.device = _device(cfg.trainer.device)
         torch.manual_seed(cfg.trainer.seed)
@@ -213,7 +218,7 @@ class Trainer:
             log.warning("worker %d leaves the weight collective: %s", worker, why)
             self.sender.disconnect(worker)
 
-    def sync(self) -> None:
+    def sync(self, trigger: Span = trace.INVALID_SPAN) -> None:
         """Steps 5 of the class docstring: one weight version, pause to publish."""
         t0 = time.monotonic()
         new_version = self.version + 1
@@ -225,11 +230,13 @@ class Trainer:
             consumed={str(w): c for w, c in self.batcher.consumed.items()},
         )
         self.sync_requested_ts[new_version] = request.ts
-        self.control.publish(request)
-        with self.wait_clock.waiting():
-            self._wait_for_pauses(new_version)
-        self.version = new_version
-        self._publish_weights(pause_wait_s=time.monotonic() - t0)
+        with trace.use_span(spans.sync_span(new_version, trigger), end_on_exit=True):
+            self.control.publish(request)  # carries this span's context to the workers
+            with spans.phase("sync.pause"), self.wait_clock.waiting():
+                self._wait_for_pauses(new_version)
+            self.version = new_version
+            with spans.phase("sync.transfer"):
+                self._publish_weights(pause_wait_s=time.monotonic() - t0)
 
     def _wait_for_pauses(self, version: int) -> None:
         """Until every member has paused for ``version``. A worker that (re)joins meanwhile
@@ -415,6 +422,9 @@ class Trainer:
             while self.step < tc.total_training_steps:
                 t_step = time.monotonic()
                 batch = self._wait_for_batch(self.cfg.required_samples)
+                step_span = spans.start_step(
+                    batch, self.step + 1, self.version, self.cfg.topic("samples")
+                )
                 checksum_before = self._checksum()  # lets a replay check its start
                 metrics = self.train_step(batch)
                 self._checksum_cache = None  # the update changed the weights
@@ -448,7 +458,9 @@ class Trainer:
                     if key in self.history:
                         metrics[key] = self.history[key]
                 metrics.update(self.last_sync)
-                self._record_step(batch, metrics, checksum_before)
+                spans.end_step(step_span, metrics)
+                with trace.use_span(step_span, end_on_exit=True):
+                    self._record_step(batch, metrics, checksum_before)
                 self.on_step({"step": self.step, "version": self.version, **metrics})
                 done_early = (
                     tc.target_accuracy is not None
@@ -461,7 +473,7 @@ class Trainer:
                 if tc.save_freq and self.step % tc.save_freq == 0:
                     self.checkpoint()
                 if synced and self.step < tc.total_training_steps:
-                    self.sync()
+                    self.sync(trigger=step_span)
             if not self.simulated and (accuracy is None or "val/accuracy" not in metrics):
                 accuracy = self.evaluate()
                 self.history["val/accuracy"] = accuracy

@@ -252,6 +252,18 @@ class SimConfig(Strict):
     """Seed of the length draws (each request's length is a function of its id and this)."""
 
 
+class TracingConfig(Strict):
+    """OpenTelemetry traces (docs/observability.md). The OTEL_* environment variables apply."""
+
+    enabled: bool = False
+    """Trace rollout and training (also on when OTEL_TRACES_EXPORTER names an exporter)."""
+    exporter: Literal["otlp", "console", "file"] = "otlp"
+    """otlp: to OTEL_EXPORTER_OTLP_ENDPOINT (a collector, Jaeger); console: stderr; file: JSON
+    lines in <run_dir>/traces/<process>.jsonl. OTEL_TRACES_EXPORTER overrides it."""
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+    """Share of traces recorded, decided at each root (a sample, a step, a sync); children follow."""
+
+
 class RunConfig(Strict):
     run_id: str = Field("demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
     """Prefix of every topic of the run (run42.samples, ...)."""
@@ -265,6 +277,7 @@ class RunConfig(Strict):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="after")
     def _check_partial(self) -> RunConfig:

@@ -26,7 +26,9 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from asyncrl.ops import tracing
 from asyncrl.schemas.codec import DecodeError
 
 if TYPE_CHECKING:
@@ -173,18 +175,26 @@ class Publisher:
         failed delivery is raised by the next ``flush`` or ``check``.
         """
         key_b = key.encode() if key is not None else None
+        span = _send_span(topic, key) if tracing.active() else None
+        if span is not None:
+            headers = dict(headers or {})
+            tracing.inject_headers(headers, span)  # the consumer links to this send
         hdrs = [
             (k, v.encode() if isinstance(v, str) else bytes(v)) for k, v in (headers or {}).items()
         ]
         size = _message_size(key_b, value, hdrs)
         if size > self.max_message_bytes:
+            if span is not None:
+                span.end()
             raise MessageTooLarge(topic, key, size, self.max_message_bytes)
         callback = self._on_delivery
-        if on_acked is not None:
+        if on_acked is not None or span is not None:
 
             def callback(err: KafkaError | None, msg: Message) -> None:
                 self._on_delivery(err, msg)
-                if err is None:
+                if span is not None:
+                    _end_send_span(span, err, msg)
+                if err is None and on_acked is not None:
                     on_acked()
 
         kwargs: dict[str, Any] = {"headers": hdrs, "on_delivery": callback}
@@ -236,6 +246,24 @@ class Publisher:
             self.flush()
         except KafkaDeliveryError as err:
             log.error("flush on error exit: %s", err)
+
+
+def _send_span(topic: str, key: str | None) -> Span:
+    """A ``send <topic>`` PRODUCER span, child of the current span; ended on acknowledgement."""
+    return tracing.tracer().start_span(
+        f"send {topic}",
+        kind=SpanKind.PRODUCER,
+        attributes=tracing.messaging_attributes(topic, "send", key),
+    )
+
+
+def _end_send_span(span: Span, err: KafkaError | None, msg: Message) -> None:
+    if err is None:
+        span.set_attribute("messaging.kafka.offset", msg.offset())
+        span.set_attribute("messaging.destination.partition.id", str(msg.partition()))
+    else:
+        span.set_status(Status(StatusCode.ERROR, err.str()))
+    span.end()
 
 
 # --- consuming --------------------------------------------------------------------------------

@@ -116,8 +116,10 @@ def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         console.log(f"topics: {', '.join(topics)}")
         prepare_policy(resolved, console)
 
+        from asyncrl.ops.tracing import init_tracing
         from asyncrl.producers.feed import feed_prompts
 
+        init_tracing(resolved, "asyncrl-launcher")
         n = feed_prompts(resolved, bootstrap)
         console.log(f"fed {n} prompts to {resolved.topic('prompts')}")
         config_path = run_dir / "config.yaml"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 
+from asyncrl.ops import tracing
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher
 from asyncrl.schemas import SCHEMA_HEADER
@@ -27,7 +28,10 @@ def feed_prompts(cfg: RunConfig, bootstrap: str, count: int | None = None) -> in
     train, _ = make_splits(cfg.data)
     count = prompts_needed(cfg) if count is None else count
     topic = cfg.topic("prompts")
-    with Publisher(cfg.kafka, bootstrap) as pub:
+    span = tracing.tracer().start_as_current_span(
+        "feed prompts", attributes={"asyncrl.count": count}
+    )
+    with span, Publisher(cfg.kafka, bootstrap) as pub:
         written = 0
         for epoch in range(math.ceil(count / len(train))):
             order = list(train)

@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.ops import tracing
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Record
 from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
 from asyncrl.producers.engines.base import GenRequest, GenResult
 from asyncrl.producers.prompt_source import PromptSource
 from asyncrl.producers.recovery import WORKER_HEADER, RecoveryIndex
+from asyncrl.producers.spans import SampleTrace, sync_span
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.partial import TAG as PARTIAL_TAG
@@ -67,6 +69,7 @@ class InFlight:
     """Per trajectory: (segment_starts, segment_versions), grown at each continuation."""
     interrupted: dict[int, GenResult] = field(default_factory=dict)
     """Trajectories cut short by a sync, waiting to be continued."""
+    trace: SampleTrace = field(default_factory=SampleTrace)
 
     def segments_of(self, index: int) -> tuple[list[int], list[int]]:
         return self.segments.setdefault(index, ([0], [self.version_start]))
@@ -136,6 +139,7 @@ class RolloutWorker:
 
         self.cfg = cfg
         self.worker_id = worker_id
+        tracing.init_tracing(cfg, f"asyncrl-rollout-{worker_id}")
         self.rollout = cfg.actor_rollout_ref.rollout
         self.partial_rollout = cfg.async_training.mode == "d"
         self.score = score
@@ -160,6 +164,7 @@ class RolloutWorker:
         self.version = 0
         self.pending_sync: ev.SyncRequested | None = None
         self.sync_seen_at = 0.0
+        self.sync_seen_ns: int | None = None
         self.finished = False
         self.stopping = False
         """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
@@ -252,18 +257,21 @@ class RolloutWorker:
         )
 
     def _do_sync(self, request: ev.SyncRequested) -> None:
-        n_partial = self._interrupt() if self.partial_rollout else 0
-        self.control.publish(
-            ev.RolloutPaused(
-                run_id=self.cfg.run_id,
-                version=request.version,
-                worker=self.worker_id,
-                pause_s=time.monotonic() - self.sync_seen_at,
-                n_partial=n_partial,
-                produced=self.produced,
+        attrs = {"asyncrl.version": request.version, "asyncrl.worker": self.worker_id}
+        with sync_span("sync.pause", request.headers, self.sync_seen_ns, **attrs):
+            n_partial = self._interrupt() if self.partial_rollout else 0
+            self.control.publish(
+                ev.RolloutPaused(
+                    run_id=self.cfg.run_id,
+                    version=request.version,
+                    worker=self.worker_id,
+                    pause_s=time.monotonic() - self.sync_seen_at,
+                    n_partial=n_partial,
+                    produced=self.produced,
+                )
             )
-        )
-        self._receive_weights(request.version)
+        with sync_span("weights.load", request.headers, **attrs):
+            self._receive_weights(request.version)
         self._continue_interrupted()
         self._open_budget(request.consumed.get(str(self.worker_id), 0))
         self.pending_sync = None
@@ -282,6 +290,7 @@ class RolloutWorker:
         topic = self.cfg.topic("partials")
         interrupted = [(sid, fl) for sid, fl in self.in_flight.items() if fl.interrupted]
         for sample_id, fl in interrupted:
+            fl.trace.end_segment(interrupted=True)
             trajectories = [
                 fl.done[i] if i in fl.done else fl.trajectory(i, fl.interrupted[i], 0.0, now)
                 for i in range(self.rollout.n)
@@ -293,9 +302,10 @@ class RolloutWorker:
                 prompt_offset=fl.prompt.offset,
                 epoch=fl.prompt.value.epoch,
             )
-            self.publisher.publish(
-                topic, sample_id, encode_partial(record), headers={SCHEMA_HEADER: PARTIAL_TAG}
-            )
+            with fl.trace.current():
+                self.publisher.publish(
+                    topic, sample_id, encode_partial(record), headers={SCHEMA_HEADER: PARTIAL_TAG}
+                )
         self.publisher.flush()
         return len(interrupted)
 
@@ -306,6 +316,8 @@ class RolloutWorker:
 
     def _continue(self, sample_id: str, fl: InFlight) -> None:
         """Re-add one sample's interrupted trajectories; each starts a segment under self.version."""
+        if fl.interrupted:
+            fl.trace.start_segment(self.version)
         for i, res in sorted(fl.interrupted.items()):
             starts, versions = fl.segments_of(i)
             if starts[-1] == len(res.response_ids):
@@ -346,6 +358,9 @@ class RolloutWorker:
                 finish_reason="abort",
             )
         self.in_flight[s.sample_id] = fl
+        fl.trace.start(
+            rec.topic, s.sample_id, rec.headers, rec.partition, rec.offset, self.version, True
+        )
         log.info(
             "worker %d: continuing %s from the partials log (%d of %d trajectories to finish)",
             self.worker_id,
@@ -360,6 +375,7 @@ class RolloutWorker:
         if isinstance(event, ev.SyncRequested) and event.version > self.version:
             self.pending_sync = event
             self.sync_seen_at = time.monotonic()
+            self.sync_seen_ns = time.time_ns()
         elif isinstance(event, ev.SamplesDropped) and event.target_worker == self.worker_id:
             self.budget.refund(event.count)
         elif isinstance(event, ev.RunFinished):
@@ -393,7 +409,9 @@ class RolloutWorker:
             return True
         prompt_ids = self.tokenizer(p.prompt)["input_ids"]  # <bos> + characters
         prompt_ids = prompt_ids[-self.cfg.data.max_prompt_length :]  # verl truncation="left"
-        self.in_flight[p.sample_id] = InFlight(rec, prompt_ids, self.version, time.time())
+        fl = self.in_flight[p.sample_id] = InFlight(rec, prompt_ids, self.version, time.time())
+        fl.trace.start(rec.topic, p.sample_id, rec.headers, rec.partition, rec.offset, self.version)
+        fl.trace.start_segment(self.version)
         for i in range(self.rollout.n):
             self.engine.add(
                 GenRequest(
@@ -408,8 +426,9 @@ class RolloutWorker:
         sample_id, _, index = result.request_id.rpartition("#")
         fl = self.in_flight[sample_id]
         t0 = time.perf_counter()
-        text = self.tokenizer.decode(result.response_ids, skip_special_tokens=True)
-        reward = self.score(fl.prompt.value.ground_truth, text)
+        with fl.trace.child("reward", **{"asyncrl.traj_index": int(index)}):
+            text = self.tokenizer.decode(result.response_ids, skip_special_tokens=True)
+            reward = self.score(fl.prompt.value.ground_truth, text)
         fl.done[int(index)] = fl.trajectory(
             int(index), result, reward, time.time(), reward_s=time.perf_counter() - t0
         )
@@ -418,15 +437,18 @@ class RolloutWorker:
 
     def _publish(self, sample_id: str, fl: InFlight, prompts: PromptSource) -> None:
         sample = fl.sample(sample_id, self.worker_id, [fl.done[i] for i in range(self.rollout.n)])
-        self.publisher.publish(
-            self.cfg.topic("samples"),
-            sample_id,
-            encode_sample(sample),
-            headers={SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: str(self.worker_id)},
-            # The prompt's offset may be committed only once the broker has the sample. Not
-            # flushing here keeps the decode loop from stalling a broker round trip per sample.
-            on_acked=functools.partial(prompts.done, fl.prompt),
-        )
+        fl.trace.end_segment(tokens=sum(len(t.response_ids) for t in sample.trajectories))
+        with fl.trace.current():
+            self.publisher.publish(
+                self.cfg.topic("samples"),
+                sample_id,
+                encode_sample(sample),
+                headers={SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: str(self.worker_id)},
+                # The prompt's offset may be committed only once the broker has the sample. Not
+                # flushing here keeps the decode loop from stalling a broker round trip per sample.
+                on_acked=functools.partial(prompts.done, fl.prompt),
+            )
+        fl.trace.end()
         del self.in_flight[sample_id]
         self.produced += 1
 
@@ -482,6 +504,8 @@ class RolloutWorker:
                 self._interrupt()
         finally:
             self.engine.abort_all()
+            for fl in self.in_flight.values():
+                fl.trace.end("run finished first" if self.finished else "handed back to the log")
             if self.finished and self.in_flight:
                 # Accounted for in the log: every prompt taken is a sample or a logged drop.
                 self.control.publish(

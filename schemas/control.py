@@ -60,6 +60,8 @@ class ControlEvent:
     """The publishing worker process's id ("" for the trainer)."""
 
     registry: ClassVar[dict[str, type[ControlEvent]]] = {}
+    headers: ClassVar[dict[str, bytes]] = {}
+    """Set on a decoded event: the Kafka headers it came with (its trace context); not a field."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -196,4 +198,6 @@ def decode_event(data: bytes | None, headers: dict[str, bytes] | None = None) ->
     for f in batch.schema:
         if pa.types.is_map(f.type):  # Arrow maps decode as lists of pairs
             row[f.name] = dict(row[f.name])
-    return cls(**row)
+    event = cls(**row)
+    event.headers = dict(headers or {})
+    return event

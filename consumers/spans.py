@@ -1,0 +1,78 @@
+"""The trainer's spans: one per step, linked to every sample it trained on, and one per sync.
+
+``train.step`` carries a **link** to the ``send <run>.samples`` span of each sample in its
+batch (the context rides in the sample's Kafka headers), so a trace viewer goes from a step to
+the rollouts that fed it, across processes, and from a rollout to the step that used it.
+``weight_sync`` (linked to the step that triggered it) holds ``sync.pause`` and
+``sync.transfer``; SyncRequested and WeightsPublished are sent inside it, so each worker's
+``sync.pause`` and ``weights.load`` spans join the same trace. No-ops when tracing is off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanKind
+
+from asyncrl.ops import tracing
+from asyncrl.ops.kafka import Record
+
+STEP_ATTRIBUTES = {
+    "asyncrl.loss": "actor/pg_loss",
+    "asyncrl.stale_samples": "fully_async/count/stale_samples_processed",
+    "asyncrl.partial_ratio": "fully_async/partial/partial_ratio",
+    "asyncrl.reward_mean": "critic/score/mean",
+}
+
+
+def start_step(batch: Sequence[Record[Any]], step: int, version: int, topic: str) -> Span:
+    """The ``train.step`` span of the step about to run (not current; use ``use_span``)."""
+    if not tracing.active():
+        return trace.INVALID_SPAN
+    links = [
+        Link(sc, {"messaging.kafka.offset": r.offset})
+        for r in batch
+        if (sc := tracing.span_context_from_headers(r.headers)) is not None
+    ]
+    return tracing.tracer().start_span(
+        "train.step",
+        kind=SpanKind.CONSUMER,
+        links=links,
+        attributes=tracing.messaging_attributes(
+            topic,
+            "process",
+            **{
+                "messaging.batch.message_count": len(batch),
+                "asyncrl.step": step,
+                "asyncrl.version": version,
+                "asyncrl.batch_size": len(batch),
+            },
+        ),
+    )
+
+
+def end_step(span: Span, metrics: dict[str, float]) -> None:
+    """Put the step's figures on its span (loss, stale count, ...)."""
+    if span.is_recording():
+        for attr, key in STEP_ATTRIBUTES.items():
+            if key in metrics:
+                span.set_attribute(attr, float(metrics[key]))
+
+
+def sync_span(version: int, trigger: Span) -> Span:
+    """The ``weight_sync`` span of ``version``, linked to the step that triggered it."""
+    if not tracing.active():
+        return trace.INVALID_SPAN
+    sc = trigger.get_span_context()
+    return tracing.tracer().start_span(
+        "weight_sync",
+        links=[Link(sc)] if sc.is_valid else None,
+        attributes={"asyncrl.version": version},
+    )
+
+
+def phase(name: str, **attributes: Any):
+    """A child span of the current one (sync.pause, sync.transfer)."""
+    return tracing.tracer().start_as_current_span(name, attributes=attributes)

@@ -1,0 +1,230 @@
+"""OpenTelemetry tracing across rollout and training, with the context carried in Kafka headers.
+
+Off by default. On with ``tracing.enabled=true`` or when ``OTEL_TRACES_EXPORTER`` names an
+exporter (``otlp`` or ``console``; ``none`` keeps it off). The OTLP exporter is configured the
+standard way (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL`` =
+``http/protobuf`` (default) or ``grpc``, ``OTEL_EXPORTER_OTLP_HEADERS``, ...);
+``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the process; ``OTEL_TRACES_SAMPLER``
+overrides ``tracing.sample_ratio``. For local runs ``tracing.exporter=file`` writes one JSON
+span per line to ``<run_dir>/traces/<service>.jsonl``.
+
+When tracing is off every call here is the API's no-op and nothing is added to the headers,
+so the data path pays (almost) nothing.
+
+The W3C trace context travels in the Kafka headers ``traceparent``/``tracestate`` of every
+message the project produces through :class:`asyncrl.ops.kafka.Publisher` (samples, partial
+segments, control events, prompts). Attribute names follow OpenTelemetry's messaging semantic
+conventions: a ``send <topic>`` PRODUCER span per message, ``messaging.system=kafka``,
+``messaging.destination.name``, ``messaging.kafka.offset`` (set when the broker acknowledges),
+``messaging.batch.message_count`` on a batch's span.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.propagate import extract, inject
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from asyncrl.ops.config import RunConfig
+
+__all__ = [
+    "MESSAGING_SYSTEM",
+    "SpanKind",
+    "context_from_headers",
+    "inject_headers",
+    "init_tracing",
+    "link_from_headers",
+    "shutdown_tracing",
+    "tracer",
+]
+
+TRACER_NAME = "asyncrl"
+MESSAGING_SYSTEM = "kafka"
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+_provider: Any = None  # the SDK TracerProvider this process installed, if any
+_lock = threading.Lock()
+
+
+def active() -> bool:
+    """Whether this process installed a tracer provider (the data path checks this first)."""
+    return _provider is not None
+
+
+def tracer() -> trace.Tracer:
+    """The project's tracer (a no-op until :func:`init_tracing` turned tracing on)."""
+    return trace.get_tracer(TRACER_NAME)
+
+
+def enabled_by(cfg: RunConfig) -> bool:
+    """Whether this run traces: the config says so, or ``OTEL_TRACES_EXPORTER`` does."""
+    env = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return cfg.tracing.enabled or (env not in ("", "none"))
+
+
+def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
+    """Install this process's tracer provider (once); returns whether tracing is on.
+
+    ``service`` names the process in the trace viewer (``asyncrl-trainer``,
+    ``asyncrl-rollout-0``, ...) unless ``OTEL_SERVICE_NAME`` is set. ``exporter`` replaces
+    the configured one (tests pass an in-memory exporter) and turns tracing on.
+    """
+    global _provider
+    if exporter is None and not enabled_by(cfg):
+        return False
+    with _lock:
+        if _provider is not None:
+            return True
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        attrs = {
+            SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", service),
+            "asyncrl.run_id": cfg.run_id,
+        }
+        sampler = None  # the SDK reads OTEL_TRACES_SAMPLER / _ARG when set
+        if "OTEL_TRACES_SAMPLER" not in os.environ:
+            sampler = ParentBased(TraceIdRatioBased(cfg.tracing.sample_ratio))
+        provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
+        provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(cfg, service)))
+        trace.set_tracer_provider(provider)
+        _provider = provider
+        atexit.register(shutdown_tracing)
+    return True
+
+
+def _exporter(cfg: RunConfig, service: str):
+    env = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    kind = env if env not in ("", "none") else cfg.tracing.exporter
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter(service_name=service)
+    if kind == "file":
+        return JsonLinesSpanExporter(cfg.run_dir / "traces" / f"{service}.jsonl")
+    if kind != "otlp":
+        raise ValueError(f"tracing.exporter / OTEL_TRACES_EXPORTER: unknown exporter {kind!r}")
+    protocol = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+    )
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        except ImportError as err:
+            raise RuntimeError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: "
+                "pip install 'asyncrl[otlp-grpc]' (or use http/protobuf, port 4318)"
+            ) from err
+        return OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+def shutdown_tracing() -> None:
+    """Export what is buffered and stop (called at exit; safe to call twice)."""
+    global _provider
+    with _lock:
+        provider, _provider = _provider, None
+    if provider is not None:
+        provider.shutdown()
+
+
+class JsonLinesSpanExporter:
+    """Writes each finished span as one JSON line (the SDK's own JSON form) to a file.
+
+    For local runs and tests: readable with ``jq``, and the same file the tests compare across
+    processes.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a")  # noqa: SIM115 (closed by shutdown)
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        lines = [json.dumps(json.loads(s.to_json(indent=None))) + "\n" for s in spans]
+        with self._lock:
+            self._file.writelines(lines)
+            self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+# --- context in Kafka headers ---------------------------------------------------------------
+def inject_headers(headers: dict[str, str | bytes], span: Span | None = None) -> None:
+    """Add ``traceparent``/``tracestate`` of ``span`` (default: the current one) to headers.
+
+    Adds nothing when there is no sampled span (tracing off)."""
+    ctx = trace.set_span_in_context(span) if span is not None else None
+    carrier: dict[str, str] = {}
+    inject(carrier, context=ctx)
+    headers.update(carrier)
+
+
+def context_from_headers(headers: Mapping[str, bytes | str] | None) -> otel_context.Context:
+    """The context a message was produced in (an empty context if it carries none)."""
+    carrier = {
+        k: v.decode(errors="replace") if isinstance(v, bytes) else v
+        for k, v in (headers or {}).items()
+        if k in TRACE_HEADERS
+    }
+    return extract(carrier)
+
+
+def span_context_from_headers(headers: Mapping[str, bytes | str] | None) -> SpanContext | None:
+    sc = trace.get_current_span(context_from_headers(headers)).get_span_context()
+    return sc if sc.is_valid else None
+
+
+def link_from_headers(headers: Mapping[str, bytes | str] | None, **attributes: Any) -> Link | None:
+    """A span link to the producer span of a message, or None if it carries no context."""
+    sc = span_context_from_headers(headers)
+    return Link(sc, attributes or None) if sc is not None else None
+
+
+def links_from(all_headers: Iterable[Mapping[str, bytes | str] | None]) -> list[Link]:
+    return [link for h in all_headers if (link := link_from_headers(h)) is not None]
+
+
+def messaging_attributes(
+    topic: str, operation: str, key: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """Messaging semantic-convention attributes of a Kafka operation (send/receive/process)."""
+    attrs: dict[str, Any] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.destination.name": topic,
+        "messaging.operation.type": operation,
+        "messaging.operation.name": operation,
+    }
+    if key is not None:
+        attrs["messaging.kafka.message.key"] = key
+    attrs.update(extra)
+    return attrs

@@ -1,0 +1,155 @@
+"""Traces across real processes: ``asyncrl run`` with the file exporter, read back and joined.
+
+The trainer and the rollout worker each write their finished spans to
+``<run_dir>/traces/<service>.jsonl`` (the JSON-lines exporter, the cross-process stand-in for
+an in-memory exporter). The test joins them with what the run's topics say: which samples each
+step trained on (``steps``), and the trace context each message carried in its headers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from asyncrl.ops import tracing
+from asyncrl.ops.config import load_config
+from asyncrl.ops.inspect_log import read_records
+from asyncrl.ops.kafka import Publisher
+from tests.helpers import read_topic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def _spans(run_dir: Path) -> dict[str, list[dict]]:
+    return {
+        f.stem: [json.loads(line) for line in f.open()]
+        for f in sorted((run_dir / "traces").glob("*.jsonl"))
+    }
+
+
+def _span_id(headers: dict[str, bytes]) -> str:
+    """The parent span id in a W3C traceparent header: 00-<trace>-<span>-<flags>."""
+    return "0x" + headers["traceparent"].decode().split("-")[2]
+
+
+def test_a_step_links_exactly_the_samples_it_trained_on(broker, tmp_path, quick_policy):
+    overrides = [
+        *quick_policy,
+        f"run_id=t{uuid.uuid4().hex[:8]}",
+        f"output_dir='{tmp_path}'",
+        f"kafka.bootstrap_servers='{broker}'",
+        "tracing.enabled=true",
+        "tracing.exporter=file",
+        "actor_rollout_ref.rollout.name=sim",
+        "sim.long_tail_fraction=0.5",  # long responses in flight at every sync: partials
+        "data.max_response_length=128",
+        "actor_rollout_ref.rollout.n=4",
+        "async_training.staleness_threshold=0.5",
+        "async_training.partial_rollout=true",
+        "trainer.total_training_steps=5",
+        "trainer.test_freq=0",
+        "trainer.target_accuracy=null",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "run", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cfg = load_config(overrides=overrides)
+    spans = _spans(cfg.run_dir)
+    assert set(spans) == {"asyncrl-launcher", "asyncrl-rollout-0", "asyncrl-trainer"}
+    trainer, rollout = spans["asyncrl-trainer"], spans["asyncrl-rollout-0"]
+
+    # Every message the run produced carries its trace context in its headers.
+    samples = read_topic(cfg, "samples")
+    partials = read_topic(cfg, "partials")
+    control = read_topic(cfg, "control")
+    assert partials, "the workload was meant to interrupt samples"
+    for rec in [*samples, *partials, *control]:
+        assert "traceparent" in rec.headers, (rec.topic, rec.offset)
+
+    # The header names the rollout's send span of that very message.
+    send_spans = {
+        s["context"]["span_id"]: s for s in rollout if s["name"] == f"send {cfg.topic('samples')}"
+    }
+    sample_span = {r.key: _span_id(r.headers) for r in samples}
+    for key, span_id in sample_span.items():
+        send = send_spans[span_id]
+        assert send["kind"] == "SpanKind.PRODUCER"
+        assert send["attributes"]["messaging.system"] == "kafka"
+        assert send["attributes"]["messaging.destination.name"] == cfg.topic("samples")
+        assert send["attributes"]["messaging.kafka.message.key"] == key
+        assert "messaging.kafka.offset" in send["attributes"]
+
+    # Each train.step links to exactly the send spans of the samples its step record lists.
+    steps = {r.value.step: r.value for r in read_topic(cfg, "steps")}
+    step_spans = {s["attributes"]["asyncrl.step"]: s for s in trainer if s["name"] == "train.step"}
+    assert sorted(step_spans) == sorted(steps) == [1, 2, 3, 4, 5]
+    for n, span in step_spans.items():
+        linked = sorted(link["context"]["span_id"] for link in span["links"])
+        assert linked == sorted(sample_span[sid] for sid in steps[n].sample_ids)
+        assert span["attributes"]["messaging.batch.message_count"] == len(steps[n].sample_ids)
+        assert span["attributes"]["asyncrl.version"] == steps[n].version
+
+    # A sample's rollout spans form one tree under its process span: generate segments (more
+    # than one for a sample continued after a sync), rewards, the send.
+    by_parent = defaultdict(list)
+    for s in rollout:
+        by_parent[s["parent_id"]].append(s)
+    roots = {
+        s["attributes"]["asyncrl.sample_id"]: s for s in rollout if s["name"].startswith("process ")
+    }
+    interrupted = {r.key for r in partials}
+    for sid in sample_span:
+        children = Counter(c["name"] for c in by_parent[roots[sid]["context"]["span_id"]])
+        assert children["reward"] == cfg.actor_rollout_ref.rollout.n
+        assert children[f"send {cfg.topic('samples')}"] == 1
+        assert children["generate"] >= 1 + (sid in interrupted)
+
+    # A sync is one trace across processes: the trainer's weight_sync, pause and transfer,
+    # and the worker's pause and load, the trainer's span linked to the step that triggered it.
+    syncs = [s for s in trainer if s["name"] == "weight_sync"]
+    assert len(syncs) == 4  # after steps 1-4; none after the last
+    step_ids = {s["context"]["span_id"] for s in step_spans.values()}
+    for sync in syncs:
+        assert sync["links"][0]["context"]["span_id"] in step_ids
+        names = Counter(
+            (s["resource"]["attributes"]["service.name"], s["name"])
+            for s in trainer + rollout
+            if s["context"]["trace_id"] == sync["context"]["trace_id"]
+        )
+        for who, what in [
+            ("asyncrl-trainer", "sync.pause"),
+            ("asyncrl-trainer", "sync.transfer"),
+            ("asyncrl-rollout-0", "sync.pause"),
+            ("asyncrl-rollout-0", "weights.load"),
+        ]:
+            assert names[(who, what)] == 1, (who, what, names)
+
+
+def test_tracing_is_off_by_default(run_cfg):
+    """No provider, no headers: a run without tracing sends what it always sent."""
+    assert not tracing.enabled_by(run_cfg)
+    assert not tracing.active()
+    with Publisher(run_cfg.kafka, run_cfg.kafka.bootstrap_servers) as pub:
+        pub.publish(run_cfg.topic("control"), "k", b"x", headers={"asyncrl-schema": "x"})
+    (rec,) = read_records(run_cfg, run_cfg.kafka.bootstrap_servers, "control")
+    assert set(rec.headers) == {"asyncrl-schema"}
+
+
+def test_otel_traces_exporter_turns_it_on(run_cfg, monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    assert tracing.enabled_by(run_cfg)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert not tracing.enabled_by(run_cfg)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert not tracing.enabled_by(run_cfg)
