@@ -116,11 +116,14 @@ def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         console.log(f"topics: {', '.join(topics)}")
         prepare_policy(resolved, console)
 
-        from asyncrl.ops.tracing import init_tracing
+        from asyncrl.ops.tracing import init_tracing, shutdown_tracing
         from asyncrl.producers.feed import feed_prompts
 
-        init_tracing(resolved, "asyncrl-launcher")
-        n = feed_prompts(resolved, bootstrap)
+        init_tracing(resolved, "asyncrl-launcher")  # the feed's spans: the prompts' contexts
+        try:
+            n = feed_prompts(resolved, bootstrap)
+        finally:
+            shutdown_tracing()
         console.log(f"fed {n} prompts to {resolved.topic('prompts')}")
         config_path = run_dir / "config.yaml"
         dump_config(resolved, config_path)

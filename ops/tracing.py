@@ -56,6 +56,7 @@ MESSAGING_SYSTEM = "kafka"
 TRACE_HEADERS = ("traceparent", "tracestate")
 
 _provider: Any = None  # the SDK TracerProvider this process installed, if any
+_NOOP = trace.NoOpTracer()
 _lock = threading.Lock()
 
 
@@ -65,8 +66,14 @@ def active() -> bool:
 
 
 def tracer() -> trace.Tracer:
-    """The project's tracer (a no-op until :func:`init_tracing` turned tracing on)."""
-    return trace.get_tracer(TRACER_NAME)
+    """The project's tracer (a no-op until :func:`init_tracing` turned tracing on).
+
+    It comes from this module's provider, not OpenTelemetry's global one, which can be set only
+    once per process: a process that runs several runs (a benchmark, the test suite) turns
+    tracing on and off per run.
+    """
+    provider = _provider
+    return provider.get_tracer(TRACER_NAME) if provider is not None else _NOOP
 
 
 def enabled_by(cfg: RunConfig) -> bool:
@@ -104,7 +111,6 @@ def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
             sampler = ParentBased(TraceIdRatioBased(cfg.tracing.sample_ratio))
         provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
         provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(cfg, service)))
-        trace.set_tracer_provider(provider)
         _provider = provider
         atexit.register(shutdown_tracing)
     return True
@@ -140,7 +146,7 @@ def _exporter(cfg: RunConfig, service: str):
 
 
 def shutdown_tracing() -> None:
-    """Export what is buffered and stop (called at exit; safe to call twice)."""
+    """Export what is buffered and turn tracing off (called at exit; safe to call twice)."""
     global _provider
     with _lock:
         provider, _provider = _provider, None
