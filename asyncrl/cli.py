@@ -26,6 +26,7 @@ examples:
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
   asyncrl bench transport                       Arrow over Kafka vs raw bytes vs a Ray queue
   asyncrl bench sync                            weight transfer: bucketed, per-tensor, file, memcpy
+  asyncrl bench tracing                         samples/s with tracing off vs on
 """
 
 
@@ -120,11 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
         "transport: samples/s, MB/s, encode/decode time and bytes per token of our Arrow samples "
         "through Kafka, next to raw byte strings and a Ray actor queue of pickled tensors. "
         "sync: weight transfer time and GB/s between two processes (bucketed, per-tensor, a "
-        "safetensors file) next to an in-memory copy of the same bytes.",
+        "safetensors file) next to an in-memory copy of the same bytes. "
+        "tracing: samples/s of the sim workload with OpenTelemetry tracing off, then on.",
     )
     p.add_argument(
         "name",
-        choices=["modes", "sync-pause", "learn", "transport", "sync"],
+        choices=["modes", "sync-pause", "learn", "transport", "sync", "tracing"],
         help="which benchmark",
     )
     _config_args(p)
@@ -275,7 +277,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.ops.bench import learn, sync_pause
+    from asyncrl.ops.bench import learn, sync_pause, tracing_cost
     from asyncrl.ops.bench_modes import modes
     from asyncrl.ops.bench_sync import sync
     from asyncrl.ops.bench_transport import transport
@@ -286,6 +288,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "learn": learn,
         "transport": transport,
         "sync": sync,
+        "tracing": tracing_cost,
     }
     benchmarks[args.name](args.config, args.overrides, Console())
     return 0

@@ -107,6 +107,47 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
     return {"c": c, "d": d, "pause_ratio_c_over_d": ratio}
 
 
+def tracing_cost(config: str | None, overrides: list[str], console: Console) -> dict[str, Any]:
+    """Samples/s of the same sim workload (mode d) with tracing off, then on (file exporter).
+
+    Tracing on means every sample's span tree, a send span and a traceparent header per
+    message, and the step links, all exported by a background thread, which is what a run
+    traced to a collector pays (the network hop aside).
+    """
+    from asyncrl.ops.launcher import run
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    results: dict[str, dict[str, Any]] = {}
+    for label, on in (("off", "false"), ("on", "true")):
+        cfg = load_config(
+            config,
+            [
+                *SYNC_PAUSE_DEFAULTS,
+                "async_training.partial_rollout=true",
+                *overrides,
+                f"tracing.enabled={on}",
+                "tracing.exporter=file",
+                f"run_id=tracing-{label}-{stamp}",
+            ],
+        )
+        console.rule(f"tracing {label}")
+        summary = run(cfg, console)
+        active_s = summary["elapsed_s"] - (summary["first_worker_joined_s"] or 0.0)
+        spans = sum(1 for f in (cfg.run_dir / "traces").glob("*.jsonl") for _ in f.open())
+        results[label] = {
+            **summary,
+            "samples_per_s": summary["samples_trained"] / active_s,
+            "spans": spans,
+        }
+    off, on = results["off"], results["on"]
+    ratio = on["samples_per_s"] / off["samples_per_s"]
+    console.print(
+        f"samples/s: tracing off {off['samples_per_s']:.2f}, on {on['samples_per_s']:.2f} "
+        f"({on['spans']} spans): on/off = {ratio:.3f}"
+    )
+    return {"off": off, "on": on, "ratio_on_over_off": ratio}
+
+
 LEARN_DEFAULTS = ["trainer.total_training_steps=400", "trainer.target_accuracy=0.9"]
 
 
@@ -119,7 +160,8 @@ def learn(config: str | None, overrides: list[str], console: Console) -> dict[st
     """Wall time to the target accuracy: colocated sync vs async mode (c) vs mode (d).
 
     All three start from the same cached warm start and run the same GRPO settings; times
-    exclude the warm start. Colocated sync generates and trains in one process with all the
+    exclude the warm start and, for the async modes, process start-up (they count from the
+    first worker's join). Colocated sync generates and trains in one process with all the
     machine's cores; the async modes run a trainer and a worker process (one core each).
     """
     import os
@@ -148,7 +190,13 @@ def learn(config: str | None, overrides: list[str], console: Console) -> dict[st
         )
         console.rule(f"async mode ({mode})")
         summary = run(cfg, console)
-        results[f"async ({mode})"] = _learn_row(cfg, _async_curve(cfg), summary["step"])
+        # From the first worker's join, as colocated starts with its model loaded; the
+        # initial accuracy (measured before) at 0.
+        t0 = summary.get("first_worker_joined_s") or 0.0
+        curve = [(t - t0, acc) for t, acc in _async_curve(cfg)]
+        if summary.get("val/accuracy_initial") is not None:
+            curve.insert(0, (0.0, summary["val/accuracy_initial"]))
+        results[f"async ({mode})"] = _learn_row(cfg, curve, summary["step"])
 
     table = Table(title=f"time to held-out accuracy {cfg.trainer.target_accuracy}")
     for col in ("setup", "steps", "time to target s", "final accuracy", "speedup"):

@@ -74,3 +74,44 @@ def test_transport_smoke(broker, tmp_path):
     assert all(row[v]["samples_per_s"] > 0 for v in VARIANTS)
     assert "arrow+kafka / raw kafka" in out.getvalue()
     assert list(tmp_path.glob("bench-transport-*.json"))
+
+
+def test_tracing_cost_smoke(broker, tmp_path, quick_policy):
+    from asyncrl.ops.bench import tracing_cost
+
+    out = io.StringIO()
+    result = tracing_cost(
+        None,
+        [
+            *quick_policy,
+            f"kafka.bootstrap_servers='{broker}'",
+            f"output_dir='{tmp_path}'",
+            "trainer.total_training_steps=2",
+        ],
+        Console(file=out, width=160),
+    )
+    assert result["off"]["spans"] == 0  # off: no span exported anywhere
+    assert result["on"]["spans"] > 2 * 8  # a sample's tree is several spans, 2 steps of 8
+    assert result["ratio_on_over_off"] > 0
+    assert "on/off" in out.getvalue()
+
+
+def test_learn_smoke(broker, tmp_path, quick_policy):
+    from asyncrl.ops.bench import learn
+
+    out = io.StringIO()
+    results = learn(
+        None,
+        [
+            *quick_policy,
+            f"kafka.bootstrap_servers='{broker}'",
+            f"output_dir='{tmp_path}'",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=1",
+        ],
+        Console(file=out, width=160),
+    )
+    assert list(results) == ["colocated sync", "async (c)", "async (d)"]
+    assert all(r["steps"] == 2 and r["curve"] for r in results.values())
+    png = next(tmp_path.glob("bench-learn-*.png"))
+    assert png.read_bytes()[:4] == b"\x89PNG"
