@@ -115,6 +115,12 @@ class Trainer:
         """Wall time each version's SyncRequested was published (event ``ts``)."""
         self.sync_resumed_s: dict[int, float] = {}
         """Per version: SyncRequested -> the last member's RolloutResumed, a whole sync."""
+        self.sync_load_s: dict[int, float] = {}
+        """Per version: the slowest worker's receive + load (WeightsLoaded.load_s)."""
+        self.last_sync_of: dict[int, dict[str, float]] = {}
+        """Per version: the trainer's side of its sync (pause wait, transfer)."""
+        self.unresumed: dict[int, set[int]] = {}
+        """Per version: the members that have not published RolloutResumed for it yet."""
         self._checksum_cache: str | None = None
         self.t_start = time.monotonic()
         self.t_first_join: float | None = None
@@ -156,6 +162,7 @@ class Trainer:
                 "timing/sync_pause_s": pause_wait_s,
                 "timing/sync_transfer_s": transfer_s,
             }
+            self.last_sync_of[self.version] = {"pause_s": pause_wait_s, "transfer_s": transfer_s}
             if self.step > 0:
                 self.sync_pauses.append(pause_wait_s)
 
@@ -237,6 +244,29 @@ class Trainer:
             self.version = new_version
             with spans.phase("sync.transfer"):
                 self._publish_weights(pause_wait_s=time.monotonic() - t0)
+        self.unresumed[new_version] = set(self.members)
+
+    def _sync_resumed_by(self, version: int, worker: int) -> None:
+        """Once every member resumed ``version``, log the whole sync as one metrics row."""
+        waiting = self.unresumed.get(version)
+        if waiting is None:
+            return
+        waiting.discard(worker)
+        waiting &= set(self.members)  # a worker that left will not answer
+        if waiting:
+            return
+        del self.unresumed[version]
+        self.metrics_file.write(
+            {
+                "sync": {
+                    "version": version,
+                    "pause_s": self.last_sync_of.get(version, {}).get("pause_s", 0.0),
+                    "transfer_s": self.last_sync_of.get(version, {}).get("transfer_s", 0.0),
+                    "load_s": self.sync_load_s.get(version, 0.0),
+                    "resumed_s": self.sync_resumed_s[version],
+                }
+            }
+        )
 
     def _wait_for_pauses(self, version: int) -> None:
         """Until every member has paused for ``version``. A worker that (re)joins meanwhile
@@ -285,6 +315,9 @@ class Trainer:
                 self._on_event(event)
 
     def _on_event(self, event: ev.ControlEvent) -> None:
+        if isinstance(event, ev.WeightsLoaded) and event.version in self.sync_requested_ts:
+            loads = self.sync_load_s
+            loads[event.version] = max(event.load_s, loads.get(event.version, 0.0))
         if isinstance(event, ev.RolloutResumed):
             self.rollouter_idle[event.worker] = event.idle_ratio
             requested = self.sync_requested_ts.get(event.version)
@@ -293,6 +326,7 @@ class Trainer:
                 self.sync_resumed_s[event.version] = max(
                     took, self.sync_resumed_s.get(event.version, 0.0)
                 )
+                self._sync_resumed_by(event.version, event.worker)
         elif isinstance(event, ev.WeightsLoaded) and not event.checksum_ok:
             raise RuntimeError(
                 f"worker {event.worker} loaded weights of version {event.version} that "
@@ -336,6 +370,7 @@ class Trainer:
             )
         stale = [r.value for r in batch if r.value.param_version < self.version]
         metrics["fully_async/count/stale_samples_processed"] = float(len(stale))
+        metrics.update(staleness_metrics([self.version - r.value.param_version for r in batch]))
         metrics["fully_async/count/stale_trajectory_processed"] = float(
             sum(
                 1
@@ -512,6 +547,18 @@ class Trainer:
         self.control.close()
         if self.sender is not None:
             self.sender.close()
+
+
+def staleness_metrics(staleness: list[int]) -> dict[str, float]:
+    """Per step: mean and max versions behind, and a count per staleness value (the report's
+    histogram adds them up), for samples consumed at ``version - param_version`` each."""
+    out = {
+        "fully_async/staleness/mean": _mean(staleness),
+        "fully_async/staleness/max": float(max(staleness, default=0)),
+    }
+    for k in sorted(set(staleness)):
+        out[f"fully_async/staleness/count_{k}"] = float(staleness.count(k))
+    return out
 
 
 def _mean(values: Iterable[float]) -> float:

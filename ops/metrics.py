@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,9 @@ class JsonlWriter:
 class WaitClock:
     """Accumulates the time spent waiting inside ``with clock.waiting():`` per window."""
 
-    def __init__(self) -> None:
-        self.window_start = time.monotonic()
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.window_start = clock()
         self.waited = 0.0
 
     def waiting(self) -> _Waiting:
@@ -38,7 +40,7 @@ class WaitClock:
 
     def close_window(self) -> tuple[float, float]:
         """(idle ratio, window seconds) of the window that ends now; opens the next one."""
-        now = time.monotonic()
+        now = self.clock()
         span = max(now - self.window_start, 1e-9)
         ratio = self.waited / span
         self.window_start, self.waited = now, 0.0
@@ -50,7 +52,7 @@ class _Waiting:
         self.clock = clock
 
     def __enter__(self) -> None:
-        self._t0 = time.monotonic()
+        self._t0 = self.clock.clock()
 
     def __exit__(self, *exc: object) -> None:
-        self.clock.waited += time.monotonic() - self._t0
+        self.clock.waited += self.clock.clock() - self._t0

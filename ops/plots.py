@@ -17,11 +17,7 @@ def line_plot(
 ) -> Path:
     """One line per series of (x, y) points, with markers, a legend, and an optional target
     line; written to ``path`` (PNG). Empty series are listed in the legend as "(no points)"."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for name, points in series.items():
         if points:
@@ -36,6 +32,60 @@ def line_plot(
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+def bar_plot(
+    bars: Mapping[str, float], path: str | Path, title: str, xlabel: str, ylabel: str
+) -> Path:
+    """One bar per key, in the given order, each labelled with its value."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    labels, values = list(bars), list(bars.values())
+    drawn = ax.bar(range(len(labels)), values, color="tab:blue", tick_label=labels)
+    ax.bar_label(drawn, fmt="%g", fontsize="small")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def stacked_bars(
+    x: Sequence[float],
+    parts: Mapping[str, Sequence[float]],
+    path: str | Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+) -> Path:
+    """Bars at ``x``, each stacked from ``parts`` (name -> one value per bar), with a legend."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    bottom = [0.0] * len(x)
+    for name, values in parts.items():
+        ax.bar(x, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

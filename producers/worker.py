@@ -30,6 +30,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -108,13 +109,14 @@ class InFlight:
 class IdleClock:
     """Wall time with nothing to generate, per sync window (rollouter/idle_ratio)."""
 
-    def __init__(self) -> None:
-        self.window_start = time.monotonic()
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.window_start = clock()
         self.idle = 0.0
         self._since: float | None = None
 
     def set_idle(self, idle: bool) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if idle and self._since is None:
             self._since = now
         elif not idle and self._since is not None:
@@ -123,7 +125,7 @@ class IdleClock:
 
     def close_window(self) -> float:
         """Idle ratio of the window that ends now; starts the next window."""
-        now = time.monotonic()
+        now = self.clock()
         idle = self.idle + (now - self._since if self._since is not None else 0.0)
         ratio = idle / max(now - self.window_start, 1e-9)
         self.window_start, self.idle = now, 0.0

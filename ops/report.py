@@ -1,0 +1,245 @@
+"""``asyncrl report RUN``: PNG plots and a Markdown summary of a finished (or running) run.
+
+Reads only the run's ``metrics.jsonl`` (the trainer's step rows, a row per completed sync,
+the summary), so it works after the embedded broker is gone, on a copy of the directory, and
+on a run still going. Writes into
+``<run_dir>/report/``:
+
+- ``reward_accuracy_step.png`` / ``reward_accuracy_time.png``: training reward per step and
+  held-out accuracy at each evaluation, against the step and against wall time;
+- ``staleness.png``: how many versions behind each trained sample was (``version -
+  param_version`` at consumption), summed over the run;
+- ``idle_ratios.png``: trainer and rollouter idle ratio of each sync window;
+- ``sync_time.png``: each sync from SyncRequested to the last RolloutResumed, split into the
+  trainer's wait for the pauses, the transfer, and the rest (workers load and resume);
+- ``throughput.png``: samples/s per step and the run's running average;
+- ``report.md``: the figures that matter, with the plots inlined.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from asyncrl.ops.plots import bar_plot, line_plot, stacked_bars
+
+STALENESS_PREFIX = "fully_async/staleness/count_"
+
+
+class ReportError(RuntimeError):
+    """The run directory lacks what a report needs; the message says what and where."""
+
+
+def resolve_run_dir(run: str, output_dir: str = "runs") -> Path:
+    """RUN is a run directory, or a run_id under ``output_dir``."""
+    for candidate in (Path(run), Path(output_dir) / run):
+        if (candidate / "metrics.jsonl").exists():
+            return candidate
+    raise ReportError(
+        f"no run at {run!r} or {Path(output_dir) / run}: expected a run directory holding "
+        "metrics.jsonl (pass the directory, or a run_id with --output-dir)"
+    )
+
+
+def load_rows(
+    run_dir: Path,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """(per-step rows, per-sync rows, summary) of a run; the summary is {} while it runs."""
+    rows, syncs, summary = [], [], {}
+    with open(run_dir / "metrics.jsonl") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if "step" in row:
+                rows.append(row)
+            elif "sync" in row:
+                syncs.append(row["sync"])
+            elif "summary" in row:
+                summary = row["summary"]
+    if not rows:
+        raise ReportError(f"{run_dir / 'metrics.jsonl'} holds no step yet")
+    return rows, syncs, summary
+
+
+def staleness_counts(rows: list[dict[str, Any]]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith(STALENESS_PREFIX):
+                k = int(key.removeprefix(STALENESS_PREFIX))
+                counts[k] = counts.get(k, 0) + int(value)
+    return dict(sorted(counts.items()))
+
+
+def sync_windows(rows: list[dict[str, Any]], syncs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """One entry per completed sync (the trainer logs a sync row once every worker resumed),
+    with the idle ratios of the window it closed: those of the last step before its version."""
+    last_step_of: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        last_step_of[row["version"]] = row
+    windows = []
+    for sync in sorted(syncs, key=lambda s: s["version"]):
+        before = last_step_of.get(sync["version"] - 1, {})
+        windows.append(
+            {
+                **{k: float(v) for k, v in sync.items()},
+                "trainer_idle": float(before.get("trainer/idle_ratio", float("nan"))),
+                "rollouter_idle": float(before.get("rollouter/idle_ratio", float("nan"))),
+            }
+        )
+    return windows
+
+
+def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
+    """Draw every plot and write report.md; returns the report's path."""
+    rows, syncs, summary = load_rows(run_dir)
+    out = out_dir or run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = run_dir.name
+    initial = summary.get("val/accuracy_initial")
+    reward_step = [(r["step"], r["critic/score/mean"]) for r in rows if "critic/score/mean" in r]
+    acc_step = [(r["step"], r["val/accuracy"]) for r in rows if "val/accuracy" in r]
+    reward_time = [
+        (r["perf/elapsed_s"], r["critic/score/mean"]) for r in rows if "critic/score/mean" in r
+    ]
+    acc_time = [(r["perf/elapsed_s"], r["val/accuracy"]) for r in rows if "val/accuracy" in r]
+    if initial is not None:
+        acc_step.insert(0, (0, initial))
+        acc_time.insert(0, (0.0, initial))
+    plots = {
+        "reward and accuracy by step": line_plot(
+            {"training reward (mean per step)": reward_step, "held-out accuracy": acc_step},
+            out / "reward_accuracy_step.png",
+            title=f"{run_id}: reward and accuracy",
+            xlabel="step",
+            ylabel="reward / accuracy",
+        ),
+        "reward and accuracy by wall time": line_plot(
+            {"training reward (mean per step)": reward_time, "held-out accuracy": acc_time},
+            out / "reward_accuracy_time.png",
+            title=f"{run_id}: reward and accuracy",
+            xlabel="seconds since the trainer started",
+            ylabel="reward / accuracy",
+        ),
+    }
+    counts = staleness_counts(rows)
+    if counts:
+        plots["staleness"] = bar_plot(
+            {str(k): float(n) for k, n in counts.items()},
+            out / "staleness.png",
+            title=f"{run_id}: staleness of the trained samples",
+            xlabel="versions behind the trainer when consumed",
+            ylabel="samples",
+        )
+    windows = sync_windows(rows, syncs)
+    if windows:
+        versions = [w["version"] for w in windows]
+        plots["idle ratios per sync window"] = line_plot(
+            {
+                "trainer/idle_ratio": [(w["version"], w["trainer_idle"]) for w in windows],
+                "rollouter/idle_ratio": [(w["version"], w["rollouter_idle"]) for w in windows],
+            },
+            out / "idle_ratios.png",
+            title=f"{run_id}: idle ratio of each sync window",
+            xlabel="weight version the window ended with",
+            ylabel="idle ratio",
+        )
+        plots["sync time"] = stacked_bars(
+            versions,
+            {
+                "pause (wait for every worker)": [w["pause_s"] * 1e3 for w in windows],
+                "transfer": [w["transfer_s"] * 1e3 for w in windows],
+                "workers load and resume": [_rest(w) * 1e3 for w in windows],
+            },
+            out / "sync_time.png",
+            title=f"{run_id}: time of each weight sync",
+            xlabel="weight version published",
+            ylabel="ms",
+        )
+    rates = _step_rates(rows)
+    plots["throughput"] = line_plot(
+        {
+            "samples/s over each step": rates,
+            "running average": [(r["perf/elapsed_s"], r["perf/samples_per_s"]) for r in rows],
+        },
+        out / "throughput.png",
+        title=f"{run_id}: throughput of the trainer",
+        xlabel="seconds since the trainer started",
+        ylabel="samples/s",
+    )
+    path = out / "report.md"
+    path.write_text(_markdown(run_id, rows, summary, counts, windows, plots, out))
+    return path
+
+
+def _rest(w: dict[str, float]) -> float:
+    """SyncRequested -> resumed, less the pause and transfer (the three are back to back)."""
+    return max(w["resumed_s"] - w["pause_s"] - w["transfer_s"], 0.0)
+
+
+def _step_rates(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Samples/s between consecutive steps, from the running average and elapsed time."""
+    points = []
+    prev_t, prev_n = 0.0, 0.0
+    for r in rows:
+        t = r["perf/elapsed_s"]
+        n = r["perf/samples_per_s"] * t  # samples trained so far
+        if t > prev_t:
+            points.append((t, (n - prev_n) / (t - prev_t)))
+        prev_t, prev_n = t, n
+    return points
+
+
+def _markdown(
+    run_id: str,
+    rows: list[dict[str, Any]],
+    summary: dict[str, Any],
+    counts: dict[int, int],
+    windows: list[dict[str, float]],
+    plots: dict[str, Path],
+    out: Path,
+) -> str:
+    last = rows[-1]
+    trained = sum(counts.values())
+    stale = sum(n for k, n in counts.items() if k > 0)
+    facts = [
+        ("steps", last["step"]),
+        ("weight version", last["version"]),
+        ("finished because", summary.get("reason", "(still running)")),
+        ("held-out accuracy, start -> end", _acc(summary, rows)),
+        ("wall time", f"{last['perf/elapsed_s']:.1f} s"),
+        ("samples/s (whole run)", f"{last['perf/samples_per_s']:.2f}"),
+        ("samples trained", trained or "-"),
+        ("of them stale", f"{stale} ({stale / trained:.0%})" if trained else "-"),
+        ("dropped", summary.get("dropped", "-")),
+    ]
+    if windows:
+        mean = {k: sum(w[k] for w in windows) / len(windows) for k in windows[0]}
+        facts += [
+            ("syncs", len(windows)),
+            ("sync pause / transfer, mean (trainer)", _ms(mean, "pause_s", "transfer_s")),
+            ("weights receive + load, mean (slowest worker)", _ms(mean, "load_s")),
+            ("SyncRequested -> resumed, mean", f"{mean['resumed_s'] * 1e3:.0f} ms"),
+            ("trainer idle ratio, mean of windows", f"{mean['trainer_idle']:.2f}"),
+            ("rollouter idle ratio, mean of windows", f"{mean['rollouter_idle']:.2f}"),
+        ]
+    lines = [f"# Run `{run_id}`", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in facts]
+    for title, png in plots.items():
+        lines += ["", f"## {title}", "", f"![{title}]({png.relative_to(out)})"]
+    return "\n".join(lines) + "\n"
+
+
+def _acc(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    evals = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
+    start = summary.get("val/accuracy_initial")
+    end = summary.get("val/accuracy", evals[-1] if evals else None)
+    if start is None and end is None:
+        return "not evaluated"
+    return f"{'-' if start is None else f'{start:.3f}'} -> {'-' if end is None else f'{end:.3f}'}"
+
+
+def _ms(mean: dict[str, float], *keys: str) -> str:
+    return " / ".join(f"{mean[k] * 1e3:.0f}" for k in keys) + " ms"

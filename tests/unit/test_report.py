@@ -1,0 +1,71 @@
+"""``asyncrl report`` on a scripted metrics file: the figures it states, the files it writes."""
+
+import json
+
+import pytest
+
+from asyncrl.cli import main
+from asyncrl.ops.report import ReportError, resolve_run_dir, sync_windows, write_report
+
+
+def _run_dir(tmp_path):
+    run = tmp_path / "runs" / "scripted"
+    run.mkdir(parents=True)
+    rows = [
+        {"step": 1, "version": 0, "critic/score/mean": 0.2, "perf/elapsed_s": 1.0,
+         "perf/samples_per_s": 8.0, "fully_async/staleness/count_0": 8.0,
+         "trainer/idle_ratio": 0.5, "rollouter/idle_ratio": 0.25},
+        {"sync": {"version": 1, "pause_s": 0.1, "transfer_s": 0.02, "load_s": 0.05,
+                  "resumed_s": 0.2}},
+        {"step": 2, "version": 1, "critic/score/mean": 0.5, "perf/elapsed_s": 2.0,
+         "perf/samples_per_s": 8.0, "fully_async/staleness/count_0": 5.0,
+         "fully_async/staleness/count_1": 3.0, "val/accuracy": 0.6,
+         "trainer/idle_ratio": 0.4, "rollouter/idle_ratio": 0.1},
+        {"summary": {"reason": "total_training_steps reached", "val/accuracy_initial": 0.4,
+                     "val/accuracy": 0.6, "dropped": {}}},
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_report_states_the_scripted_figures(tmp_path):
+    run = _run_dir(tmp_path)
+    (window,) = sync_windows(*_load(run))
+    # The sync that made version 1 closed the window whose last step is step 1.
+    assert window["trainer_idle"] == 0.5 and window["rollouter_idle"] == 0.25
+    md = write_report(run).read_text()
+    assert "| samples trained | 16 |" in md
+    assert "| of them stale | 3 (19%) |" in md
+    assert "| held-out accuracy, start -> end | 0.400 -> 0.600 |" in md
+    assert "| sync pause / transfer, mean (trainer) | 100 / 20 ms |" in md
+    assert "| SyncRequested -> resumed, mean | 200 ms |" in md
+    pngs = sorted(p.name for p in (run / "report").glob("*.png"))
+    assert pngs == [
+        "idle_ratios.png",
+        "reward_accuracy_step.png",
+        "reward_accuracy_time.png",
+        "staleness.png",
+        "sync_time.png",
+        "throughput.png",
+    ]
+    for name in pngs:
+        data = (run / "report" / name).read_bytes()
+        assert data[:4] == b"\x89PNG" and len(data) > 5_000
+        assert f"]({name})" in md
+
+
+def _load(run):
+    from asyncrl.ops.report import load_rows
+
+    rows, syncs, _ = load_rows(run)
+    return rows, syncs
+
+
+def test_report_cli_by_run_id_and_a_clear_error(tmp_path, capsys):
+    _run_dir(tmp_path)
+    assert main(["report", "scripted", "--output-dir", str(tmp_path / "runs")]) == 0
+    assert "report.md" in capsys.readouterr().out
+    assert main(["report", "nope", "--output-dir", str(tmp_path / "runs")]) == 1
+    assert "no run at 'nope'" in capsys.readouterr().err
+    with pytest.raises(ReportError):
+        resolve_run_dir(str(tmp_path))
