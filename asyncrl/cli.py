@@ -1,4 +1,4 @@
-"""The one command line: ``asyncrl run|train|rollout|broker|inspect|replay|bench ...``.
+"""The one command line: ``asyncrl run|train|rollout|broker|inspect|replay|monitor|report|bench``.
 
 Entry points stay short and import torch and transformers only after the arguments are
 parsed, so ``asyncrl --help`` answers at once. Every command takes ``--config FILE`` (default:
@@ -21,6 +21,8 @@ examples:
   asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
   asyncrl inspect control run_id=demo kafka.bootstrap_servers=127.0.0.1:9092
   asyncrl replay step 12 --config runs/demo/config.yaml   re-run step 12 from the log
+  asyncrl monitor demo kafka.bootstrap_servers=127.0.0.1:9092   live per-version health
+  asyncrl report demo                           plots and a summary of runs/demo (report/)
   asyncrl bench modes                           colocated sync vs modes (a)-(d), sim workload
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
@@ -107,6 +109,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--versions", help="topic: param_version range, e.g. 3..7")
     p.add_argument("--sample-ids", help="topic: comma-separated sample ids")
     _config_args(p)
+
+    p = sub.add_parser(
+        "monitor",
+        help="a run's health, live, per weight version (reads its topics)",
+        description="A separate process reading RUN's samples, steps, control and dead-letter "
+        "topics from the beginning (no consumer group, so it disturbs nobody) and showing, per "
+        "weight version: samples produced, mean reward, partial ratio, samples consumed, stale "
+        "count and staleness spread, held-out accuracy, trainer and rollouter idle ratios; and "
+        "run-wide queue lag, drops, dead-lettered records and workers. Stops at RunFinished "
+        "(or Ctrl-C). Needs kafka.bootstrap_servers (the run's broker or Kafka cluster).",
+    )
+    p.add_argument("run", help="the run_id to watch")
+    p.add_argument("--once", action="store_true", help="print what is there now and exit")
+    p.add_argument(
+        "--engine",
+        choices=["auto", "faust", "kafka"],
+        default="auto",
+        help="faust: a faust-streaming agent (pip install 'asyncrl[monitor]'); kafka: a plain "
+        "confluent-kafka reader (no consumer group, starts faster); auto (default): faust "
+        "when installed",
+    )
+    _config_args(p)
+
+    p = sub.add_parser(
+        "report",
+        help="PNG plots and a Markdown summary of a run (from its run directory)",
+        description="Reads RUN's metrics.jsonl and summary and writes RUN/report/: reward and "
+        "held-out accuracy against step and wall time, the staleness histogram, idle ratios "
+        "per sync window, each sync's pause/transfer/load, samples/s, and report.md with the "
+        "plots inlined. Needs no broker: works on a finished run or a copy of its directory.",
+    )
+    p.add_argument("run", help="a run directory, or a run_id under --output-dir")
+    p.add_argument("--output-dir", default="runs", help="where run_ids live (default: runs)")
+    p.add_argument("--out", help="write the report here instead of RUN/report")
 
     p = sub.add_parser(
         "bench",
@@ -294,6 +330,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.ops.config import load_config
+    from asyncrl.ops.monitor import monitor
+
+    cfg = load_config(args.config, [*args.overrides, f"run_id={args.run}"])
+    bootstrap = _need_bootstrap(cfg, "monitor")
+    with contextlib.suppress(KeyboardInterrupt):
+        monitor(cfg, bootstrap, Console(), follow=not args.once, engine=args.engine)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from asyncrl.ops.report import ReportError, resolve_run_dir, write_report
+
+    try:
+        run_dir = resolve_run_dir(args.run, args.output_dir)
+        path = write_report(run_dir, Path(args.out) if args.out else None)
+    except ReportError as err:
+        print(f"asyncrl report: {err}", file=sys.stderr)
+        return 1
+    pngs = sorted(p.name for p in path.parent.glob("*.png"))
+    Console().print(f"report: {path} ({len(pngs)} plots: {', '.join(pngs)})")
+    return 0
+
+
 def _torch_threads(n: int) -> None:
     import torch
 
@@ -307,6 +374,8 @@ COMMANDS = {
     "broker": cmd_broker,
     "inspect": cmd_inspect,
     "replay": cmd_replay,
+    "monitor": cmd_monitor,
+    "report": cmd_report,
     "bench": cmd_bench,
 }
 
