@@ -42,7 +42,7 @@ from asyncrl.consumers.checkpoint import (
 from asyncrl.ops import tracing
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Reader, Record
-from asyncrl.ops.metrics import JsonlWriter, WaitClock
+from asyncrl.ops.metrics import JsonlWriter, TensorBoardWriter, WaitClock
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample, decode_sample
@@ -105,6 +105,11 @@ class Trainer:
         self.control = ControlChannel(cfg, bootstrap, self.publisher)
         self.control.start()
         self.metrics_file = JsonlWriter(cfg.run_dir / "metrics.jsonl")
+        self.tensorboard = (
+            TensorBoardWriter(cfg.run_dir / "tensorboard")
+            if "tensorboard" in cfg.trainer.logger
+            else None
+        )
         self.sender: WeightSender | None = None
         self.wait_clock = WaitClock()
         self.rollouter_idle: dict[int, float] = {}
@@ -424,6 +429,8 @@ class Trainer:
         )
         self.publisher.flush()
         self.metrics_file.write({"step": self.step, "version": self.version, **metrics})
+        if self.tensorboard is not None:
+            self.tensorboard.write(self.step, {"version": float(self.version), **metrics})
 
     def checkpoint(self) -> None:
         state = TrainerState(
@@ -543,6 +550,8 @@ class Trainer:
 
     def close(self) -> None:
         self.metrics_file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         self.samples.close()
         self.control.close()
         if self.sender is not None:

@@ -218,6 +218,9 @@ class TrainerConfig(Strict):
     """Seed of the trainer's RNG (rollout workers derive theirs from it)."""
     torch_threads: int = Field(1, ge=1)
     """CPU threads of the trainer process (rollout and training share the machine's cores)."""
+    logger: list[Literal["console", "tensorboard"]] = Field(default_factory=lambda: ["console"])
+    """Where step metrics go besides metrics.jsonl and the steps topic (verl's key): console
+    (the progress bar), tensorboard (<run_dir>/tensorboard; pip install 'asyncrl[tensorboard]')."""
 
 
 class SyncConfig(Strict):

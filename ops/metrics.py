@@ -27,6 +27,29 @@ class JsonlWriter:
         self._f.close()
 
 
+class TensorBoardWriter:
+    """Step metrics as TensorBoard scalars (``trainer.logger`` includes ``tensorboard``)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:
+            raise RuntimeError(
+                f"trainer.logger includes tensorboard, but it is not installed ({err}): "
+                "pip install 'asyncrl[tensorboard]'"
+            ) from err
+        self._w = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, int | float):
+                self._w.add_scalar(key, float(value), step)
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
+
+
 class WaitClock:
     """Accumulates the time spent waiting inside ``with clock.waiting():`` per window."""
 

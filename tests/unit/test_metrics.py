@@ -62,3 +62,22 @@ def test_staleness_metrics():
         "fully_async/staleness/count_1": 1.0,
         "fully_async/staleness/count_2": 1.0,
     }
+
+
+def test_tensorboard_scalars_read_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from asyncrl.ops.config import load_config
+    from asyncrl.ops.metrics import TensorBoardWriter
+
+    cfg = load_config(overrides=["trainer.logger=[console,tensorboard]"])
+    assert cfg.trainer.logger == ["console", "tensorboard"]
+    w = TensorBoardWriter(tmp_path)
+    w.write(1, {"trainer/idle_ratio": 0.5, "critic/score/mean": 0.25})
+    w.write(2, {"trainer/idle_ratio": 0.25})
+    w.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    idle = [(e.step, e.value) for e in acc.Scalars("trainer/idle_ratio")]
+    assert idle == [(1, 0.5), (2, 0.25)]
+    assert [e.value for e in acc.Scalars("critic/score/mean")] == [0.25]
