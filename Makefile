@@ -26,6 +26,7 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/hadolint docker/Dockerfile
 
 format: install
 	$(BIN)/ruff check --fix .

@@ -18,6 +18,7 @@ examples:
   asyncrl run                                   the embedded demo: broker, trainer, 1 worker
   asyncrl run async_training.staleness_threshold=0 actor_rollout_ref.rollout.num_workers=2
   asyncrl broker --port 9092                    a Kafka-protocol broker for your own runs
+  asyncrl prepare kafka.bootstrap_servers=kafka:9092 sync.master_addr=trainer sync.master_port=29500
   asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
   asyncrl inspect control run_id=demo kafka.bootstrap_servers=127.0.0.1:9092
   asyncrl replay step 12 --config runs/demo/config.yaml   re-run step 12 from the log
@@ -54,6 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "run", help="a whole run: broker (embedded if none), trainer, rollout workers"
+    )
+    _config_args(p)
+
+    p = sub.add_parser(
+        "prepare",
+        help="set a run up on a Kafka cluster (topics, policy, prompts, resolved config), no more",
+        description="What `asyncrl run` does before it starts processes: create the run's topics, "
+        "build and warm-start the policy into its cache, feed the prompts, and write the "
+        "resolved config to output_dir/run_id/config.yaml, which `asyncrl train` and "
+        "`asyncrl rollout --worker-id N` then read (--config). Needs kafka.bootstrap_servers; "
+        "set sync.master_addr/sync.master_port to where the trainer will listen.",
     )
     _config_args(p)
 
@@ -189,6 +201,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     summary = run(_load(args))
     return 0 if summary else 1
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.ops.launcher import prepare
+
+    cfg = _load(args)
+    bootstrap = _need_bootstrap(cfg, "prepare")
+    if cfg.sync.master_port is None:
+        raise SystemExit(
+            "asyncrl prepare: sync.master_port is not set: pick the port the trainer will "
+            "listen on (e.g. sync.master_port=29500 sync.master_addr=<trainer host>)"
+        )
+    prepare(cfg, bootstrap, Console())
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -369,6 +397,7 @@ def _torch_threads(n: int) -> None:
 
 COMMANDS = {
     "run": cmd_run,
+    "prepare": cmd_prepare,
     "train": cmd_train,
     "rollout": cmd_rollout,
     "broker": cmd_broker,

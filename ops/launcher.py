@@ -96,6 +96,36 @@ def prepare_policy(cfg: RunConfig, console: Console) -> None:
     )
 
 
+def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig, Path]:
+    """Everything a run needs before its processes start: topics, the warm-started policy,
+    the prompts, and the resolved config every process reads (``run_dir/config.yaml``).
+
+    ``asyncrl run`` calls it before spawning; ``asyncrl prepare`` runs it alone (the set-up
+    service of the compose cluster, or a multi-node run's first step).
+    """
+    resolved = cfg.model_copy(deep=True)
+    resolved.kafka.bootstrap_servers = bootstrap
+    if resolved.sync.master_port is None:
+        resolved.sync.master_port = free_port()
+    topics = create_run_topics(resolved, bootstrap)
+    console.log(f"topics: {', '.join(topics)}")
+    prepare_policy(resolved, console)
+
+    from asyncrl.ops.tracing import init_tracing, shutdown_tracing
+    from asyncrl.producers.feed import feed_prompts
+
+    init_tracing(resolved, "asyncrl-launcher")  # the feed's spans: the prompts' contexts
+    try:
+        n = feed_prompts(resolved, bootstrap)
+    finally:
+        shutdown_tracing()
+    console.log(f"fed {n} prompts to {resolved.topic('prompts')}")
+    config_path = cfg.run_dir / "config.yaml"
+    dump_config(resolved, config_path)
+    console.log(f"resolved config: {config_path}")
+    return resolved, config_path
+
+
 def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     if cfg.kafka.bootstrap_servers is None:
@@ -108,25 +138,7 @@ def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     try:
         where = "embedded Tansu" if broker is not None else "external Kafka"
         console.log(f"broker: {where} at {bootstrap}")
-        resolved = cfg.model_copy(deep=True)
-        resolved.kafka.bootstrap_servers = bootstrap
-        if resolved.sync.master_port is None:
-            resolved.sync.master_port = free_port()
-        topics = create_run_topics(resolved, bootstrap)
-        console.log(f"topics: {', '.join(topics)}")
-        prepare_policy(resolved, console)
-
-        from asyncrl.ops.tracing import init_tracing, shutdown_tracing
-        from asyncrl.producers.feed import feed_prompts
-
-        init_tracing(resolved, "asyncrl-launcher")  # the feed's spans: the prompts' contexts
-        try:
-            n = feed_prompts(resolved, bootstrap)
-        finally:
-            shutdown_tracing()
-        console.log(f"fed {n} prompts to {resolved.topic('prompts')}")
-        config_path = run_dir / "config.yaml"
-        dump_config(resolved, config_path)
+        resolved, config_path = prepare(cfg, bootstrap, console)
         at = resolved.async_training
         console.log(
             f"mode ({at.mode}): staleness_threshold={at.staleness_threshold} "

@@ -106,8 +106,7 @@ class RunMonitor:
             self.finished = e.reason
 
     def render(self, run_id: str, last_versions: int = 12) -> Group:
-        head = Table.grid(padding=(0, 2))
-        head.add_row(
+        parts = [
             f"[bold]{run_id}[/]",
             f"step {self.steps}",
             f"published {self.published}",
@@ -117,12 +116,18 @@ class RunMonitor:
             f"dead-letter {self.dead_letters}",
             f"workers {len(self.workers)}"
             + (f", left: {'; '.join(self.left)}" if self.left else ""),
-            f"[green]finished: {self.finished}[/]" if self.finished else "",
+        ]
+        if self.finished:
+            parts.append(f"[green]finished: {self.finished}[/]")
+        head = "   ".join(parts)  # a line that wraps on a narrow terminal, never cut short
+        table = Table(
+            title="per weight version (newest last)",
+            caption="made: samples published under the version; used: trained on at it; "
+            "0/1/2+: how many versions behind; idle T/R: trainer/rollouters",
         )
-        table = Table(title="per weight version (newest last)")
         for col in (
-            "version", "produced", "reward", "partial", "consumed", "stale",
-            "staleness 0/1/2+", "accuracy", "trainer idle", "rollouter idle",
+            "version", "made", "reward", "partial", "used", "stale", "0/1/2+", "acc",
+            "idle T", "idle R",
         ):  # fmt: skip
             table.add_column(col, justify="right")
         for version in sorted(self.versions)[-last_versions:]:
