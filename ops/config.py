@@ -61,6 +61,49 @@ class TopicsConfig(Strict):
         return {**DEFAULT_PARTITIONS, **value}
 
 
+class KafkaSecurityConfig(Strict):
+    """TLS and SASL to the brokers (docs/cluster.md). Secrets are never part of the config:
+    name the environment variables that hold them, so config files, the resolved
+    runs/<run_id>/config.yaml and logs never contain a password."""
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """librdkafka's security.protocol."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """SASL mechanism (needed with SASL_PLAINTEXT / SASL_SSL)."""
+    sasl_username: str | None = None
+    """SASL user name."""
+    sasl_password_env: str = "KAFKA_SASL_PASSWORD"
+    """Environment variable holding the SASL password (read by each process at start-up)."""
+    ssl_ca_location: str | None = None
+    """CA certificate file (PEM) to verify the brokers; unset: the system's CAs."""
+    ssl_certificate_location: str | None = None
+    """Client certificate (PEM), for mutual TLS."""
+    ssl_key_location: str | None = None
+    """Client private key (PEM), for mutual TLS."""
+    ssl_key_password_env: str = "KAFKA_SSL_KEY_PASSWORD"
+    """Environment variable holding the client key's password, if it has one."""
+    ssl_verify_hostname: bool = True
+    """Check the broker certificate's host name (ssl.endpoint.identification.algorithm)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> KafkaSecurityConfig:
+        sasl = self.protocol.startswith("SASL_")
+        if sasl and (self.sasl_mechanism is None or not self.sasl_username):
+            raise ValueError(
+                f"security.protocol {self.protocol} needs kafka.security.sasl_mechanism and "
+                "kafka.security.sasl_username"
+            )
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError(
+                f"kafka.security.sasl_mechanism is set but protocol is {self.protocol} "
+                "(use SASL_PLAINTEXT or SASL_SSL)"
+            )
+        return self
+
+
+SECRET_HINTS = ("password", "secret", "token", "sasl.oauthbearer.config")
+
+
 class KafkaConfig(Strict):
     bootstrap_servers: str | None = None
     """Kafka bootstrap servers. Unset: an embedded Tansu broker is started on a free loopback port."""
@@ -75,8 +118,20 @@ class KafkaConfig(Strict):
     linger_ms: int = Field(5, ge=0)
     """Producer batching delay."""
     extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """Raw librdkafka settings applied last to every client (e.g. security.protocol)."""
+    """Raw librdkafka settings applied last to every client (no secrets: see security)."""
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
+    security: KafkaSecurityConfig = Field(default_factory=KafkaSecurityConfig)
+
+    @model_validator(mode="after")
+    def _no_secrets_in_extra(self) -> KafkaConfig:
+        for key in self.extra:
+            if any(hint in key.lower() for hint in SECRET_HINTS):
+                raise ValueError(
+                    f"kafka.extra.{key}: secrets do not go in the config (it is written to "
+                    "runs/<run_id>/config.yaml); put it in an environment variable named by "
+                    "kafka.security.sasl_password_env / ssl_key_password_env"
+                )
+        return self
 
 
 class DataConfig(Strict):

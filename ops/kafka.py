@@ -9,6 +9,7 @@ never stop a reader: they go to the run's dead-letter topic with the reason atta
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -81,8 +82,58 @@ def client_config(kafka_cfg: KafkaConfig, bootstrap: str) -> dict[str, Any]:
             _LIBRDKAFKA_RECEIVE_MAX_DEFAULT, _fetch_max_bytes(kafka_cfg) + _HEADROOM
         ),
     }
+    conf.update(security_settings(kafka_cfg))
     conf.update(kafka_cfg.extra)
     return conf
+
+
+class MissingSecret(RuntimeError):
+    """A security setting names an environment variable that is not set."""
+
+
+def security_settings(kafka_cfg: KafkaConfig) -> dict[str, Any]:
+    """librdkafka's TLS/SASL keys from ``kafka.security``; secrets read from the environment.
+
+    The returned dict holds the password: never log it (``redacted`` is for display).
+    """
+    sec = kafka_cfg.security
+    conf: dict[str, Any] = {"security.protocol": sec.protocol}
+    if sec.protocol.startswith("SASL_"):
+        password = os.environ.get(sec.sasl_password_env)
+        if password is None:
+            raise MissingSecret(
+                f"kafka.security.sasl_password_env: environment variable "
+                f"{sec.sasl_password_env} (the SASL password) is not set"
+            )
+        conf.update(
+            {
+                "sasl.mechanism": sec.sasl_mechanism,
+                "sasl.username": sec.sasl_username,
+                "sasl.password": password,
+            }
+        )
+    if sec.protocol.endswith("SSL"):
+        for key, value in (
+            ("ssl.ca.location", sec.ssl_ca_location),
+            ("ssl.certificate.location", sec.ssl_certificate_location),
+            ("ssl.key.location", sec.ssl_key_location),
+        ):
+            if value:
+                conf[key] = value
+        key_password = os.environ.get(sec.ssl_key_password_env)
+        if key_password is not None:
+            conf["ssl.key.password"] = key_password
+        conf["ssl.endpoint.identification.algorithm"] = (
+            "https" if sec.ssl_verify_hostname else "none"
+        )
+    return conf
+
+
+def redacted(conf: dict[str, Any]) -> dict[str, Any]:
+    """A client config safe to print: secret values replaced."""
+    return {
+        k: ("***" if k in ("sasl.password", "ssl.key.password") else v) for k, v in conf.items()
+    }
 
 
 def producer_config(kafka_cfg: KafkaConfig, bootstrap: str) -> dict[str, Any]:

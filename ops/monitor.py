@@ -195,9 +195,14 @@ def monitor(
 
     if engine not in ("auto", "faust", "kafka"):
         raise ValueError(f"monitor engine {engine!r}: choose auto, faust or kafka")
+    secured = cfg.kafka.security.protocol != "PLAINTEXT"
+    if engine == "faust" and secured:
+        raise ValueError(
+            "the faust monitor engine does not take kafka.security settings yet: use --engine kafka"
+        )
     if engine == "auto":
-        engine = "faust" if importlib.util.find_spec("faust") else "kafka"
-        if engine == "kafka":
+        engine = "faust" if importlib.util.find_spec("faust") and not secured else "kafka"
+        if engine == "kafka" and not secured:
             console.print("faust-streaming not installed ('asyncrl[monitor]'): plain Kafka reader")
     if engine == "faust":
         try:
