@@ -17,6 +17,7 @@ EPILOG = """\
 examples:
   asyncrl run                                   the embedded demo: broker, trainer, 1 worker
   asyncrl run async_training.staleness_threshold=0 actor_rollout_ref.rollout.num_workers=2
+  asyncrl run --launcher ray                    trainer and workers as Ray actors
   asyncrl broker --port 9092                    a Kafka-protocol broker for your own runs
   asyncrl prepare kafka.bootstrap_servers=kafka:9092 sync.master_addr=trainer sync.master_port=29500
   asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
@@ -55,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "run", help="a whole run: broker (embedded if none), trainer, rollout workers"
+    )
+    p.add_argument(
+        "--launcher",
+        choices=["local", "ray"],
+        help="local processes (default), or Ray actors on the cluster at ray.address / "
+        "RAY_ADDRESS (a local Ray if neither); same as launcher=ray",
     )
     _config_args(p)
 
@@ -199,6 +206,8 @@ def _need_bootstrap(cfg, role: str) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from asyncrl.ops.launcher import run
 
+    if args.launcher:
+        args.overrides = [*args.overrides, f"launcher={args.launcher}"]
     summary = run(_load(args))
     return 0 if summary else 1
 

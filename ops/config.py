@@ -310,6 +310,23 @@ class SimConfig(Strict):
     """Seed of the length draws (each request's length is a function of its id and this)."""
 
 
+class RayConfig(Strict):
+    """Placement on a Ray cluster (launcher=ray, docs/cluster.md)."""
+
+    address: str | None = None
+    """Ray cluster to join (e.g. ray://head:10001 or auto); unset: RAY_ADDRESS, else a local Ray."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of a local Ray started by the launcher (unset: the machine's)."""
+    trainer_num_cpus: float = Field(1, ge=0)
+    """CPUs the trainer's actor reserves."""
+    trainer_num_gpus: float = Field(0, ge=0)
+    """GPUs the trainer's actor reserves (its process sees them as CUDA_VISIBLE_DEVICES)."""
+    rollout_num_cpus: float = Field(1, ge=0)
+    """CPUs each rollout worker's actor reserves."""
+    rollout_num_gpus: float = Field(0, ge=0)
+    """GPUs each rollout worker's actor reserves."""
+
+
 class TracingConfig(Strict):
     """OpenTelemetry traces (docs/observability.md). The OTEL_* environment variables apply."""
 
@@ -336,6 +353,9 @@ class RunConfig(Strict):
     sync: SyncConfig = Field(default_factory=SyncConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    launcher: Literal["local", "ray"] = "local"
+    """How `asyncrl run` starts the trainer and workers: local processes, or Ray actors."""
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     @model_validator(mode="after")
     def _check_partial(self) -> RunConfig:

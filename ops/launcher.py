@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,7 @@ def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
     bootstrap, broker = ensure_broker(cfg.kafka)
     procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    ray_launcher = None
     try:
         where = "embedded Tansu" if broker is not None else "external Kafka"
         console.log(f"broker: {where} at {bootstrap}")
@@ -146,18 +148,33 @@ def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
             f"require_batches={at.require_batches} partial_rollout={at.partial_rollout}; "
             f"{resolved.actor_rollout_ref.rollout.num_workers} rollout worker(s)"
         )
-        procs["trainer"] = spawn(trainer_command(config_path), logs / "trainer.log")
+        if resolved.launcher == "ray":
+            from asyncrl.ops.ray_launcher import RayLauncher
+
+            ray_launcher = RayLauncher(resolved)
+            start = ray_launcher.spawn
+            console.log("launcher: Ray actors")
+        else:
+            start = _spawn_local
+        procs["trainer"] = start("trainer", trainer_command(config_path), logs / "trainer.log")
         for i in range(resolved.actor_rollout_ref.rollout.num_workers):
-            procs[f"rollout-{i}"] = spawn(worker_command(config_path, i), logs / f"rollout-{i}.log")
-        summary = _follow(resolved, bootstrap, procs, console, config_path)
+            name = f"rollout-{i}"
+            procs[name] = start(name, worker_command(config_path, i), logs / f"{name}.log")
+        summary = _follow(resolved, bootstrap, procs, console, config_path, start)
         _wait_workers(procs, timeout_s=30)
         return summary
     finally:
         for proc, _ in procs.values():
             if proc.poll() is None:
                 proc.kill()
+        if ray_launcher is not None:
+            ray_launcher.close()
         if broker is not None:
             broker.stop()
+
+
+def _spawn_local(name: str, cmd: list[str], log_path: Path) -> tuple[subprocess.Popen, Path]:
+    return spawn(cmd, log_path)
 
 
 def trainer_command(config_path: Path) -> list[str]:
@@ -177,6 +194,7 @@ def _follow(
     procs: dict[str, tuple[subprocess.Popen, Path]],
     console: Console,
     config_path: Path,
+    start: Callable[[str, list[str], Path], tuple[Any, Path]] = _spawn_local,
 ) -> dict[str, Any]:
     """Show progress from the steps topic until the trainer exits. A rollout worker that dies
     is restarted up to ``rollout.max_restarts`` times; any other death fails the run."""
@@ -206,7 +224,7 @@ def _follow(
                             f"({restarts[name]}/{max_restarts}); it recovers its work from the log"
                         )
                         worker_id = int(name.removeprefix("rollout-"))
-                        procs[name] = spawn(worker_command(config_path, worker_id), log_path)
+                        procs[name] = start(name, worker_command(config_path, worker_id), log_path)
                         break
                     raise RunFailed(
                         f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
