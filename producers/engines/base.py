@@ -11,6 +11,7 @@ request stops exactly where the uninterrupted one would have.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -79,6 +80,10 @@ class Engine(Protocol):
 
     def abort_all(self) -> list[GenResult]:
         """Drop every active request, returning what each had so far (finish_reason 'abort')."""
+        ...
+
+    def abort(self, request_ids: Iterable[str]) -> list[GenResult]:
+        """Drop the named active requests (unknown ids are ignored), as ``abort_all`` does."""
         ...
 
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
@@ -166,8 +171,14 @@ class StepwiseEngine:
         return self._result(a, reason)
 
     def abort_all(self) -> list[GenResult]:
-        out = [self._result(a, "abort") for a in self._active.values()]
-        self._active.clear()
+        return self.abort(list(self._active))
+
+    def abort(self, request_ids: Iterable[str]) -> list[GenResult]:
+        out = []
+        for rid in request_ids:
+            a = self._active.pop(rid, None)
+            if a is not None:
+                out.append(self._result(a, "abort"))
         return out
 
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:

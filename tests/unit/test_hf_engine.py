@@ -97,3 +97,21 @@ def test_a_finished_prefix_is_returned_as_it_is(tok):
         [GenRequest("x", prompt, 8, prefix_ids=[7, eos], prefix_logprobs=[-1.0, -0.5])]
     )
     assert (res.response_ids, res.finish_reason) == ([7, eos], "stop")
+
+
+def test_abort_drops_only_the_named_requests_and_the_rest_go_on(tok):
+    engine = _engine(tok)
+    full = {r.request_id: r for r in engine.generate(_requests(tok, greedy=True))}
+    for req in _requests(tok, greedy=True):
+        engine.add(req)
+    engine.step()
+    cut = engine.abort(["r1", "r3", "no-such-request"])
+    assert sorted(r.request_id for r in cut) == ["r1", "r3"]
+    assert all(r.finish_reason == "abort" and len(r.response_ids) == 1 for r in cut)
+    assert engine.num_active == 2
+    rest = {}
+    while engine.num_active:
+        rest.update({r.request_id: r for r in engine.step()})
+    assert sorted(rest) == ["r0", "r2"]
+    for rid, got in rest.items():  # the others' generation is unaffected by the abort
+        assert got.response_ids == full[rid].response_ids
