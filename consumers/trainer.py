@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,6 +44,7 @@ from asyncrl.ops import tracing
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Reader, Record
 from asyncrl.ops.metrics import JsonlWriter, TensorBoardWriter, WaitClock
+from asyncrl.producers.budget import worker_share
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample, decode_sample
@@ -125,6 +127,10 @@ class Trainer:
         self.last_sync_of: dict[int, dict[str, float]] = {}
         """Per version: the trainer's side of its sync (pause wait, transfer)."""
         self.unresumed: dict[int, set[int]] = {}
+        self.received: Counter[tuple[int, int]] = Counter()
+        """Samples read per (worker, param_version): what a leaving worker delivered."""
+        self.shared_among: dict[int, list[int]] = {}
+        """Per version opened at a sync: the members its budget was split among."""
         """Per version: the members that have not published RolloutResumed for it yet."""
         self._checksum_cache: str | None = None
         self.t_start = time.monotonic()
@@ -148,6 +154,8 @@ class Trainer:
             )
             delivered = sent.delivered
         checksum = self._checksum() if self.cfg.sync.verify_checksum else ""
+        if workers is None and self.step > 0:  # a sync: the new version is split among these
+            self.shared_among[self.version] = sorted(self.members)
         self.control.publish(
             ev.WeightsPublished(
                 run_id=self.cfg.run_id,
@@ -160,6 +168,9 @@ class Trainer:
                 step=self.step,
                 incarnations=sorted(delivered.values()),
                 consumed={str(w): c for w, c in self.batcher.consumed.items()},
+                # A joiner takes its share of the version as it was split ([]: the
+                # configured shares, at start-up), not as if it had been there at the sync.
+                members=self.shared_among.get(self.version, []),
             )
         )
         if workers is None:
@@ -229,6 +240,40 @@ class Trainer:
         if self.sender is not None and worker in self.members:
             log.warning("worker %d leaves the weight collective: %s", worker, why)
             self.sender.disconnect(worker)
+            self._hand_over_share(worker)
+
+    def _hand_over_share(self, worker: int) -> None:
+        """A worker left mid-version: grant the others what it had not delivered of its share,
+        or the version might never fill (its prompts are redelivered to them).
+
+        Its share is computed as the worker computed it (budget.py); what it delivered is what
+        arrived here from it under this version. Its stale samples are not subtracted (the
+        trainer does not know them), so the grant can exceed what is missing by those.
+        """
+        v, total = self.version, self.cfg.max_samples_per_version
+        members = self.shared_among.get(v)
+        if members is None:  # opened at start-up: the configured shares
+            if not 0 <= worker < self.num_workers:
+                return
+            share = worker_share(total, self.num_workers, worker)
+        elif worker in members:
+            share = worker_share(total, len(members), members.index(worker))
+        else:
+            return
+        missing = share - self.received[(worker, v)]
+        rest = sorted(self.members)
+        for i, w in enumerate(rest):
+            count = worker_share(max(missing, 0), len(rest), i)
+            if count:
+                self.control.publish(
+                    ev.BudgetGranted(
+                        run_id=self.cfg.run_id,
+                        version=v,
+                        target_worker=w,
+                        count=count,
+                        reason=f"worker {worker} left with {missing} of its share undelivered",
+                    )
+                )
 
     def sync(self, trigger: Span = trace.INVALID_SPAN) -> None:
         """Steps 5 of the class docstring: one weight version, pause to publish."""
@@ -298,6 +343,7 @@ class Trainer:
     # --- samples --------------------------------------------------------------------------------
     def _read_samples(self, timeout: float) -> None:
         for rec in self.samples.poll(timeout):
+            self.received[(rec.value.worker_id, rec.value.param_version)] += 1
             dropped = self.batcher.offer(rec, self.version)
             if dropped is not None:
                 log.warning("dropped sample %s: %s", rec.value.sample_id, dropped.reason)

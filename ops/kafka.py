@@ -166,6 +166,9 @@ def consumer_config(kafka_cfg: KafkaConfig, bootstrap: str, group_id: str | None
         # Metadata/offset requests on a consumer's connection queue behind its long-poll
         # fetch: 500 ms (the default) made assign()/seek-like calls take ~0.5 s each.
         "fetch.wait.max.ms": _FETCH_WAIT_MAX_MS,
+        # A member joining or leaving moves only the partitions that must move; the others'
+        # owners keep generating through the rebalance (eager protocols revoke everything).
+        "partition.assignment.strategy": "cooperative-sticky",
     }
     conf.update(client_config(kafka_cfg, bootstrap))
     return conf
@@ -355,8 +358,14 @@ class Reader(Generic[T]):
         topics: Iterable[str],
         on_assign: PartitionsCallback | None = None,
         on_revoke: PartitionsCallback | None = None,
+        on_lost: PartitionsCallback | None = None,
     ) -> None:
-        """Join the consumer group; callbacks get ``[(topic, partition), ...]``."""
+        """Join the consumer group; callbacks get ``[(topic, partition), ...]``.
+
+        The group is cooperative: ``on_assign``/``on_revoke`` get only the partitions that
+        move, and ``on_revoke`` runs before they are released, so it may still commit them.
+        ``on_lost`` (default: ``on_revoke``): they were taken away already (session expired).
+        """
         if self.group_id is None:
             log.warning("subscribe() without group_id: using a throwaway consumer group")
 
@@ -371,7 +380,7 @@ class Reader(Generic[T]):
             list(topics),
             on_assign=wrap(on_assign),
             on_revoke=wrap(on_revoke),
-            on_lost=wrap(on_revoke),
+            on_lost=wrap(on_lost or on_revoke),
         )
 
     def partitions(self, topic: str) -> list[int]:

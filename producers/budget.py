@@ -10,7 +10,10 @@ by the trainer at the sync (queued in Kafka, in flight, or partial). With
 
 With N workers the version budget is split into N shares (worker i gets one more while
 i < budget % N), each worker subtracting its own stale samples, so the sum never exceeds the
-budget and nothing but Kafka is shared.
+budget and nothing but Kafka is shared. At start-up the shares follow the configured
+``rollout.num_workers``; from the first sync on, the members the trainer lists in
+WeightsPublished (workers come and go): a worker with an id beyond the configured ones that
+joins mid-run gets no budget until the next sync, where the shares are recomputed with it.
 """
 
 from __future__ import annotations
@@ -40,9 +43,19 @@ class RolloutBudget:
     """Samples started under ``version``."""
     num_stale: int = 0
 
-    def reset(self, version: int, num_stale: int) -> int:
-        """Open the budget of a new version; returns how many samples may be started."""
-        share = worker_share(self.max_per_version, self.num_workers, self.worker_id)
+    def reset(self, version: int, num_stale: int, members: list[int] | None = None) -> int:
+        """Open the budget of a new version; returns how many samples may be started.
+
+        ``members``: the worker ids sharing this version (from the sync); None: the configured
+        ``num_workers``. A worker not among them gets nothing.
+        """
+        if members is None:
+            share = worker_share(self.max_per_version, self.num_workers, self.worker_id)
+        elif self.worker_id in members:
+            ranked = sorted(set(members))
+            share = worker_share(self.max_per_version, len(ranked), ranked.index(self.worker_id))
+        else:
+            share = 0
         self.version = version
         self.num_stale = max(0, num_stale)
         self.allowed = max(0, share - self.num_stale)

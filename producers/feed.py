@@ -15,10 +15,18 @@ from asyncrl.ops.kafka import Publisher
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas.prompt import TAG, PromptRecord, encode_prompt
 
+FEED_MARGIN = 2
+"""Times what the run consumes. Each worker fills its share of a version from the partitions
+it owns, and owners change as workers come and go (3 workers on 4 partitions: the one with 2
+partitions may have the smallest share); a tight feed let one worker run dry at the end while
+prompts waited on another's partitions, and the last version never filled."""
+
 
 def prompts_needed(cfg: RunConfig) -> int:
-    """Enough prompts for every step, plus one version's full budget of look-ahead."""
-    return cfg.trainer.total_training_steps * cfg.required_samples + cfg.max_samples_per_version
+    """Prompts to feed: ``FEED_MARGIN`` times every step's, plus a version's budget per partition."""
+    steps = cfg.trainer.total_training_steps * cfg.required_samples
+    partitions = cfg.kafka.topics.partitions["prompts"]
+    return FEED_MARGIN * steps + partitions * cfg.max_samples_per_version
 
 
 def feed_prompts(cfg: RunConfig, bootstrap: str, count: int | None = None) -> int:

@@ -12,11 +12,21 @@ the refetch after a resume overlaps with work on buffered prompts.
 Offsets are committed only up to the first prompt not yet turned into a published sample
 (``done`` must be called after the sample is acknowledged by the broker), so a crash loses
 no prompt: at worst one is generated twice.
+
+A rebalance (a worker joins or leaves) moves some partitions to another worker. Before they
+are released, ``on_revoke`` lets the worker hand back what it holds of them (stop generating
+those prompts; in mode d, log their partials), then their offsets are committed synchronously
+up to the first prompt still open; the new owner gets the rest again, and ``on_assign`` tells
+it to re-read the log first (some of them may be published or logged as partials already).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
+
+from confluent_kafka import KafkaException
 
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Reader, Record
@@ -27,8 +37,19 @@ log = logging.getLogger(__name__)
 
 class PromptSource:
     def __init__(
-        self, cfg: RunConfig, bootstrap: str, dead_letter=None, prefetch: int | None = None
+        self,
+        cfg: RunConfig,
+        bootstrap: str,
+        dead_letter=None,
+        prefetch: int | None = None,
+        on_assign: Callable[[set[int]], None] | None = None,
+        on_revoke: Callable[[set[int], bool], None] | None = None,
     ) -> None:
+        self.on_assign = on_assign
+        """Called with the partitions newly assigned (they may bring redelivered prompts)."""
+        self.on_revoke = on_revoke
+        """Called with the partitions moving away, and whether they are lost already (no
+        commit possible): the caller stops working on their prompts (see the module doc)."""
         self.topic = cfg.topic("prompts")
         self.prefetch = prefetch or (
             2 * cfg.max_samples_per_version + cfg.actor_rollout_ref.rollout.max_concurrent_samples
@@ -45,15 +66,42 @@ class PromptSource:
         self._buffer: list[Record[PromptRecord]] = []
         self._open: dict[int, set[int]] = {}  # partition -> offsets taken, not yet done
         self._next_commit: dict[int, int] = {}  # partition -> highest offset taken + 1
-        self.reader.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self.owned: set[int] = set()
+        self._closing = False
+        self.reader.subscribe(
+            [self.topic],
+            on_assign=self._on_assign,
+            on_revoke=functools.partial(self._on_revoke, lost=False),
+            on_lost=functools.partial(self._on_revoke, lost=True),
+        )
 
     # --- group membership -------------------------------------------------------------------
     def _on_assign(self, partitions: list[tuple[str, int]]) -> None:
+        added = {p for _topic, p in partitions}
+        if not added:
+            return
+        self.owned |= added
         self._assigned = True  # new partitions start unpaused: keep_alive pauses them again
+        if self.on_assign is not None:
+            self.on_assign(added)
 
-    def _on_revoke(self, partitions: list[tuple[str, int]]) -> None:
-        lost = {p for _topic, p in partitions}
-        self._buffer = [r for r in self._buffer if r.partition not in lost]
+    def _on_revoke(self, partitions: list[tuple[str, int]], lost: bool) -> None:
+        moving = {p for _topic, p in partitions} & self.owned
+        if not moving or self._closing:
+            return
+        self._buffer = [r for r in self._buffer if r.partition not in moving]
+        if self.on_revoke is not None:
+            self.on_revoke(moving, lost)
+        if not lost:
+            try:
+                self.commit(partitions=moving)
+            except KafkaException as err:  # the new owner redoes a little more; nothing is lost
+                log.warning("commit of revoked prompt partitions %s failed: %s", moving, err)
+        self.owned -= moving
+        for p in moving:
+            self._open.pop(p, None)
+            self._next_commit.pop(p, None)
+        log.info("prompt partitions %s moved to another worker", sorted(moving))
 
     def pause(self) -> None:
         if not self.paused:
@@ -100,12 +148,18 @@ class PromptSource:
         restarted worker finds its sample on the log (see ``recovery``). ``close`` commits
         synchronously.
         """
+        if rec.partition not in self._open:  # moved to another worker meanwhile
+            return
         self._open[rec.partition].discard(rec.offset)
         self.commit(asynchronous=True)
 
-    def commit(self, asynchronous: bool = False) -> None:
+    def commit(self, asynchronous: bool = False, partitions: set[int] | None = None) -> None:
         offsets = {}
         for partition, high in self._next_commit.items():
+            if partition not in self.owned or (
+                partitions is not None and partition not in partitions
+            ):
+                continue
             open_offsets = self._open.get(partition)
             offsets[(self.topic, partition)] = min(open_offsets) if open_offsets else high
         if offsets:
@@ -117,4 +171,5 @@ class PromptSource:
 
     def close(self) -> None:
         self.commit()
+        self._closing = True  # leaving the group revokes everything: nothing left to hand back
         self.reader.close()

@@ -64,6 +64,13 @@ class RecoveryIndex:
                 log.warning("partials offset %d does not decode, skipped: %s", rec.offset, err)
         return index
 
+    def merge(self, newer: RecoveryIndex) -> None:
+        """Take in what a fresh scan of the log shows (other workers' samples and partials)."""
+        self.published |= newer.published
+        for sample_id, partial in newer.partials.items():
+            if sample_id not in self.published:
+                self.partials.setdefault(sample_id, partial)
+
     def take_partial(self, sample_id: str) -> PartialSample | None:
         """The logged partial of ``sample_id`` to continue, once (None: start it afresh)."""
         partial = self.partials.pop(sample_id, None)

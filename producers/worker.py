@@ -22,6 +22,14 @@ the previous incarnation took but did not finish are redelivered by the group: o
 sample is already on ``samples`` is committed without generating it again, one with a logged
 partial is continued from it, any other starts afresh. So every prompt taken ends as exactly
 one sample, or (at the end of the run) one logged drop.
+
+Workers come and go (``asyncrl rollout --worker-id N`` with a new N, SIGTERM to one): the
+prompts group moves partitions between them. The old owner stops generating the prompts of a
+partition before releasing it (mode d: their tokens go to ``partials`` first), flushes, and
+commits what is done; the new owner re-reads the log before admitting them, so each becomes
+one sample. The budget of a version is split among the members named at its sync
+(WeightsPublished.members); a worker added before a sync names it starts at the next one, and
+the unfilled share of one that leaves is granted to the others (BudgetGranted).
 """
 
 from __future__ import annotations
@@ -173,6 +181,8 @@ class RolloutWorker:
         self.idle = IdleClock()
         self.receiver: WeightReceiver | None = None
         self.recovery = RecoveryIndex()
+        self.rescan = False
+        """Set when the prompts group is rebalanced: re-read the log before the next admission."""
 
     # --- weights --------------------------------------------------------------------------------
     def _join_collective(self) -> None:
@@ -237,9 +247,17 @@ class RolloutWorker:
     def _bucket_bytes(self) -> int:
         return int(self.cfg.sync.bucket_size_mb * 1024 * 1024)
 
-    def _open_budget(self, consumed: int) -> None:
+    def _split(self, published: ev.WeightsPublished) -> list[int] | None:
+        """Who shares the budget of ``published.version``: the members named at its sync, or
+        (none named: opened at start-up) the configured workers. A worker added beyond those
+        that joins before any sync names it waits for the next one; then it is a member."""
+        if published.members:
+            return published.members
+        return [] if self.worker_id >= self.rollout.num_workers else None
+
+    def _open_budget(self, consumed: int, members: list[int] | None = None) -> None:
         stale = num_stale_at_sync(self.produced, consumed, in_flight=len(self.in_flight))
-        allowed = self.budget.reset(self.version, stale)
+        allowed = self.budget.reset(self.version, stale, members)
         self.control.publish(
             ev.RolloutResumed(
                 run_id=self.cfg.run_id,
@@ -273,9 +291,9 @@ class RolloutWorker:
                 )
             )
         with sync_span("weights.load", request.headers, **attrs):
-            self._receive_weights(request.version)
+            published = self._receive_weights(request.version)
         self._continue_interrupted()
-        self._open_budget(request.consumed.get(str(self.worker_id), 0))
+        self._open_budget(request.consumed.get(str(self.worker_id), 0), self._split(published))
         self.pending_sync = None
 
     # --- partial rollout (mode d) ------------------------------------------------------------
@@ -285,12 +303,21 @@ class RolloutWorker:
         Returns the number of samples interrupted. The messages are acknowledged before the
         worker pauses, so the log holds every partial trajectory of the sync.
         """
-        for result in self.engine.abort_all():
+        self._mark_interrupted(self.engine.abort_all())
+        return self._log_partials(list(self.in_flight))
+
+    def _mark_interrupted(self, aborted: list[GenResult]) -> None:
+        for result in aborted:
             sample_id, _, index = result.request_id.rpartition("#")
             self.in_flight[sample_id].interrupted[int(index)] = result
+
+    def _log_partials(self, sample_ids: list[str]) -> int:
+        """Publish each of ``sample_ids`` that has interrupted trajectories to ``partials``
+        and wait for the broker's acknowledgement; returns how many were logged."""
         now = time.time()
         topic = self.cfg.topic("partials")
-        interrupted = [(sid, fl) for sid, fl in self.in_flight.items() if fl.interrupted]
+        interrupted = [(sid, self.in_flight[sid]) for sid in sample_ids]
+        interrupted = [(sid, fl) for sid, fl in interrupted if fl.interrupted]
         for sample_id, fl in interrupted:
             fl.trace.end_segment(interrupted=True)
             trajectories = [
@@ -378,10 +405,55 @@ class RolloutWorker:
             self.pending_sync = event
             self.sync_seen_at = time.monotonic()
             self.sync_seen_ns = time.time_ns()
-        elif isinstance(event, ev.SamplesDropped) and event.target_worker == self.worker_id:
+        elif self._grants_budget(event):
             self.budget.refund(event.count)
         elif isinstance(event, ev.RunFinished):
             self.finished = True
+
+    def _grants_budget(self, event: ev.ControlEvent) -> bool:
+        """Samples the trainer dropped of ours, or a share of this version handed over to us."""
+        if isinstance(event, ev.SamplesDropped):
+            return event.target_worker == self.worker_id
+        return (
+            isinstance(event, ev.BudgetGranted)
+            and event.target_worker == self.worker_id
+            and event.version == self.version
+        )
+
+    # --- prompt partitions moving between workers ----------------------------------------------
+    def _on_prompts_assigned(self, partitions: set[int]) -> None:
+        """Partitions may come from another worker (even the first ones of a worker added
+        mid-run): some of their redelivered prompts may be published or logged as partials
+        by it since this worker last read the log. Re-read it before the next admission."""
+        self.rescan = True
+
+    def _on_prompts_revoked(self, partitions: set[int], lost: bool) -> None:
+        """Partitions move to another worker, which gets their uncommitted prompts again: stop
+        generating those, or they would be generated twice.
+
+        Mode (d) logs their partials first (unless the partitions are lost already, when the
+        new owner may have started them), so the new owner continues rather than restarts
+        them; mode (c) drops their tokens. Either way the budget they took is refunded, and
+        the publisher is flushed, so the new owner's log scan sees every sample and partial
+        of those partitions before it admits one of their prompts.
+        """
+        if self.finished or self.stopping:
+            return  # run() is ending; its clean-up hands everything back
+        moving = [sid for sid, fl in self.in_flight.items() if fl.prompt.partition in partitions]
+        if moving:
+            ids = {f"{sid}#{i}" for sid in moving for i in range(self.rollout.n)}
+            self._mark_interrupted(self.engine.abort(ids))
+            logged = self._log_partials(moving) if self.partial_rollout and not lost else 0
+            for sid in moving:
+                self.in_flight.pop(sid).trace.end("its prompt partition moved to another worker")
+            self.budget.refund(len(moving))
+            log.info(
+                "worker %d: handed %d samples in flight back to the group (%d logged as partials)",
+                self.worker_id,
+                len(moving),
+                logged,
+            )
+        self.publisher.flush()
 
     # --- generation -----------------------------------------------------------------------------
     def _admit(self, prompts: PromptSource) -> bool:
@@ -397,6 +469,9 @@ class RolloutWorker:
         if rec is None:
             return False
         p = rec.value
+        if self.rescan:
+            self.rescan = False
+            self.recovery.merge(RecoveryIndex.from_log(self.cfg, self.bootstrap))
         if self.recovery.already_published(p.sample_id):
             # Redelivered after a crash, but its sample is on the log: only the commit was lost.
             log.info(
@@ -480,8 +555,14 @@ class RolloutWorker:
             )
         self._join_collective()
         welcome = self._receive_weights()
-        self._open_budget(consumed=welcome.consumed.get(str(self.worker_id), 0))
-        prompts = PromptSource(self.cfg, self.bootstrap, dead_letter=self.dead_letter)
+        self._open_budget(welcome.consumed.get(str(self.worker_id), 0), self._split(welcome))
+        prompts = PromptSource(
+            self.cfg,
+            self.bootstrap,
+            dead_letter=self.dead_letter,
+            on_assign=self._on_prompts_assigned,
+            on_revoke=self._on_prompts_revoked,
+        )
         try:
             while not self.finished and not self.stopping:
                 for event in self.control.poll(0.0):

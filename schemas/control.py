@@ -34,7 +34,7 @@ from asyncrl.schemas.codec import (
     with_tag,
 )
 
-VERSION = 2  # 2: incarnation on every event; WeightsPublished names its receivers
+VERSION = 3  # 2: incarnation on every event; WeightsPublished names its receivers; 3: members
 TRAINER = -1
 
 _ARROW_TYPES: dict[Any, pa.DataType] = {
@@ -45,6 +45,7 @@ _ARROW_TYPES: dict[Any, pa.DataType] = {
     dict[str, int]: pa.map_(pa.string(), pa.int64()),
     dict[str, float]: pa.map_(pa.string(), pa.float64()),
     list[str]: pa.list_(pa.string()),
+    list[int]: pa.list_(pa.int64()),
 }
 
 
@@ -127,6 +128,9 @@ class WeightsPublished(ControlEvent):
     """The worker incarnations that received these weights (a sync: all; a join: one)."""
     consumed: dict[str, int] = field(default_factory=dict)
     """Samples consumed per worker id so far (a joining worker's staleness count needs it)."""
+    members: list[int] = field(default_factory=list)
+    """Worker ids the budget of ``version`` is split among (named at its sync; a join repeats
+    them). Empty: the version was opened at start-up, split among the configured workers."""
 
 
 @dataclass
@@ -155,6 +159,16 @@ class SamplesDropped(ControlEvent):
     reason: str = ""
     sample_ids: list[str] = field(default_factory=list)
     """Which samples: with the samples topic, accounts for every prompt taken."""
+
+
+@dataclass
+class BudgetGranted(ControlEvent):
+    """The trainer gives ``target_worker`` ``count`` more samples of ``version``: the unfilled
+    share of a worker that left mid-version, which the version could not fill without."""
+
+    target_worker: int = 0
+    count: int = 0
+    reason: str = ""
 
 
 @dataclass

@@ -55,3 +55,16 @@ def test_refund_after_drops_lets_the_worker_refill():
 def test_num_stale_counts_in_flight_and_partials():
     assert num_stale_at_sync(produced=10, consumed=10, in_flight=3, partial=2) == 5
     assert num_stale_at_sync(produced=5, consumed=7) == 0
+
+
+def test_shares_follow_the_members_of_the_sync():
+    """A version of 10 samples among members 0, 1, 4 (worker 4 added mid-run): 4 + 3 + 3; a
+    worker not among the members (left, or added after the sync) gets nothing."""
+    shares = {
+        w: RolloutBudget(max_per_version=10, num_workers=2, worker_id=w).reset(3, 0, [4, 0, 1])
+        for w in (0, 1, 4)
+    }
+    assert shares == {0: 4, 1: 3, 4: 3} and sum(shares.values()) == 10
+    assert RolloutBudget(max_per_version=10, num_workers=2, worker_id=2).reset(3, 0, [0, 1]) == 0
+    # One member left: the other takes the whole version, less its stale samples.
+    assert RolloutBudget(max_per_version=10, num_workers=2, worker_id=1).reset(4, 3, [1]) == 7

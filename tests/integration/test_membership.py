@@ -1,0 +1,155 @@
+"""Workers come and go mid-run: one with a new id is added (it shares the budget from the next
+sync on), one is removed with SIGTERM (its taken, unfinished prompts go to the others)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from asyncrl.ops.kafka import Reader, raw_decode
+from asyncrl.ops.launcher import run
+from asyncrl.schemas import control as ev
+from asyncrl.schemas.step import decode_step
+from tests.helpers import read_topic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+SETTINGS = [
+    "actor_rollout_ref.rollout.num_workers=2",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.rollout.max_concurrent_samples=2",
+    "actor_rollout_ref.rollout.emulated_decode_latency_s=0.05",
+    "async_training.trigger_parameter_sync_step=1",
+    "trainer.test_freq=0",
+    "sync.timeout_s=60",
+]
+
+
+def _pid_of_worker(config_path: Path, worker_id: int) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        wanted = b"rollout" in argv and str(config_path).encode() in argv
+        if wanted and argv[argv.index(b"--worker-id") + 1] == str(worker_id).encode():
+            return int(entry.name)
+    return None
+
+
+def _add_then_remove(cfg, stop: threading.Event, out: dict) -> None:
+    """At step 2 start worker 2 (a new id) by hand, as a user would; once it has published a
+    sample, SIGTERM worker 1."""
+    config_path = cfg.run_dir / "config.yaml"
+    while not config_path.exists() and not stop.is_set():
+        time.sleep(0.1)
+    bootstrap = cfg.kafka.bootstrap_servers
+    with (
+        Reader(cfg.kafka, bootstrap, decode_step) as steps,
+        Reader(cfg.kafka, bootstrap, raw_decode) as samples,
+    ):
+        steps.assign(cfg.topic("steps"))
+        samples.assign(cfg.topic("samples"))
+        while not stop.is_set():
+            for rec in steps.poll(0.1):
+                if rec.value.step >= 2 and "added" not in out:
+                    cmd = [sys.executable, "-m", "asyncrl", "rollout", "--worker-id", "2"]
+                    log = open(cfg.run_dir / "logs" / "rollout-2.log", "w")  # noqa: SIM115
+                    out["added"] = subprocess.Popen(
+                        [*cmd, "--config", str(config_path)], stdout=log, stderr=log
+                    )
+            for rec in samples.poll(0.1):
+                if rec.headers.get("asyncrl-worker") == b"2" and "removed" not in out:
+                    pid = _pid_of_worker(config_path, 1)
+                    if pid is not None:
+                        os.kill(pid, signal.SIGTERM)
+                        out["removed"] = rec.offset
+            if "removed" in out:
+                return
+
+
+# Steps: the run must outlast a worker started at step 2 getting going (~10 s: python, torch,
+# log scan, weights) and receiving its first prompt partition (~10 s more: Tansu runs the two
+# rounds of a cooperative rebalance ~3-5 s apart). Mode (d) steps ~2x faster than (a).
+MODES = {
+    # On-policy: a version starts exactly its 4 samples, workers idle between syncs.
+    "a": ["async_training.staleness_threshold=0", "trainer.total_training_steps=40"],
+    # Partial rollout: workers always busy, so partitions move with samples in flight, whose
+    # tokens are logged as partials and continued by the partitions' new owner.
+    "d": [
+        "async_training.staleness_threshold=0.5",
+        "async_training.partial_rollout=true",
+        "trainer.total_training_steps=80",
+    ],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_worker_is_added_and_one_removed_mid_run(make_run_cfg, quick_policy, mode):
+    cfg = make_run_cfg(*quick_policy, *SETTINGS, *MODES[mode])
+    assert cfg.async_training.mode == mode
+    stop, out = threading.Event(), {}
+    helper = threading.Thread(target=_add_then_remove, args=(cfg, stop, out), daemon=True)
+    helper.start()
+    try:
+        summary = run(cfg, Console(file=io.StringIO(), width=160))
+    finally:
+        stop.set()
+        helper.join(timeout=10)
+        if "added" in out:
+            out["added"].wait(timeout=60)
+    assert summary["step"] == cfg.trainer.total_training_steps
+    assert out.get("removed"), "worker 1 was not removed"
+    assert out["added"].returncode == 0
+
+    samples = [r.value for r in read_topic(cfg, "samples")]
+    events = [r.value for r in read_topic(cfg, "control")]
+    by_worker = Counter(s.worker_id for s in samples)
+    assert by_worker[2] > 0, "the added worker produced nothing"
+    assert by_worker[1] > 0  # it did work before it left
+    left = [e for e in events if isinstance(e, ev.WorkerStopped) and e.worker == 1]
+    assert left and left[0].reason == "stopped"
+    if mode == "a":  # the budget held while membership changed: one version's 4 samples
+        per_version = Counter(s.param_version for s in samples)
+        assert max(per_version.values()) <= cfg.samples_per_version
+    # The syncs after the change split the budget among [0, 1, 2], then [0, 2].
+    members = [tuple(e.members) for e in events if isinstance(e, ev.WeightsPublished)]
+    assert (0, 1, 2) in members and members[-1] == (0, 2)
+
+    # Nothing lost: every prompt the group committed is exactly one sample or one end drop.
+    ids = [s.sample_id for s in samples]
+    assert [sid for sid, n in Counter(ids).items() if n > 1] == []
+    end_drops = {
+        sid
+        for e in events
+        if isinstance(e, ev.SamplesDropped) and e.worker != ev.TRAINER
+        for sid in e.sample_ids
+    }
+    prompts = read_topic(cfg, "prompts")
+    topic = cfg.topic("prompts")
+    with Reader(
+        cfg.kafka, cfg.kafka.bootstrap_servers, raw_decode, group_id=f"{cfg.run_id}.rollout"
+    ) as group:
+        committed = group.committed([(topic, p) for p in {r.partition for r in prompts}])
+    taken = {
+        r.value.sample_id for r in prompts if r.offset < (committed.get((topic, r.partition)) or 0)
+    }
+    assert taken and taken <= set(ids) | end_drops
+
+    if mode == "d":  # worker 1's interrupted samples were continued by the others
+        publisher = {s.sample_id: s.worker_id for s in samples}
+        partials = [r.value.sample for r in read_topic(cfg, "partials")]
+        assert any(p.worker_id == 1 and publisher.get(p.sample_id) in (0, 2) for p in partials)
