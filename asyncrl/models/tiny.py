@@ -41,13 +41,13 @@ CACHE_FORMAT = 2
 METRICS_FILE = "warm_start.json"
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
     """Character-level tokenizer: one id per character, ``<bos>`` prepended, left padding.
 
     Left padding because generation batches prompts of different lengths. Decoding fuses the
     characters back with no separators, so ``decode(encode(s), skip_special_tokens=True) == s``.
     """
-    vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK, *CHARS])}
+    vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK, *chars])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()

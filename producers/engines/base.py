@@ -30,6 +30,8 @@ class GenRequest:
     prefix_ids: list[int] = field(default_factory=list)
     prefix_logprobs: list[float] = field(default_factory=list)
     greedy: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Besides EOS, tokens that end the request (finish_reason "stop"): an agent's tool call."""
 
     def __post_init__(self) -> None:
         if len(self.prefix_ids) != len(self.prefix_logprobs):
@@ -143,7 +145,7 @@ class StepwiseEngine:
         return GenResult(a.req.request_id, list(a.req.prompt_ids), a.ids, a.logprobs, reason)
 
     def _finish_reason(self, a: ActiveRequest) -> FinishReason | None:
-        if a.ids and a.ids[-1] == self.eos_token_id:
+        if a.ids and (a.ids[-1] == self.eos_token_id or a.ids[-1] in a.req.stop_token_ids):
             return "stop"
         if len(a.ids) >= a.req.max_new_tokens:
             return "length"

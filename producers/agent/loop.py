@@ -1,0 +1,268 @@
+"""The multi-turn agent loop as an interruptible state machine (verl's agent loop, stepwise).
+
+Transitions of one trajectory (``AgentState.phase``)::
+
+    PENDING ──> GENERATING ──turn ends with tool calls──> PROCESSING_TOOLS ──results──┐
+                   ^  │                                                                │
+                   │  ├──turn ends with an answer, an interaction set──> INTERACTING ──┤
+                   │  └──answer / limit reached──> TERMINATED                          │
+                   └───────────────────────────────────────────────────────────────────┘
+
+Limits (verl's keys): ``max_assistant_turns`` (a turn that reaches it ends the trajectory even
+if it called a tool), ``max_user_turns`` (interaction replies), ``response_length`` (all
+response tokens, tool responses included; the last message is cut to fit).
+
+:class:`AgentLoop` is the transition logic only (no engine, no threads), so it is tested state
+by state. :class:`AgentRunner` drives many trajectories through a stepwise engine and a tool
+executor, one decoding step at a time, and can be interrupted between any two steps:
+
+- GENERATING: the engine's tokens so far are kept in the state; resuming continues the turn
+  from them as a prefix (with greedy decoding, the same tokens as without the interruption).
+- PROCESSING_TOOLS: the tool calls in flight are abandoned and **run again on resume** (their
+  results were never part of the state). Tools must therefore be idempotent, as the shipped
+  calculator is: the re-run gives the same response.
+- INTERACTING: the interaction's reply is abandoned and asked for again on resume (the same
+  rule as tools).
+- PENDING: nothing was started; resuming starts it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from asyncrl.producers.agent.parser import ToolParser
+from asyncrl.producers.agent.state import AgentState, Phase
+from asyncrl.producers.engines.base import Engine, GenRequest, GenResult
+from asyncrl.producers.tools.base import ToolCall, ToolResult
+from asyncrl.producers.tools.registry import ToolExecutor
+
+
+class Interaction(Protocol):
+    """A simulated user answering the model's final answer (verl's interaction; async, as a
+    user model or an environment would be)."""
+
+    async def respond(self, state: AgentState, answer: str) -> tuple[bool, str]:
+        """``(done, reply)``: done ends the trajectory; otherwise ``reply`` is the user's turn."""
+        ...
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    max_assistant_turns: int = 5
+    max_user_turns: int = 0
+    response_length: int = 32
+    max_tool_response_length: int = 16
+    """Tokens of one tool response (or user reply) kept; the rest is cut."""
+
+
+class AgentLoop:
+    """State transitions; ``tokenizer`` turns text into the ids appended with mask 0."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        parser: ToolParser,
+        limits: AgentLimits,
+        interaction: Interaction | None = None,
+        greedy: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.parser = parser
+        self.limits = limits
+        self.interaction = interaction
+        self.greedy = greedy
+        self.stop_token_ids = []
+        for text in parser.stop_texts:
+            token_id = tokenizer.convert_tokens_to_ids(text)
+            if token_id is None or token_id == tokenizer.unk_token_id:
+                raise ValueError(f"the tokenizer has no single token for {text!r}")
+            self.stop_token_ids.append(token_id)
+
+    # --- generating ----------------------------------------------------------------------------
+    def request(self, request_id: str, state: AgentState) -> GenRequest:
+        """The engine request that starts or continues the current assistant turn."""
+        if state.phase == Phase.PENDING:
+            state.phase = Phase.GENERATING
+            state.turn_start = len(state.response_ids)
+        if state.phase != Phase.GENERATING:
+            raise ValueError(f"{request_id}: no turn to generate in phase {state.phase}")
+        t = state.turn_start
+        return GenRequest(
+            request_id=request_id,
+            prompt_ids=state.prompt_ids + state.response_ids[:t],
+            max_new_tokens=self.limits.response_length - t,
+            prefix_ids=state.response_ids[t:],
+            prefix_logprobs=state.response_logprobs[t:],
+            greedy=self.greedy,
+            stop_token_ids=self.stop_token_ids,
+        )
+
+    def _take_turn_tokens(self, state: AgentState, result: GenResult) -> None:
+        t = state.turn_start
+        n = len(result.response_ids)
+        state.response_ids[t:] = result.response_ids
+        state.response_logprobs[t:] = [float(x) for x in result.response_logprobs]
+        state.response_mask[t:] = [1] * n
+
+    def interrupt(self, state: AgentState, aborted: GenResult | None) -> None:
+        """Keep what the engine had of the current turn (``aborted``: its abort result)."""
+        if state.phase == Phase.GENERATING and aborted is not None:
+            self._take_turn_tokens(state, aborted)
+
+    def on_turn(self, state: AgentState, result: GenResult) -> None:
+        """An assistant turn ended (EOS, a stop token, or the length limit)."""
+        if result.finish_reason == "abort":
+            self.interrupt(state, result)
+            return
+        self._take_turn_tokens(state, result)
+        turn_ids = state.response_ids[state.turn_start :]
+        text = self.tokenizer.decode(turn_ids, skip_special_tokens=True)
+        state.messages.append({"role": "assistant", "content": text})
+        state.assistant_turns += 1
+        calls = self.parser.parse(text)
+        if len(state.response_ids) >= self.limits.response_length:
+            self._terminate(state, "length")
+        elif calls and state.assistant_turns >= self.limits.max_assistant_turns:
+            self._terminate(state, "max_turns")
+        elif calls:
+            state.phase = Phase.PROCESSING_TOOLS
+            state.pending_calls = [c.to_dict() for c in calls]
+        elif self.interaction is not None and state.user_turns < self.limits.max_user_turns:
+            state.phase = Phase.INTERACTING
+        else:
+            self._terminate(state, "stop")
+
+    # --- tools and users -----------------------------------------------------------------------
+    def calls(self, state: AgentState) -> list[ToolCall]:
+        return [ToolCall.from_dict(c) for c in state.pending_calls]
+
+    def on_tool_results(self, state: AgentState, results: list[ToolResult]) -> None:
+        if state.phase != Phase.PROCESSING_TOOLS or len(results) != len(state.pending_calls):
+            raise ValueError(f"{len(results)} results for {len(state.pending_calls)} calls")
+        state.tool_calls += len(results)
+        state.tool_errors += sum(not r.ok for r in results)
+        state.tool_seconds += sum(r.seconds for r in results)
+        for r in results:
+            state.messages.append({"role": "tool", "content": r.text})
+        state.pending_calls = []
+        self._append_context(state, self.parser.render(results))
+
+    def answer(self, state: AgentState) -> str:
+        """The last assistant message: what the interaction (or the reward) reads."""
+        turns = [m["content"] for m in state.messages if m["role"] == "assistant"]
+        return turns[-1] if turns else ""
+
+    def on_user_reply(self, state: AgentState, done: bool, reply: str) -> None:
+        if state.phase != Phase.INTERACTING:
+            raise ValueError(f"no user turn in phase {state.phase}")
+        if done:
+            self._terminate(state, "stop")
+            return
+        state.user_turns += 1
+        state.messages.append({"role": "user", "content": reply})
+        self._append_context(state, reply)
+
+    def _append_context(self, state: AgentState, text: str) -> None:
+        """Append non-model tokens (mask 0), then the next assistant turn, if room is left."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = ids[: self.limits.max_tool_response_length]
+        room = self.limits.response_length - len(state.response_ids)
+        ids = ids[:room]
+        state.response_ids += ids
+        state.response_mask += [0] * len(ids)
+        state.response_logprobs += [0.0] * len(ids)
+        if len(state.response_ids) >= self.limits.response_length:
+            self._terminate(state, "length")
+        else:
+            state.phase = Phase.GENERATING
+            state.turn_start = len(state.response_ids)
+
+    @staticmethod
+    def _terminate(state: AgentState, why: str) -> None:
+        state.phase = Phase.TERMINATED
+        state.finish_reason = why
+
+
+class AgentRunner:
+    """Many trajectories through one engine and one tool executor, a decoding step at a time."""
+
+    def __init__(self, loop: AgentLoop, engine: Engine, executor: ToolExecutor) -> None:
+        self.loop = loop
+        self.engine = engine
+        self.executor = executor
+        self.states: dict[str, AgentState] = {}
+        self._tools: dict[str, Future[list[ToolResult]]] = {}
+        self._users: dict[str, Future[tuple[bool, str]]] = {}
+        self._done: list[tuple[str, AgentState]] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.states)
+
+    def add(self, request_id: str, state: AgentState) -> None:
+        """Start or resume ``state`` from its phase (see the module doc)."""
+        if request_id in self.states:
+            raise ValueError(f"{request_id} is already running")
+        self.states[request_id] = state
+        self._dispatch(request_id, state)
+
+    def _dispatch(self, rid: str, state: AgentState) -> None:
+        """Start what the state's phase waits for."""
+        if state.phase in (Phase.PENDING, Phase.GENERATING):
+            self.engine.add(self.loop.request(rid, state))
+        elif state.phase == Phase.PROCESSING_TOOLS:
+            self._tools[rid] = self.executor.submit(self.loop.calls(state))
+        elif state.phase == Phase.INTERACTING:
+            if self.loop.interaction is None:
+                raise ValueError(f"{rid}: waits for a user reply but no interaction is set")
+            respond = self.loop.interaction.respond(state, self.loop.answer(state))
+            self._users[rid] = self.executor.submit_coroutine(respond)
+        else:
+            self._done.append((rid, self.states.pop(rid)))
+
+    def step(self) -> list[tuple[str, AgentState]]:
+        """One decoding step and whatever tool results arrived; returns trajectories that ended."""
+        if self.engine.num_active:
+            for result in self.engine.step():
+                state = self.states[result.request_id]
+                self.loop.on_turn(state, result)
+                self._dispatch(result.request_id, state)
+        for rid, future in list(self._tools.items()):
+            if future.done():
+                del self._tools[rid]
+                self.loop.on_tool_results(self.states[rid], future.result())
+                self._dispatch(rid, self.states[rid])
+        for rid, reply in list(self._users.items()):
+            if reply.done():
+                del self._users[rid]
+                self.loop.on_user_reply(self.states[rid], *reply.result())
+                self._dispatch(rid, self.states[rid])
+        done, self._done = self._done, []
+        return done
+
+    def interrupt(self, request_ids: set[str] | None = None) -> dict[str, AgentState]:
+        """Stop ``request_ids`` (default: all) between two steps; returns their states, which
+        ``add`` resumes (here or in another process, through ``to_json``)."""
+        ids = set(self.states) if request_ids is None else request_ids & set(self.states)
+        for result in self.engine.abort(ids):
+            self.loop.interrupt(self.states[result.request_id], result)
+        for pending in (self._tools, self._users):
+            for rid in ids & set(pending):
+                pending.pop(rid).cancel()  # asked again on resume (see the module doc)
+        return {rid: self.states.pop(rid) for rid in ids}
+
+    def run(
+        self, request_id: str, state: AgentState, idle: Callable[[], None] | None = None
+    ) -> AgentState:
+        """Drive one trajectory to the end (tests, evaluation)."""
+        self.add(request_id, state)
+        while True:
+            for rid, done in self.step():
+                if rid == request_id:
+                    return done
+            if not self.engine.num_active:
+                (idle or (lambda: time.sleep(0.001)))()

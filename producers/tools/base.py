@@ -1,0 +1,112 @@
+"""The tool interface of the agent loop: a name, JSON-schema arguments, an async call with a
+timeout. verl's shape (``tool_schema`` of type "function"), so its tool configs read the same.
+
+A call never raises into the rollout: bad arguments, a failure or a timeout come back as a
+``ToolResult`` with ``ok`` False and a message the model sees as the tool's response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+}
+
+
+class ToolError(Exception):
+    """Raised by ``Tool.execute`` for a failure the model should read (the message is shown)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model wrote: the tool's name and its (parsed, not yet validated) arguments."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    """Set when the model's call could not be parsed: it is answered with this, not run."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolCall:
+        return cls(str(d["name"]), dict(d.get("arguments") or {}), str(d.get("error", "")))
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What the model reads back: ``text`` is the output, or the error message if not ``ok``."""
+
+    text: str
+    ok: bool
+    seconds: float = 0.0
+
+
+def schema_errors(schema: dict[str, Any], args: Any) -> str | None:
+    """The first way ``args`` breaks an object ``schema`` (required keys, property types,
+    ``additionalProperties: false``, ``enum``), or None. The subset tool schemas use."""
+    if not isinstance(args, dict):
+        return f"arguments must be an object, not {type(args).__name__}"
+    props: dict[str, Any] = schema.get("properties", {})
+    for key in schema.get("required", []):
+        if key not in args:
+            return f"missing required argument {key!r}"
+    for key, value in args.items():
+        spec = props.get(key)
+        if spec is None:
+            if schema.get("additionalProperties") is False:
+                return f"unknown argument {key!r}"
+            continue
+        wanted = _JSON_TYPES.get(spec.get("type", ""), ())
+        bad_bool = isinstance(value, bool) and spec.get("type") in ("integer", "number")
+        if wanted and (not isinstance(value, wanted) or bad_bool):
+            return f"argument {key!r} must be of type {spec['type']}"
+        if "enum" in spec and value not in spec["enum"]:
+            return f"argument {key!r} must be one of {spec['enum']}"
+    return None
+
+
+class Tool(ABC):
+    """One tool. Subclasses implement :meth:`execute`; :meth:`call` validates and times it."""
+
+    def __init__(self, tool_schema: dict[str, Any], config: dict[str, Any] | None = None) -> None:
+        function = tool_schema.get("function", {})
+        if tool_schema.get("type") != "function" or not function.get("name"):
+            raise ValueError("tool_schema must be {type: function, function: {name: ..., ...}}")
+        self.tool_schema = tool_schema
+        self.name: str = function["name"]
+        self.description: str = function.get("description", "")
+        self.parameters: dict[str, Any] = function.get("parameters", {"type": "object"})
+        self.config = dict(config or {})
+        self.timeout_s = float(self.config.get("timeout_s", 5.0))
+
+    @abstractmethod
+    async def execute(self, arguments: dict[str, Any]) -> str:
+        """Run the tool on validated arguments; raise ToolError with a message for the model."""
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        """Validate, run with the timeout, and turn every failure into an error result."""
+        t0 = time.monotonic()
+        why = schema_errors(self.parameters, call.arguments)
+        if why is not None:
+            return ToolResult(f"error: {why}", False, time.monotonic() - t0)
+        try:
+            text = await asyncio.wait_for(self.execute(call.arguments), self.timeout_s)
+        except TimeoutError:
+            return ToolResult(f"error: timed out after {self.timeout_s:g} s", False, self.timeout_s)
+        except ToolError as err:
+            return ToolResult(f"error: {err}", False, time.monotonic() - t0)
+        except Exception as err:  # a tool's bug is the rollout's tool error, not its crash
+            return ToolResult(f"error: {type(err).__name__}: {err}", False, time.monotonic() - t0)
+        return ToolResult(text, True, time.monotonic() - t0)

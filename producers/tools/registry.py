@@ -1,0 +1,126 @@
+"""Tools from a YAML tool config (verl's ``multi_turn.tool_config_path`` format), and the
+executor that runs their async calls beside the decoding loop.
+
+The format, as in verl::
+
+    tools:
+      - class_name: asyncrl.producers.tools.calculator.CalculatorTool
+        config: {timeout_s: 5, cpu_s: 1, memory_mb: 256}
+        tool_schema:
+          type: function
+          function:
+            name: calculator
+            description: ...
+            parameters: {type: object, properties: {...}, required: [...]}
+
+``class_name`` is imported from the run's own config file (never from anything read off the
+wire). Errors name the entry and key (``tools[0].class_name: ...``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import threading
+from collections.abc import Coroutine, Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from asyncrl.producers.tools.base import Tool, ToolCall, ToolResult
+
+T = TypeVar("T")
+
+
+class ToolConfigError(ValueError):
+    """The tool config cannot be used; the message names the file, entry and key."""
+
+
+def _import_class(dotted: str, where: str) -> type[Tool]:
+    module_name, _, attr = dotted.rpartition(".")
+    if not module_name:
+        raise ToolConfigError(f"{where}.class_name: {dotted!r} is not a dotted path")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ToolConfigError(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
+    if not (isinstance(cls, type) and issubclass(cls, Tool)):
+        raise ToolConfigError(f"{where}.class_name: {dotted!r} is not a Tool subclass")
+    return cls
+
+
+def load_tools(path: str | Path) -> dict[str, Tool]:
+    """The tools of a tool config file, by name."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ToolConfigError(f"multi_turn.tool_config_path: cannot read {path}: {err}") from err
+    except yaml.YAMLError as err:
+        raise ToolConfigError(f"{path}: not valid YAML: {err}") from err
+    entries = (doc or {}).get("tools") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ToolConfigError(f"{path}: expected a non-empty list under 'tools'")
+    tools: dict[str, Tool] = {}
+    for i, entry in enumerate(entries):
+        where = f"{path.name}: tools[{i}]"
+        if not isinstance(entry, dict) or "class_name" not in entry:
+            raise ToolConfigError(f"{where}.class_name: missing")
+        cls = _import_class(str(entry["class_name"]), where)
+        try:
+            tool = cls(entry.get("tool_schema"), entry.get("config") or {})
+        except (ValueError, TypeError, KeyError) as err:
+            raise ToolConfigError(f"{where}.tool_schema: {err}") from err
+        if tool.name in tools:
+            raise ToolConfigError(f"{where}.tool_schema.function.name: {tool.name!r} twice")
+        tools[tool.name] = tool
+    return tools
+
+
+class ToolExecutor:
+    """Runs tool calls on an asyncio loop in a background thread: the decoding loop submits
+    a turn's calls and polls the future between steps, so tools and generation overlap."""
+
+    def __init__(self, tools: dict[str, Tool]) -> None:
+        self.tools = tools
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    async def _one(self, call: ToolCall) -> ToolResult:
+        if call.error:
+            return ToolResult(f"error: {call.error}", False)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return ToolResult(f"error: no tool named {call.name!r} (tools: {known})", False)
+        return await tool.call(call)
+
+    async def _all(self, calls: Iterable[ToolCall]) -> list[ToolResult]:
+        return list(await asyncio.gather(*(self._one(c) for c in calls)))
+
+    def submit(self, calls: list[ToolCall]) -> Future[list[ToolResult]]:
+        """Start ``calls`` concurrently; the future holds their results in order."""
+        coro: Coroutine[Any, Any, list[ToolResult]] = self._all(calls)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def submit_coroutine(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Run any coroutine on the executor's loop (an interaction's reply)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, calls: list[ToolCall]) -> list[ToolResult]:
+        """``submit`` and wait."""
+        return self.submit(calls).result()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def __enter__(self) -> ToolExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,284 @@
+"""The agent loop: its transitions, the token layout of a multi-turn sample, and interrupting
+it in every state (greedy, a real tiny model that learned to call the calculator)."""
+
+import asyncio
+import json
+from dataclasses import replace
+
+import pytest
+
+from asyncrl.models.agent_warmup import encode_turns, warm_start_turns
+from asyncrl.models.tiny import CHARS, build_model, build_tokenizer
+from asyncrl.ops.config import ModelConfig
+from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
+from asyncrl.producers.agent.parser import CompactParser, HermesParser, make_parser
+from asyncrl.producers.agent.state import AgentState, Phase
+from asyncrl.producers.engines.base import GenResult
+from asyncrl.producers.engines.hf import HFEngine
+from asyncrl.producers.tools.base import ToolCall, ToolResult
+from asyncrl.producers.tools.calculator import CalculatorTool
+from asyncrl.producers.tools.registry import ToolExecutor
+from asyncrl.tasks import calculator as calc
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer(CHARS + calc.TOOL_CHARS)
+
+
+def _loop(tok, interaction=None, greedy=True, **limits) -> AgentLoop:
+    parser = CompactParser(CalculatorTool())
+    return AgentLoop(tok, parser, AgentLimits(**limits), interaction=interaction, greedy=greedy)
+
+
+def _turn(tok, rid: str, text: str, reason: str = "stop", eos: bool = False) -> GenResult:
+    ids = tok(text, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if eos else [])
+    logprobs = [-0.1 * (i + 1) for i in range(len(ids))]
+    return GenResult(rid, [1], ids, logprobs, reason)
+
+
+# --- transitions --------------------------------------------------------------------------------
+def test_a_tool_call_then_an_answer_walks_the_states_in_order(tok):
+    loop = _loop(tok)
+    state = AgentState(prompt_ids=tok("347*86=")["input_ids"])
+    assert state.phase == Phase.PENDING
+    req = loop.request("r", state)
+    assert state.phase == Phase.GENERATING and req.prefix_ids == []
+    assert req.stop_token_ids == [tok.convert_tokens_to_ids("]")]
+    loop.on_turn(state, _turn(tok, "r", "[347*86]"))
+    assert state.phase == Phase.PROCESSING_TOOLS
+    assert loop.calls(state) == [ToolCall("calculator", {"expression": "347*86"})]
+    loop.on_tool_results(state, [ToolResult("29842", True, 0.05)])
+    assert state.phase == Phase.GENERATING and state.turn_start == 8 + 7
+    req = loop.request("r", state)
+    assert req.prompt_ids == state.prompt_ids + state.response_ids  # the context so far
+    loop.on_turn(state, _turn(tok, "r", "29842", eos=True))
+    assert state.phase == Phase.TERMINATED and state.finish_reason == "stop"
+    assert (state.assistant_turns, state.tool_calls, state.tool_errors) == (2, 1, 0)
+    assert state.num_turns == 3 and state.tool_seconds == pytest.approx(0.05)
+    assert calc.score("29842", state.messages) == 1.0
+
+
+def test_limits_end_the_trajectory(tok):
+    # max_assistant_turns: a turn that reaches it ends the trajectory, even with a call.
+    state = AgentState(prompt_ids=[1, 5])
+    loop = _loop(tok, max_assistant_turns=1)
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[1+1]"))
+    assert (state.phase, state.finish_reason) == (Phase.TERMINATED, "max_turns")
+    # response_length: the tool response is cut to fit, then the trajectory ends.
+    state = AgentState(prompt_ids=[1, 5])
+    loop = _loop(tok, response_length=8)
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[99*99]"))
+    loop.on_tool_results(state, [ToolResult("9801", True)])
+    assert (state.phase, state.finish_reason) == (Phase.TERMINATED, "length")
+    assert len(state.response_ids) == 8 and state.response_mask == [1] * 7 + [0]
+    # max_tool_response_length: a long response is cut.
+    state = AgentState(prompt_ids=[1, 5])
+    loop = _loop(tok, max_tool_response_length=3)
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[9**30]"))
+    loop.on_tool_results(state, [ToolResult(str(9**30), True)])
+    assert state.response_mask.count(0) == 3 and state.phase == Phase.GENERATING
+
+
+def test_a_failed_tool_call_is_answered_and_the_rollout_goes_on(tok):
+    loop = _loop(tok)
+    state = AgentState(prompt_ids=[1, 5])
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[1/0]"))
+    loop.on_tool_results(state, [ToolResult("error: ZeroDivisionError", False)])
+    assert state.phase == Phase.GENERATING and state.tool_errors == 1
+    tail = state.response_ids[state.response_mask.index(0) :]
+    assert tok.decode(tail) == "=? "  # the demo vocabulary's error mark
+    assert state.messages[-1] == {"role": "tool", "content": "error: ZeroDivisionError"}
+
+
+class _Retry:
+    """A user who asks once for the answer again, then is done."""
+
+    async def respond(self, state, answer):
+        await asyncio.sleep(0.02)
+        return state.user_turns >= 1, "?"
+
+
+def test_an_interaction_adds_user_turns_up_to_max_user_turns(tok):
+    loop = _loop(tok, interaction=_Retry(), max_user_turns=1)
+    state = AgentState(prompt_ids=[1, 5])
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "12", eos=True))
+    assert state.phase == Phase.INTERACTING and loop.answer(state) == "12"
+    loop.on_user_reply(state, False, "?")
+    assert state.phase == Phase.GENERATING and state.user_turns == 1
+    loop.on_turn(state, _turn(tok, "r", "13", eos=True))
+    assert state.phase == Phase.TERMINATED  # max_user_turns reached: no more interaction
+    assert [m["role"] for m in state.messages] == ["assistant", "user", "assistant"]
+
+
+def test_transitions_out_of_order_are_refused(tok):
+    loop = _loop(tok)
+    state = AgentState(prompt_ids=[1, 5])
+    with pytest.raises(ValueError, match="results for 0 calls"):
+        loop.on_tool_results(state, [ToolResult("1", True)])
+    with pytest.raises(ValueError, match="no user turn"):
+        loop.on_user_reply(state, True, "")
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[2*2]"))
+    with pytest.raises(ValueError, match="no turn to generate"):
+        loop.request("r", state)
+
+
+# --- the token layout ---------------------------------------------------------------------------
+def test_mask_and_logprobs_line_up_with_the_tokens_of_each_turn(tok):
+    loop = _loop(tok)
+    state = AgentState(prompt_ids=tok("347*86=")["input_ids"])
+    first, last = _turn(tok, "r", "[347*86]"), _turn(tok, "r", "29842", eos=True)
+    loop.request("r", state)
+    loop.on_turn(state, first)
+    loop.on_tool_results(state, [ToolResult("29842", True)])
+    loop.on_turn(state, last)
+    tool_ids = tok("=29842 ", add_special_tokens=False)["input_ids"]
+    assert state.response_ids == first.response_ids + tool_ids + last.response_ids
+    assert state.response_mask == [1] * 8 + [0] * 7 + [1] * 6
+    assert state.response_logprobs == first.response_logprobs + [0.0] * 7 + last.response_logprobs
+    assert tok.decode(state.response_ids, skip_special_tokens=True) == "[347*86]=29842 29842"
+    # The teacher's trajectory for the warm start has the very same layout.
+    _, ids, mask = encode_turns(
+        tok,
+        calc.make_problem(347, 86),
+        calc.teacher_turns(calc.make_problem(347, 86), use_tool=True),
+    )
+    assert (ids, mask) == (state.response_ids, state.response_mask)
+    # And the state survives JSON (what the partials topic carries).
+    back = AgentState.from_json(state.to_json())
+    assert back == state and json.loads(state.to_json())["phase"] == "terminated"
+
+
+def test_a_corrupt_state_is_refused():
+    bad = AgentState(prompt_ids=[1], response_ids=[5, 6], response_mask=[1], response_logprobs=[0])
+    with pytest.raises(ValueError, match="2 ids, 1 mask"):
+        AgentState.from_json(bad.to_json())
+
+
+def test_hermes_calls_parse_with_their_json_arguments():
+    parser = make_parser("hermes", {"calculator": CalculatorTool()})
+    assert isinstance(parser, HermesParser) and parser.stop_texts == ()
+    text = (
+        'Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}'
+        '</tool_call><tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"4\\"}"}'
+        "</tool_call><tool_call>{not json}</tool_call>"
+    )
+    calls = parser.parse(text)
+    assert calls[0] == ToolCall("calculator", {"expression": "2*3"})
+    assert calls[1] == ToolCall("calculator", {"expression": "4"})
+    assert calls[2].name == "" and calls[2].error.startswith("malformed tool call")
+    assert parser.parse("The answer is 6.") == []
+    out = parser.render([ToolResult("6", True)])
+    assert out == "\n<tool_response>\n6\n</tool_response>\n"
+
+
+# --- interrupt and resume, with a real model -----------------------------------------------------
+@pytest.fixture(scope="module")
+def policy(tok):
+    """A tiny model taught to call the calculator (every teacher trajectory uses it)."""
+
+    class Data:
+        seed, train_size, val_size = 0, 2000, 50
+
+    train, val = calc.make_splits(Data)
+    model = build_model(ModelConfig(hidden_size=64, intermediate_size=128), len(tok), seed=0)
+    warm_start_turns(model, tok, train, calc.teacher_turns, tool_prob=1.0, steps=200)
+    return model, val
+
+
+def _runner(tok, model, executor, interaction=None, max_user_turns=0) -> AgentRunner:
+    loop = _loop(tok, interaction=interaction, max_user_turns=max_user_turns)
+    engine = HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
+    return AgentRunner(loop, engine, executor)
+
+
+STOPS = [  # (phase, which visit of it, tokens into the turn)
+    ("pending", 0, 0),  # before the first step
+    ("generating", 1, 3),  # 3 tokens into the call
+    ("processing_tools", 1, 0),  # the call is with the calculator
+    ("generating", 2, 2),  # 2 tokens into the answer
+    ("interacting", 1, 0),  # the user is replying
+    ("generating", 3, 1),  # 1 token into the turn after the user's reply
+]
+
+
+def _advance(runner: AgentRunner, state: AgentState, phase: Phase, visit: int, tokens: int):
+    """Step until ``state`` is in its ``visit``-th stay in ``phase`` (and, generating, the
+    engine holds ``tokens`` of the turn)."""
+    seen, last = 0, None
+    while True:
+        if state.phase != last:
+            last = state.phase
+            seen += state.phase == phase
+        if state.phase == phase and seen == visit:
+            active = runner.engine._active.get("r")  # the turn's tokens live in the engine
+            if phase != Phase.GENERATING or (active is not None and len(active.ids) >= tokens):
+                return
+        assert runner.step() == [], f"the trajectory ended before {phase} #{visit}"
+
+
+@pytest.mark.parametrize(("phase", "visit", "tokens"), STOPS)
+def test_interrupt_and_resume_in_any_state_gives_the_uninterrupted_trajectory(
+    tok, policy, phase, visit, tokens
+):
+    model, val = policy
+    prompt_ids = tok(val[0].prompt)["input_ids"]
+    with ToolExecutor({"calculator": CalculatorTool()}) as executor:
+        whole = _runner(tok, model, executor, _Retry(), 1).run("r", AgentState(prompt_ids))
+        assert calc.used_tool(whole.messages) and whole.user_turns == 1  # every state visited
+
+        runner = _runner(tok, model, executor, _Retry(), 1)
+        state = AgentState(prompt_ids)
+        if phase != "pending":
+            runner.add("r", state)
+            _advance(runner, state, Phase(phase), visit, tokens)
+            state = runner.interrupt()["r"]
+        assert state.phase == Phase(phase) and not runner.busy
+        assert runner.engine.num_active == 0
+        if phase == "generating":
+            assert len(state.response_ids) - state.turn_start == tokens  # kept, not redone
+        # Another process picks it up from the log.
+        saved = AgentState.from_json(state.to_json())
+        resumed = _runner(tok, model, executor, _Retry(), 1).run("r", saved)
+    assert resumed.response_ids == whole.response_ids
+    assert resumed.response_mask == whole.response_mask
+    assert resumed.response_logprobs == pytest.approx(whole.response_logprobs, abs=1e-5)
+    assert resumed.messages == whole.messages
+    assert (resumed.finish_reason, resumed.assistant_turns, resumed.tool_calls) == (
+        whole.finish_reason,
+        whole.assistant_turns,
+        whole.tool_calls,
+    )
+
+
+def test_the_runner_interrupts_only_the_trajectories_named(tok, policy):
+    model, val = policy
+    with ToolExecutor({"calculator": CalculatorTool()}) as executor:
+        runner = _runner(tok, model, executor)
+        for i, p in enumerate(val[:3]):
+            runner.add(str(i), AgentState(tok(p.prompt)["input_ids"]))
+        runner.step()
+        cut = runner.interrupt({"1"})
+        assert list(cut) == ["1"] and cut["1"].phase == Phase.GENERATING
+        assert len(cut["1"].response_ids) == 1  # its one token so far is kept
+        done = {}
+        while runner.busy:
+            done.update(runner.step())
+        assert sorted(done) == ["0", "2"]
+        for rid in done:
+            assert calc.score(val[int(rid)].answer, done[rid].messages) == 1.0
+
+
+def test_greedy_decoding_is_deterministic_here(tok, policy):
+    """The premise of the resume tests: two uninterrupted runs agree."""
+    model, val = policy
+    with ToolExecutor({"calculator": CalculatorTool()}) as executor:
+        a = _runner(tok, model, executor).run("r", AgentState(tok(val[1].prompt)["input_ids"]))
+        b = _runner(tok, model, executor).run("r", AgentState(tok(val[1].prompt)["input_ids"]))
+    assert replace(a, tool_seconds=0.0) == replace(b, tool_seconds=0.0)  # all but timing

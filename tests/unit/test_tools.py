@@ -1,0 +1,153 @@
+"""Tools: the calculator, the sandbox's limits against hostile input, the tool config loader."""
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncrl.producers.tools.base import Tool, ToolCall, schema_errors
+from asyncrl.producers.tools.calculator import CalculatorTool
+from asyncrl.producers.tools.registry import ToolConfigError, ToolExecutor, load_tools
+from asyncrl.producers.tools.sandbox import SAFE_BUILTINS, run_python
+
+SHIPPED = Path(__file__).parents[2] / "asyncrl" / "configs" / "tools" / "calculator.yaml"
+
+
+def _call(tool: Tool, **arguments):
+    return asyncio.run(tool.call(ToolCall(tool.name, arguments)))
+
+
+def test_the_calculator_computes_what_the_tiny_model_cannot():
+    result = _call(CalculatorTool(), expression="347*86")
+    assert result.ok and result.text == "29842"
+    assert _call(CalculatorTool(), expression=" (12-4)**2 // 3 ").text == "21"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({}, "missing required argument 'expression'"),
+        ({"expression": 3}, "argument 'expression' must be of type string"),
+        ({"expression": "1+1", "mode": "x"}, "unknown argument 'mode'"),
+        ({"expression": ""}, "empty expression"),
+        ({"expression": "1/0"}, "ZeroDivisionError"),
+        ({"expression": "2+"}, "SyntaxError"),
+    ],
+)
+def test_bad_arguments_come_back_as_an_error_message_not_an_exception(arguments, message):
+    result = _call(CalculatorTool(), **arguments)
+    assert not result.ok
+    assert result.text.startswith("error: ") and message in result.text
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os').system('touch /tmp/pwned')",  # import of os
+        "().__class__.__base__.__subclasses__()",  # the classic eval escape
+        "[0] * 10**10",  # a huge allocation (lists are not arithmetic)
+        "open('/etc/passwd').read()",  # file access
+        "9**9**9**9",  # parses as arithmetic, runs into the CPU limit
+    ],
+)
+def test_a_hostile_expression_is_contained_and_the_rollout_goes_on(expression):
+    t0 = time.monotonic()
+    result = _call(CalculatorTool(config={"timeout_s": 4}), expression=expression)
+    assert not result.ok and result.text.startswith("error: ")
+    assert time.monotonic() - t0 < 4.5
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_the_sandbox_limits_hold_even_for_code_the_parser_lets_through():
+    # An infinite loop: the kernel's CPU limit ends it.
+    t0 = time.monotonic()
+    loop = run_python("while True:\n    pass", mode="exec", cpu_s=1, timeout_s=10)
+    assert not loop.ok and "CPU time limit" in loop.error
+    assert time.monotonic() - t0 < 5
+    # A huge allocation, with the allocator handed over: the address-space limit stops it.
+    big = run_python("bytearray(2**33)", builtins=(*SAFE_BUILTINS, "bytearray"), memory_mb=256)
+    assert not big.ok and big.error == "out of memory"
+    # File access, with open() handed over: no descriptor can be opened.
+    files = run_python("open('/etc/hostname').read()", builtins=(*SAFE_BUILTINS, "open"))
+    assert not files.ok and "Too many open files" in files.error
+    # Imports are refused before anything runs.
+    imp = run_python("import os\nresult = os.getcwd()", mode="exec")
+    assert not imp.ok and imp.error == "imports are not allowed"
+    # A sleep (or any stall) is killed at the wall-time limit.
+    stall = run_python("sum(range(10**12))", cpu_s=30, timeout_s=0.5)
+    assert not stall.ok and stall.error.startswith("timed out")
+
+
+class _Slow(Tool):
+    async def execute(self, arguments):
+        await asyncio.sleep(5)
+        return "late"
+
+
+def test_a_tool_that_overruns_its_timeout_returns_an_error():
+    schema = {"type": "function", "function": {"name": "slow", "parameters": {"type": "object"}}}
+    result = _call(_Slow(schema, {"timeout_s": 0.2}))
+    assert not result.ok and result.text == "error: timed out after 0.2 s"
+
+
+def test_schema_errors_checks_the_subset_tool_schemas_use():
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "unit": {"type": "string", "enum": ["a", "b"]}},
+        "required": ["n"],
+    }
+    assert schema_errors(schema, {"n": 3, "unit": "a", "extra": 1}) is None
+    assert schema_errors(schema, {"n": True}) == "argument 'n' must be of type integer"
+    assert (
+        schema_errors(schema, {"n": 1, "unit": "c"}) == "argument 'unit' must be one of ['a', 'b']"
+    )
+    assert schema_errors(schema, []) == "arguments must be an object, not list"
+
+
+def test_the_shipped_tool_config_loads_in_verls_format():
+    tools = load_tools(SHIPPED)
+    assert list(tools) == ["calculator"]
+    assert isinstance(tools["calculator"], CalculatorTool)
+    assert tools["calculator"].timeout_s == 5
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tools: []", "expected a non-empty list under 'tools'"),
+        ("tools:\n  - config: {}", "tools[0].class_name: missing"),
+        ("tools:\n  - class_name: no.such.Tool", "tools[0].class_name: cannot import"),
+        ("tools:\n  - class_name: asyncrl.producers.tools.sandbox.SandboxResult", "not a Tool"),
+        (
+            "tools:\n  - class_name: asyncrl.producers.tools.calculator.CalculatorTool\n"
+            "    tool_schema: {type: function}",
+            "tools[0].tool_schema",
+        ),
+    ],
+)
+def test_a_bad_tool_config_fails_naming_the_entry_and_key(tmp_path, text, message):
+    path = tmp_path / "tools.yaml"
+    path.write_text(text)
+    with pytest.raises(ToolConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_tools(path)
+
+
+def test_the_executor_runs_a_turns_calls_concurrently_and_answers_bad_ones():
+    with ToolExecutor(load_tools(SHIPPED)) as executor:
+        t0 = time.monotonic()
+        results = executor.run(
+            [
+                ToolCall("calculator", {"expression": "2**10"}),
+                ToolCall("search", {"q": "x"}),
+                ToolCall("", error="malformed tool call (not JSON)"),
+                ToolCall("calculator", {"expression": "9**9**9**9"}),
+                ToolCall("calculator", {"expression": "99*99"}),
+            ]
+        )
+        elapsed = time.monotonic() - t0
+    assert [r.ok for r in results] == [True, False, False, False, True]
+    assert results[0].text == "1024" and results[4].text == "9801"
+    assert "no tool named 'search' (tools: calculator)" in results[1].text
+    assert results[2].text == "error: malformed tool call (not JSON)"
+    assert elapsed < 4  # the CPU-bound call did not hold up the others
