@@ -58,6 +58,8 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     # --- policy, data, engine, optimiser ------------------------------------------------------
     model, tok = load_policy(cfg)
     model.to(device)
+    if cfg.data.task != "arithmetic":
+        raise ValueError(f"the colocated baseline runs data.task=arithmetic, not {cfg.data.task}")
     train, val = make_splits(cfg.data)
     prompts = prompt_stream(train, cfg.trainer.seed)
     engine = HFEngine(

@@ -62,7 +62,7 @@ class Trainer:
         self, cfg: RunConfig, bootstrap: str, on_step: Callable[[dict], None] | None = None
     ):
         from asyncrl.models.tiny import load_policy
-        from asyncrl.tasks.arithmetic import make_splits
+        from asyncrl.tasks import splits
 
         self.cfg = cfg
         tracing.init_tracing(cfg, "asyncrl-trainer")
@@ -76,7 +76,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay
         )
-        _, self.val_problems = make_splits(cfg.data)
+        _, self.val_problems = splits(cfg.data)
+        self.last_val_tool_use: float | None = None
         self.num_workers = cfg.actor_rollout_ref.rollout.num_workers
         self.simulated = cfg.actor_rollout_ref.rollout.name == "sim"
         """The sim engine's runs model the update's time instead of training (benchmarks)."""
@@ -441,15 +442,26 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> float:
+        """Greedy accuracy on val (the agent loop with its tools when multi_turn is on; its
+        tool-use rate goes to ``last_val_tool_use``)."""
         from asyncrl.models.tiny import greedy_accuracy
+        from asyncrl.producers.agent.factory import evaluate_agent
 
         self.model.eval()
-        acc = greedy_accuracy(
-            self.model,
-            self.tokenizer,
-            self.val_problems,
-            max_new_tokens=self.cfg.data.max_response_length,
-        )
+        rollout = self.cfg.actor_rollout_ref.rollout
+        if rollout.multi_turn.enable or rollout.val_kwargs.do_sample:
+            with torch.no_grad():
+                measured = evaluate_agent(self.cfg, self.model, self.tokenizer, self.val_problems)
+            acc = measured["accuracy"]
+            if rollout.multi_turn.enable:
+                self.last_val_tool_use = measured["tool_use"]
+        else:
+            acc = greedy_accuracy(
+                self.model,
+                self.tokenizer,
+                self.val_problems,
+                max_new_tokens=self.cfg.data.max_response_length,
+            )
         self.model.train()
         return acc
 
@@ -504,6 +516,9 @@ class Trainer:
             accuracy = self.evaluate()
             self.history["val/accuracy_initial"] = accuracy
             self.history["val/accuracy"] = accuracy
+            if self.last_val_tool_use is not None:
+                self.history["val/tool_use_initial"] = self.last_val_tool_use
+                self.history["val/tool_use"] = self.last_val_tool_use
         reason = "total_training_steps reached"
         metrics: dict[str, float] = {}
         try:
@@ -534,6 +549,9 @@ class Trainer:
                     accuracy = self.evaluate()
                     metrics["val/accuracy"] = accuracy
                     self.history["val/accuracy"] = accuracy
+                    if self.last_val_tool_use is not None:
+                        metrics["val/tool_use"] = self.last_val_tool_use
+                        self.history["val/tool_use"] = self.last_val_tool_use
                 synced = self.step % at.trigger_parameter_sync_step == 0
                 if synced:
                     idle, _span = self.wait_clock.close_window()
@@ -565,6 +583,8 @@ class Trainer:
             if not self.simulated and (accuracy is None or "val/accuracy" not in metrics):
                 accuracy = self.evaluate()
                 self.history["val/accuracy"] = accuracy
+                if self.last_val_tool_use is not None:
+                    self.history["val/tool_use"] = self.last_val_tool_use
             self.checkpoint()
         finally:
             self.control.publish(
@@ -591,6 +611,9 @@ class Trainer:
             "sync_resumed_s_mean": _mean(self.sync_resumed_s.values()),
             "sync_resumed_s_max": max(self.sync_resumed_s.values(), default=0.0),
         }
+        if self.last_val_tool_use is not None:  # the agent loop: how often the policy calls tools
+            summary["val/tool_use"] = self.history.get("val/tool_use")
+            summary["val/tool_use_initial"] = self.history.get("val/tool_use_initial")
         self.metrics_file.write({"summary": summary})
         return summary
 

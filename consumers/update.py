@@ -81,7 +81,23 @@ def grpo_update(
     metrics["critic/score/mean"] = float(rewards.mean())
     metrics["critic/advantages/max"] = float(advantages.max())
     metrics["response_length/mean"] = sum(lengths) / len(lengths)
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        metrics.update(agent_metrics(samples))
     return metrics
+
+
+def agent_metrics(samples: list[Sample]) -> dict[str, float]:
+    """The agent loop's per-step figures: turns, tool calls, errors, latency, tool use."""
+    trajs = [t for s in samples for t in s.trajectories]
+    calls = sum(t.tool_calls for t in trajs)
+    return {
+        "agent/num_turns/mean": sum(t.num_turns for t in trajs) / len(trajs),
+        "agent/num_turns/max": float(max(t.num_turns for t in trajs)),
+        "agent/tool_calls/mean": calls / len(trajs),
+        "agent/tool_errors/mean": sum(t.tool_errors for t in trajs) / len(trajs),
+        "agent/tool_latency_s/mean": sum(t.tool_s for t in trajs) / calls if calls else 0.0,
+        "agent/tool_use_rate": sum(t.tool_calls > 0 for t in trajs) / len(trajs),
+    }
 
 
 def simulated_update(samples: list[Sample], cfg: RunConfig) -> dict[str, float]:

@@ -135,8 +135,10 @@ class KafkaConfig(Strict):
 
 
 class DataConfig(Strict):
-    task: Literal["arithmetic"] = "arithmetic"
-    """The synthetic task shipped with the project."""
+    task: Literal["arithmetic", "calculator"] = "arithmetic"
+    """The synthetic task: arithmetic (``07+35=``, single turn), or calculator (``347*86=``,
+    which the tiny model solves only by calling the calculator tool; needs
+    actor_rollout_ref.rollout.multi_turn.enable=true)."""
     train_size: int = Field(2000, ge=1)
     """Number of training prompts in one epoch."""
     val_size: int = Field(200, ge=1)
@@ -166,6 +168,9 @@ class ModelConfig(Strict):
     """The warm start's teacher drops the carries of its answer with this probability, so the
     warm policy carries too rarely for greedy decoding (~30-40% held-out accuracy) but often
     enough when sampling for RL to fix it. 0: a correct teacher."""
+    warmup_tool_prob: float = Field(0.3, ge=0, le=1)
+    """calculator task: the warm start's teacher calls the tool with this probability (and
+    guesses otherwise), so RL has a minority of rewarded tool-using samples to learn from."""
     warmup_lr: float = Field(1e-3, gt=0)
     """AdamW learning rate of the supervised warm start."""
     warmup_batch_size: int = Field(64, ge=1)
@@ -198,6 +203,33 @@ class ActorConfig(Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
 
 
+class ValKwargsConfig(Strict):
+    """verl's ``actor_rollout_ref.rollout.val_kwargs``: how validation decodes."""
+
+    do_sample: bool = False
+    """Sample at rollout.temperature (seeded by trainer.seed, so reruns agree) instead of
+    greedy decoding: val accuracy then measures what the policy does when it rolls out."""
+
+
+class MultiTurnConfig(Strict):
+    """verl's ``actor_rollout_ref.rollout.multi_turn``: the agent loop (producers/agent)."""
+
+    enable: bool = False
+    """Generate with the multi-turn agent loop (tool calls, interaction) instead of one turn."""
+    max_assistant_turns: int = Field(5, ge=1)
+    """Assistant turns per trajectory; the one that reaches it ends it, tool call or not."""
+    max_user_turns: int = Field(0, ge=0)
+    """Replies of an interaction (a simulated user) per trajectory; 0: none."""
+    tool_config_path: str | None = None
+    """verl-format tool config (YAML); None: the shipped calculator
+    (asyncrl/configs/tools/calculator.yaml)."""
+    format: Literal["hermes", "compact"] = "compact"
+    """Tool-call syntax: hermes (<tool_call>{json}</tool_call>, chat models) or compact
+    ([expression], the character-level demo model)."""
+    max_tool_response_length: int = Field(16, ge=1)
+    """Tokens of one tool response kept in the context (the rest is cut)."""
+
+
 class RolloutConfig(Strict):
     name: Literal["hf", "sim"] = "hf"
     """Inference engine: hf (transformers on CPU/GPU), or sim (a latency model for benchmarks,
@@ -219,6 +251,8 @@ class RolloutConfig(Strict):
     emulated_decode_latency_s: float = Field(0.0, ge=0)
     """Seconds the hf engine sleeps after each decoding step, to emulate a bigger model's
     decode time on CPU (benchmarks and tests of partial rollout). 0: off."""
+    multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
+    val_kwargs: ValKwargsConfig = Field(default_factory=ValKwargsConfig)
 
 
 class ActorRolloutRefConfig(Strict):
@@ -364,6 +398,17 @@ class RunConfig(Strict):
             raise ValueError(
                 "async_training.partial_rollout=True needs async_training.staleness_threshold > 0"
             )
+        multi_turn = self.actor_rollout_ref.rollout.multi_turn
+        if self.data.task == "calculator" and not multi_turn.enable:
+            raise ValueError(
+                "data.task=calculator needs actor_rollout_ref.rollout.multi_turn.enable=true "
+                "(the model answers it by calling the calculator tool)"
+            )
+        if multi_turn.enable and self.actor_rollout_ref.rollout.name == "sim":
+            raise ValueError(
+                "actor_rollout_ref.rollout.multi_turn.enable=true needs rollout.name=hf "
+                "(the sim engine models latency, it writes no text to call tools with)"
+            )
         return self
 
     # --- derived quantities (DESIGN.md section 3) ---------------------------------------------
@@ -430,8 +475,12 @@ def _format_error(err: ValidationError) -> str:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load YAML (default: the embedded demo config), apply dotted overrides, validate."""
     path = Path(path) if path else DEFAULT_CONFIG
+    shipped = DEFAULT_CONFIG.parent / f"{path}.yaml"
+    if not path.exists() and path.suffix == "" and shipped.exists():
+        path = shipped  # a config shipped with the package, by name: --config calculator
     if not path.exists():
-        raise ConfigError(f"config file not found: {path}")
+        names = ", ".join(sorted(p.stem for p in DEFAULT_CONFIG.parent.glob("*.yaml")))
+        raise ConfigError(f"config file not found: {path} (shipped configs: {names})")
     tree = yaml.safe_load(path.read_text()) or {}
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping")

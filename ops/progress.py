@@ -47,11 +47,17 @@ class StepProgress:
         self.stale += int(m.get("fully_async/count/stale_samples_processed", 0))
         if "val/accuracy" in m:
             self.accuracy = m["val/accuracy"]
+            tools = (
+                f"  tool use {m['val/tool_use']:.2f} (rollout {_fmt(m.get('agent/tool_use_rate'))}, "
+                f"errors/traj {_fmt(m.get('agent/tool_errors/mean'))})"
+                if "val/tool_use" in m
+                else ""
+            )
             self.console.log(
                 f"step {rec.step:4d}  version {rec.version:4d}  "
                 f"held-out accuracy {self.accuracy:.3f}  "
                 f"reward {_fmt(m.get('critic/score/mean'))}  "
-                f"samples/s {_fmt(m.get('perf/samples_per_s'), '.1f')}"
+                f"samples/s {_fmt(m.get('perf/samples_per_s'), '.1f')}{tools}"
             )
         desc = (
             f"v{rec.version} reward {_fmt(m.get('critic/score/mean'))} "

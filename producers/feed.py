@@ -31,9 +31,9 @@ def prompts_needed(cfg: RunConfig) -> int:
 
 def feed_prompts(cfg: RunConfig, bootstrap: str, count: int | None = None) -> int:
     """Publish ``count`` prompts (default: prompts_needed), shuffled per epoch; returns count."""
-    from asyncrl.tasks.arithmetic import make_splits
+    from asyncrl.tasks import splits
 
-    train, _ = make_splits(cfg.data)
+    train, _ = splits(cfg.data)
     count = prompts_needed(cfg) if count is None else count
     topic = cfg.topic("prompts")
     span = tracing.tracer().start_as_current_span(

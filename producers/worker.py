@@ -46,8 +46,9 @@ import torch
 from asyncrl.ops import tracing
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Record
+from asyncrl.producers.agent.factory import make_runner
+from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
-from asyncrl.producers.engines.base import GenRequest, GenResult
 from asyncrl.producers.prompt_source import PromptSource
 from asyncrl.producers.recovery import WORKER_HEADER, RecoveryIndex
 from asyncrl.producers.spans import SampleTrace, sync_span
@@ -76,7 +77,7 @@ class InFlight:
     done: dict[int, Trajectory] = field(default_factory=dict)
     segments: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
     """Per trajectory: (segment_starts, segment_versions), grown at each continuation."""
-    interrupted: dict[int, GenResult] = field(default_factory=dict)
+    interrupted: dict[int, AgentState] = field(default_factory=dict)
     """Trajectories cut short by a sync, waiting to be continued."""
     trace: SampleTrace = field(default_factory=SampleTrace)
 
@@ -84,15 +85,21 @@ class InFlight:
         return self.segments.setdefault(index, ([0], [self.version_start]))
 
     def trajectory(
-        self, index: int, result: GenResult, reward: float, t_end: float, reward_s: float = 0.0
+        self, index: int, state: AgentState, reward: float, t_end: float, reward_s: float = 0.0
     ) -> Trajectory:
         """Trajectory ``index`` as generated so far, with its segments and their versions."""
         starts, versions = self.segments_of(index)
+        done = state.phase == Phase.TERMINATED
         return Trajectory(
-            response_ids=list(result.response_ids),
-            response_logprobs=list(result.response_logprobs),
+            response_ids=list(state.response_ids),
+            response_logprobs=list(state.response_logprobs),
+            response_mask=list(state.response_mask),
             reward=reward,
-            finish_reason=result.finish_reason,
+            finish_reason=state.finish_reason if done else "abort",
+            num_turns=state.num_turns,
+            tool_calls=state.tool_calls,
+            tool_errors=state.tool_errors,
+            tool_s=state.tool_seconds,
             param_version=versions[-1],
             param_version_start=versions[0],
             segment_starts=list(starts),
@@ -145,7 +152,7 @@ class RolloutWorker:
     def __init__(self, cfg: RunConfig, worker_id: int, bootstrap: str) -> None:
         from asyncrl.models.tiny import load_policy
         from asyncrl.producers.engines.factory import make_engine
-        from asyncrl.tasks.arithmetic import score
+        from asyncrl.tasks import score
 
         self.cfg = cfg
         self.worker_id = worker_id
@@ -158,6 +165,8 @@ class RolloutWorker:
         self.engine = make_engine(
             cfg, model, self.tokenizer, seed=cfg.trainer.seed + 1000 * (worker_id + 1)
         )
+        self.runner = make_runner(cfg, self.tokenizer, self.engine)
+        """Every trajectory runs as an agent (one turn unless multi_turn.enable)."""
         self.incarnation = uuid.uuid4().hex[:12]
         """This process's lifetime; a restarted worker gets a new one (WorkerStarted says it)."""
         self.publisher = Publisher(cfg.kafka, bootstrap)
@@ -303,13 +312,13 @@ class RolloutWorker:
         Returns the number of samples interrupted. The messages are acknowledged before the
         worker pauses, so the log holds every partial trajectory of the sync.
         """
-        self._mark_interrupted(self.engine.abort_all())
+        self._mark_interrupted(self.runner.interrupt())
         return self._log_partials(list(self.in_flight))
 
-    def _mark_interrupted(self, aborted: list[GenResult]) -> None:
-        for result in aborted:
-            sample_id, _, index = result.request_id.rpartition("#")
-            self.in_flight[sample_id].interrupted[int(index)] = result
+    def _mark_interrupted(self, states: dict[str, AgentState]) -> None:
+        for request_id, state in states.items():
+            sample_id, _, index = request_id.rpartition("#")
+            self.in_flight[sample_id].interrupted[int(index)] = state
 
     def _log_partials(self, sample_ids: list[str]) -> int:
         """Publish each of ``sample_ids`` that has interrupted trajectories to ``partials``
@@ -330,6 +339,10 @@ class RolloutWorker:
                 prompt_partition=fl.prompt.partition,
                 prompt_offset=fl.prompt.offset,
                 epoch=fl.prompt.value.epoch,
+                agent_state=[
+                    fl.interrupted[i].to_json() if i in fl.interrupted else ""
+                    for i in range(self.rollout.n)
+                ],
             )
             with fl.trace.current():
                 self.publisher.publish(
@@ -347,22 +360,14 @@ class RolloutWorker:
         """Re-add one sample's interrupted trajectories; each starts a segment under self.version."""
         if fl.interrupted:
             fl.trace.start_segment(self.version)
-        for i, res in sorted(fl.interrupted.items()):
+        for i, state in sorted(fl.interrupted.items()):
             starts, versions = fl.segments_of(i)
-            if starts[-1] == len(res.response_ids):
+            if starts[-1] == len(state.response_ids):
                 versions[-1] = self.version  # the last segment got no token: it moves
             else:
-                starts.append(len(res.response_ids))
+                starts.append(len(state.response_ids))
                 versions.append(self.version)
-            self.engine.add(
-                GenRequest(
-                    request_id=f"{sample_id}#{i}",
-                    prompt_ids=fl.prompt_ids,
-                    max_new_tokens=self.cfg.data.max_response_length,
-                    prefix_ids=list(res.response_ids),
-                    prefix_logprobs=list(res.response_logprobs),
-                )
-            )
+            self.runner.add(f"{sample_id}#{i}", state)  # resumes from its phase
         fl.interrupted.clear()
 
     def _resume_logged(self, rec: Record[PromptRecord], partial: PartialSample) -> None:
@@ -379,13 +384,16 @@ class RolloutWorker:
                 fl.done[i] = t
                 continue
             fl.segments[i] = (list(t.segment_starts), list(t.segment_versions))
-            fl.interrupted[i] = GenResult(
-                request_id=f"{s.sample_id}#{i}",
-                prompt_ids=list(s.prompt_ids),
-                response_ids=list(t.response_ids),
-                response_logprobs=list(t.response_logprobs),
-                finish_reason="abort",
-            )
+            if partial.agent_state[i]:
+                fl.interrupted[i] = AgentState.from_json(partial.agent_state[i])
+            else:  # logged before agent states were: one turn, cut while generating
+                fl.interrupted[i] = AgentState(
+                    prompt_ids=list(s.prompt_ids),
+                    phase=Phase.GENERATING,
+                    response_ids=list(t.response_ids),
+                    response_mask=list(t.response_mask),
+                    response_logprobs=list(t.response_logprobs),
+                )
         self.in_flight[s.sample_id] = fl
         fl.trace.start(
             rec.topic, s.sample_id, rec.headers, rec.partition, rec.offset, self.version, True
@@ -442,7 +450,7 @@ class RolloutWorker:
         moving = [sid for sid, fl in self.in_flight.items() if fl.prompt.partition in partitions]
         if moving:
             ids = {f"{sid}#{i}" for sid in moving for i in range(self.rollout.n)}
-            self._mark_interrupted(self.engine.abort(ids))
+            self._mark_interrupted(self.runner.interrupt(ids))
             logged = self._log_partials(moving) if self.partial_rollout and not lost else 0
             for sid in moving:
                 self.in_flight.pop(sid).trace.end("its prompt partition moved to another worker")
@@ -490,24 +498,17 @@ class RolloutWorker:
         fl.trace.start(rec.topic, p.sample_id, rec.headers, rec.partition, rec.offset, self.version)
         fl.trace.start_segment(self.version)
         for i in range(self.rollout.n):
-            self.engine.add(
-                GenRequest(
-                    request_id=f"{p.sample_id}#{i}",
-                    prompt_ids=prompt_ids,
-                    max_new_tokens=self.cfg.data.max_response_length,
-                )
-            )
+            self.runner.add(f"{p.sample_id}#{i}", AgentState(prompt_ids=list(prompt_ids)))
         return True
 
-    def _on_finished(self, result: GenResult, prompts: PromptSource) -> None:
-        sample_id, _, index = result.request_id.rpartition("#")
+    def _on_finished(self, request_id: str, state: AgentState, prompts: PromptSource) -> None:
+        sample_id, _, index = request_id.rpartition("#")
         fl = self.in_flight[sample_id]
         t0 = time.perf_counter()
         with fl.trace.child("reward", **{"asyncrl.traj_index": int(index)}):
-            text = self.tokenizer.decode(result.response_ids, skip_special_tokens=True)
-            reward = self.score(fl.prompt.value.ground_truth, text)
+            reward = self.score(self.cfg.data.task, fl.prompt.value.ground_truth, state.messages)
         fl.done[int(index)] = fl.trajectory(
-            int(index), result, reward, time.time(), reward_s=time.perf_counter() - t0
+            int(index), state, reward, time.time(), reward_s=time.perf_counter() - t0
         )
         if len(fl.done) == self.rollout.n:
             self._publish(sample_id, fl, prompts)
@@ -574,11 +575,16 @@ class RolloutWorker:
                     pass
                 self.publisher.poll(0)  # acknowledgements: commit the prompts of acked samples
                 self.publisher.check()
-                self.idle.set_idle(self.engine.num_active == 0)
+                self.idle.set_idle(not self.runner.busy)
                 if self.engine.num_active:
                     with torch.no_grad():
-                        for result in self.engine.step():
-                            self._on_finished(result, prompts)
+                        for request_id, state in self.runner.step():
+                            self._on_finished(request_id, state, prompts)
+                elif self.runner.busy:  # only tool calls (or user replies) under way
+                    for request_id, state in self.runner.step():
+                        self._on_finished(request_id, state, prompts)
+                    for event in self.control.poll(0.002):
+                        self._handle(event)
                 else:
                     prompts.keep_alive()
                     for event in self.control.poll(0.05):
@@ -586,7 +592,7 @@ class RolloutWorker:
             if self.stopping and self.partial_rollout and self.in_flight:
                 self._interrupt()
         finally:
-            self.engine.abort_all()
+            self.runner.close()
             for fl in self.in_flight.values():
                 fl.trace.end("run finished first" if self.finished else "handed back to the log")
             if self.finished and self.in_flight:

@@ -32,8 +32,15 @@ def encode_batch(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode_batch(data: bytes | None, expected: pa.Schema, tag: str) -> pa.RecordBatch:
-    """Decode one IPC stream and check it is exactly ``expected`` (fields and schema tag)."""
+def decode_batch(
+    data: bytes | None,
+    expected: pa.Schema,
+    tag: str,
+    older: dict[str, pa.Schema] | None = None,
+) -> pa.RecordBatch:
+    """Decode one IPC stream and check it is exactly ``expected`` (fields and schema tag), or
+    exactly one of the ``older`` versions still read (``{tag: schema}``): the caller fills
+    the columns those lack, so logs written before a schema change still replay."""
     if not data:
         raise DecodeError(f"{tag}: empty message")
     try:
@@ -45,6 +52,8 @@ def decode_batch(data: bytes | None, expected: pa.Schema, tag: str) -> pa.Record
         raise DecodeError(f"{tag}: expected 1 record batch, got {len(batches)}")
     batch = batches[0]
     got_tag = (batch.schema.metadata or {}).get(METADATA_KEY, b"").decode(errors="replace")
+    if older and got_tag in older:
+        expected, tag = older[got_tag], got_tag
     if got_tag != tag:
         raise DecodeError(f"expected schema {tag}, message says {got_tag or 'nothing'}")
     if not batch.schema.equals(expected, check_metadata=False):

@@ -17,10 +17,11 @@ import pyarrow as pa
 
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 from asyncrl.schemas.sample import SCHEMA as SAMPLE_SCHEMA
+from asyncrl.schemas.sample import SCHEMA_V2 as SAMPLE_SCHEMA_V2
 from asyncrl.schemas.sample import Sample, sample_columns, sample_from_columns, validate
 
 NAME = "partial"
-VERSION = 1
+VERSION = 2  # 2: the sample's agent columns (sample/3)
 TAG = schema_tag(NAME, VERSION)
 
 _EXTRA = [
@@ -31,6 +32,11 @@ _EXTRA = [
     pa.field("epoch", pa.int32(), nullable=False),
 ]
 SCHEMA = with_tag(pa.schema([*SAMPLE_SCHEMA.remove_metadata(), *_EXTRA]), NAME, VERSION)
+OLDER = {
+    schema_tag(NAME, 1): with_tag(
+        pa.schema([*SAMPLE_SCHEMA_V2.remove_metadata(), *_EXTRA]), NAME, 1
+    )
+}
 
 
 @dataclass
@@ -72,7 +78,7 @@ def encode_partial(p: PartialSample) -> bytes:
 
 
 def decode_partial(data: bytes | None, headers: dict[str, bytes] | None = None) -> PartialSample:
-    cols = decode_batch(data, SCHEMA, TAG).to_pydict()
+    cols = decode_batch(data, SCHEMA, TAG, OLDER).to_pydict()
     sample = sample_from_columns(cols, TAG)
     return PartialSample(
         sample=sample,

@@ -18,10 +18,19 @@ import pyarrow as pa
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 
 NAME = "sample"
-VERSION = 2
+VERSION = 3  # 3: the agent loop's num_turns, tool_calls, tool_errors, tool_s
 TAG = schema_tag(NAME, VERSION)
 
-SCHEMA = with_tag(
+_AGENT_FIELDS = [
+    pa.field("num_turns", pa.int32(), nullable=False),
+    pa.field("tool_calls", pa.int32(), nullable=False),
+    pa.field("tool_errors", pa.int32(), nullable=False),
+    pa.field("tool_s", pa.float64(), nullable=False),
+]
+AGENT_DEFAULTS = {"num_turns": 0, "tool_calls": 0, "tool_errors": 0, "tool_s": 0.0}
+"""Values of the agent columns for messages written before they existed (sample/2)."""
+
+SCHEMA_V2 = with_tag(
     pa.schema(
         [
             pa.field("sample_id", pa.string(), nullable=False),
@@ -45,8 +54,10 @@ SCHEMA = with_tag(
         ]
     ),
     NAME,
-    VERSION,
+    2,
 )
+SCHEMA = with_tag(pa.schema([*SCHEMA_V2.remove_metadata(), *_AGENT_FIELDS]), NAME, VERSION)
+OLDER = {schema_tag(NAME, 2): SCHEMA_V2}
 
 
 @dataclass
@@ -67,6 +78,12 @@ class Trajectory:
     """Response index where each segment begins (``[0]`` for an uninterrupted trajectory)."""
     segment_versions: list[int] = field(default_factory=list)
     """Weight version of each segment's tokens; first is param_version_start, last param_version."""
+    num_turns: int = 0
+    """Messages after the prompt (agent loop: assistant turns, tool responses, user replies)."""
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_s: float = 0.0
+    """Wall time of this trajectory's tool calls, summed."""
 
     def __post_init__(self) -> None:
         if not self.response_mask:
@@ -180,6 +197,10 @@ def sample_columns(sample: Sample) -> dict[str, list]:
         "t_start": [t.t_start for t in trajs],
         "t_end": [t.t_end for t in trajs],
         "reward_s": [t.reward_s for t in trajs],
+        "num_turns": [t.num_turns for t in trajs],
+        "tool_calls": [t.tool_calls for t in trajs],
+        "tool_errors": [t.tool_errors for t in trajs],
+        "tool_s": [t.tool_s for t in trajs],
     }
 
 
@@ -197,6 +218,8 @@ def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
         raise DecodeError(f"{tag}: rows of one message must share a sample_id")
     if cols["traj_index"] != list(range(n)):
         raise DecodeError(f"{tag}: traj_index must be 0..n-1, got {cols['traj_index']}")
+    for key, default in AGENT_DEFAULTS.items():  # written before the agent loop existed
+        cols.setdefault(key, [default] * n)
     trajs = [
         Trajectory(
             response_ids=cols["response_ids"][i],
@@ -211,6 +234,10 @@ def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
             t_start=cols["t_start"][i],
             t_end=cols["t_end"][i],
             reward_s=cols["reward_s"][i],
+            num_turns=cols["num_turns"][i],
+            tool_calls=cols["tool_calls"][i],
+            tool_errors=cols["tool_errors"][i],
+            tool_s=cols["tool_s"][i],
         )
         for i in range(n)
     ]
@@ -227,4 +254,4 @@ def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
 
 
 def decode_sample(data: bytes | None, headers: dict[str, bytes] | None = None) -> Sample:
-    return sample_from_columns(decode_batch(data, SCHEMA, TAG).to_pydict(), TAG)
+    return sample_from_columns(decode_batch(data, SCHEMA, TAG, OLDER).to_pydict(), TAG)

@@ -34,19 +34,21 @@ def make_run_cfg(broker: str, tmp_path: Path) -> Callable[..., RunConfig]:
     """Factory: ``make_run_cfg("kafka.max_message_bytes=4096", create_topics=True)``.
 
     Each call gets a unique run_id (``t<uuid8>``), the session broker and an output_dir under
-    tmp_path; topics are created unless ``create_topics=False``.
+    tmp_path; topics are created unless ``create_topics=False``. ``config``: a YAML path or a
+    shipped config's name (default: the demo's).
     """
     from asyncrl.ops.config import load_config
     from asyncrl.ops.topics import create_run_topics
 
-    def make(*overrides: str, create_topics: bool = True) -> RunConfig:
+    def make(*overrides: str, create_topics: bool = True, config: str | None = None) -> RunConfig:
         cfg = load_config(
+            config,
             overrides=[
                 f"run_id=t{uuid.uuid4().hex[:8]}",
                 f"kafka.bootstrap_servers='{broker}'",
                 f"output_dir='{tmp_path / 'runs'}'",
                 *overrides,
-            ]
+            ],
         )
         if create_topics:
             create_run_topics(cfg, broker)

@@ -209,6 +209,37 @@ def warm_start(
     return metrics
 
 
+def _warm_start_calculator(
+    cfg: RunConfig, on_step: Callable[[int, int, float], None] | None
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
+    """The tool task's policy: the tokenizer gains ``[]?``, the teacher sometimes calls the
+    calculator (``warmup_tool_prob``); measured by greedy agent runs on val."""
+    from asyncrl.models.agent_warmup import warm_start_turns
+    from asyncrl.producers.agent.factory import evaluate_agent
+    from asyncrl.tasks import calculator
+
+    mc = cfg.actor_rollout_ref.model
+    tokenizer = build_tokenizer(CHARS + calculator.TOOL_CHARS)
+    model = build_model(mc, len(tokenizer), cfg.data.seed)
+    train, val = calculator.make_splits(cfg.data)
+    metrics = warm_start_turns(
+        model,
+        tokenizer,
+        train,
+        calculator.teacher_turns,
+        tool_prob=mc.warmup_tool_prob,
+        steps=mc.warmup_steps,
+        batch_size=mc.warmup_batch_size,
+        lr=mc.warmup_lr,
+        seed=cfg.data.seed,
+        on_step=on_step,
+    )
+    measured = evaluate_agent(cfg, model, tokenizer, val)
+    metrics["warmup_val_accuracy"] = measured["accuracy"]
+    metrics["warmup_val_tool_use"] = measured["tool_use"]
+    return model, tokenizer, metrics
+
+
 def cache_key(cfg: RunConfig) -> str:
     """Hash of everything that determines the warm-started weights (not where they are kept)."""
     spec = {
@@ -243,19 +274,22 @@ def load_policy(
     final = policy_dir(cfg)
     if not (final / METRICS_FILE).exists():
         final.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer = build_tokenizer()
-        model = build_model(cfg.actor_rollout_ref.model, len(tokenizer), cfg.data.seed)
-        train, val = make_splits(cfg.data)
-        metrics = warm_start(
-            model,
-            tokenizer,
-            train,
-            cfg.actor_rollout_ref.model,
-            seed=cfg.data.seed,
-            val_problems=val,
-            max_new_tokens=cfg.data.max_response_length,
-            on_step=on_step,
-        )
+        if cfg.data.task == "calculator":
+            model, tokenizer, metrics = _warm_start_calculator(cfg, on_step)
+        else:
+            tokenizer = build_tokenizer()
+            model = build_model(cfg.actor_rollout_ref.model, len(tokenizer), cfg.data.seed)
+            train, val = make_splits(cfg.data)
+            metrics = warm_start(
+                model,
+                tokenizer,
+                train,
+                cfg.actor_rollout_ref.model,
+                seed=cfg.data.seed,
+                val_problems=val,
+                max_new_tokens=cfg.data.max_response_length,
+                on_step=on_step,
+            )
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
             model.save_pretrained(tmp, safe_serialization=True)

@@ -123,15 +123,18 @@ class AgentLoop:
         text = self.tokenizer.decode(turn_ids, skip_special_tokens=True)
         state.messages.append({"role": "assistant", "content": text})
         state.assistant_turns += 1
-        calls = self.parser.parse(text)
-        if len(state.response_ids) >= self.limits.response_length:
-            self._terminate(state, "length")
-        elif calls and state.assistant_turns >= self.limits.max_assistant_turns:
+        calls = self.parser.parse(text) if result.finish_reason == "stop" else []
+        room = len(state.response_ids) < self.limits.response_length
+        if calls and state.assistant_turns >= self.limits.max_assistant_turns:
             self._terminate(state, "max_turns")
         elif calls:
             state.phase = Phase.PROCESSING_TOOLS
             state.pending_calls = [c.to_dict() for c in calls]
-        elif self.interaction is not None and state.user_turns < self.limits.max_user_turns:
+        elif result.finish_reason == "length" or (calls and not room):
+            self._terminate(state, "length")
+        elif (
+            self.interaction is not None and state.user_turns < self.limits.max_user_turns and room
+        ):
             state.phase = Phase.INTERACTING
         else:
             self._terminate(state, "stop")
@@ -254,6 +257,11 @@ class AgentRunner:
             for rid in ids & set(pending):
                 pending.pop(rid).cancel()  # asked again on resume (see the module doc)
         return {rid: self.states.pop(rid) for rid in ids}
+
+    def close(self) -> None:
+        """Stop everything running and the tool executor's thread."""
+        self.interrupt()
+        self.executor.close()
 
     def run(
         self, request_id: str, state: AgentState, idle: Callable[[], None] | None = None

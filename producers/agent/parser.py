@@ -85,6 +85,18 @@ class CompactParser:
         return "".join(f"={r.text if r.ok else '?'} " for r in results)
 
 
+class SingleTurn:
+    """No tools: every turn is a final answer (the single-turn rollout, as an agent loop)."""
+
+    stop_texts: tuple[str, ...] = ()
+
+    def parse(self, turn_text: str) -> list[ToolCall]:
+        return []
+
+    def render(self, results: list[ToolResult]) -> str:
+        return ""
+
+
 def make_parser(fmt: str, tools: dict[str, Tool]) -> ToolParser:
     if fmt == "hermes":
         return HermesParser()

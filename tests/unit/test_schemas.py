@@ -40,7 +40,21 @@ def test_sample_round_trip_keeps_every_field():
 
 def test_sample_metadata_carries_schema_tag():
     reader = pa.ipc.open_stream(pa.py_buffer(encode_sample(make_sample())))
-    assert reader.schema.metadata[b"asyncrl.schema"] == b"sample/2"
+    assert reader.schema.metadata[b"asyncrl.schema"] == b"sample/3"
+
+
+def test_a_sample_written_before_the_agent_columns_still_decodes():
+    """Logs from before sample/3 replay: the agent columns read as zero."""
+    from asyncrl.schemas.codec import encode_batch
+    from asyncrl.schemas.sample import SCHEMA_V2, sample_columns
+
+    s = make_sample()
+    s.trajectories[0].num_turns = 3  # not in a sample/2 message
+    cols = {k: v for k, v in sample_columns(s).items() if k in SCHEMA_V2.names}
+    old = encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA_V2))
+    back = decode_sample(old)
+    assert back.trajectories[0].num_turns == 0 and back.trajectories[0].tool_s == 0.0
+    assert back.trajectories[1].response_ids == s.trajectories[1].response_ids
 
 
 @pytest.mark.parametrize(
@@ -48,7 +62,7 @@ def test_sample_metadata_carries_schema_tag():
     [
         (b"", "empty"),
         (b"not arrow at all", "not an Arrow IPC stream"),
-        (encode_prompt(PromptRecord("p", "1+1=", "2")), "expected schema sample/2"),
+        (encode_prompt(PromptRecord("p", "1+1=", "2")), "expected schema sample/3"),
     ],
 )
 def test_sample_rejects_bad_bytes(data, match):
@@ -82,6 +96,10 @@ def test_sample_rejects_misaligned_logprobs():
         t_start=0.0,
         t_end=0.0,
         reward_s=0.0,
+        num_turns=0,
+        tool_calls=0,
+        tool_errors=0,
+        tool_s=0.0,
     )
     for k, v in row.items():
         cols[k].append(v)
