@@ -13,6 +13,8 @@ on a run still going. Writes into
 - ``sync_time.png``: each sync from SyncRequested to the last RolloutResumed, split into the
   trainer's wait for the pauses, the transfer, and the rest (workers load and resume);
 - ``throughput.png``: samples/s per step and the run's running average;
+- ``tool_use.png`` (agent runs): share of trajectories calling a tool, in rollouts and on the
+  held-out set, and tool errors per trajectory;
 - ``report.md``: the figures that matter, with the plots inlined.
 """
 
@@ -157,6 +159,29 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
             title=f"{run_id}: time of each weight sync",
             xlabel="weight version published",
             ylabel="ms",
+        )
+    if any("agent/tool_use_rate" in r for r in rows):  # the agent loop
+        tool_val = [(r["step"], r["val/tool_use"]) for r in rows if "val/tool_use" in r]
+        if summary.get("val/tool_use_initial") is not None:
+            tool_val.insert(0, (0, summary["val/tool_use_initial"]))
+        plots["tool use"] = line_plot(
+            {
+                "rollouts: share of trajectories calling a tool": [
+                    (r["step"], r["agent/tool_use_rate"])
+                    for r in rows
+                    if "agent/tool_use_rate" in r
+                ],
+                "held-out: share calling a tool": tool_val,
+                "rollouts: tool errors per trajectory": [
+                    (r["step"], r["agent/tool_errors/mean"])
+                    for r in rows
+                    if "agent/tool_errors/mean" in r
+                ],
+            },
+            out / "tool_use.png",
+            title=f"{run_id}: tool use of the agent loop",
+            xlabel="step",
+            ylabel="share / errors per trajectory",
         )
     rates = _step_rates(rows)
     plots["throughput"] = line_plot(

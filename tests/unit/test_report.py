@@ -69,3 +69,17 @@ def test_report_cli_by_run_id_and_a_clear_error(tmp_path, capsys):
     assert "no run at 'nope'" in capsys.readouterr().err
     with pytest.raises(ReportError):
         resolve_run_dir(str(tmp_path))
+
+
+def test_an_agent_run_gets_a_tool_use_plot(tmp_path):
+    run = _run_dir(tmp_path)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if "step" in r:
+            r.update({"agent/tool_use_rate": 0.25 * r["step"], "agent/tool_errors/mean": 0.0})
+        if "summary" in r:
+            r["summary"]["val/tool_use_initial"] = 0.3
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = write_report(run).read_text()
+    assert "](tool_use.png)" in md
+    assert (run / "report" / "tool_use.png").read_bytes()[:4] == b"\x89PNG"
