@@ -70,3 +70,16 @@ def token_logprob_errors(
     rows = [(prompt_ids, traj.response_ids, traj.response_logprobs, 0.0)]
     lp, batch = _rescore(cfg, state_dict, rows)
     return (lp - batch.old_logprobs).abs()[0, : len(traj.response_ids)].tolist()
+
+
+def committed_prompt_ids(cfg: RunConfig) -> set[str]:
+    """Sample ids of the prompts the workers' group has committed (taken and accounted for)."""
+    prompts = read_topic(cfg, "prompts")
+    topic = cfg.topic("prompts")
+    with Reader(
+        cfg.kafka, cfg.kafka.bootstrap_servers, raw_decode, group_id=f"{cfg.run_id}.rollout"
+    ) as group:
+        committed = group.committed([(topic, p) for p in {r.partition for r in prompts}])
+    return {
+        r.value.sample_id for r in prompts if r.offset < (committed.get((topic, r.partition)) or 0)
+    }

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.models.tiny import supervised_step
 from asyncrl.tasks.arithmetic import EOS_TEXT, Problem
 
 Turns = Callable[[Problem, bool], list[tuple[str, str]]]
@@ -59,25 +60,7 @@ def warm_start_turns(
             encode_turns(tokenizer, p, turns(p, rng.random() < tool_prob))
             for p in rng.choices(problems, k=batch_size)
         ]
-        width = max(len(prompt) + len(resp) for prompt, resp, _ in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        labels = torch.full((len(rows), width), -100, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, (prompt, resp, mask) in enumerate(rows):
-            n = len(prompt) + len(resp)
-            ids[r, :n] = torch.tensor(prompt + resp)
-            attn[r, :n] = 1
-            target = [t if m else -100 for t, m in zip(resp, mask, strict=True)]
-            labels[r, len(prompt) : n] = torch.tensor(target)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_val = float(loss.detach())
+        loss_val = supervised_step(model, opt, rows, pad)
         if on_step is not None:
             on_step(step, steps, loss_val)
     model.eval()

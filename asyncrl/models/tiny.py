@@ -106,6 +106,36 @@ def encode_problems(
     return out
 
 
+def supervised_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rows: list[tuple[list[int], list[int], list[int]]],
+    pad_token_id: int,
+) -> float:
+    """One optimizer step of cross-entropy on ``(prompt, response, mask)`` rows: the response
+    tokens with mask 1 are the targets (the prompt and mask-0 tokens are context only)."""
+    width = max(len(prompt) + len(resp) for prompt, resp, _ in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, (prompt, resp, mask) in enumerate(rows):
+        n = len(prompt) + len(resp)
+        ids[r, :n] = torch.tensor(prompt + resp)
+        attn[r, :n] = 1
+        labels[r, len(prompt) : n] = torch.tensor(
+            [t if m else -100 for t, m in zip(resp, mask, strict=True)]
+        )
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach())
+
+
 @torch.no_grad()
 def greedy_accuracy(
     model: torch.nn.Module,
@@ -168,25 +198,8 @@ def warm_start(
         idx = torch.randint(len(pairs), (model_cfg.warmup_batch_size,), generator=gen).tolist()
         drop = torch.rand(len(idx), generator=gen) < model_cfg.warmup_drop_carry_prob
         rows = [sloppy[i] if d else pairs[i] for i, d in zip(idx, drop.tolist(), strict=True)]
-        seqs = [prompt + answer for prompt, answer in rows]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, (prompt, answer) in enumerate(rows):
-            n = len(prompt) + len(answer)
-            ids[row, :n] = torch.tensor(prompt + answer)
-            labels[row, len(prompt) : n] = torch.tensor(answer)
-            mask[row, :n] = 1
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_val, steps = float(loss.detach()), step
+        loss_val = supervised_step(model, opt, [(p, a, [1] * len(a)) for p, a in rows], pad)
+        steps = step
         if on_step is not None:
             on_step(step, model_cfg.warmup_steps, loss_val)
         if target is not None and step % model_cfg.warmup_eval_every == 0:

@@ -20,7 +20,7 @@ from asyncrl.ops.kafka import Reader, raw_decode
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.step import decode_step
-from tests.helpers import read_topic
+from tests.helpers import committed_prompt_ids, read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -138,15 +138,7 @@ def test_a_worker_is_added_and_one_removed_mid_run(make_run_cfg, quick_policy, m
         if isinstance(e, ev.SamplesDropped) and e.worker != ev.TRAINER
         for sid in e.sample_ids
     }
-    prompts = read_topic(cfg, "prompts")
-    topic = cfg.topic("prompts")
-    with Reader(
-        cfg.kafka, cfg.kafka.bootstrap_servers, raw_decode, group_id=f"{cfg.run_id}.rollout"
-    ) as group:
-        committed = group.committed([(topic, p) for p in {r.partition for r in prompts}])
-    taken = {
-        r.value.sample_id for r in prompts if r.offset < (committed.get((topic, r.partition)) or 0)
-    }
+    taken = committed_prompt_ids(cfg)
     assert taken and taken <= set(ids) | end_drops
 
     if mode == "d":  # worker 1's interrupted samples were continued by the others

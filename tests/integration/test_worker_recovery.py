@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from asyncrl.ops.kafka import Reader, raw_decode
+from asyncrl.ops.kafka import Reader
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
-from tests.helpers import read_topic
+from tests.helpers import committed_prompt_ids, read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -144,15 +144,7 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
         for sid in e.sample_ids
     ]
     assert len(end_drops) == len(set(end_drops)) and not set(end_drops) & set(ids)
-    prompts = read_topic(cfg, "prompts")
-    topic = cfg.topic("prompts")
-    with Reader(
-        cfg.kafka, cfg.kafka.bootstrap_servers, raw_decode, group_id=f"{cfg.run_id}.rollout"
-    ) as group:
-        committed = group.committed([(topic, p) for p in {r.partition for r in prompts}])
-    taken = {
-        r.value.sample_id for r in prompts if r.offset < (committed.get((topic, r.partition)) or 0)
-    }
+    taken = committed_prompt_ids(cfg)
     assert taken, "the workers' group committed nothing"
     assert taken <= set(ids) | set(end_drops)
-    assert set(ids) | set(end_drops) <= {r.value.sample_id for r in prompts}
+    assert set(ids) | set(end_drops) <= {r.value.sample_id for r in read_topic(cfg, "prompts")}
