@@ -226,8 +226,8 @@ class MultiTurnConfig(Strict):
     format: Literal["hermes", "compact"] = "compact"
     """Tool-call syntax: hermes (<tool_call>{json}</tool_call>, chat models) or compact
     ([expression], the character-level demo model)."""
-    max_tool_response_length: int = Field(16, ge=1)
-    """Tokens of one tool response kept in the context (the rest is cut)."""
+    max_tool_response_length: int = Field(256, ge=1)
+    """Characters of one tool response kept in the context (verl: the rest is cut)."""
 
 
 class RolloutConfig(Strict):

@@ -129,6 +129,10 @@ def _sample_row(rec, text: Callable[[list[int]], str] | None, consumed) -> dict[
     }
     if row["max_span"] > 0:  # a partial rollout: show how each trajectory grew
         row["segments"] = [_segments(t) for t in trajs]
+    if any(t.num_turns > 1 for t in trajs):  # the agent loop: turns and tool calls
+        row["turns"] = [t.num_turns for t in trajs]
+        row["tool_calls"] = sum(t.tool_calls for t in trajs)
+        row["tool_errors"] = sum(t.tool_errors for t in trajs)
     step = consumed.get(s.sample_id)
     row["trained_at_step"] = step[0] if step else None
     row["staleness"] = step[1] - s.param_version if step else None
@@ -150,6 +154,9 @@ def _partial_row(rec, text: Callable[[list[int]], str] | None, _consumed) -> dic
         "finished": len(trajs) - len(p.interrupted),
         "segments": [_segments(t) for t in trajs],
     }
+    phases = [json.loads(a)["phase"] for a in p.agent_state if a]
+    if any(phase != "generating" for phase in phases):  # agents cut in other states
+        row["agent_phases"] = phases
     if text is not None:
         row["responses"] = [text(t.response_ids) for t in trajs]
     return row

@@ -55,8 +55,8 @@ class AgentLimits:
     max_assistant_turns: int = 5
     max_user_turns: int = 0
     response_length: int = 32
-    max_tool_response_length: int = 16
-    """Tokens of one tool response (or user reply) kept; the rest is cut."""
+    max_tool_response_length: int = 256
+    """Characters of one tool response kept; the rest is cut (verl's rule, right side)."""
 
 
 class AgentLoop:
@@ -152,7 +152,9 @@ class AgentLoop:
         for r in results:
             state.messages.append({"role": "tool", "content": r.text})
         state.pending_calls = []
-        self._append_context(state, self.parser.render(results))
+        cut = self.limits.max_tool_response_length
+        shown = [ToolResult(r.text[:cut], r.ok, r.seconds) for r in results]
+        self._append_context(state, self.parser.render(shown))
 
     def answer(self, state: AgentState) -> str:
         """The last assistant message: what the interaction (or the reward) reads."""
@@ -172,7 +174,6 @@ class AgentLoop:
     def _append_context(self, state: AgentState, text: str) -> None:
         """Append non-model tokens (mask 0), then the next assistant turn, if room is left."""
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids = ids[: self.limits.max_tool_response_length]
         room = self.limits.response_length - len(state.response_ids)
         ids = ids[:room]
         state.response_ids += ids

@@ -9,6 +9,7 @@ import json
 import pytest
 from rich.console import Console
 
+from asyncrl.ops.inspect_log import inspect_topic
 from asyncrl.ops.launcher import run
 from asyncrl.producers.agent.state import AgentState, Phase
 from tests.helpers import read_topic
@@ -68,6 +69,15 @@ def test_a_calculator_run_calls_the_tool_and_trains_on_the_models_tokens_only(
     assert {p.sample.sample_id for p in partials} <= {s.sample_id for s in samples} | {
         sid for r in read_topic(cfg, "control") for sid in getattr(r.value, "sample_ids", [])
     }
+
+    # asyncrl inspect shows the turns and tool calls, with the text of the conversation.
+    out = io.StringIO()
+    rows = inspect_topic(
+        cfg, cfg.kafka.bootstrap_servers, "samples", Console(file=out), as_json=True, text=True
+    )
+    agentic = [r for r in rows if "turns" in r]
+    assert agentic and all(r["tool_calls"] > 0 for r in agentic)
+    assert any("[" in resp and "]=" in resp for r in agentic for resp in r["responses"])
 
     # The trainer reported the agent metrics and the held-out tool use.
     rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -74,13 +74,15 @@ def test_limits_end_the_trajectory(tok):
     loop.on_tool_results(state, [ToolResult("9801", True)])
     assert (state.phase, state.finish_reason) == (Phase.TERMINATED, "length")
     assert len(state.response_ids) == 8 and state.response_mask == [1] * 7 + [0]
-    # max_tool_response_length: a long response is cut.
+    # max_tool_response_length: a long response is cut (characters, as verl counts them).
     state = AgentState(prompt_ids=[1, 5])
     loop = _loop(tok, max_tool_response_length=3)
     loop.request("r", state)
     loop.on_turn(state, _turn(tok, "r", "[9**30]"))
     loop.on_tool_results(state, [ToolResult(str(9**30), True)])
-    assert state.response_mask.count(0) == 3 and state.phase == Phase.GENERATING
+    tail = state.response_ids[state.response_mask.index(0) :]
+    assert tok.decode(tail) == "=423 " and state.phase == Phase.GENERATING
+    assert state.messages[-1]["content"] == str(9**30)  # the record keeps it whole
 
 
 def test_a_failed_tool_call_is_answered_and_the_rollout_goes_on(tok):
@@ -282,3 +284,31 @@ def test_greedy_decoding_is_deterministic_here(tok, policy):
         a = _runner(tok, model, executor).run("r", AgentState(tok(val[1].prompt)["input_ids"]))
         b = _runner(tok, model, executor).run("r", AgentState(tok(val[1].prompt)["input_ids"]))
     assert replace(a, tool_seconds=0.0) == replace(b, tool_seconds=0.0)  # all but timing
+
+
+def test_a_hermes_turn_runs_its_calls_and_appends_the_responses_as_context():
+    """The chat-model format end to end through the loop and the real calculator (a wide
+    character vocabulary stands in for a chat tokenizer)."""
+    import string
+
+    tok = build_tokenizer("".join(c for c in string.printable if c not in "\t\r\x0b\x0c"))
+    loop = AgentLoop(tok, HermesParser(), AgentLimits(response_length=400))
+    state = AgentState(prompt_ids=tok("What is 6*7 and 2**10?")["input_ids"])
+    loop.request("r", state)
+    turn = (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "2**10"}}</tool_call>'
+    )
+    loop.on_turn(state, _turn(tok, "r", turn, eos=True))
+    assert state.phase == Phase.PROCESSING_TOOLS and len(state.pending_calls) == 2
+    with ToolExecutor({"calculator": CalculatorTool()}) as executor:
+        loop.on_tool_results(state, executor.run(loop.calls(state)))
+    rendered = (
+        "\n<tool_response>\n42\n</tool_response>\n\n<tool_response>\n1024\n</tool_response>\n"
+    )
+    appended = state.response_ids[state.response_mask.index(0) :]
+    assert appended == tok(rendered, add_special_tokens=False)["input_ids"]
+    assert [m["content"] for m in state.messages[1:]] == ["42", "1024"]
+    assert state.phase == Phase.GENERATING and state.tool_calls == 2
+    loop.on_turn(state, _turn(tok, "r", "42 and 1024.", eos=True))
+    assert state.phase == Phase.TERMINATED and loop.answer(state) == "42 and 1024."
