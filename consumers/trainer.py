@@ -200,11 +200,15 @@ class Trainer:
             return  # trained from samples already on the log: nobody to send weights to
         if sc.master_port is None:
             raise RuntimeError("sync.master_port is not set (the launcher sets it for each run)")
+        # Both ends of a pair must pick the same backend. The workers generate on CPU, so
+        # "auto" means gloo here even with the trainer on a GPU: its tensors are packed into
+        # CPU buckets (NCCL needs the workers on GPUs too: sync.backend=nccl, set explicitly).
+        backend = "gloo" if sc.backend == "auto" else sc.backend
         self.sender = WeightSender(
             master_addr=sc.master_addr,
             master_port=sc.master_port,
-            backend=sc.backend,
-            device=self.device,
+            backend=backend,
+            device=self.device if backend == "nccl" else torch.device("cpu"),
             timeout_s=sc.timeout_s,
         )
         self.sender.start()

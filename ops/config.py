@@ -314,7 +314,9 @@ class TrainerConfig(Strict):
 
 class SyncConfig(Strict):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """torch.distributed backend for the weight broadcast (auto: nccl on CUDA, gloo on CPU)."""
+    """torch.distributed backend for the weight broadcast. auto: gloo, since the rollout
+    workers generate on CPU (a trainer on a GPU packs its weights into CPU buckets); nccl only
+    when set, and every end must then be on a GPU."""
     bucket_size_mb: float = Field(64.0, gt=0)
     """Tensors are packed into buckets of this size before each broadcast."""
     master_addr: str = "127.0.0.1"
