@@ -22,7 +22,10 @@ from pydantic import (
     model_validator,
 )
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "asyncrl" / "configs" / "default.yaml"
+import asyncrl
+
+DEFAULT_CONFIG = Path(asyncrl.__file__).resolve().parent / "configs" / "default.yaml"
+"""The embedded demo's config; the shipped configs beside it load by name (``calculator``)."""
 
 
 class Strict(BaseModel):
