@@ -212,6 +212,13 @@ class Trainer:
             timeout_s=sc.timeout_s,
         )
         self.sender.start()
+        log.info(
+            "trainer on %s; weight sync over %s from %s buffers on port %d",
+            self.device,
+            backend,
+            self.sender.device,
+            sc.master_port,
+        )
 
     @property
     def members(self) -> dict[int, str]:
