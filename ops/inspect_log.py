@@ -239,9 +239,9 @@ def inspect_topic(
         raise ValueError(f"unknown topic {name!r}; choose from {', '.join(TOPICS)}")
     decode_text = None
     if text:
-        from asyncrl.models.tiny import build_tokenizer
+        from asyncrl.models.tiny import task_tokenizer
 
-        tok = build_tokenizer()
+        tok = task_tokenizer(cfg.data)
 
         def decode_text(ids: list[int]) -> str:
             return tok.decode(ids, skip_special_tokens=True)

@@ -64,6 +64,16 @@ def build_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
     )
 
 
+def task_tokenizer(data_cfg: Any) -> PreTrainedTokenizerFast:
+    """The tokenizer of ``data_cfg.task``'s policy (the calculator task adds ``[]?``), the
+    same as the cached policy's, without loading it (``asyncrl inspect --text``)."""
+    if data_cfg.task == "calculator":
+        from asyncrl.tasks.calculator import TOOL_CHARS
+
+        return build_tokenizer(CHARS + TOOL_CHARS)
+    return build_tokenizer()
+
+
 def build_model(model_cfg: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForCausalLM:
     """Randomly initialised float32 Qwen2 (tied embeddings), deterministic in ``seed``.
 
@@ -232,7 +242,7 @@ def _warm_start_calculator(
     from asyncrl.tasks import calculator
 
     mc = cfg.actor_rollout_ref.model
-    tokenizer = build_tokenizer(CHARS + calculator.TOOL_CHARS)
+    tokenizer = task_tokenizer(cfg.data)
     model = build_model(mc, len(tokenizer), cfg.data.seed)
     train, val = calculator.make_splits(cfg.data)
     metrics = warm_start_turns(
