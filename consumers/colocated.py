@@ -1,11 +1,13 @@
 """Synchronous single-process GRPO, readable top to bottom: the "colocated sync" baseline.
 
 Every step: take ``ppo_mini_batch_size`` prompts, sample ``rollout.n`` responses for each with
-the current weights, score them, turn rewards into group-relative advantages, do one clipped
-policy-gradient update. No Kafka, no processes, no staleness: what the async system must match
-in accuracy and beat in throughput on bigger machines.
+the current weights (through the same agent loop as the rollout workers, so the calculator
+task's tool calls run here too, and generation waits for them), score them, turn rewards into
+group-relative advantages, do one clipped policy-gradient update. No Kafka, no processes, no
+staleness: what the async system must match in accuracy and beat in throughput.
 
     python -m asyncrl.consumers.colocated trainer.seed=1 actor_rollout_ref.rollout.n=8
+    python -m asyncrl.consumers.colocated --config calculator
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ from typing import Any
 
 import torch
 
-from asyncrl.consumers.grpo import build_batch, group_advantages
-from asyncrl.consumers.update import policy_step
-from asyncrl.models.tiny import greedy_accuracy, load_policy, warm_start_metrics
+from asyncrl.consumers.update import grpo_update
+from asyncrl.models.tiny import load_policy, warm_start_metrics
 from asyncrl.ops.config import RunConfig, load_config
-from asyncrl.producers.engines.base import GenRequest
+from asyncrl.producers.agent.factory import held_out_accuracy, make_runner
+from asyncrl.producers.agent.loop import AgentRunner
+from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.engines.hf import HFEngine
-from asyncrl.tasks.arithmetic import Problem, make_splits, score
+from asyncrl.schemas.sample import Sample, Trajectory
+from asyncrl.tasks import score, splits
+from asyncrl.tasks.arithmetic import Problem
 
 
 def resolve_device(name: str) -> torch.device:
@@ -44,38 +49,72 @@ def prompt_stream(problems: list[Problem], seed: int) -> Iterator[Problem]:
         yield from order
 
 
+def rollout(
+    runner: AgentRunner, tok: Any, problems: list[Problem], n: int, task: str
+) -> list[Sample]:
+    """``n`` trajectories per problem with the current weights, each through the agent loop
+    (one turn, or turns and tool calls with ``multi_turn.enable``), scored."""
+    prompt_ids = [tok(p.prompt)["input_ids"] for p in problems]
+    for i, ids in enumerate(prompt_ids):
+        for j in range(n):
+            runner.add(f"{i}/{j}", AgentState(list(ids)))
+    finished: dict[str, AgentState] = {}
+    while runner.busy:
+        finished.update(runner.step())
+        if not runner.engine.num_active:
+            time.sleep(0.001)  # every trajectory is waiting on a tool
+    samples = []
+    for i, (p, ids) in enumerate(zip(problems, prompt_ids, strict=True)):
+        states = [finished[f"{i}/{j}"] for j in range(n)]
+        trajectories = [
+            Trajectory(
+                response_ids=s.response_ids,
+                response_logprobs=s.response_logprobs,
+                response_mask=s.response_mask,
+                reward=score(task, p.answer, s.messages),
+                finish_reason=s.finish_reason,
+                num_turns=s.num_turns,
+                tool_calls=s.tool_calls,
+                tool_errors=s.tool_errors,
+                tool_s=s.tool_seconds,
+            )
+            for s in states
+        ]
+        samples.append(Sample(p.prompt_id, p.prompt_id, 0, ids, p.answer, trajectories))
+    return samples
+
+
 def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, Any]]:
     """Run GRPO for ``trainer.total_training_steps`` (or until ``target_accuracy``).
 
-    Returns one dict per step (``step, reward, time_s, ...`` plus ``val_acc`` on eval steps;
-    step 0 is the warm-started policy). ``time_s`` counts from the start of RL, after the
-    (cached) warm start.
+    Returns one dict per step (``step, reward, time_s, ...`` plus ``val_acc`` on eval steps,
+    and ``val_tool_use`` with the agent loop on; step 0 is the warm-started policy).
+    ``time_s`` counts from the start of RL, after the (cached) warm start.
     """
     torch.manual_seed(cfg.trainer.seed)
     arr, actor = cfg.actor_rollout_ref, cfg.actor_rollout_ref.actor
     device = resolve_device(cfg.trainer.device)
 
-    # --- policy, data, engine, optimiser ------------------------------------------------------
+    # --- policy, data, engine, agent loop, optimiser -----------------------------------------
     model, tok = load_policy(cfg)
     model.to(device)
-    if cfg.data.task != "arithmetic":
-        raise ValueError(f"the colocated baseline runs data.task=arithmetic, not {cfg.data.task}")
-    train, val = make_splits(cfg.data)
+    train, val = splits(cfg.data)
     prompts = prompt_stream(train, cfg.trainer.seed)
     engine = HFEngine(
         model, tok, arr.rollout.temperature, tok.eos_token_id, tok.pad_token_id, cfg.trainer.seed
     )
+    runner = make_runner(cfg, tok, engine)
     opt = torch.optim.AdamW(
         model.parameters(), lr=actor.optim.lr, weight_decay=actor.optim.weight_decay
     )
-    max_len = cfg.data.max_response_length
 
-    def evaluate() -> float:
+    def evaluate() -> dict[str, float]:
         model.eval()
-        return greedy_accuracy(model, tok, val, max_len)
+        measured = held_out_accuracy(cfg, model, tok, val)
+        return {f"val_{k if k == 'tool_use' else 'acc'}": v for k, v in measured.items()}
 
     ws = warm_start_metrics(cfg) or {}
-    history: list[dict[str, Any]] = [{"step": 0, "val_acc": evaluate(), "time_s": 0.0}]
+    history: list[dict[str, Any]] = [{"step": 0, **evaluate(), "time_s": 0.0}]
     log(
         f"warm start: {ws.get('warmup_steps_run')} steps, {ws.get('warmup_seconds', 0):.1f}s | "
         f"step 0 val_acc {history[0]['val_acc']:.3f}"
@@ -84,72 +123,60 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     gen_s = train_s = 0.0
     n_traj = 0
 
-    for step in range(1, cfg.trainer.total_training_steps + 1):
-        # --- rollout: n samples per prompt with the current weights --------------------------
-        t0 = time.perf_counter()
-        batch_prompts = [next(prompts) for _ in range(actor.ppo_mini_batch_size)]
-        reqs = [
-            GenRequest(f"{p.prompt_id}/{j}", tok(p.prompt)["input_ids"], max_len)
-            for p in batch_prompts
-            for j in range(arr.rollout.n)
-        ]
-        model.eval()
-        results = engine.generate(reqs)
+    try:
+        for step in range(1, cfg.trainer.total_training_steps + 1):
+            # --- rollout: n samples per prompt with the current weights, scored ---------------
+            t0 = time.perf_counter()
+            model.eval()
+            batch_prompts = [next(prompts) for _ in range(actor.ppo_mini_batch_size)]
+            samples = rollout(runner, tok, batch_prompts, arr.rollout.n, cfg.data.task)
+            t1 = time.perf_counter()
 
-        # --- reward and group-relative advantage ----------------------------------------------
-        rewards = torch.tensor(
-            [
-                score(p.answer, tok.decode(r.response_ids, skip_special_tokens=True))
-                for p, r in zip(
-                    (p for p in batch_prompts for _ in range(arr.rollout.n)), results, strict=True
+            # --- group-relative advantages and one clipped policy-gradient update -------------
+            model.train()
+            metrics = grpo_update(model, opt, samples, cfg, device, tok.pad_token_id)
+            t2 = time.perf_counter()
+            n_traj += len(samples) * arr.rollout.n
+            gen_s, train_s = gen_s + (t1 - t0), train_s + (t2 - t1)
+
+            # --- log, evaluate, stop -----------------------------------------------------------
+            row: dict[str, Any] = {
+                "step": step,
+                "reward": metrics["critic/score/mean"],
+                "response_len": metrics["response_length/mean"],
+                "ppo_kl": metrics["actor/ppo_kl"],
+                **metrics,
+                "gen_samples_per_s": n_traj / gen_s,
+                "train_samples_per_s": n_traj / train_s,
+            }
+            test_freq = cfg.trainer.test_freq
+            last = step == cfg.trainer.total_training_steps
+            if (test_freq and step % test_freq == 0) or last:
+                row.update(evaluate())
+            row["time_s"] = time.perf_counter() - t_start
+            history.append(row)
+            if "val_acc" in row:
+                tools = f" | tool use {row['val_tool_use']:.2f}" if "val_tool_use" in row else ""
+                log(
+                    f"step {step:4d} | val_acc {row['val_acc']:.3f}{tools} | "
+                    f"reward {row['reward']:.3f} | kl {row['ppo_kl']:+.1e} | "
+                    f"gen {row['gen_samples_per_s']:.0f}/s | "
+                    f"train {row['train_samples_per_s']:.0f}/s | {row['time_s']:.1f}s"
                 )
-            ]
-        ).view(len(batch_prompts), arr.rollout.n)
-        adv = group_advantages(rewards, cfg.algorithm.norm_adv_by_std_in_grpo).flatten()
-        t1 = time.perf_counter()
-
-        # --- one clipped policy-gradient update -----------------------------------------------
-        batch = build_batch(
-            [
-                (r.prompt_ids, r.response_ids, r.response_logprobs, a)
-                for r, a in zip(results, adv.tolist(), strict=True)
-            ],
-            tok.pad_token_id,
-        ).to(device)
-        model.train()
-        metrics = policy_step(model, opt, batch, cfg)
-        t2 = time.perf_counter()
-        gen_s, train_s, n_traj = gen_s + (t1 - t0), train_s + (t2 - t1), n_traj + len(results)
-
-        # --- log, evaluate, stop ---------------------------------------------------------------
-        row: dict[str, Any] = {
-            "step": step,
-            "reward": float(rewards.mean()),
-            "response_len": float(batch.response_mask.sum(-1).mean()),
-            **metrics,
-            "gen_samples_per_s": n_traj / gen_s,
-            "train_samples_per_s": n_traj / train_s,
-        }
-        test_freq = cfg.trainer.test_freq
-        last = step == cfg.trainer.total_training_steps
-        if (test_freq and step % test_freq == 0) or last:
-            row["val_acc"] = evaluate()
-        row["time_s"] = time.perf_counter() - t_start
-        history.append(row)
-        if "val_acc" in row:
-            log(
-                f"step {step:4d} | val_acc {row['val_acc']:.3f} | reward {row['reward']:.3f} | "
-                f"kl {row['ppo_kl']:+.1e} | gen {row['gen_samples_per_s']:.0f}/s | "
-                f"train {row['train_samples_per_s']:.0f}/s | {row['time_s']:.1f}s"
-            )
-            target = cfg.trainer.target_accuracy
-            if target is not None and row["val_acc"] >= target:
-                log(f"reached val_acc {row['val_acc']:.3f} >= {target} at step {step}")
-                break
+                target = cfg.trainer.target_accuracy
+                if target is not None and row["val_acc"] >= target:
+                    log(f"reached val_acc {row['val_acc']:.3f} >= {target} at step {step}")
+                    break
+    finally:
+        runner.close()
     return history
 
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(int(os.environ.get("ASYNCRL_TORCH_THREADS", "1")))
-    main(load_config(overrides=sys.argv[1:]))
+    args = sys.argv[1:]
+    config = None
+    if args[:1] == ["--config"]:
+        config, args = args[1], args[2:]
+    main(load_config(config, args))

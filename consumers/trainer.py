@@ -453,28 +453,15 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> float:
-        """Greedy accuracy on val (the agent loop with its tools when multi_turn is on; its
+        """Held-out accuracy (the agent loop with its tools when multi_turn is on; its
         tool-use rate goes to ``last_val_tool_use``)."""
-        from asyncrl.models.tiny import greedy_accuracy
-        from asyncrl.producers.agent.factory import evaluate_agent
+        from asyncrl.producers.agent.factory import held_out_accuracy
 
         self.model.eval()
-        rollout = self.cfg.actor_rollout_ref.rollout
-        if rollout.multi_turn.enable or rollout.val_kwargs.do_sample:
-            with torch.no_grad():
-                measured = evaluate_agent(self.cfg, self.model, self.tokenizer, self.val_problems)
-            acc = measured["accuracy"]
-            if rollout.multi_turn.enable:
-                self.last_val_tool_use = measured["tool_use"]
-        else:
-            acc = greedy_accuracy(
-                self.model,
-                self.tokenizer,
-                self.val_problems,
-                max_new_tokens=self.cfg.data.max_response_length,
-            )
+        measured = held_out_accuracy(self.cfg, self.model, self.tokenizer, self.val_problems)
+        self.last_val_tool_use = measured.get("tool_use", self.last_val_tool_use)
         self.model.train()
-        return acc
+        return measured["accuracy"]
 
     def _record_step(
         self, batch: list[Record[Sample]], metrics: dict[str, float], checksum_before: str

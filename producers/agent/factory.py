@@ -74,3 +74,26 @@ def evaluate_agent(
         runner.close()
     n = max(len(problems), 1)
     return {"accuracy": correct / n, "tool_use": used / n}
+
+
+def held_out_accuracy(
+    cfg: RunConfig, model: Any, tokenizer: Any, problems: list
+) -> dict[str, float]:
+    """What the trainer and the colocated baseline report at each evaluation: ``accuracy``
+    (greedy, or sampled with ``rollout.val_kwargs.do_sample``) and, with the agent loop on,
+    ``tool_use``. Single-turn greedy takes the batched fast path."""
+    import torch
+
+    from asyncrl.models.tiny import greedy_accuracy
+
+    rollout = cfg.actor_rollout_ref.rollout
+    with torch.no_grad():
+        if rollout.multi_turn.enable or rollout.val_kwargs.do_sample:
+            measured = evaluate_agent(cfg, model, tokenizer, problems)
+            if not rollout.multi_turn.enable:
+                del measured["tool_use"]
+            return measured
+        acc = greedy_accuracy(
+            model, tokenizer, problems, max_new_tokens=cfg.data.max_response_length
+        )
+    return {"accuracy": acc}

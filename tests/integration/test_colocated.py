@@ -1,0 +1,70 @@
+"""The colocated sync baseline runs any shipped task through the same agent loop as the rollout
+workers: on the calculator task its rollouts call the tool, and its updates see only the
+model's tokens (the baseline `asyncrl bench learn --config calculator` compares against)."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.consumers.colocated import main as colocated
+from asyncrl.consumers.colocated import rollout
+from asyncrl.ops.config import load_config
+from tests.integration.test_agent_rollout import SETTINGS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def calculator_cfg(policy_dir, tmp_path):
+    return load_config(
+        "calculator",
+        [
+            f"actor_rollout_ref.model.cache_dir='{policy_dir}'",
+            f"output_dir='{tmp_path}'",
+            *SETTINGS,
+            "trainer.total_training_steps=3",
+            "trainer.test_freq=3",
+        ],
+    )
+
+
+def test_colocated_rollouts_call_the_calculator_with_tool_tokens_masked(calculator_cfg):
+    from asyncrl.models.tiny import load_policy
+    from asyncrl.producers.agent.factory import make_runner
+    from asyncrl.producers.engines.hf import HFEngine
+    from asyncrl.tasks import splits
+
+    model, tok = load_policy(calculator_cfg)
+    model.eval()
+    engine = HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
+    runner = make_runner(calculator_cfg, tok, engine)
+    train, _ = splits(calculator_cfg.data)
+    try:
+        samples = rollout(runner, tok, train[:4], 4, "calculator")
+    finally:
+        runner.close()
+
+    assert [len(s.trajectories) for s in samples] == [4] * 4
+    trajs = [t for s in samples for t in s.trajectories]
+    called = [t for t in trajs if t.tool_calls]
+    assert called, "the warm start calls the tool in about half its samples"
+    for t in called:
+        assert t.num_turns >= 2 and 0 in t.response_mask
+        assert len(t.response_mask) == len(t.response_ids) == len(t.response_logprobs)
+        # Tool tokens: mask 0 and logprob 0; the model's tokens: mask 1 and a real logprob.
+        pairs = list(zip(t.response_logprobs, t.response_mask, strict=True))
+        assert all(lp == 0.0 for lp, m in pairs if not m)
+        assert any(lp < 0.0 for lp, m in pairs if m)
+    # Rewards are the task's: a correct product scores 1, anything else 0.
+    assert {t.reward for t in trajs} <= {0.0, 1.0}
+
+
+def test_colocated_trains_on_the_calculator_task_and_reports_tool_use(calculator_cfg):
+    history = colocated(calculator_cfg, log=lambda _: None)
+
+    assert [h["step"] for h in history] == [0, 1, 2, 3]
+    assert "val_tool_use" in history[0] and "val_tool_use" in history[-1]
+    assert 0.0 <= history[-1]["val_acc"] <= 1.0
+    assert sum(h["agent/tool_calls/mean"] for h in history[1:]) > 0
+    assert all(h["agent/num_turns/mean"] >= 1 for h in history[1:])
+    assert history[-1]["time_s"] > history[1]["time_s"] > 0
