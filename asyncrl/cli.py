@@ -28,6 +28,7 @@ examples:
   asyncrl bench modes                           colocated sync vs modes (a)-(d), sim workload
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
+  asyncrl bench learn --config calculator       the same with the agent loop and its tool calls
   asyncrl bench transport                       Arrow over Kafka vs raw bytes vs a Ray queue
   asyncrl bench sync                            weight transfer: bucketed, per-tensor, file, memcpy
   asyncrl bench tracing                         samples/s with tracing off vs on
