@@ -32,6 +32,7 @@ examples:
   asyncrl bench transport                       Arrow over Kafka vs raw bytes vs a Ray queue
   asyncrl bench sync                            weight transfer: bucketed, per-tensor, file, memcpy
   asyncrl bench tracing                         samples/s with tracing off vs on
+  asyncrl bench tools --config calculator       a calculator call: sandbox server vs fresh interpreter
 """
 
 
@@ -178,11 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         "through Kafka, next to raw byte strings and a Ray actor queue of pickled tensors. "
         "sync: weight transfer time and GB/s between two processes (bucketed, per-tensor, a "
         "safetensors file) next to an in-memory copy of the same bytes. "
-        "tracing: samples/s of the sim workload with OpenTelemetry tracing off, then on.",
+        "tracing: samples/s of the sim workload with OpenTelemetry tracing off, then on. "
+        "tools: latency of a calculator call, one at a time and a step's burst, with the "
+        "sandbox server forking a child per call vs a fresh interpreter per call.",
     )
     p.add_argument(
         "name",
-        choices=["modes", "sync-pause", "learn", "transport", "sync", "tracing"],
+        choices=["modes", "sync-pause", "learn", "transport", "sync", "tracing", "tools"],
         help="which benchmark",
     )
     _config_args(p)
@@ -354,6 +357,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from asyncrl.ops.bench import learn, sync_pause, tracing_cost
     from asyncrl.ops.bench_modes import modes
     from asyncrl.ops.bench_sync import sync
+    from asyncrl.ops.bench_tools import tools
     from asyncrl.ops.bench_transport import transport
 
     benchmarks = {
@@ -363,6 +367,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "transport": transport,
         "sync": sync,
         "tracing": tracing_cost,
+        "tools": tools,
     }
     benchmarks[args.name](args.config, args.overrides, Console())
     return 0

@@ -51,15 +51,27 @@ SCHEMA: dict[str, Any] = {
 
 class CalculatorTool(Tool):
     """``config``: ``timeout_s`` (wall, default 5), ``cpu_s`` (1), ``memory_mb`` (256),
-    ``max_length`` (characters of an expression, 200)."""
+    ``max_length`` (characters of an expression, 200), ``fresh_interpreter`` (false: the
+    sandbox server forks a child per call; true: a new interpreter per call, ~20x the CPU)."""
 
     def __init__(
         self, tool_schema: dict[str, Any] | None = None, config: dict[str, Any] | None = None
     ) -> None:
         super().__init__(tool_schema or SCHEMA, config)
-        self.cpu_s = int(self.config.get("cpu_s", 1))
-        self.memory_mb = int(self.config.get("memory_mb", 256))
-        self.max_length = int(self.config.get("max_length", 200))
+        self.cpu_s = self.positive_int("cpu_s", 1)
+        self.memory_mb = self.positive_int("memory_mb", 256)
+        self.max_length = self.positive_int("max_length", 200)
+        self.fresh_interpreter = self.config.get("fresh_interpreter", False)
+        if not isinstance(self.fresh_interpreter, bool):
+            raise ValueError(
+                f"config.fresh_interpreter must be true or false, not {self.fresh_interpreter!r}"
+            )
+
+    def positive_int(self, key: str, default: int) -> int:
+        value = self.config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"config.{key} must be a positive integer, not {value!r}")
+        return value
 
     async def execute(self, arguments: dict[str, Any]) -> str:
         expression = arguments["expression"].strip()
@@ -76,6 +88,7 @@ class CalculatorTool(Tool):
             self.memory_mb,
             # the sandbox's own wall limit, just inside the tool's timeout
             max(0.1, self.timeout_s - 0.05),
+            fresh_interpreter=self.fresh_interpreter,
         )
         if not result.ok:
             raise ToolError(result.error)

@@ -72,7 +72,9 @@ def load_tools(path: str | Path) -> dict[str, Tool]:
         try:
             tool = cls(entry.get("tool_schema"), entry.get("config") or {})
         except (ValueError, TypeError, KeyError) as err:
-            raise ToolConfigError(f"{where}.tool_schema: {err}") from err
+            # A tool names a bad config key itself ("config.cpu_s must ..."); else the schema.
+            why = f".{err}" if str(err).startswith("config.") else f".tool_schema: {err}"
+            raise ToolConfigError(f"{where}{why}") from err
         if tool.name in tools:
             raise ToolConfigError(f"{where}.tool_schema.function.name: {tool.name!r} twice")
         tools[tool.name] = tool

@@ -115,3 +115,22 @@ def test_learn_smoke(broker, tmp_path, quick_policy):
     assert all(r["steps"] == 2 and r["curve"] for r in results.values())
     png = next(tmp_path.glob("bench-learn-*.png"))
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_tools_bench_measures_both_sandboxes(tmp_path):
+    from asyncrl.ops.bench_tools import tools
+
+    out = io.StringIO()
+    results = tools(
+        "calculator",
+        [
+            f"output_dir='{tmp_path}'",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.rollout.max_concurrent_samples=2",
+        ],
+        Console(file=out, width=160),
+    )
+    assert set(results) == {"sandbox server (fork)", "fresh interpreter"}
+    assert all(r["burst_calls"] == 8 and r["one_call_ms"] > 0 for r in results.values())
+    assert "fresh / fork" in out.getvalue()
+    assert next(tmp_path.glob("bench-tools-*.json")).read_text()

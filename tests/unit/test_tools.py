@@ -1,11 +1,14 @@
 """Tools: the calculator, the sandbox's limits against hostile input, the tool config loader."""
 
 import asyncio
+import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from asyncrl.producers.tools import sandbox
 from asyncrl.producers.tools.base import Tool, ToolCall, schema_errors
 from asyncrl.producers.tools.calculator import CalculatorTool
 from asyncrl.producers.tools.registry import ToolConfigError, ToolExecutor, load_tools
@@ -59,24 +62,45 @@ def test_a_hostile_expression_is_contained_and_the_rollout_goes_on(expression):
     assert not Path("/tmp/pwned").exists()
 
 
-def test_the_sandbox_limits_hold_even_for_code_the_parser_lets_through():
+@pytest.mark.parametrize("fresh", [False, True], ids=["fork-server", "fresh-interpreter"])
+def test_the_sandbox_limits_hold_even_for_code_the_parser_lets_through(fresh):
+    run = functools.partial(run_python, fresh_interpreter=fresh)
     # An infinite loop: the kernel's CPU limit ends it.
     t0 = time.monotonic()
-    loop = run_python("while True:\n    pass", mode="exec", cpu_s=1, timeout_s=10)
+    loop = run("while True:\n    pass", mode="exec", cpu_s=1, timeout_s=10)
     assert not loop.ok and "CPU time limit" in loop.error
     assert time.monotonic() - t0 < 5
     # A huge allocation, with the allocator handed over: the address-space limit stops it.
-    big = run_python("bytearray(2**33)", builtins=(*SAFE_BUILTINS, "bytearray"), memory_mb=256)
+    big = run("bytearray(2**33)", builtins=(*SAFE_BUILTINS, "bytearray"), memory_mb=256)
     assert not big.ok and big.error == "out of memory"
     # File access, with open() handed over: no descriptor can be opened.
-    files = run_python("open('/etc/hostname').read()", builtins=(*SAFE_BUILTINS, "open"))
+    files = run("open('/etc/hostname').read()", builtins=(*SAFE_BUILTINS, "open"))
     assert not files.ok and "Too many open files" in files.error
     # Imports are refused before anything runs.
-    imp = run_python("import os\nresult = os.getcwd()", mode="exec")
+    imp = run("import os\nresult = os.getcwd()", mode="exec")
     assert not imp.ok and imp.error == "imports are not allowed"
     # A sleep (or any stall) is killed at the wall-time limit.
-    stall = run_python("sum(range(10**12))", cpu_s=30, timeout_s=0.5)
+    stall = run("sum(range(10**12))", cpu_s=30, timeout_s=0.5)
     assert not stall.ok and stall.error.startswith("timed out")
+    # And the sandbox still answers.
+    assert run("347*86").output == "29842"
+
+
+def test_the_sandbox_server_serves_threads_at_once_and_comes_back_if_killed():
+    with ThreadPoolExecutor(8) as pool:
+        outputs = list(pool.map(lambda i: run_python(f"{i}*{i}").output, range(64)))
+    assert outputs == [str(i * i) for i in range(64)]
+    # Calls share nothing: each child is a fresh fork of a server that never ran user code.
+    first = run_python("result = [1]\nresult.append(2)", mode="exec")
+    again = run_python("result = [1]\nresult.append(2)", mode="exec")
+    assert first.output == again.output == "[1, 2]"
+    # A killed server fails nobody after it: the next call starts a new one.
+    proc = sandbox._server._proc
+    assert proc is not None
+    proc.kill()
+    proc.wait()
+    assert run_python("6*7").output == "42"
+    assert sandbox._server._proc is not proc
 
 
 class _Slow(Tool):
@@ -123,6 +147,16 @@ def test_the_shipped_tool_config_loads_in_verls_format():
             "tools:\n  - class_name: asyncrl.producers.tools.calculator.CalculatorTool\n"
             "    tool_schema: {type: function}",
             "tools[0].tool_schema",
+        ),
+        (
+            "tools:\n  - class_name: asyncrl.producers.tools.calculator.CalculatorTool\n"
+            "    config: {cpu_s: lots}",
+            "tools[0].config.cpu_s must be a positive integer, not 'lots'",
+        ),
+        (
+            "tools:\n  - class_name: asyncrl.producers.tools.calculator.CalculatorTool\n"
+            "    config: {fresh_interpreter: sometimes}",
+            "tools[0].config.fresh_interpreter must be true or false",
         ),
     ],
 )
