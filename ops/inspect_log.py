@@ -44,9 +44,11 @@ def read_records(
     timeout_s: float = 30.0,
     since_ms: int | None = None,
     until_ms: int | None = None,
+    starts: dict[int, int] | None = None,
 ) -> Iterator[Record[bytes | None]]:
     """Raw records of the run's topic ``name`` with ``start <= offset < end`` (default: its
-    current end), partition by partition in offset order.
+    current end), partition by partition in offset order. ``starts``: a start offset per
+    partition instead, for those it names (where an earlier read stopped).
 
     ``since_ms``/``until_ms`` select by record timestamp, exactly: the broker's offset-for-time
     lookup only positions the read (Tansu answers the start of the record batch, which may hold
@@ -56,7 +58,7 @@ def read_records(
     with Reader(cfg.kafka, bootstrap, raw_decode) as reader:
         highs = {p: high for p, (_low, high) in reader.watermarks(topic).items()}
         stops = {p: min(high, end) if end is not None else high for p, high in highs.items()}
-        starts = dict.fromkeys(stops, start)
+        starts = {p: max(start, (starts or {}).get(p, start)) for p in stops}
         if since_ms is not None:
             for p, offset in reader.offsets_for_time(topic, since_ms).items():
                 starts[p] = max(start, stops[p] if offset is None else offset)

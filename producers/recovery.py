@@ -12,7 +12,8 @@ The index also counts each worker's published samples, since a worker's stalenes
 (``produced - consumed``) must include what its previous incarnation produced.
 
 Scanning the whole ``samples`` topic reads keys and headers only (no Arrow decode); it is one
-pass over the run's log at start-up.
+pass over the run's log at start-up. Later scans (at each new prompt assignment, when workers
+come and go) read only what was appended since the last one (``positions``).
 """
 
 from __future__ import annotations
@@ -44,18 +45,26 @@ class RecoveryIndex:
     """Redelivered prompts whose sample was already published (not generated again)."""
     resumed: int = 0
     """Logged partial samples continued by this worker."""
+    positions: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per topic, the next offset of each partition to scan."""
 
     @classmethod
-    def from_log(cls, cfg: RunConfig, bootstrap: str) -> RecoveryIndex:
+    def from_log(
+        cls, cfg: RunConfig, bootstrap: str, after: dict[str, dict[int, int]] | None = None
+    ) -> RecoveryIndex:
+        """The index of the log, or of what it holds past ``after`` (an earlier ``positions``)."""
         index = cls()
-        for rec in read_records(cfg, bootstrap, "samples"):
+        after = after or {}
+        for rec in read_records(cfg, bootstrap, "samples", starts=after.get("samples")):
+            index._advance("samples", rec.partition, rec.offset)
             if rec.key is None:
                 continue
             index.published.add(rec.key)
             worker = rec.headers.get(WORKER_HEADER)
             if worker is not None:
                 index.produced[int(worker)] += 1
-        for rec in read_records(cfg, bootstrap, "partials"):
+        for rec in read_records(cfg, bootstrap, "partials", starts=after.get("partials")):
+            index._advance("partials", rec.partition, rec.offset)
             if rec.key is None or rec.key in index.published:
                 continue
             try:
@@ -64,12 +73,24 @@ class RecoveryIndex:
                 log.warning("partials offset %d does not decode, skipped: %s", rec.offset, err)
         return index
 
+    def _advance(self, topic: str, partition: int, offset: int) -> None:
+        self.positions.setdefault(topic, {})[partition] = offset + 1
+
+    def rescan(self, cfg: RunConfig, bootstrap: str) -> None:
+        """Take in what was appended to the log since the last scan."""
+        self.merge(RecoveryIndex.from_log(cfg, bootstrap, after=self.positions))
+
     def merge(self, newer: RecoveryIndex) -> None:
-        """Take in what a fresh scan of the log shows (other workers' samples and partials)."""
+        """Take in a later scan of the log (other workers' samples and partials): a sample
+        published since drops its partial, a newer partial replaces an older one."""
         self.published |= newer.published
+        for sample_id in newer.published:
+            self.partials.pop(sample_id, None)
         for sample_id, partial in newer.partials.items():
             if sample_id not in self.published:
-                self.partials.setdefault(sample_id, partial)
+                self.partials[sample_id] = partial
+        for topic, offsets in newer.positions.items():
+            self.positions.setdefault(topic, {}).update(offsets)
 
     def take_partial(self, sample_id: str) -> PartialSample | None:
         """The logged partial of ``sample_id`` to continue, once (None: start it afresh)."""

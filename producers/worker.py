@@ -479,7 +479,7 @@ class RolloutWorker:
         p = rec.value
         if self.rescan:
             self.rescan = False
-            self.recovery.merge(RecoveryIndex.from_log(self.cfg, self.bootstrap))
+            self.recovery.rescan(self.cfg, self.bootstrap)
         if self.recovery.already_published(p.sample_id):
             # Redelivered after a crash, but its sample is on the log: only the commit was lost.
             log.info(

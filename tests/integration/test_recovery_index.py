@@ -53,6 +53,40 @@ def test_index_reads_published_samples_and_newest_unfinished_partials(run_cfg):
     assert index.resumed == 1
 
 
+def _publish(cfg, samples=(), partials=()):
+    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        for sid in samples:
+            headers = {SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: "0"}
+            pub.publish(cfg.topic("samples"), sid, encode_sample(_sample(sid, 0, 2)), headers)
+        for sid, tokens in partials:
+            part = encode_partial(PartialSample(_sample(sid, 0, tokens, "abort"), 0, 0, 0))
+            pub.publish(cfg.topic("partials"), sid, part, {SCHEMA_HEADER: PARTIAL_TAG})
+
+
+def test_a_rescan_reads_only_what_was_appended_and_keeps_the_newest_state(run_cfg):
+    bootstrap = run_cfg.kafka.bootstrap_servers
+    _publish(run_cfg, samples=["a@0"], partials=[("b@0", 1), ("c@0", 1)])
+    index = RecoveryIndex.from_log(run_cfg, bootstrap)
+    assert set(index.partials) == {"b@0", "c@0"}
+    scanned = sum(index.positions["samples"].values()) + sum(index.positions["partials"].values())
+    assert scanned == 3
+
+    # Another worker publishes b and logs a longer partial of c, and a new one of d.
+    _publish(run_cfg, samples=["b@0"], partials=[("c@0", 3), ("d@0", 2)])
+    newer = RecoveryIndex.from_log(run_cfg, bootstrap, after=index.positions)
+    assert newer.published == {"b@0"} and set(newer.partials) == {"c@0", "d@0"}  # only the new
+    index.rescan(run_cfg, bootstrap)
+    assert index.published == {"a@0", "b@0"}
+    assert set(index.partials) == {"c@0", "d@0"}  # b finished: its partial is dropped
+    assert len(index.partials["c@0"].sample.trajectories[0].response_ids) == 3  # the newest
+
+    # Nothing new: a rescan reads nothing and changes nothing.
+    before = (dict(index.positions["samples"]), dict(index.positions["partials"]))
+    assert not RecoveryIndex.from_log(run_cfg, bootstrap, after=index.positions).positions
+    index.rescan(run_cfg, bootstrap)
+    assert (index.positions["samples"], index.positions["partials"]) == before
+
+
 def test_redelivered_prompts_are_skipped_or_continued(make_run_cfg, quick_policy):
     cfg = make_run_cfg(
         *quick_policy,
