@@ -355,15 +355,18 @@ class Trainer:
     # --- samples --------------------------------------------------------------------------------
     def _read_samples(self, timeout: float) -> None:
         for rec in self.samples.poll(timeout):
-            self.received[(rec.value.worker_id, rec.value.param_version)] += 1
             dropped = self.batcher.offer(rec, self.version)
+            duplicate = dropped is not None and dropped.kind == "duplicate"
+            if not duplicate:
+                self.received[(rec.value.worker_id, rec.value.param_version)] += 1
             if dropped is not None:
                 log.warning("dropped sample %s: %s", rec.value.sample_id, dropped.reason)
                 self.control.publish(
                     ev.SamplesDropped(
                         run_id=self.cfg.run_id,
                         version=self.version,
-                        target_worker=rec.value.worker_id,
+                        # A duplicate cost its worker no budget: no worker is refunded.
+                        target_worker=ev.TRAINER if duplicate else rec.value.worker_id,
                         count=1,
                         reason=dropped.reason,
                         sample_ids=[rec.value.sample_id],
@@ -539,6 +542,9 @@ class Trainer:
                         "perf/elapsed_s": elapsed,
                         "fully_async/count/dropped_samples": float(
                             sum(self.batcher.dropped.values())
+                        ),
+                        "fully_async/count/duplicate_samples": float(
+                            self.batcher.dropped["duplicate"]
                         ),
                         "trainer/queue_size": float(len(self.batcher)),
                     }

@@ -37,10 +37,16 @@ def decode_batch(
     expected: pa.Schema,
     tag: str,
     older: dict[str, pa.Schema] | None = None,
+    headers: dict[str, bytes] | None = None,
 ) -> pa.RecordBatch:
     """Decode one IPC stream and check it is exactly ``expected`` (fields and schema tag), or
     exactly one of the ``older`` versions still read (``{tag: schema}``): the caller fills
-    the columns those lack, so logs written before a schema change still replay."""
+    the columns those lack, so logs written before a schema change still replay.
+
+    The Kafka ``asyncrl-schema`` header, when the message has one, must name the same tag as
+    the Arrow metadata: readers route by the header, so a message whose header claims another
+    schema (a copy edited on the way, a producer's bug) is rejected rather than trusted.
+    """
     if not data:
         raise DecodeError(f"{tag}: empty message")
     try:
@@ -56,6 +62,11 @@ def decode_batch(
         expected, tag = older[got_tag], got_tag
     if got_tag != tag:
         raise DecodeError(f"expected schema {tag}, message says {got_tag or 'nothing'}")
+    header = (headers or {}).get(SCHEMA_HEADER)
+    if header is not None and header.decode(errors="replace") != got_tag:
+        raise DecodeError(
+            f"schema header says {header.decode(errors='replace')!r}, the message is {got_tag}"
+        )
     if not batch.schema.equals(expected, check_metadata=False):
         raise DecodeError(f"{tag}: fields differ from the schema: {batch.schema.names}")
     return batch

@@ -205,7 +205,7 @@ def decode_event(data: bytes | None, headers: dict[str, bytes] | None = None) ->
     cls = ControlEvent.registry.get(name.removeprefix("control."))
     if not name.startswith("control.") or cls is None:
         raise DecodeError(f"unknown control event schema {tag!r}")
-    batch = decode_batch(data, cls.schema(), cls.tag())
+    batch = decode_batch(data, cls.schema(), cls.tag(), headers=headers)
     if batch.num_rows != 1:
         raise DecodeError(f"{tag}: expected 1 row, got {batch.num_rows}")
     row = batch.to_pylist()[0]

@@ -78,7 +78,7 @@ def encode_partial(p: PartialSample) -> bytes:
 
 
 def decode_partial(data: bytes | None, headers: dict[str, bytes] | None = None) -> PartialSample:
-    cols = decode_batch(data, SCHEMA, TAG, OLDER).to_pydict()
+    cols = decode_batch(data, SCHEMA, TAG, OLDER, headers).to_pydict()
     sample = sample_from_columns(cols, TAG)
     return PartialSample(
         sample=sample,

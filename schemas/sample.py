@@ -254,4 +254,4 @@ def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
 
 
 def decode_sample(data: bytes | None, headers: dict[str, bytes] | None = None) -> Sample:
-    return sample_from_columns(decode_batch(data, SCHEMA, TAG, OLDER).to_pydict(), TAG)
+    return sample_from_columns(decode_batch(data, SCHEMA, TAG, OLDER, headers).to_pydict(), TAG)

@@ -56,7 +56,7 @@ def encode_step(rec: StepRecord) -> bytes:
 
 
 def decode_step(data: bytes | None, headers: dict[str, bytes] | None = None) -> StepRecord:
-    batch = decode_batch(data, SCHEMA, TAG)
+    batch = decode_batch(data, SCHEMA, TAG, headers=headers)
     if batch.num_rows != 1:
         raise DecodeError(f"{TAG}: expected 1 row, got {batch.num_rows}")
     row = batch.to_pylist()[0]

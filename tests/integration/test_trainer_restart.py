@@ -67,3 +67,44 @@ def test_restart_consumes_each_sample_exactly_once(make_run_cfg, quick_policy):
     assert dead[0].value == GARBAGE
     assert b"Arrow" in dead[0].headers[HEADER_ERROR]
     assert dead[0].headers[HEADER_SOURCE_OFFSET] == b"6"
+
+
+def test_a_copied_sample_is_trained_once_and_a_wrong_schema_header_is_dead_lettered(
+    make_run_cfg, quick_policy
+):
+    cfg = make_run_cfg(
+        *quick_policy,
+        "actor_rollout_ref.rollout.num_workers=0",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=1",
+        "trainer.test_freq=0",
+    )
+    topic = cfg.topic("samples")
+    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        for i in range(4):
+            pub.publish(topic, f"s{i}", encode_sample(synthetic_sample(i)), {SCHEMA_HEADER: TAG})
+        pub.publish(topic, "s1", encode_sample(synthetic_sample(1)), {SCHEMA_HEADER: TAG})  # copy
+        pub.publish(topic, "s2", encode_sample(synthetic_sample(2)), {SCHEMA_HEADER: "sample/99"})
+        for i in range(4, 9):
+            pub.publish(topic, f"s{i}", encode_sample(synthetic_sample(i)), {SCHEMA_HEADER: TAG})
+
+    trainer = Trainer(cfg, cfg.kafka.bootstrap_servers)
+    try:
+        assert trainer.run()["step"] == 2
+        assert trainer.batcher.consumed == {0: 8}  # the copy is not counted as consumed
+    finally:
+        trainer.close()
+
+    steps = [r.value for r in read_topic(cfg, "steps")]
+    assert [sid for s in steps for sid in s.sample_ids] == [f"s{i}" for i in range(8)]
+    assert steps[-1].metrics["fully_async/count/duplicate_samples"] == 1.0
+    dead = read_topic(cfg, "dead-letter")
+    assert len(dead) == 1 and b"sample/99" in dead[0].headers[HEADER_ERROR]
+    dropped = [
+        e
+        for e in (r.value for r in read_topic(cfg, "control"))
+        if type(e).__name__ == "SamplesDropped"
+    ]
+    assert [(e.sample_ids, e.target_worker) for e in dropped] == [(["s1"], -1)]

@@ -51,3 +51,37 @@ def test_state_round_trip_restores_counters_and_offsets():
     assert offsets == {0: 2}
     assert c.consumed == {1: 2}
     assert len(c) == 0
+
+
+def test_a_duplicate_sample_id_is_dropped_and_not_counted_as_consumed():
+    b = SampleBatcher()
+    assert b.offer(rec(0, worker=1), 0) is None
+    copy = rec(0, worker=1)
+    copy.offset = 7  # the same sample published again further on
+    dropped = b.offer(copy, 0)
+    assert dropped is not None and dropped.kind == "duplicate"
+    assert "offset 0" in dropped.reason
+    assert len(b) == 1
+    b.take(1)
+    assert b.consumed == {1: 1}  # once, not twice
+    assert b.dropped["duplicate"] == 1
+    late = rec(0, worker=1)
+    late.offset = 9  # and after it was trained on
+    assert b.offer(late, 0).kind == "duplicate"
+
+
+def test_settled_ids_survive_a_restart_and_a_reread_is_not_a_duplicate():
+    b = SampleBatcher(max_version_lag=1)
+    assert b.offer(rec(0, version=3), 3) is None  # queued
+    assert b.offer(rec(1, version=0), 3) is not None  # dropped, settled behind a queued one
+    assert b.consumed == {0: 1}
+    c = SampleBatcher(max_version_lag=1)
+    assert c.restore(b.state()) == {0: 0}
+    assert set(c.seen) == {"s1"}  # s0 was queued, not settled
+    # The restarted trainer re-reads both: s0 is queued again, s1 is skipped, not re-counted.
+    assert c.offer(rec(0, version=3), 3) is None
+    assert c.offer(rec(1, version=0), 3) is None
+    assert len(c) == 1 and c.consumed == {0: 1} and c.dropped == {"max_version_lag": 1}
+    copy = rec(0)
+    copy.offset = 5  # a copy of s0 further on is a duplicate
+    assert c.offer(copy, 3).kind == "duplicate"

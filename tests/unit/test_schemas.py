@@ -176,3 +176,20 @@ def test_partial_round_trip_keeps_finished_and_interrupted_trajectories():
     assert back == p
     assert back.interrupted == [1]
     assert back.agent_state == ["", ""]
+
+
+def test_a_schema_header_that_contradicts_the_message_is_rejected():
+    from asyncrl.schemas import SCHEMA_HEADER
+    from asyncrl.schemas.sample import TAG
+
+    data = encode_sample(make_sample())
+    assert decode_sample(data, {SCHEMA_HEADER: TAG.encode()}).sample_id == "add-1-2@0"
+    assert decode_sample(data, {}).sample_id == "add-1-2@0"  # no header: the Arrow tag decides
+    with pytest.raises(DecodeError, match="sample/99"):
+        decode_sample(data, {SCHEMA_HEADER: b"sample/99"})
+    prompt = encode_prompt(PromptRecord("p1", "1+1=", "2", 0))
+    with pytest.raises(DecodeError, match="header"):
+        decode_prompt(prompt, {SCHEMA_HEADER: TAG.encode()})
+    event = ev.RunFinished(run_id="r", version=1)
+    with pytest.raises(DecodeError):
+        ev.decode_event(ev.encode_event(event), {SCHEMA_HEADER: b"control.RunFinished/1"})
