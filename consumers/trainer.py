@@ -50,7 +50,7 @@ from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample, decode_sample
 from asyncrl.schemas.step import TAG as STEP_TAG
 from asyncrl.schemas.step import StepRecord, encode_step
-from asyncrl.sync.channel import ControlChannel
+from asyncrl.sync.channel import ControlChannel, last_logged_version
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import WeightSender
 
@@ -107,6 +107,8 @@ class Trainer:
         self.samples.assign(cfg.topic("samples"), offsets)
         self.control = ControlChannel(cfg, bootstrap, self.publisher)
         self.control.start()
+        self.resumed: ev.TrainerResumed | None = None
+        self._take_version_above_the_log(bootstrap, resumed_step=self.step if ckpt else None)
         self.metrics_file = JsonlWriter(cfg.run_dir / "metrics.jsonl")
         self.tensorboard = (
             TensorBoardWriter(cfg.run_dir / "tensorboard")
@@ -139,6 +141,35 @@ class Trainer:
         """When the first worker got its weights: rollout could start (benchmarks time from it)."""
         self.samples_trained = 0
         self.last_sync: dict[str, float] = {}
+
+    def _take_version_above_the_log(self, bootstrap: str, resumed_step: int | None) -> None:
+        """A restarted trainer's weights are those of its checkpoint, but an earlier trainer may
+        have published later versions before it died (checkpoints are written before a sync,
+        and not at every step). Reusing those numbers would give one version two sets of
+        weights; the checkpoint's weights get the next free number instead, and the restart is
+        logged (TrainerResumed), which also marks the earlier trainer's later steps as void."""
+        last = last_logged_version(self.cfg, bootstrap)
+        if last < 0 and resumed_step is None:
+            return  # a fresh run
+        checkpoint_version = self.version
+        self.version = max(self.version, last + 1)
+        self.resumed = (  # published once the collective is up: workers join on it
+            ev.TrainerResumed(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                step=self.step,
+                checkpoint_version=checkpoint_version,
+                last_logged_version=last,
+            )
+        )
+        log.info(
+            "resumed at step %d: the checkpoint's weights (version %d) are published as "
+            "version %d (the log holds versions up to %d)",
+            self.step,
+            checkpoint_version,
+            self.version,
+            last,
+        )
 
     # --- weights --------------------------------------------------------------------------------
     def _publish_weights(self, pause_wait_s: float = 0.0, workers: list[int] | None = None) -> None:
@@ -511,6 +542,8 @@ class Trainer:
         tc = self.cfg.trainer
         at = self.cfg.async_training
         self._start_collective()
+        if self.resumed is not None:
+            self.control.publish(self.resumed)
         test_freq = 0 if self.simulated else tc.test_freq  # sim: nothing is learnt
         accuracy = self.history.get("val/accuracy")
         if accuracy is None and test_freq:
@@ -522,81 +555,78 @@ class Trainer:
                 self.history["val/tool_use"] = self.last_val_tool_use
         reason = "total_training_steps reached"
         metrics: dict[str, float] = {}
-        try:
-            while self.step < tc.total_training_steps:
-                t_step = time.monotonic()
-                batch = self._wait_for_batch(self.cfg.required_samples)
-                step_span = spans.start_step(
-                    batch, self.step + 1, self.version, self.cfg.topic("samples")
-                )
-                checksum_before = self._checksum()  # lets a replay check its start
-                metrics = self.train_step(batch)
-                self._checksum_cache = None  # the update changed the weights
-                self.step += 1
-                self.samples_trained += len(batch)
-                elapsed = time.monotonic() - self.t_start
-                metrics.update(
-                    {
-                        "timing/step_s": time.monotonic() - t_step,
-                        "perf/samples_per_s": self.samples_trained / max(elapsed, 1e-9),
-                        "perf/elapsed_s": elapsed,
-                        "fully_async/count/dropped_samples": float(
-                            sum(self.batcher.dropped.values())
-                        ),
-                        "fully_async/count/duplicate_samples": float(
-                            self.batcher.dropped["duplicate"]
-                        ),
-                        "trainer/queue_size": float(len(self.batcher)),
-                    }
-                )
-                if test_freq and self.step % test_freq == 0:
-                    accuracy = self.evaluate()
-                    metrics["val/accuracy"] = accuracy
-                    self.history["val/accuracy"] = accuracy
-                    if self.last_val_tool_use is not None:
-                        metrics["val/tool_use"] = self.last_val_tool_use
-                        self.history["val/tool_use"] = self.last_val_tool_use
-                synced = self.step % at.trigger_parameter_sync_step == 0
-                if synced:
-                    idle, _span = self.wait_clock.close_window()
-                    self.history["trainer/idle_ratio"] = idle
-                    if self.rollouter_idle:
-                        self.history["rollouter/idle_ratio"] = sum(
-                            self.rollouter_idle.values()
-                        ) / len(self.rollouter_idle)
-                for key in ("trainer/idle_ratio", "rollouter/idle_ratio"):
-                    if key in self.history:
-                        metrics[key] = self.history[key]
-                metrics.update(self.last_sync)
-                spans.end_step(step_span, metrics)
-                with trace.use_span(step_span, end_on_exit=True):
-                    self._record_step(batch, metrics, checksum_before)
-                self.on_step({"step": self.step, "version": self.version, **metrics})
-                done_early = (
-                    tc.target_accuracy is not None
-                    and accuracy is not None
-                    and (accuracy >= tc.target_accuracy and "val/accuracy" in metrics)
-                )
-                if done_early:
-                    reason = f"target accuracy {tc.target_accuracy:.2f} reached"
-                    break
-                if tc.save_freq and self.step % tc.save_freq == 0:
-                    self.checkpoint()
-                if synced and self.step < tc.total_training_steps:
-                    self.sync(trigger=step_span)
-            if not self.simulated and (accuracy is None or "val/accuracy" not in metrics):
+        while self.step < tc.total_training_steps:
+            t_step = time.monotonic()
+            batch = self._wait_for_batch(self.cfg.required_samples)
+            step_span = spans.start_step(
+                batch, self.step + 1, self.version, self.cfg.topic("samples")
+            )
+            checksum_before = self._checksum()  # lets a replay check its start
+            metrics = self.train_step(batch)
+            self._checksum_cache = None  # the update changed the weights
+            self.step += 1
+            self.samples_trained += len(batch)
+            elapsed = time.monotonic() - self.t_start
+            metrics.update(
+                {
+                    "timing/step_s": time.monotonic() - t_step,
+                    "perf/samples_per_s": self.samples_trained / max(elapsed, 1e-9),
+                    "perf/elapsed_s": elapsed,
+                    "fully_async/count/dropped_samples": float(sum(self.batcher.dropped.values())),
+                    "fully_async/count/duplicate_samples": float(self.batcher.dropped["duplicate"]),
+                    "trainer/queue_size": float(len(self.batcher)),
+                }
+            )
+            if test_freq and self.step % test_freq == 0:
                 accuracy = self.evaluate()
+                metrics["val/accuracy"] = accuracy
                 self.history["val/accuracy"] = accuracy
                 if self.last_val_tool_use is not None:
+                    metrics["val/tool_use"] = self.last_val_tool_use
                     self.history["val/tool_use"] = self.last_val_tool_use
-            self.checkpoint()
-        finally:
-            self.control.publish(
-                ev.RunFinished(
-                    run_id=self.cfg.run_id, version=self.version, step=self.step, reason=reason
-                )
+            synced = self.step % at.trigger_parameter_sync_step == 0
+            if synced:
+                idle, _span = self.wait_clock.close_window()
+                self.history["trainer/idle_ratio"] = idle
+                if self.rollouter_idle:
+                    self.history["rollouter/idle_ratio"] = sum(self.rollouter_idle.values()) / len(
+                        self.rollouter_idle
+                    )
+            for key in ("trainer/idle_ratio", "rollouter/idle_ratio"):
+                if key in self.history:
+                    metrics[key] = self.history[key]
+            metrics.update(self.last_sync)
+            spans.end_step(step_span, metrics)
+            with trace.use_span(step_span, end_on_exit=True):
+                self._record_step(batch, metrics, checksum_before)
+            self.on_step({"step": self.step, "version": self.version, **metrics})
+            done_early = (
+                tc.target_accuracy is not None
+                and accuracy is not None
+                and (accuracy >= tc.target_accuracy and "val/accuracy" in metrics)
             )
-            self.publisher.flush()
+            if done_early:
+                reason = f"target accuracy {tc.target_accuracy:.2f} reached"
+                break
+            if tc.save_freq and self.step % tc.save_freq == 0:
+                self.checkpoint()
+            if synced and self.step < tc.total_training_steps:
+                self.sync(trigger=step_span)
+        if not self.simulated and (accuracy is None or "val/accuracy" not in metrics):
+            accuracy = self.evaluate()
+            self.history["val/accuracy"] = accuracy
+            if self.last_val_tool_use is not None:
+                self.history["val/tool_use"] = self.last_val_tool_use
+        self.checkpoint()
+        # Only a run that ended publishes RunFinished: a trainer that dies (an exception, a
+        # kill) leaves the run open, and a restarted trainer resumes it from its checkpoint
+        # while the workers wait for it (they stop on RunFinished).
+        self.control.publish(
+            ev.RunFinished(
+                run_id=self.cfg.run_id, version=self.version, step=self.step, reason=reason
+            )
+        )
+        self.publisher.flush()
         summary = {
             "step": self.step,
             "version": self.version,

@@ -120,6 +120,11 @@ class KafkaConfig(Strict):
     """Max time between polls; also the rebalance timeout, which bounds the join time."""
     linger_ms: int = Field(5, ge=0)
     """Producer batching delay."""
+    fetch_wait_max_ms: int = Field(20, ge=1)
+    """Longest a consumer's fetch waits at the broker for new data. Tansu does not answer a
+    waiting fetch when data arrives, so this bounds every hop's latency there (median hop
+    25 ms at 100, 5.5 ms at 20); Apache Kafka answers at once, so a larger value (librdkafka's
+    default is 500) only cuts idle requests."""
     extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Raw librdkafka settings applied last to every client (no secrets: see security)."""
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
@@ -306,6 +311,10 @@ class TrainerConfig(Strict):
     """Stop early once held-out accuracy reaches this."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the trainer's model lives (auto: cuda when available)."""
+    max_restarts: int = Field(3, ge=0)
+    """`asyncrl run` restarts a trainer that dies, up to this many times; the restarted
+    trainer resumes from its last checkpoint, the workers join it, and the steps after that
+    checkpoint are trained again. 0: the trainer's death fails the run."""
     seed: int = 0
     """Seed of the trainer's RNG (rollout workers derive theirs from it)."""
     torch_threads: int = Field(1, ge=1)

@@ -7,8 +7,9 @@
 5. One trainer and ``rollout.num_workers`` worker processes, each ``python -m asyncrl ...``
    with the resolved config; they die with the launcher (PDEATHSIG), also on a crash.
 6. Progress read back from the ``steps`` topic until the trainer exits; a rollout worker that
-   dies is restarted (``rollout.max_restarts``) and recovers its work from the log. Then the
-   workers stop on RunFinished, and the broker is stopped.
+   dies is restarted (``rollout.max_restarts``) and recovers its work from the log; a trainer
+   that dies is restarted (``trainer.max_restarts``) and resumes from its last checkpoint,
+   the workers joining it. Then the workers stop on RunFinished, and the broker is stopped.
 """
 
 from __future__ import annotations
@@ -117,17 +118,26 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
 
     init_tracing(resolved, "asyncrl-launcher")  # the feed's spans: the prompts' contexts
     try:
-        n = feed_prompts(resolved, bootstrap)
+        written, present = feed_prompts(resolved, bootstrap)
     finally:
         shutdown_tracing()
-    console.log(f"fed {n} prompts to {resolved.topic('prompts')}")
+    console.log(
+        f"fed {written} prompts to {resolved.topic('prompts')}"
+        + (f" ({present} were there already: not fed twice)" if present else "")
+    )
     config_path = cfg.run_dir / "config.yaml"
     dump_config(resolved, config_path)
     console.log(f"resolved config: {config_path}")
     return resolved, config_path
 
 
-def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
+def run(
+    cfg: RunConfig,
+    console: Console | None = None,
+    on_spawn: Callable[[str, int], None] | None = None,
+) -> dict[str, Any]:
+    """``on_spawn(name, pid)`` is told of every process started (restarts included): how
+    fault tests, or an operator's tooling, find the trainer and workers."""
     console = console or Console()
     if cfg.kafka.bootstrap_servers is None:
         archive_orphaned_run(cfg, console)
@@ -156,6 +166,8 @@ def run(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
             console.log("launcher: Ray actors")
         else:
             start = _spawn_local
+        if on_spawn is not None:
+            start = _announcing(start, on_spawn)
         procs["trainer"] = start("trainer", trainer_command(config_path), logs / "trainer.log")
         for i in range(resolved.actor_rollout_ref.rollout.num_workers):
             name = f"rollout-{i}"
@@ -177,6 +189,18 @@ def _spawn_local(name: str, cmd: list[str], log_path: Path) -> tuple[subprocess.
     return spawn(cmd, log_path)
 
 
+def _announcing(
+    start: Callable[[str, list[str], Path], tuple[Any, Path]],
+    on_spawn: Callable[[str, int], None],
+) -> Callable[[str, list[str], Path], tuple[Any, Path]]:
+    def started(name: str, cmd: list[str], log_path: Path) -> tuple[Any, Path]:
+        proc, path = start(name, cmd, log_path)
+        on_spawn(name, getattr(proc, "pid", -1))  # -1: a Ray actor's child, not local
+        return proc, path
+
+    return started
+
+
 def trainer_command(config_path: Path) -> list[str]:
     return [sys.executable, "-m", "asyncrl", "train", "--config", str(config_path)]
 
@@ -196,14 +220,14 @@ def _follow(
     config_path: Path,
     start: Callable[[str, list[str], Path], tuple[Any, Path]] = _spawn_local,
 ) -> dict[str, Any]:
-    """Show progress from the steps topic until the trainer exits. A rollout worker that dies
-    is restarted up to ``rollout.max_restarts`` times; any other death fails the run."""
+    """Show progress from the steps topic until the trainer exits with 0. A process that dies
+    is restarted (a worker up to ``rollout.max_restarts`` times, the trainer up to
+    ``trainer.max_restarts``); a death beyond that fails the run."""
     from asyncrl.ops.kafka import Reader
     from asyncrl.schemas.step import decode_step
 
     restarts: dict[str, int] = {}
-    max_restarts = cfg.actor_rollout_ref.rollout.max_restarts
-    trainer, trainer_log = procs["trainer"]
+    trainer_log = procs["trainer"][1]
     reader = Reader(cfg.kafka, bootstrap, decode_step)
     reader.assign(cfg.topic("steps"))
     try:
@@ -217,19 +241,34 @@ def _follow(
                     rc = proc.poll()
                     if rc in (None, 0):
                         continue
-                    if name.startswith("rollout-") and restarts.get(name, 0) < max_restarts:
+                    is_trainer = name == "trainer"
+                    max_restarts = (
+                        cfg.trainer.max_restarts
+                        if is_trainer
+                        else cfg.actor_rollout_ref.rollout.max_restarts
+                    )
+                    if restarts.get(name, 0) < max_restarts:
                         restarts[name] = restarts.get(name, 0) + 1
                         console.log(
                             f"[yellow]{name} exited with code {rc}; restarting it "
-                            f"({restarts[name]}/{max_restarts}); it recovers its work from the log"
+                            f"({restarts[name]}/{max_restarts}); "
+                            + (
+                                "it resumes from its last checkpoint"
+                                if is_trainer
+                                else "it recovers its work from the log"
+                            )
                         )
-                        worker_id = int(name.removeprefix("rollout-"))
-                        procs[name] = start(name, worker_command(config_path, worker_id), log_path)
+                        cmd = (
+                            trainer_command(config_path)
+                            if is_trainer
+                            else worker_command(config_path, int(name.removeprefix("rollout-")))
+                        )
+                        procs[name] = start(name, cmd, log_path)
                         break
                     raise RunFailed(
                         f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
                     )
-                if trainer.poll() == 0:
+                if procs["trainer"][0].poll() == 0:
                     for rec in reader.poll(0.5):
                         progress.update(rec.value)
                     break

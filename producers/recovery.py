@@ -92,6 +92,11 @@ class RecoveryIndex:
         for topic, offsets in newer.positions.items():
             self.positions.setdefault(topic, {}).update(offsets)
 
+    def partials_of(self, worker_id: int) -> int:
+        """Logged partial samples of ``worker_id`` not yet continued: work its previous
+        incarnation admitted under older versions, which the budget counts as stale."""
+        return sum(1 for p in self.partials.values() if p.sample.worker_id == worker_id)
+
     def take_partial(self, sample_id: str) -> PartialSample | None:
         """The logged partial of ``sample_id`` to continue, once (None: start it afresh)."""
         partial = self.partials.pop(sample_id, None)

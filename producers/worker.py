@@ -16,6 +16,13 @@ A sync, on this side (DESIGN.md section 4):
 5. Open the budget of v+1 minus this worker's stale samples (partial ones included); publish
    RolloutResumed(v+1).
 
+The trainer restarts (it died, and ``asyncrl run`` or its operator started it again from its
+checkpoint): its pair fails, or its TrainerResumed arrives. The worker stops admitting prompts,
+finishes (mode c) or interrupts and logs (mode d) what is in flight, as for a sync, then joins
+the new trainer's collective, receives its weights (a version above any on the log), continues
+the interrupted trajectories and opens that version's budget. Nothing is lost: the samples it
+published while no trainer ran are on the log, and the new trainer reads them.
+
 A (re)start: scan the log (``recovery.RecoveryIndex``), announce WorkerStarted with a fresh
 incarnation id, join the weight collective and receive the trainer's current weights. Prompts
 the previous incarnation took but did not finish are redelivered by the group: one whose
@@ -61,9 +68,13 @@ from asyncrl.schemas.sample import TAG as SAMPLE_TAG
 from asyncrl.schemas.sample import Sample, Trajectory, encode_sample
 from asyncrl.sync.channel import ControlChannel
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.collective import WeightReceiver
+from asyncrl.sync.collective import ManifestMismatchError, WeightReceiver
 
 log = logging.getLogger(__name__)
+
+
+class TrainerGone(RuntimeError):
+    """The trainer this worker joined is gone; a restarted one must be joined."""
 
 
 @dataclass
@@ -182,6 +193,12 @@ class RolloutWorker:
         self.produced = 0
         self.version = 0
         self.pending_sync: ev.SyncRequested | None = None
+        self.trainer_gone: str | None = None
+        """Why the trainer this worker joined is gone (a new one must be joined), or None."""
+        self.trainer_back = False
+        """A new trainer's TrainerResumed has arrived (it hosts the collective by now)."""
+        self.prompts: PromptSource | None = None
+        """The prompts group's member (from run()); kept polling while the worker waits."""
         self.sync_seen_at = 0.0
         self.sync_seen_ns: int | None = None
         self.finished = False
@@ -209,12 +226,17 @@ class RolloutWorker:
         self.receiver.join(
             self.worker_id,
             self.incarnation,
-            announce=lambda: self.control.publish(
-                ev.WorkerStarted(
-                    run_id=self.cfg.run_id, version=self.version, worker=self.worker_id
-                )
-            ),
+            announce=self._announce,
         )
+
+    def _announce(self) -> None:
+        """WorkerStarted, repeated while the trainer has not accepted this worker; the prompts
+        group is polled meanwhile, or a long wait would cost the worker its partitions."""
+        self.control.publish(
+            ev.WorkerStarted(run_id=self.cfg.run_id, version=self.version, worker=self.worker_id)
+        )
+        if self.prompts is not None:
+            self.prompts.keep_alive()
 
     def _receive_weights(self, version: int | None = None) -> ev.WeightsPublished:
         """Steps 3-4 of a sync: weights in place, checksum compared, version taken over.
@@ -225,12 +247,28 @@ class RolloutWorker:
         """
         assert self.receiver is not None
         t0 = time.monotonic()
-        self.receiver.receive_into(self.engine.model, self._bucket_bytes)
+        try:
+            self.receiver.receive_into(self.engine.model, self._bucket_bytes)
+        except ManifestMismatchError:
+            raise
+        except RuntimeError as err:  # the pair failed: the trainer died mid-transfer
+            raise TrainerGone(f"the weight transfer failed ({err})") from err
         published = self.control.wait_for(
-            ev.WeightsPublished,
-            version=version,
-            where=lambda e: self.incarnation in e.incarnations,
+            ev.ControlEvent,
+            where=lambda e: (
+                (
+                    isinstance(e, ev.WeightsPublished)
+                    and (version is None or e.version == version)
+                    and self.incarnation in e.incarnations
+                )
+                # During a sync, a trainer restarted after the transfer never publishes it. (At
+                # a join, the new pair's transfer fails instead if this trainer died since.)
+                or (version is not None and self._new_trainer(e))
+            ),
         )
+        if not isinstance(published, ev.WeightsPublished):
+            self.trainer_back = True
+            raise TrainerGone(f"a new trainer started (version {published.version})")
         ok = True
         if self.cfg.sync.verify_checksum:
             ok = weights_checksum(self.engine.model) == published.checksum
@@ -256,6 +294,53 @@ class RolloutWorker:
     def _bucket_bytes(self) -> int:
         return int(self.cfg.sync.bucket_size_mb * 1024 * 1024)
 
+    def _new_trainer(self, event: ev.ControlEvent) -> bool:
+        """A TrainerResumed of a trainer this worker has not joined: its versions are above
+        every version on the log, so above this worker's, unlike the one it joined."""
+        return isinstance(event, ev.TrainerResumed) and event.version > self.version
+
+    def _await_new_trainer(self) -> None:
+        """Until a restarted trainer announces itself (TrainerResumed) or the run finishes,
+        keeping the prompts group alive; its collective is up once it has announced."""
+        deadline = time.monotonic() + self.cfg.sync.timeout_s
+        while not self.trainer_back and not self.finished:
+            for event in self.control.poll(0.2):
+                if self._new_trainer(event):
+                    self.trainer_back = True
+                elif isinstance(event, ev.RunFinished):
+                    self.finished = True
+            if self.prompts is not None:
+                self.prompts.keep_alive()
+            if time.monotonic() > deadline:
+                raise TrainerGone(
+                    f"{self.trainer_gone}, and no trainer started again within "
+                    f"sync.timeout_s={self.cfg.sync.timeout_s:.0f} s"
+                )
+
+    def _rejoin(self) -> None:
+        """Join the restarted trainer (see the module docstring): in mode (d) in-flight work
+        was interrupted and logged first; in mode (c) it has finished."""
+        log.warning(
+            "worker %d: %s; joining the new trainer's weight collective",
+            self.worker_id,
+            self.trainer_gone,
+        )
+        if self.partial_rollout and self.runner.busy:
+            self._interrupt()
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None
+        self.idle.set_idle(True)
+        self._await_new_trainer()
+        if self.finished:
+            return
+        self._join_collective()
+        welcome = self._receive_weights()
+        self.trainer_gone, self.trainer_back = None, False
+        self.pending_sync = None  # the old trainer's sync: the new trainer's weights supersede it
+        self._continue_interrupted()
+        self._open_budget(welcome.consumed.get(str(self.worker_id), 0), self._split(welcome))
+
     def _split(self, published: ev.WeightsPublished) -> list[int] | None:
         """Who shares the budget of ``published.version``: the members named at its sync, or
         (none named: opened at start-up) the configured workers. A worker added beyond those
@@ -264,8 +349,12 @@ class RolloutWorker:
             return published.members
         return [] if self.worker_id >= self.rollout.num_workers else None
 
-    def _open_budget(self, consumed: int, members: list[int] | None = None) -> None:
-        stale = num_stale_at_sync(self.produced, consumed, in_flight=len(self.in_flight))
+    def _open_budget(
+        self, consumed: int, members: list[int] | None = None, partial: int = 0
+    ) -> None:
+        stale = num_stale_at_sync(
+            self.produced, consumed, in_flight=len(self.in_flight), partial=partial
+        )
         allowed = self.budget.reset(self.version, stale, members)
         self.control.publish(
             ev.RolloutResumed(
@@ -300,7 +389,12 @@ class RolloutWorker:
                 )
             )
         with sync_span("weights.load", request.headers, **attrs):
-            published = self._receive_weights(request.version)
+            try:
+                published = self._receive_weights(request.version)
+            except TrainerGone as gone:
+                self.trainer_gone = str(gone)
+                self._rejoin()
+                return
         self._continue_interrupted()
         self._open_budget(request.consumed.get(str(self.worker_id), 0), self._split(published))
         self.pending_sync = None
@@ -409,7 +503,10 @@ class RolloutWorker:
 
     # --- control events -----------------------------------------------------------------------
     def _handle(self, event: ev.ControlEvent) -> None:
-        if isinstance(event, ev.SyncRequested) and event.version > self.version:
+        if self._new_trainer(event):
+            self.trainer_gone = f"a new trainer started (version {event.version})"
+            self.trainer_back = True
+        elif isinstance(event, ev.SyncRequested) and event.version > self.version:
             self.pending_sync = event
             self.sync_seen_at = time.monotonic()
             self.sync_seen_ns = time.time_ns()
@@ -468,6 +565,7 @@ class RolloutWorker:
         """Start one sample if the budget and the concurrency limit allow; True if one started."""
         if (
             self.pending_sync is not None
+            or self.trainer_gone is not None
             or self.budget.remaining == 0
             or len(self.in_flight) >= self.rollout.max_concurrent_samples
         ):
@@ -556,8 +654,14 @@ class RolloutWorker:
             )
         self._join_collective()
         welcome = self._receive_weights()
-        self._open_budget(welcome.consumed.get(str(self.worker_id), 0), self._split(welcome))
-        prompts = PromptSource(
+        self._open_budget(
+            welcome.consumed.get(str(self.worker_id), 0),
+            self._split(welcome),
+            # What a previous incarnation left on the partials log is continued under this
+            # version's budget, like work in flight at a sync.
+            partial=self.recovery.partials_of(self.worker_id),
+        )
+        prompts = self.prompts = PromptSource(
             self.cfg,
             self.bootstrap,
             dead_letter=self.dead_letter,
@@ -568,6 +672,9 @@ class RolloutWorker:
             while not self.finished and not self.stopping:
                 for event in self.control.poll(0.0):
                     self._handle(event)
+                if self.trainer_gone is not None and (self.partial_rollout or not self.in_flight):
+                    self._rejoin()
+                    continue
                 if self.pending_sync is not None and (self.partial_rollout or not self.in_flight):
                     self._do_sync(self.pending_sync)
                     continue

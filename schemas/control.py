@@ -172,6 +172,20 @@ class BudgetGranted(ControlEvent):
 
 
 @dataclass
+class TrainerResumed(ControlEvent):
+    """The trainer restarted from its checkpoint of ``step``. Step records numbered above
+    ``step`` that an earlier trainer wrote are void (their updates were lost with it; their
+    samples are trained again), and the checkpoint's weights are published as ``version``,
+    above every version already on the log, so no version number names two sets of weights."""
+
+    step: int = 0
+    checkpoint_version: int = 0
+    """The version the checkpoint was written under."""
+    last_logged_version: int = -1
+    """The highest version on the log when the trainer restarted."""
+
+
+@dataclass
 class RunFinished(ControlEvent):
     step: int = 0
     reason: str = ""

@@ -20,6 +20,29 @@ from asyncrl.schemas import control as ev
 E = TypeVar("E", bound=ev.ControlEvent)
 
 
+def last_logged_version(cfg: RunConfig, bootstrap: str, timeout_s: float = 30.0) -> int:
+    """The highest weight version on the run's control topic (SyncRequested or
+    WeightsPublished; -1 if none): a resumed trainer publishes its weights above it, so a
+    version number is never reused for other weights."""
+    topic = cfg.topic("control")
+    highest = -1
+    with Reader(cfg.kafka, bootstrap, ev.decode_event) as reader:
+        ends = {p: high for p, (low, high) in reader.watermarks(topic).items() if high > low}
+        if not ends:
+            return highest
+        reader.assign(topic)
+        deadline = time.monotonic() + timeout_s
+        while ends:
+            if time.monotonic() > deadline:
+                raise SyncTimeout(f"could not read {topic} to its end within {timeout_s:.0f} s")
+            for rec in reader.poll(0.2):
+                if isinstance(rec.value, (ev.SyncRequested, ev.WeightsPublished)):
+                    highest = max(highest, rec.value.version)
+                if rec.offset + 1 >= ends.get(rec.partition, 0):
+                    ends.pop(rec.partition, None)
+    return highest
+
+
 class SyncTimeout(TimeoutError):
     """An expected control event did not arrive; the message says which and from whom."""
 

@@ -8,6 +8,7 @@ import pytest
 from asyncrl.consumers.trainer import Trainer
 from asyncrl.ops.kafka import HEADER_ERROR, HEADER_SOURCE_OFFSET, Publisher
 from asyncrl.schemas import SCHEMA_HEADER
+from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import TAG, Sample, Trajectory, encode_sample
 from tests.helpers import read_topic
 
@@ -52,7 +53,9 @@ def test_restart_consumes_each_sample_exactly_once(make_run_cfg, quick_policy):
     cfg.trainer.total_training_steps = 5
     second = Trainer(cfg, cfg.kafka.bootstrap_servers)
     try:
-        assert second.step == 2 and second.version == 1  # resumed, not restarted from zero
+        # Resumed, not restarted from zero; the first trainer published version 1 after step
+        # 1, so the checkpoint's weights of step 2 become version 2, not a second version 1.
+        assert second.step == 2 and second.version == 2
         assert second.run()["step"] == 5
     finally:
         second.close()
@@ -61,6 +64,13 @@ def test_restart_consumes_each_sample_exactly_once(make_run_cfg, quick_policy):
     assert [s.step for s in steps] == [1, 2, 3, 4, 5]
     used = [sid for s in steps for sid in s.sample_ids]
     assert used == [f"s{i}" for i in range(20)]  # in order, none twice, none skipped
+
+    events = [r.value for r in read_topic(cfg, "control")]
+    published = [(e.version, e.checksum) for e in events if isinstance(e, ev.WeightsPublished)]
+    versions = [v for v, _ in published]
+    assert versions == sorted(set(versions)), versions  # strictly increasing: none reused
+    resumed = [e for e in events if isinstance(e, ev.TrainerResumed)]
+    assert [(e.step, e.checkpoint_version, e.last_logged_version) for e in resumed] == [(2, 1, 1)]
 
     dead = read_topic(cfg, "dead-letter")
     assert len(dead) == 1  # routed once, not re-read after the restart

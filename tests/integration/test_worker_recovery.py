@@ -108,6 +108,13 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
     assert len(incarnations) == 2
     joins = [e for e in events if isinstance(e, ev.WeightsPublished) and len(e.incarnations) == 1]
     assert len({e.incarnations[0] for e in joins}) == 2
+    # Its first budget counts the partials it is to continue as stale work.
+    first_of = {}
+    for e in events:
+        if isinstance(e, ev.RolloutResumed):
+            first_of.setdefault(e.incarnation, e)
+    restarted = first_of[joins[-1].incarnations[0]]
+    assert restarted.num_stale >= len(killed["unfinished"])
 
     # Partials unfinished at the kill were continued by the new incarnation from the logged
     # tokens (the final trajectories extend them), not generated afresh.
