@@ -35,11 +35,17 @@ def _ckpt(cfg: RunConfig, step: int) -> Path:
 
 
 def find_step(cfg: RunConfig, bootstrap: str, step: int) -> StepRecord:
+    """The standing record of ``step``: the last one on the log. A trainer restarted from an
+    earlier checkpoint writes the step again, and its record (and checkpoint) replace the
+    void one of the trainer that died (TrainerResumed)."""
+    found = None
     for rec in read_records(cfg, bootstrap, "steps"):
         record = decode_step(rec.value, rec.headers)
         if record.step == step:
-            return record
-    raise ReplayError(f"step {step} is not on {cfg.topic('steps')}")
+            found = record
+    if found is None:
+        raise ReplayError(f"step {step} is not on {cfg.topic('steps')}")
+    return found
 
 
 def fetch_samples(cfg: RunConfig, bootstrap: str, record: StepRecord) -> list[Sample]:
