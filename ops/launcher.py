@@ -25,8 +25,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.ops.broker import ensure_broker, free_port
+from asyncrl.ops.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.ops.config import RunConfig, dump_config
+from asyncrl.ops.log_archive import ArchiveError
 from asyncrl.ops.process import spawn
 from asyncrl.ops.progress import StepProgress
 from asyncrl.ops.topics import create_run_topics
@@ -36,6 +37,10 @@ class RunFailed(RuntimeError):
     pass
 
 
+class BrokerDied(RunFailed):
+    """The embedded broker stopped under a run."""
+
+
 def _tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -43,27 +48,35 @@ def _tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-def archive_orphaned_run(cfg: RunConfig, console: Console) -> Path | None:
-    """Move aside a run dir whose checkpoint points into a log that no longer exists.
+def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
+    """With the embedded broker, decide what an earlier run in the same directory means.
 
-    A checkpoint records offsets in the run's ``samples`` topic. The embedded broker keeps its
-    topics in memory, so once it has stopped, a new embedded broker starts with empty topics
-    and those offsets point nowhere: resuming would wait for samples that never come. The old
-    directory is kept, renamed ``<run_dir>.<time>``, and the run starts from step 0.
+    The embedded broker keeps topics in memory, so the launcher archives the log under
+    ``run_dir/log`` (``ops.log_archive``). A run that did not finish (no ``summary.json``: it
+    crashed, was killed, or its broker died) and left an archive is resumed: its log is
+    restored into the new broker, offset for offset, and the trainer resumes from its
+    checkpoint. A finished run, or one whose log was lost (a checkpoint but no archive: its
+    offsets would point nowhere), is moved aside to ``<run_dir>.<time>`` and the run starts
+    afresh. Returns True when the log is to be restored.
     """
     from asyncrl.consumers.checkpoint import latest_checkpoint
+    from asyncrl.ops.log_archive import has_archive
 
     run_dir = cfg.run_dir
-    if latest_checkpoint(run_dir) is None:
-        return None
+    finished = (run_dir / "summary.json").exists()
+    if has_archive(cfg) and not finished:
+        console.log(f"{run_dir} holds an unfinished run: restoring its log and resuming it")
+        return True
+    if not finished and latest_checkpoint(run_dir) is None:
+        return False
     archived = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.rename(archived)
     console.log(
-        f"{run_dir} holds a checkpoint whose log lived in an embedded broker that has stopped; "
-        f"moved it to {archived} and starting afresh (set kafka.bootstrap_servers to a "
-        "persistent Kafka to resume runs)"
+        f"moved the earlier run in {run_dir} to {archived} "
+        + ("(it had finished)" if finished else "(its log was lost with its broker)")
+        + " and starting afresh"
     )
-    return archived
+    return False
 
 
 def prepare_policy(cfg: RunConfig, console: Console) -> None:
@@ -139,17 +152,22 @@ def run(
     """``on_spawn(name, pid)`` is told of every process started (restarts included): how
     fault tests, or an operator's tooling, find the trainer and workers."""
     console = console or Console()
-    if cfg.kafka.bootstrap_servers is None:
-        archive_orphaned_run(cfg, console)
+    embedded = cfg.kafka.bootstrap_servers is None
+    resume = resume_or_set_aside(cfg, console) if embedded else False
     run_dir = cfg.run_dir
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     bootstrap, broker = ensure_broker(cfg.kafka)
     procs: dict[str, tuple[subprocess.Popen, Path]] = {}
     ray_launcher = None
+    archiver = None
     try:
         where = "embedded Tansu" if broker is not None else "external Kafka"
         console.log(f"broker: {where} at {bootstrap}")
+        if embedded:
+            archiver = _start_archive(cfg, bootstrap, resume, console)
+            if on_spawn is not None and broker is not None and broker.pid is not None:
+                on_spawn("broker", broker.pid)
         resolved, config_path = prepare(cfg, bootstrap, console)
         at = resolved.async_training
         console.log(
@@ -172,7 +190,7 @@ def run(
         for i in range(resolved.actor_rollout_ref.rollout.num_workers):
             name = f"rollout-{i}"
             procs[name] = start(name, worker_command(config_path, i), logs / f"{name}.log")
-        summary = _follow(resolved, bootstrap, procs, console, config_path, start)
+        summary = _follow(resolved, bootstrap, procs, console, config_path, start, broker)
         _wait_workers(procs, timeout_s=30)
         return summary
     finally:
@@ -181,8 +199,28 @@ def run(
                 proc.kill()
         if ray_launcher is not None:
             ray_launcher.close()
+        if archiver is not None:
+            # Drained to the broker's end before the broker goes (a dead broker: as it is).
+            try:
+                archiver.stop(drain=broker is not None and broker.running)
+                console.log(f"log archived: {archiver.directory} ({archiver.archived} records)")
+            except ArchiveError as err:  # do not hide why the run ended
+                console.log(f"[red]{err}")
         if broker is not None:
             broker.stop()
+
+
+def _start_archive(cfg: RunConfig, bootstrap: str, resume: bool, console: Console):
+    """The embedded broker's log, restored from an unfinished run and archived from now on."""
+    from asyncrl.ops.log_archive import Archiver, log_dir, restore
+
+    if resume:
+        t0 = time.monotonic()
+        n = restore(cfg, bootstrap)
+        console.log(f"restored {n} records of {log_dir(cfg)} in {time.monotonic() - t0:.1f} s")
+    else:
+        create_run_topics(cfg, bootstrap)
+    return Archiver(cfg, bootstrap).start()
 
 
 def _spawn_local(name: str, cmd: list[str], log_path: Path) -> tuple[subprocess.Popen, Path]:
@@ -219,10 +257,12 @@ def _follow(
     console: Console,
     config_path: Path,
     start: Callable[[str, list[str], Path], tuple[Any, Path]] = _spawn_local,
+    broker: EmbeddedBroker | None = None,
 ) -> dict[str, Any]:
     """Show progress from the steps topic until the trainer exits with 0. A process that dies
     is restarted (a worker up to ``rollout.max_restarts`` times, the trainer up to
-    ``trainer.max_restarts``); a death beyond that fails the run."""
+    ``trainer.max_restarts``); a death beyond that fails the run, and so does the death of
+    the embedded broker (the run is resumed by starting it again: its log is archived)."""
     from asyncrl.ops.kafka import Reader
     from asyncrl.schemas.step import decode_step
 
@@ -235,6 +275,11 @@ def _follow(
             while True:
                 for rec in reader.poll(0.2):
                     progress.update(rec.value)
+                if broker is not None and not broker.running:
+                    raise BrokerDied(
+                        f"the embedded broker (pid {broker.pid}) died; the run's log is archived "
+                        f"in {cfg.run_dir / 'log'}: run the same command again to resume the run"
+                    )
                 for name, (proc, log_path) in procs.items():
                     # A worker exits 0 only after the trainer's RunFinished, which the trainer
                     # publishes before it writes its summary and exits: not a failure.

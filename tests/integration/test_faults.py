@@ -104,3 +104,53 @@ def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(make_run_
     log_text = (cfg.run_dir / "logs" / "rollout-0.log").read_text()
     assert "joining the new trainer" in log_text
     check_log_invariants(cfg)
+
+
+def _kill_broker_at(cfg, pids: dict[str, int], at_step: int, out: dict) -> None:
+    """SIGKILL the embedded broker once metrics.jsonl shows step ``at_step``."""
+    metrics = cfg.run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        text = metrics.read_text() if metrics.exists() else ""
+        if f'"step": {at_step},' in text:
+            out["killed"] = pids["broker"]
+            os.kill(pids["broker"], signal.SIGKILL)
+            return
+        time.sleep(0.05)
+
+
+def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(make_run_cfg, quick_policy):
+    from asyncrl.ops.launcher import BrokerDied
+    from asyncrl.ops.log_archive import offline_broker
+
+    steps = 8
+    cfg = make_run_cfg(
+        *SMALL,
+        *quick_policy,
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=2",
+        "async_training.staleness_threshold=0.5",
+        create_topics=False,
+    )
+    cfg.kafka.bootstrap_servers = None  # the embedded default, as `make run` uses it
+    pids: dict[str, int] = {}
+    killed: dict = {}
+    killer = threading.Thread(target=_kill_broker_at, args=(cfg, pids, 3, killed))
+    killer.start()
+    out = io.StringIO()
+    try:
+        with pytest.raises(BrokerDied, match="run the same command again"):
+            run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
+    finally:
+        killer.join(30)
+    assert killed
+    summary = run(cfg, Console(file=out, width=200))  # the same command again
+    assert summary["step"] == steps
+    assert "holds an unfinished run: restoring its log" in out.getvalue()
+
+    with offline_broker(cfg) as bootstrap:  # the log outlives both brokers
+        cfg.kafka.bootstrap_servers = bootstrap
+        events = [r.value for r in read_topic(cfg, "control")]
+        assert len([e for e in events if isinstance(e, ev.TrainerResumed)]) == 1
+        assert len([e for e in events if isinstance(e, ev.RunFinished)]) == 1
+        check_log_invariants(cfg)

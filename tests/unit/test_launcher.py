@@ -1,4 +1,4 @@
-"""Launcher decisions that need no broker."""
+"""Launcher decisions that need no broker: what an earlier run in the same directory means."""
 
 import io
 
@@ -7,30 +7,60 @@ from rich.console import Console
 
 from asyncrl.consumers.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
 from asyncrl.ops.config import load_config
-from asyncrl.ops.launcher import archive_orphaned_run
+from asyncrl.ops.launcher import resume_or_set_aside
+from asyncrl.ops.log_archive import ArchivedRecord, PartitionFile, log_dir
 
 
 def _cfg(tmp_path):
     return load_config(overrides=["run_id=demo", f"output_dir='{tmp_path}'"])
 
 
-def test_checkpoint_without_its_log_is_moved_aside(tmp_path):
-    cfg = _cfg(tmp_path)
+def _checkpoint(cfg) -> None:
     model = torch.nn.Linear(2, 2)
     state = TrainerState(step=3, version=3, batcher={}, metrics={})
     save_checkpoint(cfg.run_dir, model, torch.optim.SGD(model.parameters(), lr=0.1), state)
+
+
+def _archive(cfg) -> None:
+    f = PartitionFile(log_dir(cfg) / cfg.topic("samples") / "0.log")
+    f.append(ArchivedRecord(0, 0, b"k", b"v", []))
+    f.close()
+
+
+def _set_aside(tmp_path, cfg):
+    return [p for p in tmp_path.iterdir() if p.name.startswith("demo.")]
+
+
+def test_checkpoint_without_its_log_is_moved_aside(tmp_path):
+    cfg = _cfg(tmp_path)
+    _checkpoint(cfg)
     out = io.StringIO()
-
-    archived = archive_orphaned_run(cfg, Console(file=out, width=200))
-
-    assert archived is not None and archived.parent == cfg.run_dir.parent
-    assert latest_checkpoint(archived) is not None, "the old run is kept, not deleted"
+    assert resume_or_set_aside(cfg, Console(file=out, width=200)) is False
+    (aside,) = _set_aside(tmp_path, cfg)
+    assert latest_checkpoint(aside) is not None, "the old run is kept, not deleted"
     assert not cfg.run_dir.exists()
     assert "starting afresh" in out.getvalue()
+
+
+def test_an_unfinished_run_with_its_archived_log_is_resumed(tmp_path):
+    cfg = _cfg(tmp_path)
+    _checkpoint(cfg)
+    _archive(cfg)
+    assert resume_or_set_aside(cfg, Console(file=io.StringIO())) is True
+    assert latest_checkpoint(cfg.run_dir) is not None and not _set_aside(tmp_path, cfg)
+
+
+def test_a_finished_run_is_moved_aside_even_with_its_log(tmp_path):
+    cfg = _cfg(tmp_path)
+    _checkpoint(cfg)
+    _archive(cfg)
+    (cfg.run_dir / "summary.json").write_text("{}")
+    assert resume_or_set_aside(cfg, Console(file=io.StringIO())) is False
+    assert len(_set_aside(tmp_path, cfg)) == 1 and not cfg.run_dir.exists()
 
 
 def test_run_dir_without_checkpoint_is_left_alone(tmp_path):
     cfg = _cfg(tmp_path)
     (cfg.run_dir / "logs").mkdir(parents=True)
-    assert archive_orphaned_run(cfg, Console(file=io.StringIO())) is None
+    assert resume_or_set_aside(cfg, Console(file=io.StringIO())) is False
     assert (cfg.run_dir / "logs").exists()
