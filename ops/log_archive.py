@@ -188,6 +188,8 @@ class Archiver:
         self.archived = 0
         self._stop = threading.Event()
         self._drain_on_stop = True
+        self._pending_groups: tuple[dict, dict] | None = None
+        """Group offsets read, waiting for the archive to reach the samples' end seen then."""
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="log-archiver", daemon=True)
 
@@ -280,13 +282,28 @@ class Archiver:
         self.archived += 1
 
     def _sync(self, groups: bool = True) -> None:
+        """Flush the files to disk, and save the groups' offsets once the archive holds every
+        sample acknowledged before they were read: a worker commits a prompt only after its
+        sample is acknowledged, so a restored prompt offset never skips a sample the archive
+        lacks (the prompt is redelivered and generated again instead)."""
         for f in self.files.values():
             f.sync()
-        if groups:
+        if groups and self._pending_groups is None:
+            from asyncrl.ops.kafka import _read_watermarks, consumer_config
+
             try:
-                save_group_offsets(self.cfg, self.bootstrap, self.directory)
+                offsets = read_group_offsets(self.cfg, self.bootstrap)
+                topic = self.cfg.topic("samples")
+                conf = consumer_config(self.cfg.kafka, self.bootstrap, None)
+                ends = {(topic, p): high for p, (_l, high) in _read_watermarks(conf, topic).items()}
+                self._pending_groups = (offsets, ends)
             except Exception as err:  # the broker is away: the last saved offsets stand
-                log.warning("log archive: group offsets not saved: %s", err)
+                log.warning("log archive: group offsets not read: %s", err)
+        if self._pending_groups is not None:
+            offsets, ends = self._pending_groups
+            if all(self._file(*k).next_offset >= high for k, high in ends.items()):
+                write_group_offsets(self.directory, offsets)
+                self._pending_groups = None
 
     def stop(self, drain: bool = True) -> None:
         """Drain to the broker's end (unless ``drain`` is False: the broker is gone), flush to
@@ -306,7 +323,8 @@ def _groups(cfg: RunConfig) -> dict[str, str]:
     }
 
 
-def save_group_offsets(cfg: RunConfig, bootstrap: str, directory: Path) -> None:
+def read_group_offsets(cfg: RunConfig, bootstrap: str) -> dict[str, dict[str, int]]:
+    """``{group: {partition: committed next offset}}`` of the run's consumer groups."""
     from asyncrl.ops.kafka import Reader, raw_decode
 
     saved: dict[str, dict[str, int]] = {}
@@ -317,6 +335,10 @@ def save_group_offsets(cfg: RunConfig, bootstrap: str, directory: Path) -> None:
         offsets = {str(p): o for (_t, p), o in committed.items() if o is not None}
         if offsets:
             saved[group] = offsets
+    return saved
+
+
+def write_group_offsets(directory: Path, saved: dict[str, dict[str, int]]) -> None:
     tmp = directory / f".{GROUPS_FILE}.tmp"
     directory.mkdir(parents=True, exist_ok=True)
     tmp.write_text(json.dumps(saved, indent=1))
