@@ -64,11 +64,13 @@ class ControlChannel:
         self.incarnation = incarnation
         """Stamped on every event this process publishes (workers; "" for the trainer)."""
         self.timeout_s = timeout_s if timeout_s is not None else cfg.sync.timeout_s
+        # Every process reads the whole control topic: only the trainer copies a bad record
+        # to dead-letter (once per run, not once per process); workers skip it with a warning.
         self.reader: Reader[ev.ControlEvent] = Reader(
             cfg.kafka,
             bootstrap,
             ev.decode_event,
-            dead_letter=(publisher, cfg.topic("dead-letter")),
+            dead_letter=(publisher, cfg.topic("dead-letter")) if worker == ev.TRAINER else None,
         )
         self._pending: deque[ev.ControlEvent] = deque()
         self._started = False

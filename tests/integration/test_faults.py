@@ -154,3 +154,116 @@ def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(make_run_cfg
         assert len([e for e in events if isinstance(e, ev.TrainerResumed)]) == 1
         assert len([e for e in events if isinstance(e, ev.RunFinished)]) == 1
         check_log_invariants(cfg)
+
+
+def _bad_records(topic_name: str) -> list[tuple[bytes, dict[str, str]]]:
+    """Garbage, a truncated record and a wrongly tagged one, for ``topic_name``."""
+    from asyncrl.schemas import SCHEMA_HEADER
+    from asyncrl.schemas.prompt import TAG as PROMPT_TAG
+    from asyncrl.schemas.prompt import PromptRecord, encode_prompt
+    from asyncrl.schemas.sample import TAG as SAMPLE_TAG
+
+    valid = encode_prompt(PromptRecord("add-9-9", "09+09=", "18", 0))
+    tag = {"prompts": PROMPT_TAG, "samples": SAMPLE_TAG}.get(topic_name, "control.RunFinished/3")
+    return [
+        (b"\x00garbage", {SCHEMA_HEADER: tag}),
+        (valid[: len(valid) // 2], {SCHEMA_HEADER: tag}),
+        (valid, {SCHEMA_HEADER: "sample/3" if topic_name == "prompts" else tag}),
+    ]
+
+
+def _inject_at(cfg, at_step: int, out: dict) -> None:
+    from asyncrl.ops.kafka import Publisher
+
+    deadline = time.monotonic() + 240
+    metrics = cfg.run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and f'"step": {at_step},' in metrics.read_text():
+            break
+        time.sleep(0.05)
+    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        for name in ("prompts", "samples", "control", "partials", "steps", "dead-letter"):
+            for i, (value, headers) in enumerate(_bad_records(name)):
+                pub.publish(cfg.topic(name), f"bad-{name}-{i}", value, headers)
+                out.setdefault(name, 0)
+                out[name] += 1
+
+
+def test_bad_records_on_every_topic_are_dead_lettered_once_and_the_run_goes_on(
+    make_run_cfg, quick_policy
+):
+    from asyncrl.ops.kafka import HEADER_SOURCE_TOPIC
+
+    steps = 8
+    cfg = make_run_cfg(
+        *SMALL,
+        *quick_policy,
+        f"trainer.total_training_steps={steps}",
+        "async_training.staleness_threshold=0.5",
+        "async_training.partial_rollout=true",
+    )
+    injected: dict = {}
+    injector = threading.Thread(target=_inject_at, args=(cfg, 2, injected))
+    injector.start()
+    out = io.StringIO()
+    try:
+        summary = run(cfg, Console(file=out, width=200))
+    finally:
+        injector.join(30)
+    assert injected and summary["step"] == steps
+    assert "restarting" not in out.getvalue()  # no process died over a bad record
+
+    dead = read_topic(cfg, "dead-letter")
+    copies = Counter(r.key for r in dead if r.key.startswith("bad-"))
+    # Read by consumers that own them: each bad prompt, sample and control record once.
+    expected = {f"bad-{t}-{i}" for t in ("prompts", "samples", "control") for i in range(3)}
+    assert set(copies) >= expected and all(copies[k] == 1 for k in expected), copies
+    sources = {r.key: r.headers[HEADER_SOURCE_TOPIC].decode() for r in dead}
+    assert sources["bad-control-2"] == cfg.topic("control")
+    check_log_invariants(cfg)
+
+
+def test_asyncrl_run_killed_and_started_again_resumes_without_doubling_anything(
+    make_run_cfg, quick_policy, tmp_path
+):
+    import subprocess
+    import sys
+
+    from asyncrl.ops.config import dump_config
+
+    steps = 8
+    cfg = make_run_cfg(
+        *SMALL,
+        *quick_policy,
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=2",
+        "async_training.staleness_threshold=0.5",
+    )
+    config = tmp_path / "run.yaml"
+    dump_config(cfg, config)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "asyncrl", "run", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        metrics = cfg.run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if metrics.exists() and '"step": 3,' in metrics.read_text():
+                break
+            time.sleep(0.05)
+        assert launcher.poll() is None, "the run ended before it could be killed"
+        launcher.kill()  # the whole run: launcher, and with it trainer and workers
+    finally:
+        launcher.wait(30)
+    fed_before = len(read_topic(cfg, "prompts"))
+
+    out = io.StringIO()
+    summary = run(cfg, Console(file=out, width=200))  # the same run id, started again
+    assert summary["step"] == steps
+    assert "fed 0 prompts" in out.getvalue() and "were there already" in out.getvalue()
+    assert len(read_topic(cfg, "prompts")) == fed_before  # no prompt fed twice
+    events = [r.value for r in read_topic(cfg, "control")]
+    assert len([e for e in events if isinstance(e, ev.TrainerResumed)]) == 1
+    check_log_invariants(cfg)
