@@ -125,6 +125,10 @@ class KafkaConfig(Strict):
     waiting fetch when data arrives, so this bounds every hop's latency there (median hop
     25 ms at 100, 5.5 ms at 20); Apache Kafka answers at once, so a larger value (librdkafka's
     default is 500) only cuts idle requests."""
+    broker_down_timeout_s: float = Field(15.0, gt=0)
+    """How long every broker may stay unreachable before a client gives up with
+    BrokerUnavailable (naming kafka.bootstrap_servers), instead of retrying quietly: a dead
+    broker then ends a flush or a poll within this bound, not after librdkafka's timeouts."""
     extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Raw librdkafka settings applied last to every client (no secrets: see security)."""
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
@@ -474,8 +478,20 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like key.path=value")
-        parsed.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: {_yaml_problem(err)}") from None
+        parsed.append((key.strip(), value))
     return parsed
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line: where the YAML broke (1-based line and column) and what is wrong there."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"YAML syntax error{where}: {problem}"
 
 
 def _format_error(err: ValidationError) -> str:
@@ -495,7 +511,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in DEFAULT_CONFIG.parent.glob("*.yaml")))
         raise ConfigError(f"config file not found: {path} (shipped configs: {names})")
-    tree = yaml.safe_load(path.read_text()) or {}
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: {_yaml_problem(err)}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     for key, value in parse_overrides(overrides or []):

@@ -208,12 +208,12 @@ class Archiver:
         # key or value does not decode (a Reader would dead-letter and skip those).
         from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-        from asyncrl.ops.kafka import consumer_config
+        from asyncrl.ops.kafka import client_callbacks, consumer_config
 
         consumer = None
         try:
             conf = consumer_config(self.cfg.kafka, self.bootstrap, None)
-            consumer = Consumer(conf)
+            consumer = Consumer({**conf, **client_callbacks(self.cfg.kafka, self.bootstrap)})
             topics = [self.cfg.topic(name) for name in self.cfg.kafka.topics.partitions]
             assignment = []
             for topic in topics:
@@ -354,7 +354,7 @@ def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> in
     """
     from confluent_kafka import Producer
 
-    from asyncrl.ops.kafka import count_records, producer_config
+    from asyncrl.ops.kafka import client_callbacks, count_records, producer_config
     from asyncrl.ops.topics import create_run_topics
 
     directory = directory or log_dir(cfg)
@@ -366,7 +366,9 @@ def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> in
         if err is not None:
             failures.append(f"{msg.topic()}[{msg.partition()}]: {err}")
 
-    producer = Producer(producer_config(cfg.kafka, bootstrap))
+    producer = Producer(
+        {**producer_config(cfg.kafka, bootstrap), **client_callbacks(cfg.kafka, bootstrap)}
+    )
     expected: dict[str, int] = {}
     for (topic, partition), path in archived_partitions(directory).items():
         if topic not in expected and count_records(cfg.kafka, bootstrap, topic):

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from asyncrl.ops.config import ConfigError, RunConfig
-from asyncrl.ops.kafka import client_config
+from asyncrl.ops.kafka import admin_client
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ _REQUEST_TIMEOUT_S = 15.0
 
 
 def _admin(cfg: RunConfig, bootstrap: str) -> AdminClient:
-    return AdminClient(client_config(cfg.kafka, bootstrap))
+    return admin_client(cfg.kafka, bootstrap)  # BrokerUnavailable if no broker answers
 
 
 def _partition_counts(cfg: RunConfig) -> dict[str, int]:

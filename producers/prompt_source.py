@@ -29,7 +29,7 @@ from collections.abc import Callable
 from confluent_kafka import KafkaException
 
 from asyncrl.ops.config import RunConfig
-from asyncrl.ops.kafka import Reader, Record
+from asyncrl.ops.kafka import Publisher, Reader, Record
 from asyncrl.schemas.prompt import PromptRecord, decode_prompt
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class PromptSource:
         self,
         cfg: RunConfig,
         bootstrap: str,
-        dead_letter=None,
+        dead_letter: tuple[Publisher, str] | None = None,
         prefetch: int | None = None,
         on_assign: Callable[[set[int]], None] | None = None,
         on_revoke: Callable[[set[int], bool], None] | None = None,
@@ -146,7 +146,10 @@ class PromptSource:
 
         Asynchronously: a commit lost in a crash only means a prompt is redelivered, and the
         restarted worker finds its sample on the log (see ``recovery``). ``close`` commits
-        synchronously.
+        synchronously. The worker calls this from the sample's delivery callback, on the
+        publisher that also carries dead-letter copies: an asynchronous commit never flushes
+        it (it stops below a bad prompt whose copy is not acknowledged yet, and the copy's
+        acknowledgement moves it on; see ``asyncrl.ops.kafka``).
         """
         if rec.partition not in self._open:  # moved to another worker meanwhile
             return

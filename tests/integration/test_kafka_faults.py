@@ -1,0 +1,275 @@
+"""Kafka clients under faults (issue 16): a bad record dead-lettered from a delivery callback,
+a consumer that missed its max.poll.interval, a dead broker, an unreachable bootstrap."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from asyncrl.ops.broker import EmbeddedBroker, free_port
+from asyncrl.ops.config import RunConfig
+from asyncrl.ops.kafka import BrokerUnavailable, Publisher, Reader, Record, raw_decode
+from asyncrl.ops.topics import create_run_topics
+from asyncrl.producers.prompt_source import PromptSource
+from asyncrl.schemas.prompt import PromptRecord, encode_prompt
+
+pytestmark = pytest.mark.kafka
+
+# Fast group settings: librdkafka requires max.poll.interval.ms >= session.timeout.ms.
+SHORT_POLL = (
+    "kafka.max_poll_interval_ms=2000",
+    "kafka.session_timeout_ms=1500",
+    "kafka.heartbeat_interval_ms=200",
+)
+
+
+def _poll_until(reader: Reader, done: Callable[[list[Record]], bool], timeout: float) -> list:
+    out: list[Record] = []
+    deadline = time.monotonic() + timeout
+    while not done(out) and time.monotonic() < deadline:
+        out += reader.poll(0.1)
+    return out
+
+
+def test_dead_letter_from_a_delivery_callback_commits_past_the_bad_prompt(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    """The worker's path: ``PromptSource.done`` runs inside the sample's delivery callback of
+    the publisher that also carries the dead-letter copies; it must not flush that publisher."""
+    cfg = make_run_cfg("kafka.topics.partitions.prompts=1")
+    prompts, dlq = cfg.topic("prompts"), cfg.topic("dead-letter")
+    values = [encode_prompt(PromptRecord(f"p{i}", f"{i}+1=", str(i + 1))) for i in range(5)]
+    values[2] = b"garbage"
+    with Publisher(cfg.kafka, broker) as feed:
+        for i, v in enumerate(values):
+            feed.publish(prompts, f"p{i}", v)
+
+    pub = Publisher(cfg.kafka, broker)  # one publisher for samples and dead letters, as the worker
+    source = PromptSource(cfg, broker, dead_letter=(pub, dlq))
+    try:
+        taken = []
+        deadline = time.monotonic() + 20
+        while len(taken) < 4 and time.monotonic() < deadline:
+            rec = source.take(0.2)
+            if rec is not None:
+                taken.append(rec)
+        assert [r.offset for r in taken] == [0, 1, 3, 4]
+        assert source.reader.dead_lettered == 1
+        for rec in taken:
+            pub.publish(
+                cfg.topic("samples"),
+                rec.value.sample_id,
+                b"sample",
+                on_acked=functools.partial(source.done, rec),
+            )
+        t0 = time.monotonic()
+        pub.flush(timeout=10)  # serves the delivery callbacks: done() commits from inside one
+        assert time.monotonic() - t0 < 5
+
+        committed: dict = {}
+        deadline = time.monotonic() + 10
+        while committed.get((prompts, 0)) != 5 and time.monotonic() < deadline:
+            source.reader.poll(0.1)  # serves the async commits' results
+            committed = source.reader.committed([(prompts, 0)])
+        assert committed == {(prompts, 0): 5}  # past the bad record, with no sync commit
+    finally:
+        source.close()
+        pub.flush()
+
+    with Reader(cfg.kafka, broker, raw_decode) as dl_reader:
+        dl_reader.assign(dlq)
+        dead = _poll_until(dl_reader, lambda out: len(out) >= 1, 10)
+    assert [(r.key, r.value) for r in dead] == [("p2", b"garbage")]
+    assert dead[0].headers["source-offset"] == b"2"
+    assert b"not an Arrow IPC stream" in dead[0].headers["error"]
+
+
+def test_commit_stops_before_a_bad_record_whose_copy_is_not_acknowledged(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    """A crash before the dead-letter copy is acknowledged re-reads the bad record."""
+    cfg = make_run_cfg("kafka.topics.partitions.prompts=1")
+    prompts, dlq = cfg.topic("prompts"), cfg.topic("dead-letter")
+
+    def decode(value: bytes | None, headers: dict[str, bytes]) -> bytes:
+        from asyncrl.schemas import DecodeError
+
+        if value == b"bad":
+            raise DecodeError("bad value")
+        return value or b""
+
+    with Publisher(cfg.kafka, broker) as feed:
+        for v in (b"ok0", b"bad", b"ok2"):
+            feed.publish(prompts, None, v)
+    pub = Publisher(cfg.kafka, broker)
+    with Reader(
+        cfg.kafka, broker, decode, group_id=f"{cfg.run_id}.g", dead_letter=(pub, dlq)
+    ) as reader:
+        reader.subscribe([prompts])
+        got = _poll_until(reader, lambda out: len(out) >= 2, 20)
+        assert [r.offset for r in got] == [0, 2]
+        assert len(pub) == 1  # the copy is queued, not yet acknowledged (nothing polled it)
+        reader.commit({(prompts, 0): 3}, asynchronous=True)
+        deadline = time.monotonic() + 5
+        committed = None
+        while committed != 1 and time.monotonic() < deadline:
+            reader.poll(0.05)
+            committed = reader.committed([(prompts, 0)])[(prompts, 0)]
+        assert committed == 1  # capped at the bad record
+        pub.flush()  # the copy is acknowledged: the capped commit is redone up to 3
+        deadline = time.monotonic() + 5
+        while committed != 3 and time.monotonic() < deadline:
+            reader.poll(0.05)
+            committed = reader.committed([(prompts, 0)])[(prompts, 0)]
+        assert committed == 3
+
+
+def test_a_reader_that_missed_max_poll_interval_rejoins(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    """A stall longer than max.poll.interval.ms (a SIGSTOPped broker, a long GC) is survived:
+    the consumer leaves the group, and the next polls rejoin it and read on."""
+    cfg = make_run_cfg(*SHORT_POLL)
+    topic = cfg.topic("prompts")
+    with Publisher(cfg.kafka, broker) as pub:
+        for i in range(4):
+            pub.publish(topic, f"a{i}", f"a{i}".encode())
+    lost: list = []
+    with Reader(cfg.kafka, broker, raw_decode, group_id=f"{cfg.run_id}.g") as reader:
+        reader.subscribe([topic], on_lost=lost.append, on_revoke=lambda parts: None)
+        first = _poll_until(reader, lambda out: len(out) >= 4, 20)
+        assert len(first) == 4
+        reader.commit({(r.topic, r.partition): r.offset + 1 for r in first})
+        time.sleep(3.5)  # no poll for longer than max.poll.interval.ms (2 s)
+        with Publisher(cfg.kafka, broker) as pub:
+            for i in range(4):
+                pub.publish(topic, f"b{i}", f"b{i}".encode())
+        again = _poll_until(reader, lambda out: len({r.value for r in out}) >= 4, 30)
+    assert {r.value for r in again} == {f"b{i}".encode() for i in range(4)}
+
+
+def _own_broker_cfg(
+    make_run_cfg: Callable[..., RunConfig], bootstrap: str, *overrides: str
+) -> RunConfig:
+    return make_run_cfg(
+        f"kafka.bootstrap_servers='{bootstrap}'",
+        "kafka.broker_down_timeout_s=3",
+        *overrides,
+        create_topics=False,
+    )
+
+
+def test_a_dead_broker_fails_a_flush_with_broker_unavailable_quickly_and_quietly(
+    make_run_cfg: Callable[..., RunConfig],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    own = EmbeddedBroker()
+    bootstrap = own.start()
+    try:
+        cfg = _own_broker_cfg(make_run_cfg, bootstrap)
+        create_run_topics(cfg, bootstrap)
+        pub = Publisher(cfg.kafka, bootstrap)
+        pub.publish(cfg.topic("samples"), "k", b"before")
+        pub.flush()
+    finally:
+        own.stop()
+    capfd.readouterr()
+    caplog.clear()
+    t0 = time.monotonic()
+    pub.publish(cfg.topic("samples"), "k", b"after")
+    with pytest.raises(BrokerUnavailable) as info:
+        pub.flush(timeout=60)
+    elapsed = time.monotonic() - t0
+    msg = str(info.value)
+    assert "kafka.bootstrap_servers" in msg and bootstrap in msg and "\n" not in msg
+    assert elapsed < 3 + 4, elapsed
+    stderr = capfd.readouterr().err.splitlines()
+    assert len(stderr) <= 2, stderr
+    kafka_lines = [r for r in caplog.records if r.name.startswith("asyncrl.ops.kafka")]
+    assert len(kafka_lines) <= 3, [r.getMessage() for r in kafka_lines]
+
+
+def test_an_unreachable_bootstrap_fails_publisher_and_reader_the_same_way(
+    make_run_cfg: Callable[..., RunConfig],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bootstrap = f"127.0.0.1:{free_port()}"  # nothing listens there
+    cfg = _own_broker_cfg(make_run_cfg, bootstrap)
+    capfd.readouterr()
+
+    t0 = time.monotonic()
+    pub = Publisher(cfg.kafka, bootstrap)
+    pub.publish("anything", "k", b"v")
+    with pytest.raises(BrokerUnavailable, match=r"kafka\.bootstrap_servers"):
+        pub.flush(timeout=60)
+    assert time.monotonic() - t0 < 3 + 4
+
+    t0 = time.monotonic()
+    with Reader(cfg.kafka, bootstrap, raw_decode, group_id=f"{cfg.run_id}.g") as reader:
+        reader.subscribe(["anything"])
+        with pytest.raises(BrokerUnavailable, match=bootstrap):
+            while time.monotonic() - t0 < 30:
+                reader.poll(0.1)
+    assert time.monotonic() - t0 < 3 + 4
+
+    t0 = time.monotonic()
+    with (
+        Reader(cfg.kafka, bootstrap, raw_decode) as reader,
+        pytest.raises(BrokerUnavailable, match=r"kafka\.bootstrap_servers"),
+    ):
+        reader.assign("anything")
+    assert time.monotonic() - t0 < 3 + 4
+
+    with pytest.raises(BrokerUnavailable, match=r"kafka\.bootstrap_servers"):
+        create_run_topics(cfg, bootstrap)
+    assert time.monotonic() - t0 < 2 * (3 + 4)
+
+    stderr = capfd.readouterr().err.splitlines()
+    assert len(stderr) <= 4, stderr
+    kafka_lines = [r for r in caplog.records if r.name.startswith("asyncrl.ops.kafka")]
+    assert len(kafka_lines) <= 8, [r.getMessage() for r in kafka_lines]
+
+
+def test_a_worker_stalled_by_a_sigstopped_broker_goes_on_after_it_resumes(
+    make_run_cfg: Callable[..., RunConfig],
+) -> None:
+    """The issue's stall: the broker stops answering for ~10 s, so a flush blocks the
+    worker's loop past max.poll.interval.ms (7 s); once the broker is back, flush and poll
+    go on (the consumer rejoins its group) instead of raising _MAX_POLL_EXCEEDED."""
+    own = EmbeddedBroker()
+    bootstrap = own.start()
+    try:
+        cfg = _own_broker_cfg(make_run_cfg, bootstrap, "kafka.broker_down_timeout_s=15")
+        create_run_topics(cfg, bootstrap)
+        topic = cfg.topic("prompts")
+        pub = Publisher(cfg.kafka, bootstrap)
+        for i in range(4):
+            pub.publish(topic, f"a{i}", f"a{i}".encode())
+        pub.flush()
+        with Reader(cfg.kafka, bootstrap, raw_decode, group_id=f"{cfg.run_id}.g") as reader:
+            reader.subscribe([topic], on_revoke=lambda parts: None)
+            assert len(_poll_until(reader, lambda out: len(out) >= 4, 20)) == 4
+            assert own.pid is not None
+            os.kill(own.pid, signal.SIGSTOP)
+            timer = threading.Timer(10.0, os.kill, (own.pid, signal.SIGCONT))
+            timer.start()
+            try:
+                for i in range(4):
+                    pub.publish(topic, f"b{i}", f"b{i}".encode())
+                pub.flush(timeout=60)  # blocks until the broker answers again (~10 s)
+            finally:
+                timer.join()
+            again = _poll_until(
+                reader, lambda out: {b"b0", b"b1", b"b2", b"b3"} <= {r.value for r in out}, 40
+            )
+            assert {b"b0", b"b1", b"b2", b"b3"} <= {r.value for r in again}
+    finally:
+        own.stop()
