@@ -1,4 +1,4 @@
-"""The one command line: ``asyncrl run|train|rollout|broker|inspect|replay|monitor|report|bench``.
+"""The command line: ``asyncrl run|train|rollout|broker|inspect|audit|replay|monitor|report|bench``.
 
 Entry points stay short and import torch and transformers only after the arguments are
 parsed, so ``asyncrl --help`` answers at once. Every command takes ``--config FILE`` (default:
@@ -22,6 +22,7 @@ examples:
   asyncrl prepare kafka.bootstrap_servers=kafka:9092 sync.master_addr=trainer sync.master_port=29500
   asyncrl train --config runs/demo/config.yaml  one role, against kafka.bootstrap_servers
   asyncrl inspect control run_id=demo kafka.bootstrap_servers=127.0.0.1:9092
+  asyncrl audit demo                            check a run's log: exits 1 on a violation
   asyncrl replay step 12 --config runs/demo/config.yaml   re-run step 12 from the log
   asyncrl monitor demo kafka.bootstrap_servers=127.0.0.1:9092   live per-version health
   asyncrl report demo                           plots and a summary of runs/demo (report/)
@@ -33,6 +34,9 @@ examples:
   asyncrl bench sync                            weight transfer: bucketed, per-tensor, file, memcpy
   asyncrl bench tracing                         samples/s with tracing off vs on
   asyncrl bench tools --config calculator       a calculator call: sandbox server vs fresh interpreter
+
+A bad config, an unreachable broker or a failed run ends in a one-line error (exit 1 or 2);
+set ASYNCRL_DEBUG=1 for the Python traceback.
 """
 
 
@@ -107,6 +111,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", help="records before this time")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--text", action="store_true", help="decode token ids to text")
+    _config_args(p)
+
+    p = sub.add_parser(
+        "audit",
+        help="check a run's log: every sample trained once, every prompt accounted, syncs, budget",
+        description="Reads all of RUN's topics on kafka.bootstrap_servers and checks what the "
+        "design promises: no duplicate sample or prompt; every sample a step trained on is on "
+        "the log and trained once (steps voided by a trainer restart aside); every prompt the "
+        "rollout group committed is one sample or one logged drop; each version published with "
+        "one checksum, versions only growing; every sync requested was published; no version "
+        "started more samples than its budget; every partial sample of a finished run finished "
+        "or dropped. Prints the counts (violations in red) and a verdict; exits 1 if a check "
+        "fails, 2 if the log cannot be read. Run it first after a crash. The config is RUN's "
+        "resolved one (OUTPUT_DIR/RUN/config.yaml) when it exists, else --config; overrides "
+        "apply on top. "
+        "A run of the embedded broker is read from its archived log (OUTPUT_DIR/RUN/log) "
+        "unless kafka.bootstrap_servers is given.",
+    )
+    p.add_argument("run", help="the run_id to audit")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument(
+        "--output-dir", default="runs", help="where run directories live (default: runs)"
+    )
     _config_args(p)
 
     p = sub.add_parser(
@@ -319,6 +346,44 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from asyncrl.ops.audit import AuditError, audit_run, print_report
+    from asyncrl.ops.config import load_config
+    from asyncrl.ops.log_archive import ArchiveError, has_archive, log_dir, offline_broker
+
+    resolved = Path(args.output_dir) / args.run / "config.yaml"
+    config = args.config or (resolved if resolved.exists() else None)
+    cfg = load_config(config, [*args.overrides, f"run_id={args.run}"])
+    cfg.output_dir = args.output_dir
+    # The embedded broker of `asyncrl run` is gone with the run, but its log is archived: read
+    # that, unless a broker is named here.
+    named = any(o.partition("=")[0] == "kafka.bootstrap_servers" for o in args.overrides)
+    try:
+        if has_archive(cfg) and not named:
+            with offline_broker(cfg) as bootstrap:
+                report = audit_run(cfg, bootstrap)
+        elif cfg.kafka.bootstrap_servers:
+            report = audit_run(cfg, cfg.kafka.bootstrap_servers)
+        else:
+            raise AuditError(
+                f"kafka.bootstrap_servers is not set and {log_dir(cfg)} holds no archived log "
+                f"of run {cfg.run_id}: pass the broker it ran on (kafka.bootstrap_servers=HOST:PORT)"
+            )
+    except (AuditError, ArchiveError) as err:
+        print(f"asyncrl audit: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print_report(report, Console())
+    return 0 if report.ok else 1
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -417,6 +482,7 @@ COMMANDS = {
     "rollout": cmd_rollout,
     "broker": cmd_broker,
     "inspect": cmd_inspect,
+    "audit": cmd_audit,
     "replay": cmd_replay,
     "monitor": cmd_monitor,
     "report": cmd_report,
@@ -441,16 +507,34 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from asyncrl.ops.config import ConfigError
-
     try:
         return COMMANDS[args.command](args)
-    except ConfigError as err:
-        print(f"asyncrl: {err}", file=sys.stderr)
-        return 2
+    except _expected_errors() as err:  # evaluated only once something was raised
+        if os.environ.get("ASYNCRL_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"asyncrl {args.command}: {err}", file=sys.stderr)
+        return 2 if isinstance(err, _usage_errors()) else 1
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """What the user's config or environment got wrong (exit 2)."""
+    from asyncrl.ops.config import ConfigError
+    from asyncrl.ops.kafka import MissingSecret
+
+    return ConfigError, MissingSecret
+
+
+def _expected_errors() -> tuple[type[Exception], ...]:
+    """Errors whose message says all (file and line, config key, a process's log tail): shown
+    as one message, not a traceback. Imported lazily, so ``--help`` stays instant."""
+    from asyncrl.ops.broker import BrokerError
+    from asyncrl.ops.kafka import BrokerUnavailable
+    from asyncrl.ops.launcher import RunFailed
+
+    return (*_usage_errors(), BrokerUnavailable, BrokerError, RunFailed)
 
 
 if __name__ == "__main__":
