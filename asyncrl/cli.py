@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 EPILOG = """\
 examples:
@@ -68,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["local", "ray"],
         help="local processes (default), or Ray actors on the cluster at ray.address / "
         "RAY_ADDRESS (a local Ray if neither); same as launcher=ray",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config (asyncrl's names), the verl aliases applied, the keys "
+        "ignored and every start-up check, then exit (0: the run could start) starting nothing",
     )
     _config_args(p)
 
@@ -225,6 +232,28 @@ def _load(args: argparse.Namespace):
     return load_config(args.config, args.overrides)
 
 
+@contextlib.contextmanager
+def _log_broker(cfg, args: argparse.Namespace, role: str) -> Iterator[str]:
+    """The broker holding the run's log: the run's archived log (``asyncrl run`` with the
+    embedded broker keeps it in runs/<run_id>/log) served by a throwaway broker, unless
+    kafka.bootstrap_servers is given on this command line; else the configured broker."""
+    from asyncrl.ops.log_archive import has_archive, offline_broker
+
+    named = any(o.partition("=")[0] == "kafka.bootstrap_servers" for o in args.overrides)
+    if has_archive(cfg) and not named:
+        with offline_broker(cfg) as bootstrap:
+            yield bootstrap
+    else:
+        yield _need_bootstrap(cfg, role)
+
+
+def _check_startable(cfg, role: str) -> None:
+    """Start-up checks (ops/preflight.py): a bad value fails here, naming its key."""
+    from asyncrl.ops.preflight import check_startable
+
+    check_startable(cfg, role)
+
+
 def _need_bootstrap(cfg, role: str) -> str:
     if not cfg.kafka.bootstrap_servers:
         raise SystemExit(
@@ -239,6 +268,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.launcher:
         args.overrides = [*args.overrides, f"launcher={args.launcher}"]
+    if args.dry_run:
+        from asyncrl.ops.preflight import dry_run
+
+        return dry_run(args.config, args.overrides)
     summary = run(_load(args))
     return 0 if summary else 1
 
@@ -263,6 +296,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import json
 
     cfg = _load(args)
+    _check_startable(cfg, "train")
     bootstrap = _need_bootstrap(cfg, "train")
     _torch_threads(cfg.trainer.torch_threads)
     from asyncrl.consumers.trainer import Trainer
@@ -279,6 +313,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _load(args)
+    _check_startable(cfg, "rollout")
     bootstrap = _need_bootstrap(cfg, "rollout")
     _torch_threads(cfg.actor_rollout_ref.rollout.torch_threads)
     import signal
@@ -333,16 +368,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from asyncrl.ops.inspect_log import inspect_topic
 
     cfg = _load(args)
-    bootstrap = _need_bootstrap(cfg, "inspect")
     try:
         since, until = _time_range(args)
     except ValueError as err:
         print(f"asyncrl inspect: {err}", file=sys.stderr)
         return 2
-    inspect_topic(
-        cfg, bootstrap, args.topic, Console(), args.start, args.end, args.json, args.text,
-        since, until,
-    )  # fmt: skip
+    with _log_broker(cfg, args, "inspect") as bootstrap:
+        inspect_topic(
+            cfg, bootstrap, args.topic, Console(), args.start, args.end, args.json, args.text,
+            since, until,
+        )  # fmt: skip
     return 0
 
 
@@ -354,26 +389,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     from asyncrl.ops.audit import AuditError, audit_run, print_report
     from asyncrl.ops.config import load_config
-    from asyncrl.ops.log_archive import ArchiveError, has_archive, log_dir, offline_broker
+    from asyncrl.ops.log_archive import ArchiveError
 
     resolved = Path(args.output_dir) / args.run / "config.yaml"
     config = args.config or (resolved if resolved.exists() else None)
     cfg = load_config(config, [*args.overrides, f"run_id={args.run}"])
     cfg.output_dir = args.output_dir
-    # The embedded broker of `asyncrl run` is gone with the run, but its log is archived: read
-    # that, unless a broker is named here.
-    named = any(o.partition("=")[0] == "kafka.bootstrap_servers" for o in args.overrides)
     try:
-        if has_archive(cfg) and not named:
-            with offline_broker(cfg) as bootstrap:
-                report = audit_run(cfg, bootstrap)
-        elif cfg.kafka.bootstrap_servers:
-            report = audit_run(cfg, cfg.kafka.bootstrap_servers)
-        else:
-            raise AuditError(
-                f"kafka.bootstrap_servers is not set and {log_dir(cfg)} holds no archived log "
-                f"of run {cfg.run_id}: pass the broker it ran on (kafka.bootstrap_servers=HOST:PORT)"
-            )
+        with _log_broker(cfg, args, "audit") as bootstrap:
+            report = audit_run(cfg, bootstrap)
     except (AuditError, ArchiveError) as err:
         print(f"asyncrl audit: {err}", file=sys.stderr)
         return 2
@@ -390,11 +414,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from asyncrl.ops.replay import ReplayError, replay_step, replay_topic
 
     cfg = _load(args)
-    bootstrap = _need_bootstrap(cfg, "replay")
     try:
         if args.what == "step":
-            replay_step(cfg, bootstrap, int(args.target), Console())
+            with _log_broker(cfg, args, "replay") as bootstrap:
+                replay_step(cfg, bootstrap, int(args.target), Console())
         else:
+            bootstrap = _need_bootstrap(cfg, "replay topic")  # writes to a live run's topic
             if not args.to_run:
                 raise ReplayError("replay topic needs --to-run RUN_ID")
             versions = None

@@ -334,12 +334,19 @@ def open_partials(
 
 
 def unfinished_partials(
-    partials: list[PartialSample], samples: list[Sample], control: list[ev.ControlEvent]
+    partials: list[PartialSample],
+    samples: list[Sample],
+    control: list[ev.ControlEvent],
+    committed: set[str],
 ) -> list[str]:
-    """Once the run has finished, every logged partial was continued to a sample or dropped
-    by its worker at the end. While it goes on (or after a crash) they may still be continued:
-    ``open_partials`` then, not a violation."""
-    return open_partials(partials, samples, control) if run_finished(control) else []
+    """Once the run has finished, every logged partial whose prompt the rollout group has
+    committed was continued to a sample or dropped by its worker at the end. One whose prompt
+    is not committed was handed back to the group (its worker left) and waits there like any
+    prompt not taken yet; while the run goes on (or after a crash) any may still be
+    continued: ``open_partials`` then, not a violation."""
+    if not run_finished(control):
+        return []
+    return [sid for sid in open_partials(partials, samples, control) if sid in committed]
 
 
 # --- the whole audit -------------------------------------------------------------------------
@@ -361,7 +368,7 @@ def audit(log: RunLog, max_samples_per_version: int, run_id: str = "") -> AuditR
         "over_budget_versions": over_budget_versions(
             log.samples, log.partials, c, max_samples_per_version
         ),
-        "unfinished_partials": unfinished_partials(log.partials, log.samples, c),
+        "unfinished_partials": unfinished_partials(log.partials, log.samples, c, log.committed),
     }
     finished = run_finished(c)
     void = void_steps(log.steps, c)

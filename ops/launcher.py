@@ -28,6 +28,7 @@ from rich.table import Table
 from asyncrl.ops.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.ops.config import RunConfig, dump_config
 from asyncrl.ops.log_archive import ArchiveError
+from asyncrl.ops.preflight import check_startable
 from asyncrl.ops.process import spawn
 from asyncrl.ops.progress import StepProgress
 from asyncrl.ops.topics import create_run_topics
@@ -151,6 +152,7 @@ def run(
 ) -> dict[str, Any]:
     """``on_spawn(name, pid)`` is told of every process started (restarts included): how
     fault tests, or an operator's tooling, find the trainer and workers."""
+    check_startable(cfg, "run")  # a bad value fails now, naming its key (ops/preflight.py)
     console = console or Console()
     embedded = cfg.kafka.bootstrap_servers is None
     resume = resume_or_set_aside(cfg, console) if embedded else False
@@ -203,7 +205,11 @@ def run(
             # Drained to the broker's end before the broker goes (a dead broker: as it is).
             try:
                 archiver.stop(drain=broker is not None and broker.running)
-                console.log(f"log archived: {archiver.directory} ({archiver.archived} records)")
+                console.log(
+                    f"log archived: {archiver.directory} ({archiver.archived} records); "
+                    f"`asyncrl inspect samples run_id={cfg.run_id}` or `asyncrl audit "
+                    f"{cfg.run_id}` reads it with no broker running"
+                )
             except ArchiveError as err:  # do not hide why the run ended
                 console.log(f"[red]{err}")
         if broker is not None:

@@ -45,6 +45,15 @@ def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) ->
                 return
 
 
+def report_recovery(cfg, scenario: str, fault_ts: float) -> float:
+    """Seconds from the fault to the first step trained after it; printed (run with -s to
+    collect the figures for the docs)."""
+    after = [r.value.ts for r in read_topic(cfg, "steps") if r.value.ts > fault_ts]
+    took = min(after) - fault_ts
+    print(f"RECOVERY {scenario}: {took:.1f} s to the next step")
+    return took
+
+
 def check_log_invariants(cfg) -> dict[str, int]:
     """``asyncrl audit``'s verdict on the run's log: every violation count 0. Returns the
     counts shown beside them (void steps, restarts, ...)."""
@@ -88,6 +97,7 @@ def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(make_run_
     assert "joining the new trainer" in log_text
     info = check_log_invariants(cfg)
     assert info["trainer_restarts"] == 1 and info["run_finished"] == 1
+    report_recovery(cfg, "trainer SIGKILL", killed["killed_at"])
 
 
 def _kill_broker_at(cfg, pids: dict[str, int], at_step: int, out: dict) -> None:
@@ -98,12 +108,15 @@ def _kill_broker_at(cfg, pids: dict[str, int], at_step: int, out: dict) -> None:
         text = metrics.read_text() if metrics.exists() else ""
         if f'"step": {at_step},' in text:
             out["killed"] = pids["broker"]
+            out["killed_at"] = time.time()
             os.kill(pids["broker"], signal.SIGKILL)
             return
         time.sleep(0.05)
 
 
-def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(make_run_cfg, quick_policy):
+def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(
+    make_run_cfg, quick_policy, capsys
+):
     from asyncrl.ops.launcher import BrokerDied
     from asyncrl.ops.log_archive import offline_broker
 
@@ -137,7 +150,18 @@ def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(make_run_cfg
         events = [r.value for r in read_topic(cfg, "control")]
         assert len([e for e in events if isinstance(e, ev.TrainerResumed)]) == 1
         assert len([e for e in events if isinstance(e, ev.RunFinished)]) == 1
-        check_log_invariants(cfg)
+        info = check_log_invariants(cfg)
+        report_recovery(cfg, "embedded broker SIGKILL, same command again", killed["killed_at"])
+
+    # What a user runs afterwards, with no broker up: the CLI reads the archived log.
+    from asyncrl.cli import main
+
+    capsys.readouterr()
+    where = [f"run_id={cfg.run_id}", f"output_dir={cfg.output_dir}"]
+    assert main(["inspect", "samples", "--json", *where]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(shown) == info["samples"]
+    assert main(["audit", cfg.run_id, "--output-dir", str(cfg.output_dir)]) == 0
 
 
 def _bad_records(topic_name: str) -> list[tuple[bytes, dict[str, str]]]:
@@ -247,6 +271,7 @@ def test_asyncrl_run_killed_and_started_again_resumes_without_doubling_anything(
             time.sleep(0.05)
         assert launcher.poll() is None, "the run ended before it could be killed"
         launcher.kill()  # the whole run: launcher, and with it trainer and workers
+        killed_at = time.time()
     finally:
         launcher.wait(30)
     fed_before = len(read_topic(cfg, "prompts"))
@@ -259,3 +284,50 @@ def test_asyncrl_run_killed_and_started_again_resumes_without_doubling_anything(
     events = [r.value for r in read_topic(cfg, "control")]
     assert len([e for e in events if isinstance(e, ev.TrainerResumed)]) == 1
     check_log_invariants(cfg)
+    report_recovery(cfg, "asyncrl run SIGKILL, same command again", killed_at)
+
+
+def _stall_broker_at(cfg, pids: dict[str, int], at_step: int, stall_s: float, out: dict) -> None:
+    """SIGSTOP the embedded broker for ``stall_s`` once metrics.jsonl shows ``at_step``."""
+    metrics = cfg.run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if metrics.exists() and f'"step": {at_step},' in metrics.read_text():
+            os.kill(pids["broker"], signal.SIGSTOP)
+            out["stopped_at"] = time.time()
+            time.sleep(stall_s)
+            os.kill(pids["broker"], signal.SIGCONT)
+            out["resumed_at"] = time.time()
+            return
+        time.sleep(0.05)
+
+
+def test_a_broker_stalled_for_15_s_costs_time_not_work(make_run_cfg, quick_policy):
+    from asyncrl.ops.log_archive import offline_broker
+
+    steps = 8
+    cfg = make_run_cfg(
+        *SMALL,
+        *quick_policy,
+        f"trainer.total_training_steps={steps}",
+        "async_training.staleness_threshold=0.5",
+        "async_training.partial_rollout=true",
+        create_topics=False,
+    )
+    cfg.kafka.bootstrap_servers = None  # the launcher's own broker, so the test may stop it
+    pids: dict[str, int] = {}
+    stalled: dict = {}
+    staller = threading.Thread(target=_stall_broker_at, args=(cfg, pids, 2, 15.0, stalled))
+    staller.start()
+    out = io.StringIO()
+    try:
+        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
+    finally:
+        staller.join(60)
+    assert stalled.get("resumed_at"), "the broker was never stalled"
+    assert summary["step"] == steps
+    assert "restarting" not in out.getvalue()  # nobody died of the stall
+    with offline_broker(cfg) as bootstrap:
+        cfg.kafka.bootstrap_servers = bootstrap
+        check_log_invariants(cfg)
+        report_recovery(cfg, "broker SIGSTOP 15 s (from SIGCONT)", stalled["resumed_at"])

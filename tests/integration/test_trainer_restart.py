@@ -118,3 +118,23 @@ def test_a_copied_sample_is_trained_once_and_a_wrong_schema_header_is_dead_lette
         if type(e).__name__ == "SamplesDropped"
     ]
     assert [(e.sample_ids, e.target_worker) for e in dropped] == [(["s1"], -1)]
+
+
+def test_a_trainer_that_fails_leaves_the_run_open(make_run_cfg, quick_policy):
+    """A trainer that times out waiting for samples raises, and publishes no RunFinished: the
+    workers keep waiting for a restarted trainer instead of stopping (it used to announce
+    'total_training_steps reached')."""
+    cfg = make_run_cfg(
+        *quick_policy,
+        "actor_rollout_ref.rollout.num_workers=0",
+        "trainer.test_freq=0",
+        "sync.timeout_s=1",
+    )
+    trainer = Trainer(cfg, cfg.kafka.bootstrap_servers)
+    try:
+        with pytest.raises(TimeoutError, match="samples arrived"):
+            trainer.run()
+    finally:
+        trainer.close()
+    events = [r.value for r in read_topic(cfg, "control")]
+    assert not [e for e in events if isinstance(e, ev.RunFinished)]

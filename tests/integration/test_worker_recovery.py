@@ -155,3 +155,9 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
     assert taken, "the workers' group committed nothing"
     assert taken <= set(ids) | set(end_drops)
     assert set(ids) | set(end_drops) <= {r.value.sample_id for r in read_topic(cfg, "prompts")}
+
+    # And the audit a user runs after a crash agrees.
+    from asyncrl.ops.audit import audit_run
+
+    report = audit_run(cfg, cfg.kafka.bootstrap_servers)
+    assert report.ok, report.violations

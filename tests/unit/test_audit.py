@@ -137,6 +137,7 @@ def plant_over_budget(log: RunLog) -> None:
 
 
 def plant_unfinished_partial(log: RunLog) -> None:
+    log.committed.add(sid(9))  # its prompt done, yet neither sample nor drop
     log.partials.append(partial(9, 1))
 
 
@@ -159,7 +160,8 @@ def plant_unfinished_partial(log: RunLog) -> None:
 def test_each_fault_alone_is_counted_once(plant, check):
     log = clean()
     plant(log)
-    assert counts(log) == {check: 1}
+    also = {"lost_prompts": 1} if check == "unfinished_partials" else {}  # its prompt, too
+    assert counts(log) == {check: 1, **also}
     report = audit(log, BUDGET, RUN)
     assert not report.ok and len(report.examples[check]) == 1
 
@@ -177,6 +179,12 @@ def test_an_old_version_republished_with_other_weights_is_reused_and_a_regressio
     log = clean()
     before_finish(log, ev.WeightsPublished(RUN, 0, checksum="other", incarnations=["b"]))
     assert counts(log) == {"reused_versions": 1, "version_regressions": 1}
+
+
+def test_a_partial_handed_back_to_the_group_is_not_lost():
+    log = clean()
+    log.partials.append(partial(9, 1))  # its worker left; the prompt waits, not committed
+    assert counts(log) == {}
 
 
 def test_a_partial_later_finished_is_accounted():
