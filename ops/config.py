@@ -8,6 +8,7 @@ This module imports pydantic and yaml only (no torch), so the CLI answers instan
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +18,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -158,14 +158,66 @@ class DataConfig(Strict):
     seed: int = 0
     """Seed for the dataset split and the warm start."""
     max_prompt_length: int = Field(16, ge=1)
-    """Longer prompts keep their last this-many tokens (verl's truncation="left")."""
+    """Prompt tokens at most. A prompt of data.train_files/val_files longer than this after
+    its chat template is left out (counted; the launcher says how many); a built-in task's
+    prompt keeps its last this-many tokens (verl's truncation="left")."""
     max_response_length: int = Field(6, ge=1)
     """Generation stops after this many response tokens (EOS included)."""
     max_operand: int = Field(99, ge=1)
     """Operands of ``a+b=`` are drawn from 0..max_operand (99: two-digit addition with carries)."""
+    train_files: str | list[str] | None = None
+    """Training prompts: a verl-format parquet file, or a list of them (columns data_source,
+    the prompt (data.prompt_key): chat messages [{role, content}] or a string, ability,
+    reward_model {style, ground_truth}, extra_info). Set: replaces data.task's built-in
+    prompts, and needs data.val_files. `asyncrl export-data` writes an example."""
+    val_files: str | list[str] | None = None
+    """Held-out prompts (the trainer's val/accuracy: the mean reward of its greedy answers),
+    same format as data.train_files; needed with it."""
+    prompt_key: str = "prompt"
+    """The column of data.train_files/val_files holding each prompt."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch (seeded by data.seed); false: file order."""
+
+    @model_validator(mode="after")
+    def _check_files(self) -> DataConfig:
+        if (self.train_files is None) != (self.val_files is None):
+            missing, given = ("val_files", "train_files")[:: 1 if self.val_files is None else -1]
+            raise ValueError(
+                f"data.{missing} is needed with data.{given} (the trainer's held-out accuracy "
+                "reads data.val_files)"
+            )
+        for name in ("train_files", "val_files"):
+            if getattr(self, name) == []:
+                raise ValueError(f"data.{name} is an empty list")
+        return self
+
+    @property
+    def from_files(self) -> bool:
+        """Prompts come from data.train_files/val_files, not from data.task's generator."""
+        return self.train_files is not None
+
+    @property
+    def train_paths(self) -> list[str]:
+        return _paths(self.train_files)
+
+    @property
+    def val_paths(self) -> list[str]:
+        return _paths(self.val_files)
+
+
+def _paths(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
 
 
 class ModelConfig(Strict):
+    path: str | None = None
+    """A local Hugging Face checkpoint directory (config.json, weights, tokenizer and its chat
+    template): the trainer and the rollout workers load it with transformers, in float32, no
+    warm start. None: the built-in tiny model (the fields below), warm-started on data.task."""
+    trust_remote_code: bool = False
+    """Let transformers run the model's own code from actor_rollout_ref.model.path."""
     hidden_size: int = Field(128, ge=8)
     """Width of the demo Qwen2 model built locally (no hub download)."""
     num_hidden_layers: int = Field(2, ge=1)
@@ -391,6 +443,23 @@ class TracingConfig(Strict):
     """Share of traces recorded, decided at each root (a sample, a step, a sync); children follow."""
 
 
+class CustomRewardFunctionConfig(Strict):
+    """verl's ``custom_reward_function``: your reward, scored by the rollout workers."""
+
+    path: str | None = None
+    """A Python file defining the reward function; None: the built-in rule of the task (of
+    data.task, or of each prompt's data_source with data.train_files)."""
+    name: str = "compute_score"
+    """The function in that file: ``name(data_source, solution_str, ground_truth,
+    extra_info=None, **reward_kwargs)`` returning a float, or a dict with "score" and other
+    numbers (logged as reward/<key>/mean)."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Longest one call may take. A call that raises or times out is a reward failure: logged,
+    counted (reward/failures) and its trajectory marked (reward_error), never trained on."""
+    reward_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments passed to every call (verl's reward_kwargs)."""
+
+
 class RunConfig(Strict):
     run_id: str = Field("demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
     """Prefix of every topic of the run (run42.samples, ...)."""
@@ -399,6 +468,9 @@ class RunConfig(Strict):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = Field(default_factory=ActorRolloutRefConfig)
+    custom_reward_function: CustomRewardFunctionConfig = Field(
+        default_factory=CustomRewardFunctionConfig
+    )
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
@@ -460,23 +532,26 @@ class ConfigError(ValueError):
     """A config that cannot be loaded; the message names the offending key."""
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    node = tree
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
-        node = child
-    node[leaf] = value
+DELETE = object()
+"""parse_overrides' value for Hydra's ``~key``: remove the key."""
 
 
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """Parse ``a.b.c=value`` strings; values are read as YAML scalars (0.5, true, null, text)."""
-    parsed = []
+    """Parse ``a.b.c=value`` strings; values are read as YAML scalars (0.5, true, null, text).
+
+    Hydra's syntax as verl's launch scripts use it: ``+key=value`` (add) and ``++key=value``
+    (add or override) set the key like ``key=value``; ``~key`` removes it (value DELETE).
+    """
+    parsed: list[tuple[str, Any]] = []
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
+        if item.startswith("~"):
+            key = item[1:].partition("=")[0].strip()
+            if not key:
+                raise ConfigError(f"override {item!r} must look like ~key.path")
+            parsed.append((key, DELETE))
+            continue
+        key, sep, raw = item.removeprefix("++").removeprefix("+").partition("=")
+        if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like key.path=value")
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
@@ -494,35 +569,21 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return f"YAML syntax error{where}: {problem}"
 
 
-def _format_error(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(config)"
-        lines.append(f"  {key}: {e['msg']}")
-    return "invalid config:\n" + "\n".join(lines)
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load YAML (default: the embedded demo config), apply dotted overrides, validate."""
-    path = Path(path) if path else DEFAULT_CONFIG
-    shipped = DEFAULT_CONFIG.parent / f"{path}.yaml"
-    if not path.exists() and path.suffix == "" and shipped.exists():
-        path = shipped  # a config shipped with the package, by name: --config calculator
-    if not path.exists():
-        names = ", ".join(sorted(p.stem for p in DEFAULT_CONFIG.parent.glob("*.yaml")))
-        raise ConfigError(f"config file not found: {path} (shipped configs: {names})")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: {_yaml_problem(err)}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    for key, value in parse_overrides(overrides or []):
-        _set_dotted(tree, key, value)
-    try:
-        return RunConfig.model_validate(tree)
-    except ValidationError as err:
-        raise ConfigError(_format_error(err)) from None
+    """Load YAML (default: the embedded demo config), apply dotted overrides, validate.
+
+    verl's key names and Hydra's override syntax are read too (ops/config_load.py); keys with
+    no effect in asyncrl are named in one warning. ConfigError lists every problem, each with
+    its key and where it came from (the file, or "command line").
+    """
+    from asyncrl.ops.config_load import load  # imports this module
+
+    loaded = load(path, overrides)
+    cfg = loaded.config()
+    warning = loaded.report.warning()
+    if warning:
+        logging.getLogger("asyncrl.config").warning(warning)
+    return cfg
 
 
 def dump_config(cfg: RunConfig, path: Path) -> None:

@@ -46,6 +46,90 @@ def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str, str]
     return rows
 
 
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def verl_reference() -> str:
+    """The section on verl's names: aliases, ignored, fixed and refused keys (ops/verl_keys.py)."""
+    from asyncrl.ops import verl_keys
+
+    rules = verl_keys.VERL_KEYS
+    by_kind: dict[str, list[tuple[str, verl_keys.VerlKey]]] = {}
+    for key, rule in rules.items():
+        by_kind.setdefault(rule.kind, []).append((key, rule))
+    lines = [
+        "",
+        "## verl's keys",
+        "",
+        "A verl launch script's overrides, or a verl YAML file as it is, load too "
+        "(`ops/verl_keys.py` holds the tables below; `asyncrl run --dry-run` shows what became "
+        "of each key). Each key that is not one of the above is:",
+        "",
+        "* an alias: verl's name of one of asyncrl's settings; the value goes to asyncrl's key "
+        "(converted where verl counts differently), and `runs/<run_id>/config.yaml` holds "
+        "asyncrl's names;",
+        "* ignored: it changes nothing asyncrl computes; a warning at start-up names each one;",
+        "* fixed: asyncrl always behaves one way; the value meaning that is ignored (with the "
+        "warning), any other is refused;",
+        "* refused: the run stops at start-up with `not supported by asyncrl:` and the reason;",
+        "* anything else: `unknown key <key> (<file or command line>): nearest valid key: ...`.",
+        "",
+        "A key `prefix.*` covers its whole section unless a longer entry names the key; a key "
+        "ending in `_target_` (Hydra's class to build) is ignored, and so is an empty section "
+        "(`{}`). Hydra's syntax is read: `+key=value` and `++key=value` set a key like "
+        "`key=value`, `~key` removes one; a file's top-level `defaults:` list and `hydra:` "
+        "section are ignored (keys the file does not set take asyncrl's defaults, not verl's "
+        "`ppo_trainer.yaml`). `${other.key}` interpolations resolve against the merged keys, "
+        "then asyncrl's defaults, as do `${oc.select:key,default}`, `${oc.env:VAR}` and "
+        "relative `${..key}`; any other resolver is refused naming the key.",
+        "",
+        "### Aliases",
+        "",
+        "| verl key | asyncrl key | how |",
+        "|---|---|---|",
+    ]
+    for key, rule in by_kind.get("alias", []):
+        lines.append(f"| `{key}` | `{rule.target}` | {_cell(rule.why)} |")
+    lines += [
+        "",
+        "### verl's values of asyncrl's keys",
+        "",
+        "| key | verl's value |",
+        "|---|---|",
+    ]
+    for key, (doc, _convert) in verl_keys.OUR_KEYS.items():
+        lines.append(f"| `{key}` | {_cell(doc)} |")
+    lines += [
+        "",
+        "### Ignored (a warning at start-up names each)",
+        "",
+        "| verl key | why it changes nothing |",
+        "|---|---|",
+    ]
+    for key, rule in by_kind.get("ignored", []):
+        lines.append(f"| `{key}` | {_cell(rule.why)} |")
+    lines += [
+        "",
+        "### Fixed: ignored with the value shown, refused with any other",
+        "",
+        "| verl key | ignored when | what asyncrl does |",
+        "|---|---|---|",
+    ]
+    for key, rule in by_kind.get("fixed", []):
+        lines.append(f"| `{key}` | {_cell(rule.ok_text)} | {_cell(rule.why)} |")
+    lines += [
+        "",
+        "### Refused: not supported by asyncrl",
+        "",
+        "| verl key | why |",
+        "|---|---|",
+    ]
+    for key, rule in by_kind.get("refused", []):
+        lines.append(f"| `{key}` | {_cell(rule.why)} |")
+    return "\n".join(lines) + "\n"
+
+
 def config_reference() -> str:
     lines = [
         "# Configuration reference",
@@ -53,7 +137,8 @@ def config_reference() -> str:
         "Generated from `ops/config.py` by `python -m asyncrl.ops.config_docs > docs/configuration.md`;",
         "a test fails when this file is out of date. Set any key in the run's YAML file or as a dotted",
         "override on the command line (`asyncrl run async_training.staleness_threshold=0.3`).",
-        "Unknown keys and bad values stop the run at start-up with the key named.",
+        "Unknown keys and bad values stop the run at start-up with the key named; verl's own",
+        "names load too (see [verl's keys](#verls-keys) below).",
         "",
         "| key | type | default | meaning |",
         "|---|---|---|---|",
@@ -61,7 +146,7 @@ def config_reference() -> str:
     for key, type_name, default, desc in _rows(RunConfig, ""):
         type_name = type_name.replace("|", "\\|")
         lines.append(f"| `{key}` | {type_name} | {default} | {desc} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + verl_reference()
 
 
 if __name__ == "__main__":

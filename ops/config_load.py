@@ -1,0 +1,520 @@
+"""Loading a run's config: one YAML file plus overrides, in asyncrl's names or verl's.
+
+1. The YAML file (default: the embedded demo config) is flattened to dotted keys. A top-level
+   ``defaults:`` list and ``hydra:`` section (a verl file as it is) are dropped, with a note.
+2. The overrides apply in order: ``key=value``, ``+key=value`` and ``++key=value`` set a key
+   (Hydra's add and add-or-override), ``~key`` removes one.
+3. ``${other.key}`` interpolations are resolved against the merged keys, then asyncrl's
+   defaults; ``${oc.select:key,default}``, ``${oc.env:VAR}`` and relative ``${..key}`` too.
+4. Each key is asyncrl's own (accepted), verl's name of one (aliased), one asyncrl ignores, or
+   one it refuses (``ops/verl_keys.py`` says which and why); anything else is an unknown key,
+   reported with the nearest valid key.
+5. verl's values are translated (``-1``: never), the aliases that convert units are computed
+   from the final values they depend on, and ``RunConfig`` validates the tree.
+
+Every problem of steps 3-5 is reported at once, each line naming the key and where it came
+from: the YAML file's path, or "command line".
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from asyncrl.ops import verl_keys
+from asyncrl.ops.config import (
+    DEFAULT_CONFIG,
+    DELETE,
+    ConfigError,
+    RunConfig,
+    _yaml_problem,
+    parse_overrides,
+)
+
+COMMAND_LINE = "command line"
+IGNORED_SECTIONS = {
+    "defaults": "verl's Hydra defaults list is not read: keys the file does not set take "
+    "asyncrl's defaults (docs/configuration.md), not verl's ppo_trainer.yaml",
+    "hydra": "Hydra's own settings (searchpath, run directory) are not used by asyncrl",
+}
+_MISSING = object()
+_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
+
+
+@dataclass
+class Entry:
+    key: str
+    value: Any
+    source: str
+    """The YAML file's path, or "command line"."""
+
+
+@dataclass
+class Decision:
+    """What became of one key the user set."""
+
+    key: str
+    value: Any
+    source: str
+    kind: str
+    """accepted, aliased, ignored, refused or unknown."""
+    target: str | None = None
+    """aliased: asyncrl's key."""
+    result: Any = None
+    """aliased: the value asyncrl's key gets."""
+    why: str = ""
+
+    def where(self) -> str:
+        return f"{self.key}={_show(self.value)} ({self.source})"
+
+
+@dataclass
+class LoadReport:
+    decisions: list[Decision] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Sections dropped and verl values translated."""
+
+    def of(self, kind: str) -> list[Decision]:
+        return [d for d in self.decisions if d.kind == kind]
+
+    def counts(self) -> dict[str, int]:
+        kinds = ("accepted", "aliased", "ignored", "refused", "unknown")
+        return {k: len(self.of(k)) for k in kinds}
+
+    def alias_lines(self) -> list[str]:
+        return [f"{d.where()} -> {d.target}={_show(d.result)}" for d in self.of("aliased")]
+
+    def ignored_lines(self) -> list[str]:
+        return [f"{d.where()}: {d.why}" for d in self.of("ignored")]
+
+    def warning(self) -> str | None:
+        """One start-up warning naming every ignored key and every translated value, or None."""
+        ignored, notes = self.ignored_lines(), self.notes
+        if not ignored and not notes:
+            return None
+        lines = [f"  ignored {line}" for line in ignored] + [f"  {note}" for note in notes]
+        return (
+            f"config: {len(ignored)} key(s) ignored (no effect in asyncrl), {len(notes)} verl "
+            "value(s) translated; see docs/configuration.md, verl's keys:\n" + "\n".join(lines)
+        )
+
+
+@dataclass
+class Loaded:
+    cfg: RunConfig | None
+    report: LoadReport
+    problems: list[str]
+
+    def config(self) -> RunConfig:
+        """The config, or ConfigError listing every problem."""
+        if self.problems or self.cfg is None:
+            raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in self.problems))
+        return self.cfg
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return (
+        yaml.safe_dump(value, default_flow_style=True, width=1_000_000)
+        .strip()
+        .removesuffix("\n...")
+    )
+
+
+# --- asyncrl's own keys ----------------------------------------------------------------------
+def _is_section(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
+
+
+def our_key(key: str) -> tuple[str, str | None] | None:
+    """``(field, rest)`` when ``key`` is asyncrl's: ``rest`` is a key inside a dict field
+    (``kafka.extra.socket.timeout.ms``: field ``kafka.extra``, rest ``socket.timeout.ms``)."""
+    model: type[BaseModel] = RunConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        info = model.model_fields.get(part)
+        if info is None:
+            return None
+        last = i == len(parts) - 1
+        if _is_section(info.annotation):
+            if last:
+                return key, None
+            model = info.annotation
+            continue
+        if last:
+            return key, None
+        if typing.get_origin(info.annotation) is dict:
+            return ".".join(parts[: i + 1]), ".".join(parts[i + 1 :])
+        return None
+    return None
+
+
+def _is_our_section(key: str) -> bool:
+    model: Any = RunConfig
+    for part in key.split("."):
+        info = model.model_fields.get(part) if _is_section(model) else None
+        if info is None:
+            return False
+        model = info.annotation
+    return _is_section(model)
+
+
+def _is_our_leaf(key: str) -> bool:
+    found = our_key(key)
+    return found is not None and found[1] is None and not _is_our_section(key)
+
+
+@cache
+def our_leaf_keys() -> tuple[str, ...]:
+    """Every settable key of asyncrl's config, dotted."""
+
+    def walk(model: type[BaseModel], prefix: str) -> list[str]:
+        keys = []
+        for name, info in model.model_fields.items():
+            if _is_section(info.annotation):
+                keys += walk(info.annotation, f"{prefix}{name}.")
+            else:
+                keys.append(f"{prefix}{name}")
+        return keys
+
+    return tuple(walk(RunConfig, ""))
+
+
+def default_of(key: str) -> Any:
+    """asyncrl's default for a leaf key, or _MISSING."""
+    model: Any = RunConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        info = model.model_fields.get(part) if _is_section(model) else None
+        if info is None:
+            return _MISSING
+        if i == len(parts) - 1:
+            if _is_section(info.annotation):
+                return _MISSING
+            return info.default_factory() if info.default_factory else info.default
+        model = info.annotation
+    return _MISSING
+
+
+# --- 1-2: the file and the overrides, merged -------------------------------------------------
+def _flatten(prefix: str, value: Any, source: str, out: list[Entry]) -> None:
+    if isinstance(value, dict) and (value or not prefix) and not _is_our_leaf(prefix):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, source, out)
+    elif (value is None or value == {}) and _is_our_section(prefix):
+        return  # an empty section of ours: its defaults
+    else:
+        out.append(Entry(prefix, value, source))
+
+
+class _Merged:
+    """Dotted keys in the order they were last set; a key replaces what was under or over it."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+
+    def remove(self, key: str) -> None:
+        for k in [k for k in self.entries if k == key or k.startswith(key + ".")]:
+            del self.entries[k]
+
+    def set(self, entry: Entry) -> None:
+        self.remove(entry.key)
+        for k in [k for k in self.entries if entry.key.startswith(k + ".")]:
+            old = self.entries.pop(k)
+            if isinstance(old.value, dict):  # a key inside a dict field (kafka.extra.<name>)
+                entry = Entry(k, {**old.value, entry.key[len(k) + 1 :]: entry.value}, entry.source)
+            # else: a scalar that now becomes a section
+        self.entries[entry.key] = entry
+
+
+def _read_file(path: Path) -> list[Entry]:
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: {_yaml_problem(err)}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    out: list[Entry] = []
+    _flatten("", tree, str(path), out)
+    return out
+
+
+def _dropped_section(key: str) -> bool:
+    """A verl file's top-level ``defaults:`` list or ``hydra:`` section."""
+    return key.split(".", 1)[0] in IGNORED_SECTIONS and our_key(key) is None
+
+
+def resolve_path(path: str | Path | None) -> Path:
+    """The config file: a path, a shipped config by name (``calculator``), or the demo's."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    shipped = DEFAULT_CONFIG.parent / f"{path}.yaml"
+    if not path.exists() and path.suffix == "" and shipped.exists():
+        path = shipped
+    if not path.exists():
+        names = ", ".join(sorted(p.stem for p in DEFAULT_CONFIG.parent.glob("*.yaml")))
+        raise ConfigError(f"config file not found: {path} (shipped configs: {names})")
+    return path
+
+
+# --- 3: interpolations -----------------------------------------------------------------------
+class _Unresolved(ValueError):
+    pass
+
+
+class _Resolver:
+    def __init__(self, entries: dict[str, Entry]) -> None:
+        self.entries = entries
+
+    def value(self, key: str, value: Any, stack: tuple[str, ...] = ()) -> Any:
+        if isinstance(value, str) and "${" in value:
+            return self._string(key, value, stack)
+        if isinstance(value, list):
+            return [self.value(key, v, stack) for v in value]
+        if isinstance(value, dict):
+            return {k: self.value(f"{key}.{k}", v, stack) for k, v in value.items()}
+        return value
+
+    def _string(self, key: str, text: str, stack: tuple[str, ...]) -> Any:
+        while "${" in text:
+            match = _INTERPOLATION.search(text)
+            if match is None:
+                raise _Unresolved(f"unbalanced interpolation in {text!r}")
+            found = self._expression(match.group(1).strip(), key, stack)
+            if match.span() == (0, len(text)):
+                return found  # the whole value: keeps its type
+            text = text[: match.start()] + _show(found) + text[match.end() :]
+        return text
+
+    def _expression(self, expr: str, key: str, stack: tuple[str, ...]) -> Any:
+        resolver, colon, args = expr.partition(":")
+        if not colon:
+            return self._lookup(expr, key, stack)
+        name, _, default = (a.strip() for a in args.partition(","))
+        if resolver == "oc.select":
+            found = self._lookup(name, key, stack, required=False)
+            return (yaml.safe_load(default) if default else None) if found is _MISSING else found
+        if resolver == "oc.env":
+            if name in os.environ:
+                return os.environ[name]
+            if default:
+                return yaml.safe_load(default)
+            raise _Unresolved(f"${{{expr}}}: environment variable {name} is not set")
+        raise _Unresolved(
+            f"${{{expr}}}: the resolver {resolver!r} is not supported by asyncrl (only "
+            "${other.key}, ${oc.select:key,default} and ${oc.env:VAR}): write the value"
+        )
+
+    def _lookup(self, ref: str, key: str, stack: tuple[str, ...], required: bool = True) -> Any:
+        if ref.startswith("."):  # relative: one dot is key's own section, each more one up
+            dots = len(ref) - len(ref.lstrip("."))
+            base = key.split(".")[:-dots]
+            ref = ".".join([*base, ref.lstrip(".")])
+        if ref in stack:
+            raise _Unresolved(f"${{{ref}}} refers to itself: {' -> '.join([*stack, ref])}")
+        if ref in self.entries:
+            return self.value(ref, self.entries[ref].value, (*stack, ref))
+        under = [k for k in self.entries if k.startswith(ref + ".")]
+        if under:
+            tree: dict[str, Any] = {}
+            for k in under:
+                _set_nested(tree, k[len(ref) + 1 :].split("."), self._lookup(k, key, stack))
+            return tree
+        found = default_of(ref)
+        rule = verl_keys.lookup(ref)
+        if found is _MISSING and rule is not None and rule.kind == "alias" and not rule.convert:
+            found = default_of(rule.target or "")
+        if found is _MISSING and required:
+            raise _Unresolved(f"${{{ref}}} is not set (nor an asyncrl key with a default)")
+        return found
+
+
+def _set_nested(tree: dict[str, Any], parts: list[str], value: Any) -> None:
+    for part in parts[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[parts[-1]] = value
+
+
+# --- 4-5: classify, translate, validate ------------------------------------------------------
+@dataclass
+class _Assignment:
+    value: Any
+    order: int
+    decision: Decision
+
+
+def _nearest(key: str) -> str:
+    candidates = [
+        *our_leaf_keys(),
+        *(k for k, r in verl_keys.VERL_KEYS.items() if r.kind == "alias"),
+    ]
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    if not close:  # a misspelt last part under the right section
+        last = key.rsplit(".", 1)[-1]
+        by_last = {c.rsplit(".", 1)[-1]: c for c in candidates}
+        close = [by_last[m] for m in difflib.get_close_matches(last, list(by_last), n=1)]
+    if close:
+        return f"nearest valid key: {close[0]}"
+    return "no similar key (docs/configuration.md lists them all)"
+
+
+def _set_tree(tree: dict[str, Any], key: str, value: Any) -> None:
+    field_key, rest = our_key(key) or (key, None)
+    parts = field_key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    if rest is None:
+        node[parts[-1]] = value
+    else:
+        inner = node.get(parts[-1])
+        node[parts[-1]] = {**(inner if isinstance(inner, dict) else {}), rest: value}
+
+
+def _format_validation(err: ValidationError, assigned: dict[str, _Assignment]) -> list[str]:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(config)"
+        source = next(
+            (a.decision.source for k, a in assigned.items() if key == k or key.startswith(k + ".")),
+            None,
+        )
+        lines.append(f"{key}{f' ({source})' if source else ''}: {e['msg']}")
+    return lines
+
+
+def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Loaded:
+    """Steps 1-5 above: the config (or None) with every problem and what became of each key."""
+    report = LoadReport()
+    problems: list[str] = []
+    merged = _Merged()
+    for entry in _read_file(resolve_path(path)):
+        merged.set(entry)
+    for key, value in parse_overrides(overrides or []):
+        if value is DELETE:
+            merged.remove(key)
+            continue
+        flat: list[Entry] = []
+        _flatten(key, value, COMMAND_LINE, flat)
+        for entry in flat:
+            merged.set(entry)
+
+    # 3: interpolations, then dict values of verl keys flattened to their leaves
+    resolver = _Resolver(merged.entries)
+    entries: list[Entry] = []
+    for e in merged.entries.values():
+        if _dropped_section(e.key):
+            entries.append(e)  # never resolved: Hydra's own ${now:...} and the like
+            continue
+        try:
+            value = resolver.value(e.key, e.value)
+        except _Unresolved as err:
+            problems.append(f"{e.key} ({e.source}): interpolation {_show(e.value)}: {err}")
+            continue
+        _flatten(e.key, value, e.source, entries)
+    raw = {e.key: e for e in entries}
+
+    # 4: classify; asyncrl's keys and plain aliases assigned in order (the last one wins)
+    assigned: dict[str, _Assignment] = {}
+    later: list[tuple[int, Entry, verl_keys.VerlKey, Decision]] = []
+
+    def assign(key: str, value: Any, order: int, decision: Decision) -> None:
+        if key in assigned and assigned[key].order > order:
+            return
+        assigned.pop(key, None)
+        assigned[key] = _Assignment(value, order, decision)
+
+    for order, e in enumerate(entries):
+        d = Decision(e.key, e.value, e.source, "accepted")
+        report.decisions.append(d)
+        if _dropped_section(e.key):
+            d.kind, d.why = "ignored", IGNORED_SECTIONS[e.key.split(".", 1)[0]]
+            continue
+        if our_key(e.key) is not None:
+            if e.value == "???":
+                d.kind = "refused"
+                problems.append(f"{e.key} ({e.source}): verl's ??? placeholder: set a value")
+                continue
+            assign(e.key, e.value, order, d)
+            continue
+        rule = verl_keys.lookup(e.key)
+        if rule is None and e.value == {}:
+            d.kind, d.why = "ignored", "an empty section sets nothing"
+        elif rule is None:
+            d.kind = "unknown"
+            problems.append(f"unknown key {e.key} ({e.source}): {_nearest(e.key)}")
+        elif rule.kind == "alias":
+            d.kind, d.target, d.why = "aliased", rule.target, rule.why
+            if rule.convert is None:
+                d.result = e.value
+                assign(rule.target or "", e.value, order, d)
+            else:
+                later.append((order, e, rule, d))
+        elif rule.kind == "ignored":
+            d.kind, d.why = "ignored", rule.why
+        elif rule.kind == "refused":
+            d.kind, d.why = "refused", rule.why
+            problems.append(f"{d.where()}: not supported by asyncrl: {rule.why}")
+        else:
+            later.append((order, e, rule, d))
+
+    def get(key: str) -> Any:
+        if key in assigned:
+            return assigned[key].value
+        if key in raw:
+            return raw[key].value
+        found = default_of(key)
+        return None if found is _MISSING else found
+
+    # 5: verl's values of asyncrl's keys, fixed behaviours, then the converting aliases
+    for key, a in list(assigned.items()):
+        if key not in verl_keys.OUR_KEYS:
+            continue
+        _doc, convert = verl_keys.OUR_KEYS[key]
+        try:
+            out = convert(a.value, get)
+        except verl_keys.Refused as err:
+            a.decision.kind, a.decision.why = "refused", str(err)
+            problems.append(f"{a.decision.where()}: not supported by asyncrl: {err}")
+            del assigned[key]
+            continue
+        if isinstance(out, verl_keys.Converted):
+            report.notes.append(f"{a.decision.where()}: {out.note}")
+            if out.value is verl_keys.DROP:
+                del assigned[key]
+            else:
+                a.value = out.value
+    for order, e, rule, d in later:
+        if rule.kind == "fixed":
+            assert rule.ok is not None
+            if rule.ok(e.value, get):
+                d.kind, d.why = "ignored", f"{rule.why} (so this value changes nothing)"
+            else:
+                d.kind, d.why = "refused", f"{rule.why} (accepted: {rule.ok_text})"
+                problems.append(f"{d.where()}: not supported by asyncrl: {d.why}")
+            continue
+        assert rule.convert is not None and rule.target
+        try:
+            d.result = rule.convert(e.value, get)
+            assign(rule.target, d.result, order, d)
+        except (TypeError, ValueError) as err:
+            problems.append(f"{d.where()}: cannot convert to {rule.target}: {err}")
+
+    tree: dict[str, Any] = {}
+    for key, a in assigned.items():
+        _set_tree(tree, key, a.value)
+    try:
+        cfg: RunConfig | None = RunConfig.model_validate(tree)
+    except ValidationError as err:
+        cfg = None
+        problems += _format_validation(err, assigned)
+    return Loaded(cfg, report, problems)

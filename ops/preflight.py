@@ -1,0 +1,169 @@
+"""Start-up checks: every value that can be found wrong before a process starts, is.
+
+``check_startable(cfg, role)`` runs them and raises ConfigError naming each failing key;
+``asyncrl run`` (the launcher), ``asyncrl train`` and ``asyncrl rollout`` call it before
+starting anything, and ``asyncrl run --dry-run`` prints them. Without these, a bad tool config
+crash-looped a rollout worker 16 s into a run and ``trainer.device=cuda`` on a machine without
+CUDA failed the trainer 14 s in, with an AssertionError.
+
+A check of the machine (CUDA, installed packages, files) runs where the process that needs it
+runs: under ``launcher=ray`` the launcher leaves CUDA to the trainer's own ``asyncrl train``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncrl.ops.config import ConfigError, RunConfig
+
+ROLES = ("run", "train", "rollout")
+
+
+@dataclass
+class Check:
+    key: str
+    ok: bool | None
+    """None: not checked here (``detail`` says where it is)."""
+    detail: str
+
+    def line(self) -> str:
+        mark = {True: "ok  ", False: "FAIL", None: "--  "}[self.ok]
+        return f"{mark} {self.key}: {self.detail}"
+
+
+def _tool_config(cfg: RunConfig) -> Check:
+    key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable and mt.tool_config_path is None:
+        return Check(key, True, "unused (multi_turn.enable=false)")
+    from asyncrl.producers.agent.factory import shipped_tools_path
+    from asyncrl.producers.tools.registry import ToolConfigError, load_tools
+
+    path = Path(mt.tool_config_path) if mt.tool_config_path else shipped_tools_path()
+    try:
+        tools = load_tools(path)
+    except ToolConfigError as err:
+        return Check(key, False, f"{path}: {err}")
+    return Check(key, True, f"{path}: tools {', '.join(sorted(tools))}")
+
+
+def _cuda(cfg: RunConfig, here: bool) -> list[Check]:
+    wants = {
+        "trainer.device": cfg.trainer.device == "cuda",
+        "sync.backend": cfg.sync.backend == "nccl",
+    }
+    if not any(wants.values()):
+        return [Check("trainer.device", True, f"{cfg.trainer.device} (no CUDA needed)")]
+    if not here:
+        return [
+            Check(k, None, "checked by the trainer's own process (launcher=ray)")
+            for k, want in wants.items()
+            if want
+        ]
+    import torch
+
+    available = torch.cuda.is_available()
+    why = (
+        f"{torch.cuda.device_count()} GPU(s)"
+        if available
+        else f"CUDA is not available here (torch {torch.__version__}, "
+        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+    )
+    value = {"trainer.device": "cuda", "sync.backend": "nccl"}
+    return [Check(k, available, f"{value[k]}: {why}") for k, want in wants.items() if want]
+
+
+def _package(key: str, module: str, extra: str) -> Check:
+    if importlib.util.find_spec(module) is None:
+        return Check(key, False, f"needs {module}: pip install 'asyncrl[{extra}]'")
+    return Check(key, True, f"{module} is installed")
+
+
+def _kafka_security(cfg: RunConfig) -> list[Check]:
+    from asyncrl.ops.kafka import MissingSecret, security_settings
+
+    sec = cfg.kafka.security
+    checks = []
+    try:
+        security_settings(cfg.kafka)
+        checks.append(Check("kafka.security.protocol", True, sec.protocol))
+    except MissingSecret as err:
+        checks.append(Check("kafka.security.sasl_password_env", False, str(err)))
+    for name in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"):
+        value = getattr(sec, name)
+        if value and sec.protocol.endswith("SSL") and not Path(value).is_file():
+            checks.append(Check(f"kafka.security.{name}", False, f"{value}: no such file"))
+    return checks
+
+
+def _output_dir(cfg: RunConfig) -> Check:
+    parent = cfg.run_dir
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        return Check("output_dir", False, f"{cfg.run_dir}: {parent} is not writable")
+    return Check("output_dir", True, f"{cfg.run_dir} (writable)")
+
+
+def startup_checks(cfg: RunConfig, role: str) -> list[Check]:
+    """Every start-up check for ``role`` (run, train or rollout), passed or not."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+    here = role == "train" or (role == "run" and cfg.launcher == "local")
+    checks = [_tool_config(cfg)]
+    if role != "rollout":
+        checks += _cuda(cfg, here)
+        if "tensorboard" in cfg.trainer.logger:
+            checks.append(_package("trainer.logger", "tensorboard", "tensorboard"))
+    if role == "run" and cfg.launcher == "ray":
+        checks.append(_package("launcher", "ray", "ray"))
+    checks += _kafka_security(cfg)
+    if role != "rollout":
+        checks.append(_output_dir(cfg))
+    return checks
+
+
+def check_startable(cfg: RunConfig, role: str) -> list[Check]:
+    """``startup_checks``, raising ConfigError naming every failing key."""
+    checks = startup_checks(cfg, role)
+    failed = [c for c in checks if c.ok is False]
+    if failed:
+        raise ConfigError(
+            "cannot start: " + "; ".join(f"{c.key}: {c.detail}" for c in failed)
+            if len(failed) == 1
+            else "cannot start:\n" + "\n".join(f"  {c.key}: {c.detail}" for c in failed)
+        )
+    return checks
+
+
+def dry_run(config: str | None, overrides: list[str], role: str = "run") -> int:
+    """``asyncrl run --dry-run``: the resolved config in asyncrl's names, the aliases applied,
+    the keys ignored, and every start-up check; starts nothing. 0 when the run could start."""
+    import yaml
+
+    from asyncrl.ops.config_load import load
+
+    loaded = load(config, overrides)
+    cfg = loaded.config()  # ConfigError: every problem, each naming its key
+    report = loaded.report
+    print(f"# resolved config (asyncrl's names, as {cfg.run_dir / 'config.yaml'} would hold it)")
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip())
+    sections = [
+        ("aliases applied (verl's name -> asyncrl's)", report.alias_lines()),
+        ("ignored (no effect in asyncrl)", report.ignored_lines()),
+        ("values translated", report.notes),
+    ]
+    for title, lines in sections:
+        print(f"# {title}: {len(lines) or 'none'}")
+        for line in lines:
+            print(f"  {line}")
+    checks = startup_checks(cfg, role)
+    failed = [c for c in checks if c.ok is False]
+    print(f"# start-up checks ({role}): {len(checks) - len(failed)} passed, {len(failed)} failed")
+    for check in checks:
+        print(f"  {check.line()}")
+    print("# dry run: nothing started" + ("" if not failed else "; the run would not start"))
+    return 2 if failed else 0

@@ -1,0 +1,600 @@
+"""verl's config keys, as asyncrl reads them: what a verl launch script or YAML file means here.
+
+A key of asyncrl's own config (docs/configuration.md) is simply accepted. For every other key
+verl has, this module says one of:
+
+* alias: verl's name (or place) of a setting asyncrl has; the value goes to asyncrl's key, in
+  asyncrl's units where verl counts differently (``rollout.test_freq`` counts weight versions,
+  ``trainer.test_freq`` steps).
+* ignored: no effect on what asyncrl computes (experiment names, GPU counts, micro-batching,
+  the critic GRPO does not have); a warning names each at start-up.
+* fixed: asyncrl always behaves one way (no KL loss, no top-p, ...): the value that says so is
+  ignored, any other is refused.
+* refused: "not supported by asyncrl", with the reason (FSDP internals, vLLM memory settings,
+  dataset files, ...). A run never starts with a setting it would not honour.
+
+Read from verl's ``verl/trainer/config/_generated_ppo_trainer.yaml``, its fully async recipe
+(``verl/experimental/fully_async_policy``) and that recipe's README, at volcengine/verl
+b178a3cd56f58b2d502255daba591e92833930a7. No verl code is used; only its key names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Get = Callable[[str], Any]
+"""The value a key ends up with (what the user set, else asyncrl's default)."""
+
+
+class Refused(ValueError):
+    """A value asyncrl cannot honour; the message says why."""
+
+
+@dataclass(frozen=True)
+class VerlKey:
+    kind: str
+    """alias, ignored, fixed or refused."""
+    why: str
+    """Shown in the docs, in warnings (ignored) and errors (refused)."""
+    target: str | None = None
+    """alias: asyncrl's key."""
+    convert: Callable[[Any, Get], Any] | None = None
+    """alias: verl's value -> asyncrl's (None: the same value)."""
+    ok: Callable[[Any, Get], bool] | None = None
+    """fixed: whether the value is what asyncrl does."""
+    ok_text: str = ""
+    """fixed: the values accepted, in words."""
+
+
+def alias(target: str, why: str = "", convert: Callable[[Any, Get], Any] | None = None) -> VerlKey:
+    return VerlKey("alias", why or "verl's name of the same setting", target, convert)
+
+
+def ignored(why: str) -> VerlKey:
+    return VerlKey("ignored", why)
+
+
+def refused(why: str) -> VerlKey:
+    return VerlKey("refused", why)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return float(a) == float(b)
+    return a == b
+
+
+def fixed(why: str, *values: Any) -> VerlKey:
+    """asyncrl always does what ``values`` mean in verl."""
+    text = " or ".join(_show(v) for v in values)
+    return VerlKey(
+        "fixed", why, ok=lambda v, _get: any(_same(v, ok) for ok in values), ok_text=text
+    )
+
+
+def same_as(key: str, why: str) -> VerlKey:
+    """Accepted only when equal to asyncrl's ``key`` (one setting where verl has two)."""
+    return VerlKey(
+        "fixed", why, ok=lambda v, get: _same(v, get(key)), ok_text=f"the value of {key}"
+    )
+
+
+def when_sampling(why: str, ok: Callable[[Any, Get], bool], ok_text: str) -> VerlKey:
+    """A validation sampling setting: moot with greedy validation (val_kwargs.do_sample=false)."""
+
+    def check(value: Any, get: Get) -> bool:
+        return get("actor_rollout_ref.rollout.val_kwargs.do_sample") is False or ok(value, get)
+
+    return VerlKey("fixed", why, ok=check, ok_text=f"{ok_text}, or val_kwargs.do_sample=false")
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+# --- conversions into asyncrl's units --------------------------------------------------------
+def _required_samples(get: Get) -> int:
+    return int(get("actor_rollout_ref.actor.ppo_mini_batch_size")) * int(
+        get("async_training.require_batches")
+    )
+
+
+def _total_steps(_value: Any, get: Get) -> int:
+    """verl's fully async run ends after ``rollout.total_rollout_steps`` samples (prompts), or
+    earlier after ``total_epochs`` passes over the data; asyncrl's after that many samples'
+    worth of steps, each of ``ppo_mini_batch_size x require_batches`` samples."""
+    caps = []
+    if (samples := get("rollout.total_rollout_steps")) is not None:
+        caps.append(int(samples))
+    for key in ("rollout.total_epochs", "trainer.total_epochs"):
+        if (epochs := get(key)) is not None:
+            caps.append(int(epochs) * int(get("data.train_size")))
+    return max(1, min(caps) // _required_samples(get))
+
+
+def _versions_to_steps(value: Any, get: Get) -> int:
+    """verl's fully async validates every ``rollout.test_freq`` weight versions; a version is
+    ``trigger_parameter_sync_step`` steps. verl's -1 (never) is asyncrl's 0 (only at the end)."""
+    if int(value) <= 0:
+        return 0
+    return int(value) * int(get("async_training.trigger_parameter_sync_step"))
+
+
+TOTAL = "trainer.total_training_steps"
+TOTAL_WHY = (
+    "verl counts samples (prompts) or epochs; asyncrl steps: min(total_rollout_steps, "
+    "total_epochs x data.train_size) // (ppo_mini_batch_size x require_batches)"
+)
+
+# --- reasons shared by many keys -------------------------------------------------------------
+FSDP = (
+    "FSDP/Megatron sharding, offload and sequence-parallel internals: asyncrl's trainer is one "
+    "PyTorch process with the whole model"
+)
+ENGINE = (
+    "vLLM/SGLang engine setting: asyncrl's rollout engine is its own (actor_rollout_ref.rollout."
+    "name: hf or sim), with no such knob"
+)
+MICRO = (
+    "micro-batching for GPU memory: asyncrl's trainer computes each mini-batch whole, so the "
+    "update is the same"
+)
+REF = "the reference model serves only the KL loss or penalty, which asyncrl does not have"
+KL = "used only with a KL loss or penalty, which asyncrl does not have"
+CRITIC = "GRPO has no critic (verl builds none with adv_estimator=grpo either)"
+LAYOUT = (
+    "resource layout: asyncrl runs one trainer and actor_rollout_ref.rollout.num_workers rollout "
+    "workers (placement: ray.* with launcher=ray)"
+)
+NAMES = "experiment naming for verl's trackers: asyncrl names a run by run_id"
+PROFILE = "profiling: asyncrl traces with OpenTelemetry instead (tracing.*)"
+DATA = (
+    "dataset files: asyncrl trains on its built-in tasks (data.task) and has no dataset loader yet"
+)
+MODEL = (
+    "model loading: asyncrl builds its policy from actor_rollout_ref.model.* (no Hugging Face "
+    "checkpoint yet)"
+)
+REWARD = (
+    "reward managers and reward models: asyncrl's reward is its task's rule (data.task), with no "
+    "reward manager"
+)
+LR = "asyncrl's AdamW runs at the constant actor_rollout_ref.actor.optim.lr (no schedule, no warm-up)"
+CKPT = "asyncrl writes checkpoints to output_dir/run_id/checkpoints: set output_dir and run_id"
+TARGET = "Hydra's instantiation target: asyncrl's config classes are its own"
+
+# Exact keys, and ``prefix.*`` entries for whole sections; the longest match wins.
+VERL_KEYS: dict[str, VerlKey] = {
+    # --- aliases ---------------------------------------------------------------------------
+    "actor_rollout_ref.actor.grad_clip": alias("actor_rollout_ref.actor.optim.grad_clip"),
+    "actor_rollout_ref.actor.optim.clip_grad": alias("actor_rollout_ref.actor.optim.grad_clip"),
+    "actor_rollout_ref.actor.clip_ratio_low": alias(
+        "actor_rollout_ref.actor.clip_ratio", "asyncrl clips symmetrically with one clip_ratio"
+    ),
+    "actor_rollout_ref.actor.use_rollout_log_probs": alias(
+        "async_training.use_rollout_log_probs", "verl's copy for the actor"
+    ),
+    "actor_rollout_ref.rollout.prompt_length": alias("data.max_prompt_length"),
+    "actor_rollout_ref.rollout.response_length": alias("data.max_response_length"),
+    "async_training.checkpoint_engine.device_buffer_size_M": alias(
+        "sync.bucket_size_mb", "the size of the buckets the weights are broadcast in"
+    ),
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": alias(
+        "sync.bucket_size_mb", "the size of the buckets the weights are broadcast in"
+    ),
+    "rollout.total_rollout_steps": alias(TOTAL, TOTAL_WHY, _total_steps),
+    "rollout.total_epochs": alias(TOTAL, TOTAL_WHY, _total_steps),
+    "trainer.total_epochs": alias(TOTAL, TOTAL_WHY, _total_steps),
+    "rollout.test_freq": alias(
+        "trainer.test_freq",
+        "verl counts weight versions, asyncrl steps: x async_training.trigger_parameter_sync_step",
+        _versions_to_steps,
+    ),
+    "ray_kwargs.ray_init.num_cpus": alias("ray.num_cpus"),
+    # --- verl's fully async recipe ---------------------------------------------------------
+    "async_training.compute_prox_log_prob": fixed(
+        "proximal log-probs (decoupled PPO): not supported by asyncrl yet: see issue 17",
+        False,
+    ),
+    "async_training.use_trainer_do_validate": ignored(
+        "asyncrl's trainer always computes the held-out accuracy itself, with its own weights"
+    ),
+    "async_training.checkpoint_engine.enable": ignored(
+        "asyncrl always syncs weights with its bucketed broadcast (sync.*)"
+    ),
+    "async_training.checkpoint_engine.overlap_broadcast_and_consume": ignored(
+        "asyncrl always overlaps: a worker unpacks bucket i while bucket i+1 arrives"
+    ),
+    "actor_rollout_ref.checkpoint_engine.*": ignored(
+        "verl's copy of async_training.checkpoint_engine for its workers"
+    ),
+    "rollout.n": ignored(
+        "verl's fully async reads actor_rollout_ref.rollout.n (asyncrl too), not this copy"
+    ),
+    "rollout.nnodes": ignored(LAYOUT),
+    "rollout.n_gpus_per_node": ignored(LAYOUT),
+    "data.gen_batch_size": fixed("asyncrl's workers take prompts one at a time (as verl's)", 1),
+    # --- data --------------------------------------------------------------------------------
+    "data.*": refused(DATA),
+    "data.truncation": fixed("asyncrl keeps a long prompt's last tokens", "left"),
+    "data.train_batch_size": ignored(
+        "a step is actor.ppo_mini_batch_size x async_training.require_batches samples (verl's "
+        "fully async ignores train_batch_size too)"
+    ),
+    "data.val_batch_size": ignored(MICRO),
+    "data.return_raw_chat": ignored("prompt format for chat templates: asyncrl's tasks have none"),
+    "data.return_raw_input_ids": ignored("prompt format for a separate reward model's tokenizer"),
+    "data.return_full_prompt": ignored("prompt format for logging"),
+    "data.dataloader_num_workers": ignored("data loading threads: asyncrl's feed is a topic"),
+    "data.shuffle": fixed("asyncrl's feed shuffles each epoch (seeded by data.seed)", True),
+    "data.validation_shuffle": ignored("the order of held-out prompts does not change accuracy"),
+    "data.filter_overlong_prompts": fixed("asyncrl truncates long prompts instead", False),
+    "data.filter_overlong_prompts_workers": ignored(MICRO),
+    "data.tool_config_path": ignored(
+        "verl's dataset copy of actor_rollout_ref.rollout.multi_turn.tool_config_path"
+    ),
+    "data.use_shm": ignored("shared-memory loading: asyncrl has no dataset files"),
+    "data.apply_chat_template_kwargs.*": ignored("asyncrl's tasks use no chat template"),
+    # --- model -------------------------------------------------------------------------------
+    "actor_rollout_ref.model.*": refused(MODEL),
+    "actor_rollout_ref.model.use_remove_padding": ignored(
+        "a kernel-level optimisation: the same logits with or without padding"
+    ),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": ignored(
+        "activation memory only: the same gradients"
+    ),
+    "actor_rollout_ref.model.enable_activation_offload": ignored("activation memory only"),
+    "actor_rollout_ref.model.use_fused_kernels": ignored("a kernel choice: the same results"),
+    "actor_rollout_ref.model.fused_kernel_options.*": ignored("a kernel choice: the same results"),
+    "actor_rollout_ref.model.use_liger": ignored("a kernel choice: the same results"),
+    "actor_rollout_ref.model.use_shm": ignored("shared-memory loading of a checkpoint"),
+    "actor_rollout_ref.model.tiled_mlp.*": ignored("activation memory only"),
+    "actor_rollout_ref.model.lora_rank": fixed("asyncrl trains every weight (no LoRA)", 0),
+    "actor_rollout_ref.model.lora_alpha": ignored("used only with lora_rank > 0"),
+    "actor_rollout_ref.model.target_modules": ignored("used only with lora_rank > 0"),
+    "actor_rollout_ref.model.exclude_modules": ignored("used only with lora_rank > 0"),
+    "actor_rollout_ref.model.lora_adapter_path": fixed("asyncrl loads no LoRA adapter", None),
+    "actor_rollout_ref.model.mtp.*": ignored("used only with mtp.enable"),
+    "actor_rollout_ref.model.mtp.enable": fixed("no multi-token prediction", False),
+    "actor_rollout_ref.hybrid_engine": fixed(
+        "asyncrl's rollout workers are processes apart from the trainer", False
+    ),
+    "actor_rollout_ref.nccl_timeout": ignored("asyncrl's weight sync has sync.timeout_s"),
+    # --- actor -------------------------------------------------------------------------------
+    "actor_rollout_ref.actor.strategy": refused(FSDP),
+    "actor_rollout_ref.actor.fsdp_config.*": refused(FSDP),
+    "actor_rollout_ref.actor.fsdp_config.param_offload": fixed(FSDP, False),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": fixed(FSDP, False),
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": fixed(FSDP, False),
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": fixed(FSDP, 1),
+    "actor_rollout_ref.actor.megatron.*": refused(FSDP),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": fixed(FSDP, 1),
+    "actor_rollout_ref.actor.clip_ratio_high": same_as(
+        "actor_rollout_ref.actor.clip_ratio",
+        "asyncrl clips symmetrically with one clip_ratio (no DAPO clip-higher yet)",
+    ),
+    "actor_rollout_ref.actor.clip_ratio_c": refused(
+        "dual-clip PPO (a bound on the loss of negative advantages) is not implemented"
+    ),
+    "actor_rollout_ref.actor.use_kl_loss": fixed("asyncrl has no KL loss", False),
+    "actor_rollout_ref.actor.kl_loss_coef": ignored(KL),
+    "actor_rollout_ref.actor.kl_loss_type": ignored(KL),
+    "actor_rollout_ref.actor.entropy_coeff": fixed("asyncrl's loss has no entropy bonus", 0),
+    "actor_rollout_ref.actor.calculate_entropy": ignored("a metric only"),
+    "actor_rollout_ref.actor.ppo_epochs": fixed("asyncrl updates once per mini-batch", 1),
+    "actor_rollout_ref.actor.shuffle": ignored("each mini-batch is one update: order is moot"),
+    "actor_rollout_ref.actor.data_loader_seed": ignored("each mini-batch is one update"),
+    "actor_rollout_ref.actor.use_dynamic_bsz": ignored(MICRO),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ignored(MICRO),
+    "actor_rollout_ref.actor.ppo_micro_batch_size": ignored(MICRO),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ignored(MICRO),
+    "actor_rollout_ref.actor.loss_scale_factor": fixed("asyncrl scales by loss_agg_mode", None),
+    "actor_rollout_ref.actor.rollout_n": ignored("verl's copy of actor_rollout_ref.rollout.n"),
+    "actor_rollout_ref.actor.use_remove_padding": ignored("a kernel-level optimisation"),
+    "actor_rollout_ref.actor.use_torch_compile": ignored("a kernel choice: the same results"),
+    "actor_rollout_ref.actor.use_fused_kernels": ignored("a kernel choice: the same results"),
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": ignored("memory only"),
+    "actor_rollout_ref.actor.entropy_checkpointing": ignored("memory only"),
+    "actor_rollout_ref.actor.freeze_vision_tower": ignored("asyncrl's policy has no vision tower"),
+    "actor_rollout_ref.actor.tau_pos": ignored("used only with policy_loss.loss_mode=gpg"),
+    "actor_rollout_ref.actor.tau_neg": ignored("used only with policy_loss.loss_mode=gpg"),
+    "actor_rollout_ref.actor.use_prefix_grouper": fixed("no prefix grouping", False),
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": fixed("a metric asyncrl lacks", False),
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": ignored("memory only"),
+    "actor_rollout_ref.actor.policy_loss.*": ignored(
+        "used only with another policy_loss.loss_mode"
+    ),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": fixed(
+        "asyncrl's loss is PPO's clip", "vanilla"
+    ),
+    "actor_rollout_ref.actor.checkpoint.*": ignored(
+        "asyncrl's checkpoint always holds the model, optimizer and run state"
+    ),
+    "actor_rollout_ref.actor.profiler.*": ignored(PROFILE),
+    "actor_rollout_ref.actor.router_replay.*": fixed("no MoE router replay", "disabled", None),
+    "actor_rollout_ref.actor.optim.*": refused(LR),
+    "actor_rollout_ref.actor.optim.optimizer": fixed("asyncrl's optimizer is AdamW", "AdamW"),
+    "actor_rollout_ref.actor.optim.optimizer_impl": fixed("torch's AdamW", "torch.optim"),
+    "actor_rollout_ref.actor.optim.betas": fixed("torch's AdamW betas", [0.9, 0.999]),
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": fixed(LR, -1, 0),
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": fixed(LR, 0),
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": fixed(LR, "constant"),
+    "actor_rollout_ref.actor.optim.warmup_style": fixed(LR, None, "constant"),
+    "actor_rollout_ref.actor.optim.min_lr_ratio": ignored("used only with a cosine schedule"),
+    "actor_rollout_ref.actor.optim.num_cycles": ignored("used only with a cosine schedule"),
+    "actor_rollout_ref.actor.optim.total_training_steps": ignored(
+        "verl fills it in for its LR schedule"
+    ),
+    "actor_rollout_ref.actor.optim.override_optimizer_config": fixed("torch's AdamW", None),
+    # --- reference model, critic, reward -----------------------------------------------------
+    "actor_rollout_ref.ref.*": ignored(REF),
+    "critic.*": ignored(CRITIC),
+    "reward_model.*": ignored(
+        "the reward model's settings: used only with reward_model.enable=true (refused)"
+    ),
+    "reward_model.reward_kwargs.*": refused(REWARD),
+    "reward_model.sandbox_fusion.*": ignored(
+        "used by verl's code-execution rewards, for dataset files asyncrl does not load"
+    ),
+    "reward_model.enable": fixed(REWARD, False),
+    "reward_model.reward_manager": fixed(REWARD, "naive"),
+    "reward_model.enable_resource_pool": ignored(LAYOUT),
+    "reward_model.n_gpus_per_node": ignored(LAYOUT),
+    "reward_model.nnodes": ignored(LAYOUT),
+    "reward_model.launch_reward_fn_async": ignored("asyncrl's workers score as they finish"),
+    "reward_manager.*": refused(REWARD),
+    "reward_manager.name": fixed(REWARD, "naive"),
+    "reward_manager.source": fixed(REWARD, "register"),
+    "reward_manager.module.*": ignored("used only with reward_manager.source=importlib"),
+    "custom_reward_function.*": refused(REWARD),
+    # --- rollout -----------------------------------------------------------------------------
+    "actor_rollout_ref.rollout.*": refused(ENGINE),
+    "actor_rollout_ref.rollout.mode": ignored(
+        "asyncrl's workers always generate as servers of their own (verl's async mode)"
+    ),
+    "actor_rollout_ref.rollout.calculate_log_probs": ignored(
+        "asyncrl's workers always record the rollout's log-probs"
+    ),
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": ignored(MICRO),
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": ignored(MICRO),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": ignored(MICRO),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ignored(MICRO),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": fixed(
+        "one asyncrl rollout worker holds the whole model", 1
+    ),
+    "actor_rollout_ref.rollout.data_parallel_size": fixed(
+        "one model per worker: more workers are actor_rollout_ref.rollout.num_workers", 1
+    ),
+    "actor_rollout_ref.rollout.pipeline_model_parallel_size": fixed(
+        "one asyncrl rollout worker holds the whole model", 1
+    ),
+    "actor_rollout_ref.rollout.expert_parallel_size": fixed(
+        "one asyncrl rollout worker holds the whole model", 1
+    ),
+    "actor_rollout_ref.rollout.top_p": fixed(
+        "asyncrl samples from the whole distribution at rollout.temperature (no top-p)", 1
+    ),
+    "actor_rollout_ref.rollout.top_k": fixed(
+        "asyncrl samples from the whole distribution at rollout.temperature (no top-k)", -1, 0
+    ),
+    "actor_rollout_ref.rollout.do_sample": fixed("asyncrl's rollout samples", True),
+    "actor_rollout_ref.rollout.ignore_eos": fixed("generation stops at EOS", False),
+    "actor_rollout_ref.rollout.over_sample_rate": fixed("no over-sampling", 0),
+    "actor_rollout_ref.rollout.skip_rollout": fixed("asyncrl always generates", False),
+    "actor_rollout_ref.rollout.val_kwargs.temperature": when_sampling(
+        "a sampled validation (val_kwargs.do_sample) uses rollout.temperature",
+        lambda v, get: _same(v, get("actor_rollout_ref.rollout.temperature")),
+        "the value of actor_rollout_ref.rollout.temperature",
+    ),
+    "actor_rollout_ref.rollout.val_kwargs.top_p": when_sampling(
+        "validation samples without top-p", lambda v, _get: _same(v, 1), "1"
+    ),
+    "actor_rollout_ref.rollout.val_kwargs.top_k": when_sampling(
+        "validation samples without top-k", lambda v, _get: v in (-1, 0), "-1 or 0"
+    ),
+    "actor_rollout_ref.rollout.val_kwargs.n": fixed("one validation answer per prompt", 1),
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": ignored(
+        "asyncrl runs a turn's tool calls all at once"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": fixed(
+        "asyncrl keeps a long tool response's start", "right"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": fixed(
+        "asyncrl ships no interaction (simulated user) yet", None
+    ),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": ignored(
+        "asyncrl's tasks use no chat template"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": ignored(
+        "a debugging check of chat-template tokenisation"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": ignored(
+        "used by SFT data generation"
+    ),
+    "actor_rollout_ref.rollout.mtp.*": ignored("verl's copy of actor_rollout_ref.model.mtp"),
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": fixed(
+        "asyncrl's agent loop is its own (multi_turn.*)", None
+    ),
+    "actor_rollout_ref.rollout.agent.custom_async_server.*": fixed(
+        "asyncrl's rollout engine is its own", None
+    ),
+    "actor_rollout_ref.rollout.agent.num_workers": ignored(
+        "asyncrl's agent loops run inside each rollout worker"
+    ),
+    "actor_rollout_ref.rollout.agent.default_agent_loop": ignored(
+        "asyncrl picks the loop by multi_turn.enable"
+    ),
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": ignored(
+        "asyncrl's weight sync backend is sync.backend"
+    ),
+    "actor_rollout_ref.rollout.trace.*": ignored(PROFILE),
+    "actor_rollout_ref.rollout.profiler.*": ignored(PROFILE),
+    "actor_rollout_ref.rollout.prometheus.*": ignored(
+        "metrics export: asyncrl writes metrics.jsonl and the steps topic"
+    ),
+    "actor_rollout_ref.rollout.disable_log_stats": ignored("engine logging"),
+    # --- trainer -----------------------------------------------------------------------------
+    "trainer.project_name": ignored(NAMES),
+    "trainer.experiment_name": ignored(NAMES),
+    "trainer.nnodes": ignored(LAYOUT),
+    "trainer.n_gpus_per_node": ignored(LAYOUT),
+    "trainer.balance_batch": ignored("balances sequence lengths across data-parallel ranks"),
+    "trainer.log_val_generations": ignored("logging choice"),
+    "trainer.rollout_data_dir": ignored("logging choice: asyncrl's samples are on the log"),
+    "trainer.validation_data_dir": ignored("logging choice"),
+    "trainer.val_before_train": ignored(
+        "asyncrl evaluates before the first step whenever trainer.test_freq > 0"
+    ),
+    "trainer.val_only": fixed("asyncrl always trains", False),
+    "trainer.critic_warmup": fixed(CRITIC, 0),
+    "trainer.resume_mode": fixed(
+        "asyncrl resumes an unfinished run from its last checkpoint by itself", "auto"
+    ),
+    "trainer.resume_from_path": fixed(CKPT, None),
+    "trainer.default_local_dir": refused(CKPT),
+    "trainer.default_hdfs_dir": fixed(CKPT, None),
+    "trainer.del_local_ckpt_after_load": fixed(CKPT, False),
+    "trainer.max_actor_ckpt_to_keep": ignored("asyncrl's is trainer.keep_checkpoints"),
+    "trainer.max_critic_ckpt_to_keep": ignored(CRITIC),
+    "trainer.esi_redundant_time": ignored("a cloud instance's expiry: asyncrl saves by save_freq"),
+    "trainer.ray_wait_register_center_timeout": ignored(LAYOUT),
+    "trainer.use_legacy_worker_impl": ignored("verl's worker implementation"),
+    # --- the rest of verl's top level --------------------------------------------------------
+    "algorithm.use_kl_in_reward": fixed("asyncrl has no KL penalty in the reward", False),
+    "algorithm.kl_penalty": ignored(KL),
+    "algorithm.kl_ctrl.*": ignored(KL),
+    "algorithm.gamma": fixed("GRPO's outcome reward is not discounted", 1),
+    "algorithm.lam": ignored("GAE only: asyncrl's estimator is GRPO"),
+    "algorithm.use_pf_ppo": fixed("no preference-feedback PPO", False),
+    "algorithm.pf_ppo.*": ignored("used only with algorithm.use_pf_ppo"),
+    "algorithm.rollout_correction.*": refused(
+        "rollout importance sampling and rejection: not supported by asyncrl yet (see issue 17)"
+    ),
+    "algorithm.rollout_correction.rollout_is": fixed("no rollout importance sampling", None),
+    "algorithm.rollout_correction.rollout_rs": fixed("no rollout rejection sampling", None),
+    "algorithm.rollout_correction.bypass_mode": fixed("no bypass", False),
+    "algorithm.rollout_correction.rollout_is_threshold": ignored("used only with rollout_is"),
+    "algorithm.rollout_correction.rollout_rs_threshold": ignored("used only with rollout_rs"),
+    "algorithm.rollout_correction.loss_type": ignored("used only with rollout_is/rollout_rs"),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": ignored("used only with rollout_is"),
+    "global_profiler.*": ignored(PROFILE),
+    "transfer_queue.enable": fixed("asyncrl's samples travel over Kafka", False),
+    "ray_kwargs.*": ignored(LAYOUT),
+}
+
+
+def lookup(key: str) -> VerlKey | None:
+    """The rule for a verl key that is not asyncrl's own: exact, else its longest section."""
+    if key.rsplit(".", 1)[-1] == "_target_":
+        return ignored(TARGET)
+    if key in VERL_KEYS:
+        return VERL_KEYS[key]
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):
+        rule = VERL_KEYS.get(".".join(parts[:i]) + ".*")
+        if rule is not None:
+            return rule
+    return None
+
+
+# --- verl's values of asyncrl's own keys ------------------------------------------------------
+class Converted:
+    """A verl value of one of asyncrl's keys, translated; ``note`` says how."""
+
+    def __init__(self, value: Any, note: str) -> None:
+        self.value, self.note = value, note
+
+
+DROP = object()
+"""Converted.value meaning: leave the key unset (asyncrl's default applies)."""
+
+
+def _never_is_zero() -> Callable[[Any, Get], Any]:
+    def convert(value: Any, _get: Get) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            return Converted(0, f"verl's {value} (never) is asyncrl's 0 (only at the end)")
+        return value
+
+    return convert
+
+
+def _engine(value: Any, _get: Get) -> Any:
+    if value in ("vllm", "sglang", "trtllm"):
+        raise Refused(
+            f"{value} engine: asyncrl has no vLLM/SGLang engine yet; its engines are hf "
+            "(transformers) and sim (a latency model)"
+        )
+    return value
+
+
+LOGGERS = ("console", "tensorboard")
+
+
+def _loggers(value: Any, _get: Get) -> Any:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list):
+        return value
+    kept = [n for n in names if n in LOGGERS]
+    dropped = [n for n in names if n not in LOGGERS]
+    if not dropped:
+        return value
+    return Converted(
+        kept or ["console"],
+        f"ignored {', '.join(map(str, dropped))}: asyncrl logs to console and tensorboard "
+        "(besides metrics.jsonl and the steps topic)",
+    )
+
+
+def _unset_is_default(why: str) -> Callable[[Any, Get], Any]:
+    def convert(value: Any, _get: Get) -> Any:
+        return Converted(DROP, why) if value is None else value
+
+    return convert
+
+
+def _turns(value: Any, get: Get) -> Any:
+    if value is None:
+        cap = get("data.max_response_length")
+        return Converted(cap, f"verl's null (no limit) is data.max_response_length ({cap})")
+    return value
+
+
+OUR_KEYS: dict[str, tuple[str, Callable[[Any, Get], Any]]] = {
+    "trainer.save_freq": ("verl's -1 (never) is 0 (only at the end)", _never_is_zero()),
+    "trainer.test_freq": ("verl's -1 (never) is 0 (only at the end)", _never_is_zero()),
+    "trainer.logger": (
+        "console and tensorboard kept; others (wandb, swanlab, mlflow, ...) ignored",
+        _loggers,
+    ),
+    "trainer.total_training_steps": (
+        "verl's null: asyncrl's default, unless an alias sets it",
+        _unset_is_default(
+            "verl's null (from total_epochs): asyncrl's default unless an alias sets it"
+        ),
+    ),
+    "actor_rollout_ref.rollout.name": (
+        "vllm, sglang, trtllm refused (no such engine yet)",
+        _engine,
+    ),
+    "data.seed": (
+        "verl's null: asyncrl's default seed",
+        _unset_is_default("verl's null (unseeded): asyncrl's default seed"),
+    ),
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": (
+        "verl's null (no limit) is data.max_response_length",
+        _turns,
+    ),
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": (
+        "verl's null is 0 (asyncrl ships no interaction)",
+        _unset_is_default("verl's null: asyncrl's 0 (it ships no interaction)"),
+    ),
+}
+"""verl's values of keys both have: (what happens, in words; the translation, or Refused)."""

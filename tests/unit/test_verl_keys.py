@@ -1,0 +1,333 @@
+"""verl's keys load (issue 19, point 4): a verl launch script's overrides and verl's fully async
+YAML are accepted, aliased, ignored with a warning, or refused with a reason, never rejected as
+a bare "extra input"; unknown keys name the nearest valid key and their file; Hydra's syntax;
+``asyncrl run --dry-run``; start-up checks that fail before anything starts, naming the key."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.ops import verl_keys
+from asyncrl.ops.config import ConfigError, dump_config, load_config
+from asyncrl.ops.config_load import load, our_key
+from asyncrl.ops.preflight import check_startable, startup_checks
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verl"
+DAPO = FIXTURES / "dapo_7b_math_fsdp2_8_8.overrides"
+FULLY_ASYNC_YAML = FIXTURES / "fully_async_ppo_trainer.yaml"
+
+
+def _lines(path: Path) -> list[str]:
+    return [x for x in path.read_text().splitlines() if x.strip() and not x.startswith("#")]
+
+
+@pytest.fixture
+def empty_config(tmp_path: Path) -> Path:
+    """A config file setting nothing, so every decision comes from what a test passes."""
+    path = tmp_path / "empty.yaml"
+    path.write_text("{}\n")
+    return path
+
+
+def _counts(decisions) -> dict[str, int]:
+    kinds = ("accepted", "aliased", "ignored", "refused", "unknown")
+    return {k: sum(d.kind == k for d in decisions) for k in kinds}
+
+
+# Refused because asyncrl lacks the feature today (dataset files, a Hugging Face model); each
+# that becomes one of asyncrl's own keys moves from refused to accepted.
+MAY_BECOME_OURS = [
+    "data.train_files",
+    "data.val_files",
+    "data.prompt_key",
+    "actor_rollout_ref.model.path",
+    "actor_rollout_ref.model.override_config.max_position_embeddings",
+]
+
+
+def test_every_override_of_verls_dapo_script_is_classified(empty_config: Path) -> None:
+    overrides = _lines(DAPO)
+    assert len(overrides) == 83
+    loaded = load(empty_config, overrides)
+    counts = _counts(loaded.report.decisions)
+    print(f"\nverl DAPO fully async script, {len(overrides)} overrides: {counts}")
+    ours = sum(our_key(k) is not None for k in MAY_BECOME_OURS)
+    assert counts == {
+        "accepted": 17 + ours,
+        "aliased": 5,
+        "ignored": 39,
+        "refused": 22 - ours,
+        "unknown": 0,
+    }
+    with pytest.raises(ConfigError) as err:
+        load_config(empty_config, overrides)
+    message = str(err.value)
+    assert "Extra inputs are not permitted" not in message
+    for d in loaded.report.of("refused"):
+        assert f"{d.key}=" in message and "not supported by asyncrl" in message
+    assert "actor_rollout_ref.rollout.name=vllm (command line): not supported by asyncrl" in message
+    assert "actor_rollout_ref.actor.strategy=fsdp2 (command line)" in message
+    aliased = {d.key: (d.target, d.result) for d in loaded.report.of("aliased")}
+    assert aliased["actor_rollout_ref.actor.grad_clip"] == (
+        "actor_rollout_ref.actor.optim.grad_clip",
+        1.0,
+    )
+    # 51200 samples, capped by 10 epochs of data.train_size=2000, in steps of 32 x 4 samples
+    assert aliased["rollout.total_rollout_steps"] == ("trainer.total_training_steps", 156)
+    assert aliased["rollout.test_freq"] == ("trainer.test_freq", 40)  # 10 versions x 4 steps
+
+
+def test_the_dapo_script_loads_once_its_refused_keys_are_dropped(empty_config: Path) -> None:
+    loaded = load(empty_config, _lines(DAPO))
+    refused = {d.key for d in loaded.report.of("refused")}
+    kept = [o for o in _lines(DAPO) if o.lstrip("+").partition("=")[0] not in refused]
+    cfg = load_config(empty_config, kept)
+    assert cfg.trainer.save_freq == 0  # verl's -1 (never)
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
+    assert cfg.actor_rollout_ref.actor.clip_ratio == 0.2
+    assert cfg.trainer.total_training_steps == 156
+    assert cfg.trainer.logger == ["console", "tensorboard"]
+
+
+def test_verls_fully_async_yaml_loads_as_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    loaded = load(FULLY_ASYNC_YAML)
+    counts = _counts(loaded.report.decisions)
+    print(f"\nverl fully_async_ppo_trainer.yaml, {len(loaded.report.decisions)} keys: {counts}")
+    assert counts == {"accepted": 5, "aliased": 5, "ignored": 13, "refused": 0, "unknown": 0}
+    with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
+        cfg = load_config(FULLY_ASYNC_YAML)
+    assert cfg.async_training.staleness_threshold == 0.1
+    assert cfg.async_training.trigger_parameter_sync_step == 4
+    assert cfg.sync.bucket_size_mb == 4096  # checkpoint_engine.device_buffer_size_M
+    assert cfg.trainer.total_training_steps == 100 // 8  # total_rollout_steps // (8 x 1)
+    assert cfg.trainer.test_freq == 4  # every version = 4 steps
+    warning = caplog.text
+    for key in ("defaults=", "hydra.searchpath=", "rollout.n_gpus_per_node=8", "rollout.n=4"):
+        assert f"ignored {key}" in warning
+    assert str(FULLY_ASYNC_YAML) in warning
+    dump_config(cfg, tmp_path / "config.yaml")
+    resolved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert "rollout" not in resolved and "checkpoint_engine" not in resolved["async_training"]
+    assert resolved["sync"]["bucket_size_mb"] == 4096
+
+
+def test_the_fully_async_keys_the_issue_names(empty_config: Path) -> None:
+    with pytest.raises(ConfigError, match="compute_prox_log_prob=true.*see issue 17"):
+        load_config(empty_config, ["async_training.compute_prox_log_prob=true"])
+    cfg = load_config(
+        empty_config,
+        [
+            "async_training.use_trainer_do_validate=true",
+            "async_training.checkpoint_engine.enable=false",
+            "async_training.checkpoint_engine.device_buffer_size_M=128",
+            "async_training.checkpoint_engine.overlap_broadcast_and_consume=true",
+        ],
+    )
+    assert cfg.sync.bucket_size_mb == 128
+
+
+def test_an_unknown_key_names_the_nearest_key_and_its_file(
+    tmp_path: Path, empty_config: Path
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(empty_config, ["trainer.total_training_stepz=3"])
+    assert (
+        "unknown key trainer.total_training_stepz (command line): nearest valid key: "
+        "trainer.total_training_steps"
+    ) in str(err.value)
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("async_training:\n  staleness_treshold: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert (
+        f"unknown key async_training.staleness_treshold ({bad}): nearest valid key: "
+        "async_training.staleness_threshold"
+    ) in str(err.value)
+
+
+def test_hydra_add_and_override_syntax(empty_config: Path) -> None:
+    cfg = load_config(
+        None,
+        [
+            "+trainer.total_training_steps=7",
+            "++actor_rollout_ref.actor.grad_clip=0.5",
+            "~trainer.target_accuracy",  # default.yaml sets 0.9
+            "++kafka.extra.socket.timeout.ms=1000",
+        ],
+    )
+    assert cfg.trainer.total_training_steps == 7
+    assert cfg.actor_rollout_ref.actor.optim.grad_clip == 0.5
+    assert cfg.trainer.target_accuracy is None
+    assert cfg.kafka.extra == {"socket.timeout.ms": 1000}
+
+
+def test_defaults_and_hydra_sections_are_ignored_with_a_note(tmp_path: Path) -> None:
+    path = tmp_path / "verl_style.yaml"
+    path.write_text(
+        "defaults:\n  - ppo_trainer\n  - _self_\n"
+        "hydra:\n  run:\n    dir: outputs/${now:%Y-%m-%d}\n"  # Hydra's own resolver: not read
+        "trainer:\n  total_training_steps: 3\n"
+    )
+    loaded = load(path)
+    assert loaded.config().trainer.total_training_steps == 3
+    ignored = {d.key: d.why for d in loaded.report.of("ignored")}
+    assert "Hydra defaults list is not read" in ignored["defaults"]
+    assert "hydra.run.dir" in ignored
+    assert "defaults=[ppo_trainer, _self_]" in (loaded.report.warning() or "")
+
+
+def test_interpolations_resolve_or_fail_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "interp.yaml"
+    path.write_text(
+        "data:\n  max_prompt_length: 12\n  max_response_length: ${data.max_prompt_length}\n"
+        "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: ${oc.select:nope.key, 4}\n"
+        "    optim:\n      lr: ${..clip_ratio}\n"  # relative: actor.clip_ratio (default 0.2)
+        "run_id: run-${trainer.total_training_steps}\n"  # asyncrl's default, in a string
+    )
+    cfg = load_config(path)
+    assert cfg.data.max_response_length == 12
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4
+    assert cfg.actor_rollout_ref.actor.optim.lr == 0.2
+    assert cfg.run_id == "run-100"
+    for line, message in [
+        ("trainer:\n  seed: ${oc.eval:1+1}\n", "resolver 'oc.eval' is not supported"),
+        ("trainer:\n  seed: ${no.such.key}\n", "${no.such.key} is not set"),
+        ("trainer:\n  seed: ${trainer.seed}\n", "refers to itself"),
+    ]:
+        path.write_text(line)
+        with pytest.raises(ConfigError) as err:
+            load_config(path)
+        assert f"trainer.seed ({path}): interpolation" in str(err.value)
+        assert message in str(err.value)
+
+
+def test_verl_values_of_our_keys_are_translated_or_refused(
+    empty_config: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
+        cfg = load_config(empty_config, ["trainer.save_freq=-1", "trainer.logger=[console,wandb]"])
+    assert cfg.trainer.save_freq == 0 and cfg.trainer.logger == ["console"]
+    assert "ignored wandb" in caplog.text and "verl's -1 (never)" in caplog.text
+    with pytest.raises(ConfigError, match="rollout.name=sglang .*no vLLM/SGLang engine"):
+        load_config(empty_config, ["actor_rollout_ref.rollout.name=sglang"])
+    with pytest.raises(ConfigError, match="clip_ratio_high=0.28 .*clips symmetrically"):
+        load_config(empty_config, ["actor_rollout_ref.actor.clip_ratio_high=0.28"])
+    cfg = load_config(
+        empty_config,
+        [
+            "actor_rollout_ref.actor.clip_ratio_low=0.3",
+            "actor_rollout_ref.actor.clip_ratio_high=0.3",
+        ],
+    )
+    assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3
+
+
+def test_every_key_of_verls_ppo_trainer_config_is_known() -> None:
+    keys = _lines(FIXTURES / "ppo_trainer_keys.txt")
+    assert len(keys) > 500
+    unknown = [k for k in keys if our_key(k) is None and verl_keys.lookup(k) is None]
+    assert not unknown
+
+
+def test_dry_run_prints_everything_and_starts_nothing(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            *[sys.executable, "-m", "asyncrl", "run", "--dry-run"],
+            *["run_id=dry", f"output_dir={tmp_path / 'runs'}", "kafka.bootstrap_servers=x:1"],
+            *["actor_rollout_ref.actor.grad_clip=0.5", "trainer.project_name=DAPO"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "ASYNCRL_DEBUG"},
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    resolved = yaml.safe_load(text.split("# aliases applied")[0])
+    assert resolved["actor_rollout_ref"]["actor"]["optim"]["grad_clip"] == 0.5
+    assert "grad_clip" not in resolved["actor_rollout_ref"]["actor"]
+    assert (
+        "actor_rollout_ref.actor.grad_clip=0.5 (command line) -> "
+        "actor_rollout_ref.actor.optim.grad_clip=0.5" in text
+    )
+    assert "trainer.project_name=DAPO (command line): experiment naming" in text
+    assert "# start-up checks (run)" in text and "ok   trainer.device" in text
+    assert "nothing started" in text
+    assert not (tmp_path / "runs").exists()  # no run directory, so no broker, no process
+
+
+def _bad_tool_configs(tmp_path: Path) -> list[Path]:
+    unparsable = tmp_path / "tools.yaml"
+    unparsable.write_text("tools: [\n")
+    no_tools = tmp_path / "empty_tools.yaml"
+    no_tools.write_text("other: 1\n")
+    return [tmp_path / "missing.yaml", unparsable, no_tools]
+
+
+def test_a_bad_tool_config_fails_at_start_up_naming_the_key(tmp_path: Path) -> None:
+    key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+    for path in _bad_tool_configs(tmp_path):
+        cfg = load_config(
+            None, ["actor_rollout_ref.rollout.multi_turn.enable=true", f"{key}={path}"]
+        )
+        for role in ("run", "train", "rollout"):
+            with pytest.raises(ConfigError, match=f"{key}: {path}"):
+                check_startable(cfg, role)
+
+
+def test_a_bad_tool_config_stops_the_role_command_at_once(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            *[sys.executable, "-m", "asyncrl", "rollout", "kafka.bootstrap_servers=127.0.0.1:1"],
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'missing.yaml'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "ASYNCRL_DEBUG"},
+    )
+    assert out.returncode == 2
+    assert (
+        "asyncrl rollout: cannot start: actor_rollout_ref.rollout.multi_turn.tool_config_path"
+        in (out.stderr)
+    )
+
+
+@pytest.fixture
+def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch as the checks see it on a machine without CUDA (also on a GPU machine)."""
+    cuda = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda, __version__="x"))
+
+
+def test_cuda_without_cuda_fails_at_start_up_naming_the_key(
+    no_cuda: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = load_config(None, ["trainer.device=cuda"])
+    for role in ("run", "train"):
+        with pytest.raises(ConfigError, match="trainer.device: cuda: CUDA is not available"):
+            check_startable(cfg, role)
+    check_startable(cfg, "rollout")  # a worker does not need the trainer's GPU
+    ray = load_config(None, ["trainer.device=cuda", "launcher=ray"])
+    deferred = [c for c in startup_checks(ray, "run") if c.key == "trainer.device"]
+    assert deferred[0].ok is None  # the trainer's own `asyncrl train` checks, on its node
+
+    from asyncrl.ops import launcher
+
+    def no_broker(*_args: object) -> None:
+        raise AssertionError("the launcher started a broker before checking the config")
+
+    monkeypatch.setattr(launcher, "ensure_broker", no_broker)
+    with pytest.raises(ConfigError, match="trainer.device"):
+        launcher.run(cfg)
