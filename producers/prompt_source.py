@@ -134,7 +134,18 @@ class PromptSource:
             self._buffer.extend(self.reader.poll(timeout, max_records=self.prefetch))
         if not self._buffer:
             return None
-        rec = self._buffer.pop(0)
+        return self._taken(self._buffer.pop(0))
+
+    def take_where(self, wanted: Callable[[Record[PromptRecord]], bool]) -> Record | None:
+        """The first prompt already buffered that ``wanted`` accepts, out of order (None: none
+        is). For prompts a worker must take before others, e.g. its own logged partials."""
+        for i, rec in enumerate(self._buffer):
+            if wanted(rec):
+                del self._buffer[i]
+                return self._taken(rec)
+        return None
+
+    def _taken(self, rec: Record[PromptRecord]) -> Record[PromptRecord]:
         self._open.setdefault(rec.partition, set()).add(rec.offset)
         self._next_commit[rec.partition] = max(
             self._next_commit.get(rec.partition, 0), rec.offset + 1
@@ -163,8 +174,11 @@ class PromptSource:
                 partitions is not None and partition not in partitions
             ):
                 continue
-            open_offsets = self._open.get(partition)
-            offsets[(self.topic, partition)] = min(open_offsets) if open_offsets else high
+            # Not past a prompt still open, nor past one buffered and not taken yet (a prompt
+            # taken out of order, take_where, may be done before earlier ones).
+            waiting = set(self._open.get(partition, ()))
+            waiting |= {r.offset for r in self._buffer if r.partition == partition}
+            offsets[(self.topic, partition)] = min(waiting) if waiting else high
         if offsets:
             self.reader.commit(offsets, asynchronous=asynchronous)
 

@@ -42,6 +42,7 @@ the unfilled share of one that leaves is granted to the others (BudgetGranted).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 import uuid
@@ -50,6 +51,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.models.policy import encode_prompt
 from asyncrl.ops import tracing
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Record
@@ -58,6 +60,7 @@ from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
 from asyncrl.producers.prompt_source import PromptSource
 from asyncrl.producers.recovery import WORKER_HEADER, RecoveryIndex
+from asyncrl.producers.reward import RewardCall, Scored
 from asyncrl.producers.spans import SampleTrace, sync_span
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
@@ -96,9 +99,16 @@ class InFlight:
         return self.segments.setdefault(index, ([0], [self.version_start]))
 
     def trajectory(
-        self, index: int, state: AgentState, reward: float, t_end: float, reward_s: float = 0.0
+        self,
+        index: int,
+        state: AgentState,
+        reward: float,
+        t_end: float,
+        reward_s: float = 0.0,
+        scored: Scored | None = None,
     ) -> Trajectory:
-        """Trajectory ``index`` as generated so far, with its segments and their versions."""
+        """Trajectory ``index`` as generated so far, with its segments and their versions
+        (``scored``: its reward's failure and extra numbers, if it has been scored)."""
         starts, versions = self.segments_of(index)
         done = state.phase == Phase.TERMINATED
         return Trajectory(
@@ -118,6 +128,8 @@ class InFlight:
             t_start=self.t_start,
             t_end=t_end,
             reward_s=reward_s,
+            reward_error=scored.error if scored else "",
+            reward_extra=json.dumps(scored.extra) if scored and scored.extra else "",
         )
 
     def sample(self, sample_id: str, worker_id: int, trajectories: list[Trajectory]) -> Sample:
@@ -161,16 +173,18 @@ class IdleClock:
 
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, worker_id: int, bootstrap: str) -> None:
-        from asyncrl.models.tiny import load_policy
+        from asyncrl.models.policy import load_policy
         from asyncrl.producers.engines.factory import make_engine
-        from asyncrl.tasks import score
+        from asyncrl.producers.reward import make_reward
 
         self.cfg = cfg
         self.worker_id = worker_id
         tracing.init_tracing(cfg, f"asyncrl-rollout-{worker_id}")
         self.rollout = cfg.actor_rollout_ref.rollout
         self.partial_rollout = cfg.async_training.mode == "d"
-        self.score = score
+        self.reward = make_reward(cfg)
+        """Scores each finished trajectory (the task's rule, or custom_reward_function)."""
+        self.reward_failures = 0
         model, self.tokenizer = load_policy(cfg)
         model.eval()
         self.engine = make_engine(
@@ -197,6 +211,9 @@ class RolloutWorker:
         """Why the trainer this worker joined is gone (a new one must be joined), or None."""
         self.trainer_back = False
         """A new trainer's TrainerResumed has arrived (it hosts the collective by now)."""
+        self.stale_partials: set[str] = set()
+        """This worker's partial samples, logged by its previous incarnation, not continued yet:
+        counted as stale in its budget (num_stale), so continuing one takes no budget."""
         self.prompts: PromptSource | None = None
         """The prompts group's member (from run()); kept polling while the worker waits."""
         self.sync_seen_at = 0.0
@@ -349,11 +366,10 @@ class RolloutWorker:
             return published.members
         return [] if self.worker_id >= self.rollout.num_workers else None
 
-    def _open_budget(
-        self, consumed: int, members: list[int] | None = None, partial: int = 0
-    ) -> None:
+    def _open_budget(self, consumed: int, members: list[int] | None = None) -> None:
+        self.stale_partials &= set(self.recovery.partials)  # others may have continued some
         stale = num_stale_at_sync(
-            self.produced, consumed, in_flight=len(self.in_flight), partial=partial
+            self.produced, consumed, in_flight=len(self.in_flight), partial=len(self.stale_partials)
         )
         allowed = self.budget.reset(self.version, stale, members)
         self.control.publish(
@@ -562,16 +578,25 @@ class RolloutWorker:
 
     # --- generation -----------------------------------------------------------------------------
     def _admit(self, prompts: PromptSource) -> bool:
-        """Start one sample if the budget and the concurrency limit allow; True if one started."""
+        """Start one sample if the budget and the concurrency limit allow; True if one started.
+
+        This worker's own logged partials (``stale_partials``) go first, out of order, and take
+        no budget: they were counted as stale when the budget was opened."""
         if (
             self.pending_sync is not None
             or self.trainer_gone is not None
-            or self.budget.remaining == 0
             or len(self.in_flight) >= self.rollout.max_concurrent_samples
         ):
             prompts.keep_alive()
             return False
-        rec = prompts.take(timeout=0.0 if self.in_flight else 0.05)
+        rec = None
+        if self.stale_partials:
+            rec = prompts.take_where(lambda r: r.value.sample_id in self.stale_partials)
+        if rec is None and self.budget.remaining == 0:
+            prompts.keep_alive()
+            return False
+        if rec is None:
+            rec = prompts.take(timeout=0.0 if self.in_flight else 0.05)
         if rec is None:
             return False
         p = rec.value
@@ -584,13 +609,18 @@ class RolloutWorker:
                 "worker %d: %s already published, not generated again", self.worker_id, p.sample_id
             )
             prompts.done(rec)
+            self.stale_partials.discard(p.sample_id)
             return True
-        self.budget.take()
+        if p.sample_id in self.stale_partials:
+            self.stale_partials.discard(p.sample_id)  # counted as stale: no budget taken
+        else:
+            self.budget.take()
         partial = self.recovery.take_partial(p.sample_id)
         if partial is not None:
             self._resume_logged(rec, partial)
             return True
-        prompt_ids = self.tokenizer(p.prompt)["input_ids"]  # <bos> + characters
+        # chat messages through the chat template; a built-in task's text: <bos> + characters
+        prompt_ids = encode_prompt(self.tokenizer, p.chat() or p.prompt)
         prompt_ids = prompt_ids[-self.cfg.data.max_prompt_length :]  # verl truncation="left"
         fl = self.in_flight[p.sample_id] = InFlight(rec, prompt_ids, self.version, time.time())
         fl.trace.start(rec.topic, p.sample_id, rec.headers, rec.partition, rec.offset, self.version)
@@ -604,12 +634,41 @@ class RolloutWorker:
         fl = self.in_flight[sample_id]
         t0 = time.perf_counter()
         with fl.trace.child("reward", **{"asyncrl.traj_index": int(index)}):
-            reward = self.score(self.cfg.data.task, fl.prompt.value.ground_truth, state.messages)
+            scored = self._score(fl.prompt.value, state)
+        if scored.failed:
+            self._reward_failed(request_id, scored)
         fl.done[int(index)] = fl.trajectory(
-            int(index), state, reward, time.time(), reward_s=time.perf_counter() - t0
+            int(index), state, scored.score, time.time(), time.perf_counter() - t0, scored
         )
         if len(fl.done) == self.rollout.n:
             self._publish(sample_id, fl, prompts)
+
+    def _score(self, prompt: PromptRecord, state: AgentState) -> Scored:
+        return self.reward(
+            RewardCall(
+                data_source=prompt.data_source,
+                ground_truth=prompt.reward_ground_truth(),
+                extra_info=prompt.reward_extra_info(),
+                messages=state.messages,
+                solution_str=self.tokenizer.decode(state.response_ids, skip_special_tokens=True),
+                num_turns=1 + max(state.num_turns, 1),  # verl counts the prompt
+            )
+        )
+
+    def _reward_failed(self, request_id: str, scored: Scored) -> None:
+        """Logged (the first few in full, then every 100th) and counted; the trajectory is
+        published with ``reward_error`` set, and the trainer does not train on it."""
+        self.reward_failures += 1
+        n = self.reward_failures
+        if n <= 5 or n % 100 == 0:
+            log.warning(
+                "worker %d: reward failure %d, %s: %s (published with reward_error set: "
+                "not trained on)",
+                self.worker_id,
+                n,
+                request_id,
+                scored.error,
+            )
 
     def _publish(self, sample_id: str, fl: InFlight, prompts: PromptSource) -> None:
         sample = fl.sample(sample_id, self.worker_id, [fl.done[i] for i in range(self.rollout.n)])
@@ -654,13 +713,12 @@ class RolloutWorker:
             )
         self._join_collective()
         welcome = self._receive_weights()
-        self._open_budget(
-            welcome.consumed.get(str(self.worker_id), 0),
-            self._split(welcome),
-            # What a previous incarnation left on the partials log is continued under this
-            # version's budget, like work in flight at a sync.
-            partial=self.recovery.partials_of(self.worker_id),
-        )
+        # What a previous incarnation left on the partials log counts as stale, like work in
+        # flight at a sync; continuing it takes no budget (_admit).
+        self.stale_partials = {
+            sid for sid, p in self.recovery.partials.items() if p.sample.worker_id == self.worker_id
+        }
+        self._open_budget(welcome.consumed.get(str(self.worker_id), 0), self._split(welcome))
         prompts = self.prompts = PromptSource(
             self.cfg,
             self.bootstrap,
@@ -700,6 +758,7 @@ class RolloutWorker:
                 self._interrupt()
         finally:
             self.runner.close()
+            self.reward.close()
             for fl in self.in_flight.values():
                 fl.trace.end("run finished first" if self.finished else "handed back to the log")
             if self.finished and self.in_flight:
@@ -744,9 +803,10 @@ class RolloutWorker:
                 )
             log.info(
                 "worker %d: %d redelivered prompts were already published, %d logged partial "
-                "samples continued",
+                "samples continued, %d reward failures",
                 self.worker_id,
                 self.recovery.skipped,
                 self.recovery.resumed,
+                self.reward_failures,
             )
         return self.produced

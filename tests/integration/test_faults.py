@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -50,7 +51,7 @@ def report_recovery(cfg, scenario: str, fault_ts: float) -> float:
     collect the figures for the docs)."""
     after = [r.value.ts for r in read_topic(cfg, "steps") if r.value.ts > fault_ts]
     took = min(after) - fault_ts
-    print(f"RECOVERY {scenario}: {took:.1f} s to the next step")
+    print(f"RECOVERY {scenario}: {took:.1f} s to the next step", file=sys.__stderr__)
     return took
 
 
