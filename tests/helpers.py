@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -85,3 +86,23 @@ def committed_prompt_ids(cfg: RunConfig) -> set[str]:
     return {
         r.value.sample_id for r in prompts if r.offset < (committed.get((topic, r.partition)) or 0)
     }
+
+
+def report_recovery(cfg, scenario: str, fault_ts: float) -> float:
+    """Seconds from the fault to the first step trained after it; printed (run with -s to
+    collect the figures for the docs)."""
+    after = [r.value.ts for r in read_topic(cfg, "steps") if r.value.ts > fault_ts]
+    took = min(after) - fault_ts
+    print(f"RECOVERY {scenario}: {took:.1f} s to the next step", file=sys.__stderr__)
+    return took
+
+
+def check_log_invariants(cfg) -> dict[str, int]:
+    """``asyncrl audit``'s verdict on the run's log: every violation count 0. Returns the
+    counts shown beside them (void steps, restarts, ...)."""
+    from asyncrl.ops.audit import audit_run
+
+    report = audit_run(cfg, cfg.kafka.bootstrap_servers)
+    assert report.ok, {k: (n, report.examples.get(k)) for k, n in report.violations.items() if n}
+    assert report.info["samples"] > 0 and report.info["prompts_committed"] > 0
+    return report.info

@@ -19,7 +19,7 @@ from asyncrl.ops.kafka import Reader
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.step import decode_step
-from tests.helpers import read_topic
+from tests.helpers import check_log_invariants, read_topic, report_recovery
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -44,26 +44,6 @@ def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) ->
                 out["killed_at"] = time.time()
                 os.kill(pids[name], signal.SIGKILL)
                 return
-
-
-def report_recovery(cfg, scenario: str, fault_ts: float) -> float:
-    """Seconds from the fault to the first step trained after it; printed (run with -s to
-    collect the figures for the docs)."""
-    after = [r.value.ts for r in read_topic(cfg, "steps") if r.value.ts > fault_ts]
-    took = min(after) - fault_ts
-    print(f"RECOVERY {scenario}: {took:.1f} s to the next step", file=sys.__stderr__)
-    return took
-
-
-def check_log_invariants(cfg) -> dict[str, int]:
-    """``asyncrl audit``'s verdict on the run's log: every violation count 0. Returns the
-    counts shown beside them (void steps, restarts, ...)."""
-    from asyncrl.ops.audit import audit_run
-
-    report = audit_run(cfg, cfg.kafka.bootstrap_servers)
-    assert report.ok, {k: (n, report.examples.get(k)) for k, n in report.violations.items() if n}
-    assert report.info["samples"] > 0 and report.info["prompts_committed"] > 0
-    return report.info
 
 
 def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(make_run_cfg, quick_policy):
@@ -244,7 +224,6 @@ def test_asyncrl_run_killed_and_started_again_resumes_without_doubling_anything(
     make_run_cfg, quick_policy, tmp_path
 ):
     import subprocess
-    import sys
 
     from asyncrl.ops.config import dump_config
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from asyncrl.ops.kafka import Reader
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
-from tests.helpers import committed_prompt_ids, read_topic
+from tests.helpers import committed_prompt_ids, read_topic, report_recovery
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -163,3 +163,6 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
 
     report = audit_run(cfg, cfg.kafka.bootstrap_servers)
     assert report.ok, report.violations
+    report_recovery(
+        cfg, "worker SIGKILL after a sync logged partials", killed["killed_at_ms"] / 1000
+    )
