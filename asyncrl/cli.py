@@ -27,6 +27,7 @@ examples:
   asyncrl replay step 12 --config runs/demo/config.yaml   re-run step 12 from the log
   asyncrl monitor demo kafka.bootstrap_servers=127.0.0.1:9092   live per-version health
   asyncrl report demo                           plots and a summary of runs/demo (report/)
+  asyncrl export-data --out data/arithmetic     the task as verl-format parquet (data.train_files)
   asyncrl bench modes                           colocated sync vs modes (a)-(d), sim workload
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
@@ -222,6 +223,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["modes", "sync-pause", "learn", "transport", "sync", "tracing", "tools"],
         help="which benchmark",
     )
+    _config_args(p)
+
+    p = sub.add_parser(
+        "export-data",
+        help="write data.task's prompts as verl-format parquet (train.parquet, val.parquet)",
+        description="Writes the train and val prompts of the config's data.task (arithmetic by "
+        "default; data.train_size, val_size, seed apply) to OUT/train.parquet and "
+        "OUT/val.parquet in verl's dataset format: data_source, prompt (chat messages), ability, "
+        "reward_model {style, ground_truth}, extra_info {split, index, prompt_id}. An example "
+        "of what data.train_files / data.val_files read.",
+    )
+    p.add_argument("--out", required=True, help="directory to write the two files into")
     _config_args(p)
     return parser
 
@@ -494,6 +507,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_data(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from asyncrl.tasks.files import export_task
+
+    cfg = _load(args)
+    for name, path in export_task(cfg.data, Path(args.out)).items():
+        rows = pq.read_metadata(path).num_rows
+        print(f"{name}: {path} ({rows} rows of data.task={cfg.data.task})")
+    return 0
+
+
 def _torch_threads(n: int) -> None:
     import torch
 
@@ -512,6 +539,7 @@ COMMANDS = {
     "monitor": cmd_monitor,
     "report": cmd_report,
     "bench": cmd_bench,
+    "export-data": cmd_export_data,
 }
 
 

@@ -91,6 +91,12 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     and ``val_tool_use`` with the agent loop on; step 0 is the warm-started policy).
     ``time_s`` counts from the start of RL, after the (cached) warm start.
     """
+    if cfg.data.from_files or cfg.actor_rollout_ref.model.path or cfg.custom_reward_function.path:
+        raise ValueError(
+            "the colocated baseline runs the built-in tiny model on data.task only: unset "
+            "data.train_files/val_files, actor_rollout_ref.model.path and "
+            "custom_reward_function.path"
+        )
     torch.manual_seed(cfg.trainer.seed)
     arr, actor = cfg.actor_rollout_ref, cfg.actor_rollout_ref.actor
     device = resolve_device(cfg.trainer.device)

@@ -18,7 +18,12 @@ import torch
 LossAggMode = Literal["token-mean", "seq-mean-token-mean"]
 
 
-def group_advantages(rewards: torch.Tensor, norm_by_std: bool, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor,
+    norm_by_std: bool,
+    eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Outcome advantages relative to the group: ``A_ij = (r_ij - mean_j r_ij) / (std_j + eps)``.
 
     ``rewards`` is ``[G, n]``: G prompts, n trajectories each. The group mean is the baseline
@@ -29,10 +34,17 @@ def group_advantages(rewards: torch.Tensor, norm_by_std: bool, eps: float = 1e-6
 
     Example, one group of rewards [1, 0, 0, 0]: mean 0.25, std = sqrt((0.75^2 + 3 * 0.25^2) / 3)
     = 0.5, so A = [1.5, -0.5, -0.5, -0.5].
+
+    ``valid`` (``[G, n]`` bool) leaves trajectories out, those whose reward failed: they get
+    advantage 0, and each group's mean and std are over its valid members only (a group with
+    one valid member of several: 0 too, nothing to compare it with). [1, x, 0, 0] with x left
+    out: mean 1/3, std = sqrt((4/9 + 2/9) / 2) = 0.577, A = [1.155, 0, -0.577, -0.577].
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [G, n], got shape {tuple(rewards.shape)}")
     rewards = rewards.float()
+    if valid is not None:
+        return _masked_group_advantages(rewards, valid.bool(), norm_by_std, eps)
     if rewards.shape[1] == 1:
         mean, std = torch.zeros_like(rewards), torch.ones_like(rewards)
     else:
@@ -40,6 +52,19 @@ def group_advantages(rewards: torch.Tensor, norm_by_std: bool, eps: float = 1e-6
         std = rewards.std(dim=1, keepdim=True)
     adv = rewards - mean
     return adv / (std + eps) if norm_by_std else adv
+
+
+def _masked_group_advantages(
+    rewards: torch.Tensor, valid: torch.Tensor, norm_by_std: bool, eps: float
+) -> torch.Tensor:
+    v = valid.to(rewards.dtype)
+    if rewards.shape[1] == 1:
+        return rewards * v
+    count = v.sum(dim=1, keepdim=True)
+    mean = (rewards * v).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    var = (((rewards - mean) * v) ** 2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)
+    adv = (rewards - mean) * v * (count > 1)
+    return adv / (var.sqrt() + eps) if norm_by_std else adv
 
 
 def token_logprobs(
@@ -58,6 +83,39 @@ def token_logprobs(
     ``response_mask`` is 0 are set to 0. Gradients flow (the trainer differentiates this).
     ``position_ids`` default to ``cumsum(attention_mask) - 1``.
     """
+    lp, _ = _token_logprobs(
+        model, input_ids, attention_mask, position_ids, response_mask, temperature, False
+    )
+    return lp
+
+
+def token_logprobs_and_entropy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` and, from the same forward pass, the ``[B, R]`` entropy of the
+    policy's next-token distribution at each response position (at ``temperature``, as verl's
+    ``entropy_from_logits``: ``H = -sum_v p_v log p_v``), detached and 0 where the mask is 0."""
+    lp, entropy = _token_logprobs(
+        model, input_ids, attention_mask, position_ids, response_mask, temperature, True
+    )
+    assert entropy is not None
+    return lp, entropy
+
+
+def _token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     width = response_mask.shape[1]
     prompt_width = input_ids.shape[1] - width
     if position_ids is None:
@@ -67,12 +125,31 @@ def token_logprobs(
     ).logits
     logits = logits[:, prompt_width - 1 : prompt_width - 1 + width].float() / temperature
     targets = input_ids[:, prompt_width:]
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-    return lp * response_mask.to(lp.dtype)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    mask = response_mask.to(log_probs.dtype)
+    lp = log_probs.gather(-1, targets[..., None]).squeeze(-1) * mask
+    if not with_entropy:
+        return lp, None
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(-1) * mask
+    return lp, entropy
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def aggregate(x: torch.Tensor, mask: torch.Tensor, loss_agg_mode: LossAggMode) -> torch.Tensor:
+    """A ``[B, R]`` per-token quantity reduced over the valid tokens (mask m), as verl's
+    ``agg_loss``: ``token-mean`` is ``sum(x * m) / sum(m)``; ``seq-mean-token-mean`` is
+    ``mean_i(sum_t x_it m_it / sum_t m_it)`` over the rows with a valid token."""
+    mask = mask.to(x.dtype)
+    if loss_agg_mode == "token-mean":
+        return _masked_mean(x, mask)
+    if loss_agg_mode == "seq-mean-token-mean":
+        per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return per_seq[mask.sum(-1) > 0].mean()
+    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
 
 
 def policy_loss(
@@ -110,13 +187,7 @@ def policy_loss(
     pg1 = -advantages * ratio
     pg2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
     per_token = torch.maximum(pg1, pg2)
-    if loss_agg_mode == "token-mean":
-        loss = _masked_mean(per_token, mask)
-    elif loss_agg_mode == "seq-mean-token-mean":
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        loss = per_seq[mask.sum(-1) > 0].mean()
-    else:
-        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
+    loss = aggregate(per_token, mask, loss_agg_mode)
     with torch.no_grad():
         metrics = {
             "pg_loss": float(loss),

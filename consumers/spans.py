@@ -18,10 +18,10 @@ from opentelemetry.trace import Link, Span, SpanKind
 
 from asyncrl.ops import tracing
 from asyncrl.ops.kafka import Record
+from asyncrl.ops.metrics import stale_in_step
 
 STEP_ATTRIBUTES = {
     "asyncrl.loss": "actor/pg_loss",
-    "asyncrl.stale_samples": "fully_async/count/stale_samples_processed",
     "asyncrl.partial_ratio": "fully_async/partial/partial_ratio",
     "asyncrl.reward_mean": "critic/score/mean",
 }
@@ -54,11 +54,13 @@ def start_step(batch: Sequence[Record[Any]], step: int, version: int, topic: str
 
 
 def end_step(span: Span, metrics: dict[str, float]) -> None:
-    """Put the step's figures on its span (loss, stale count, ...)."""
+    """Put the step's figures on its span (loss, stale count, ...). ``asyncrl.stale_samples``
+    is this step's count (samples at least one version behind), not verl's running total."""
     if span.is_recording():
         for attr, key in STEP_ATTRIBUTES.items():
             if key in metrics:
                 span.set_attribute(attr, float(metrics[key]))
+        span.set_attribute("asyncrl.stale_samples", float(stale_in_step(metrics)))
 
 
 def sync_span(version: int, trigger: Span) -> Span:

@@ -28,7 +28,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
+from confluent_kafka import KafkaException
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
@@ -43,7 +45,13 @@ from asyncrl.consumers.checkpoint import (
 from asyncrl.ops import tracing
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Reader, Record
-from asyncrl.ops.metrics import JsonlWriter, TensorBoardWriter, WaitClock
+from asyncrl.ops.metrics import (
+    JsonlWriter,
+    TensorBoardWriter,
+    WaitClock,
+    throughput_metrics,
+    timing_metrics,
+)
 from asyncrl.producers.budget import worker_share
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
@@ -61,8 +69,8 @@ class Trainer:
     def __init__(
         self, cfg: RunConfig, bootstrap: str, on_step: Callable[[dict], None] | None = None
     ):
-        from asyncrl.models.tiny import load_policy
-        from asyncrl.tasks import splits
+        from asyncrl.models.policy import load_policy
+        from asyncrl.producers.agent.factory import held_out_set
 
         self.cfg = cfg
         tracing.init_tracing(cfg, "asyncrl-trainer")
@@ -76,7 +84,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay
         )
-        _, self.val_problems = splits(cfg.data)
+        self.val_problems = held_out_set(cfg, self.tokenizer)
         self.last_val_tool_use: float | None = None
         self.num_workers = cfg.actor_rollout_ref.rollout.num_workers
         self.simulated = cfg.actor_rollout_ref.rollout.name == "sim"
@@ -118,8 +126,6 @@ class Trainer:
         self.sender: WeightSender | None = None
         self.wait_clock = WaitClock()
         self.rollouter_idle: dict[int, float] = {}
-        self.partial_window = {"partial": 0, "total": 0, "max_span": 0}
-        """Partial samples trained on since the last sync (verl's fully_async/partial/*)."""
         self.sync_pauses: list[float] = []
         self.sync_requested_ts: dict[int, float] = {}
         """Wall time each version's SyncRequested was published (event ``ts``)."""
@@ -141,6 +147,11 @@ class Trainer:
         """When the first worker got its weights: rollout could start (benchmarks time from it)."""
         self.samples_trained = 0
         self.last_sync: dict[str, float] = {}
+        """The last sync's timing_s/param_sync*, logged once, with the step after it."""
+        self.n_devices = 1 + self.num_workers
+        """verl's perf/throughput divides by every GPU of the run, trainer's and rollout's:
+        here the trainer's device and one per rollout worker."""
+        self.generated = 0
 
     def _take_version_above_the_log(self, bootstrap: str, resumed_step: int | None) -> None:
         """A restarted trainer's weights are those of its checkpoint, but an earlier trainer may
@@ -206,10 +217,6 @@ class Trainer:
             )
         )
         if workers is None:
-            self.last_sync = {
-                "timing/sync_pause_s": pause_wait_s,
-                "timing/sync_transfer_s": transfer_s,
-            }
             self.last_sync_of[self.version] = {"pause_s": pause_wait_s, "transfer_s": transfer_s}
             if self.step > 0:
                 self.sync_pauses.append(pause_wait_s)
@@ -322,7 +329,6 @@ class Trainer:
         """Steps 5 of the class docstring: one weight version, pause to publish."""
         t0 = time.monotonic()
         new_version = self.version + 1
-        self.partial_window = {"partial": 0, "total": 0, "max_span": 0}
         request = ev.SyncRequested(
             run_id=self.cfg.run_id,
             version=new_version,
@@ -338,6 +344,10 @@ class Trainer:
             with spans.phase("sync.transfer"):
                 self._publish_weights(pause_wait_s=time.monotonic() - t0)
         self.unresumed[new_version] = set(self.members)
+        trainer_side = self.last_sync_of[new_version]
+        self.last_sync = param_sync_metrics(
+            time.monotonic() - t0, trainer_side["pause_s"], trainer_side["transfer_s"]
+        )
 
     def _sync_resumed_by(self, version: int, worker: int) -> None:
         """Once every member resumed ``version``, log the whole sync as one metrics row."""
@@ -449,6 +459,20 @@ class Trainer:
                     )
         return self.batcher.take(n)
 
+    def _generated(self) -> int:
+        """Samples the rollout workers have published to ``samples`` so far (verl's
+        ``fully_async/count/total_generated_samples``): the topic's end offsets, summed. Kept
+        at the last answer if the broker does not give one."""
+        topic = self.cfg.topic("samples")
+        try:
+            # The last fetch's watermark: no broker round trip on the step's path.
+            self.generated = max(
+                self.generated, sum(self.samples.end_offsets(topic, ask=False).values())
+            )
+        except (KafkaException, TimeoutError) as err:  # a metric must not stop training
+            log.warning("end offsets of %s: %s", topic, err)
+        return self.generated
+
     # --- one update -----------------------------------------------------------------------------
     def train_step(self, batch: list[Record[Sample]]) -> dict[str, float]:
         from asyncrl.consumers.update import grpo_update, simulated_update
@@ -465,25 +489,6 @@ class Trainer:
                 self.device,
                 pad_token_id=self.tokenizer.pad_token_id,
             )
-        stale = [r.value for r in batch if r.value.param_version < self.version]
-        metrics["fully_async/count/stale_samples_processed"] = float(len(stale))
-        metrics.update(staleness_metrics([self.version - r.value.param_version for r in batch]))
-        metrics["fully_async/count/stale_trajectory_processed"] = float(
-            sum(
-                1
-                for s in (r.value for r in batch)
-                for t in s.trajectories
-                if t.param_version_start < self.version
-            )
-        )
-        window = self.partial_window
-        spans = [max(t.span for t in r.value.trajectories) for r in batch]
-        window["partial"] += sum(1 for span in spans if span > 0)
-        window["total"] += len(batch)
-        window["max_span"] = max(window["max_span"], *spans)
-        metrics["fully_async/partial/total_partial_num"] = float(window["partial"])
-        metrics["fully_async/partial/partial_ratio"] = window["partial"] / window["total"]
-        metrics["fully_async/partial/max_partial_span"] = float(window["max_span"])
         return metrics
 
     def evaluate(self) -> float:
@@ -558,18 +563,35 @@ class Trainer:
         while self.step < tc.total_training_steps:
             t_step = time.monotonic()
             batch = self._wait_for_batch(self.cfg.required_samples)
+            gen_s = time.monotonic() - t_step
             step_span = spans.start_step(
                 batch, self.step + 1, self.version, self.cfg.topic("samples")
             )
             checksum_before = self._checksum()  # lets a replay check its start
+            t_update = time.monotonic()
             metrics = self.train_step(batch)
+            t_end = time.monotonic()
             self._checksum_cache = None  # the update changed the weights
             self.step += 1
             self.samples_trained += len(batch)
-            elapsed = time.monotonic() - self.t_start
+            elapsed = t_end - self.t_start
+            metrics.update(
+                step_metrics(
+                    [r.value for r in batch],
+                    step=self.step,
+                    version=self.version,
+                    totals=self.history,
+                    timing_raw={
+                        "gen": gen_s,
+                        "update_actor": t_end - t_update,
+                        "step": t_end - t_step,
+                    },
+                    n_devices=self.n_devices,
+                    generated=self._generated(),
+                )
+            )
             metrics.update(
                 {
-                    "timing/step_s": time.monotonic() - t_step,
                     "perf/samples_per_s": self.samples_trained / max(elapsed, 1e-9),
                     "perf/elapsed_s": elapsed,
                     "fully_async/count/dropped_samples": float(sum(self.batcher.dropped.values())),
@@ -595,7 +617,8 @@ class Trainer:
             for key in ("trainer/idle_ratio", "rollouter/idle_ratio"):
                 if key in self.history:
                     metrics[key] = self.history[key]
-            metrics.update(self.last_sync)
+            metrics.update(self.last_sync)  # once: the first step after the sync
+            self.last_sync = {}
             spans.end_step(step_span, metrics)
             with trace.use_span(step_span, end_on_exit=True):
                 self._record_step(batch, metrics, checksum_before)
@@ -659,6 +682,102 @@ class Trainer:
         self.control.close()
         if self.sender is not None:
             self.sender.close()
+
+
+STALE_SAMPLES = "fully_async/count/stale_samples_processed"
+STALE_TRAJECTORIES = "fully_async/count/stale_trajectory_processed"
+CUMULATIVE = (STALE_SAMPLES, STALE_TRAJECTORIES)
+"""verl's cumulative counters the trainer keeps (in its checkpointed history, so a restarted
+trainer goes on counting from its checkpoint)."""
+
+
+def step_metrics(
+    samples: list[Sample],
+    *,
+    step: int,
+    version: int,
+    totals: dict[str, Any],
+    timing_raw: dict[str, float],
+    n_devices: int,
+    generated: int,
+) -> dict[str, float]:
+    """A step's figures besides the update's own (``actor/*`` and the batch's data metrics,
+    from ``update.py``), under verl's names and with verl's meaning.
+
+    ``step`` is the step just done (1-based), ``version`` the weight version it trained under,
+    ``totals`` the cumulative counters (updated in place), ``timing_raw`` the seconds of
+    ``gen`` (waiting for the batch), ``update_actor`` and the whole ``step``, ``n_devices`` the
+    GPUs (devices) of the run, ``generated`` the samples published by the rollout so far.
+    """
+    out = fully_async_metrics(samples, version, totals)
+    prompt_tokens = sum(len(s.prompt_ids) * len(s.trajectories) for s in samples)
+    response_tokens = sum(len(t.response_ids) for s in samples for t in s.trajectories)
+    out.update(timing_metrics(timing_raw, prompt_tokens, response_tokens))
+    out.update(throughput_metrics(prompt_tokens + response_tokens, timing_raw["step"], n_devices))
+    out["fully_async/total_wait_time"] = timing_raw["gen"]
+    out["fully_async/count/total_generated_samples"] = float(generated)
+    out["training/global_step"] = float(step)
+    return out
+
+
+def fully_async_metrics(
+    samples: list[Sample], version: int, totals: dict[str, Any]
+) -> dict[str, float]:
+    """verl's ``fully_async/*`` figures of a batch trained at weight ``version``.
+
+    As verl's trainer (``_collect_metrics_from_samples``): a sample (a trajectory) is stale
+    when it was finished under an older version than the trainer's, ``version -
+    param_version_end >= 1``; the counts are cumulative over the run (``totals``, updated in
+    place). As verl's batch assembly (``assemble_batch_from_rollout_samples``), per trajectory
+    of the batch: ``partial/total_partial_num`` (trajectories whose tokens span more than one
+    version), ``partial/partial_ratio`` (their share), ``partial/max_partial_span`` (most
+    versions spanned); ``processing_time/*``, each trajectory's generation time (admission to
+    finish, less its tool calls and reward scoring; a trajectory interrupted by a sync counts
+    the pause too, where verl's counts generation only); ``timing_s/agent_loop/tool_calls/*``,
+    each trajectory's tool time. Also asyncrl's ``fully_async/staleness/*``
+    (:func:`staleness_metrics`), by the *oldest* token of each sample.
+    """
+    trajs = [t for s in samples for t in s.trajectories]
+    stale = {
+        STALE_SAMPLES: sum(1 for s in samples if version - s.param_version_end >= 1),
+        STALE_TRAJECTORIES: sum(1 for t in trajs if version - t.param_version >= 1),
+    }
+    for key, n in stale.items():
+        totals[key] = float(totals.get(key, 0.0)) + n
+    version_spans = [t.span for t in trajs]
+    partial = sum(1 for span in version_spans if span > 0)
+    times = np.array([max(t.t_end - t.t_start - t.tool_s - t.reward_s, 0.0) for t in trajs])
+    tools = np.array([t.tool_s for t in trajs])
+    out = {key: float(totals[key]) for key in CUMULATIVE}
+    out.update(
+        {
+            "fully_async/count/current_param_version": float(version),
+            "fully_async/partial/total_partial_num": float(partial),
+            "fully_async/partial/partial_ratio": partial / len(trajs),
+            "fully_async/partial/max_partial_span": float(max(version_spans)),
+            "fully_async/processing_time/avg": float(times.mean()),
+            "fully_async/processing_time/max": float(times.max()),
+            "fully_async/processing_time/min": float(times.min()),
+            "fully_async/processing_time/tp50": float(np.percentile(times, 50)),
+            "fully_async/processing_time/tp99": float(np.percentile(times, 99)),
+            "fully_async/processing_time/tp95": float(np.percentile(times, 95)),
+            "timing_s/agent_loop/tool_calls/max": float(tools.max()),
+            "timing_s/agent_loop/tool_calls/min": float(tools.min()),
+            "timing_s/agent_loop/tool_calls/mean": float(tools.mean()),
+        }
+    )
+    out.update(staleness_metrics([version - s.param_version for s in samples]))
+    return out
+
+
+def param_sync_metrics(total_s: float, pause_s: float, transfer_s: float) -> dict[str, float]:
+    """A sync's times: verl's ``timing_s/param_sync`` (the trainer's whole sync: pause the
+    rollout, then send the weights) and asyncrl's split of it."""
+    return {
+        "timing_s/param_sync": total_s,
+        "timing_s/param_sync_pause": pause_s,
+        "timing_s/param_sync_transfer": transfer_s,
+    }
 
 
 def staleness_metrics(staleness: list[int]) -> dict[str, float]:

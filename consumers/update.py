@@ -11,10 +11,12 @@ import torch
 
 from asyncrl.consumers.grpo import (
     Batch,
+    aggregate,
     build_batch,
     group_advantages,
     policy_loss,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 from asyncrl.ops.config import RunConfig
 from asyncrl.schemas.sample import Sample
@@ -26,7 +28,11 @@ def policy_step(
     """One optimizer step on one mini-batch: clipped policy loss, backward, clip, step.
 
     ``old_log_prob`` is the rollout's (``use_rollout_log_probs``) or recomputed with the
-    current weights before the update (verl's default for the actor).
+    current weights before the update (verl's default for the actor). Metrics, verl's
+    (``verl/workers/actor/dp_actor.py``, ``fsdp_workers.py``): ``pg_loss``, ``pg_clipfrac``,
+    ``ppo_kl``, ``entropy`` (the policy's token entropy on the valid response tokens,
+    aggregated by ``loss_agg_mode``), ``grad_norm`` (before clipping) and ``lr`` (the learning
+    rate this step used).
     """
     actor = cfg.actor_rollout_ref.actor
     temperature = cfg.actor_rollout_ref.rollout.temperature
@@ -36,13 +42,15 @@ def policy_step(
     else:
         with torch.no_grad():
             old = token_logprobs(model, *args, temperature)
-    logprobs = token_logprobs(model, *args, temperature)
+    logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature)
     loss, metrics = policy_loss(
         logprobs, old, batch.advantages, batch.response_mask, actor.clip_ratio, actor.loss_agg_mode
     )
+    metrics["entropy"] = float(aggregate(entropy, batch.response_mask, actor.loss_agg_mode))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), actor.optim.grad_clip)
+    metrics["lr"] = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
     metrics["grad_norm"] = float(grad_norm)
     return metrics
@@ -58,7 +66,8 @@ def grpo_update(
 ) -> dict[str, float]:
     actor = cfg.actor_rollout_ref.actor
     rewards = torch.tensor([s.rewards for s in samples], dtype=torch.float32)
-    advantages = group_advantages(rewards, cfg.algorithm.norm_adv_by_std_in_grpo)
+    valid = reward_valid(samples)
+    advantages = group_advantages(rewards, cfg.algorithm.norm_adv_by_std_in_grpo, valid=valid)
     size = actor.ppo_mini_batch_size
     totals: dict[str, float] = {}
     n_mini = 0
@@ -68,31 +77,133 @@ def grpo_update(
             for g, s in enumerate(samples[start : start + size], start=start)
             for i, t in enumerate(s.trajectories)
         ]
-        masks = [t.response_mask for s in samples[start : start + size] for t in s.trajectories]
+        masks = [
+            [0] * len(t.response_mask) if t.reward_failed else t.response_mask
+            for s in samples[start : start + size]
+            for t in s.trajectories
+        ]
         batch = build_batch(rows, pad_token_id).to(device)
-        for i, m in enumerate(masks):  # tool tokens (mask 0) are not trained on
+        for i, m in enumerate(masks):  # tool tokens (mask 0) are not trained on, nor failures
             batch.response_mask[i, : len(m)] *= torch.tensor(m, dtype=torch.float32, device=device)
+        if valid is not None and not bool(batch.response_mask.any()):
+            continue  # every trajectory of the mini-batch failed its reward: nothing to learn
         m = policy_step(model, optimizer, batch, cfg)
         for k, v in m.items():
             totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
         n_mini += 1
     metrics = {k: v / n_mini for k, v in totals.items()}
-    lengths = [len(t.response_ids) for s in samples for t in s.trajectories]
-    metrics["critic/score/mean"] = float(rewards.mean())
-    metrics["critic/advantages/max"] = float(advantages.max())
-    metrics["response_length/mean"] = sum(lengths) / len(lengths)
+    metrics.update(data_metrics(samples, advantages, cfg))
+    metrics.update(reward_metrics(samples))
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         metrics.update(agent_metrics(samples))
     return metrics
 
 
+def data_metrics(
+    samples: list[Sample], advantages: torch.Tensor, cfg: RunConfig
+) -> dict[str, float]:
+    """verl's ``compute_data_metrics`` (``verl/trainer/ppo/metric_utils.py``) on a step's
+    batch, one row per trajectory, no critic.
+
+    * ``critic/score/*`` and ``critic/rewards/*`` (the same here: no KL penalty in the
+      reward): mean, max, min of the trajectories' rewards, aborted ones (no response token)
+      left out;
+    * ``critic/advantages/*`` and ``critic/returns/*`` (GRPO's returns are its advantages):
+      over the valid response tokens (tool tokens excluded), so a trajectory weighs by its
+      trained tokens;
+    * ``response_length/*``: response tokens per trajectory (tool responses included, as
+      verl's attention mask counts them); ``clip_ratio`` is the share that reached
+      ``data.max_response_length``. ``response_length_non_aborted/*`` the same over the
+      non-aborted ones, ``response/aborted_ratio`` the share aborted;
+    * ``prompt_length/*``: prompt tokens; ``clip_ratio`` the share at ``data.max_prompt_length``;
+    * ``num_turns/*``: messages of the conversation, the prompt counted (verl's agent loop:
+      2 for a single turn). asyncrl's trajectories count one message per tool response where
+      verl counts one per round of them, so the two agree while a turn makes one call at most.
+    """
+    rows = [
+        (s, t, float(advantages[g, i]))
+        for g, s in enumerate(samples)
+        for i, t in enumerate(s.trajectories)
+    ]
+    lengths = [float(len(t.response_ids)) for _, t, _ in rows]
+    prompts = [float(len(s.prompt_ids)) for s, _, _ in rows]
+    kept = [r for r, n in zip(rows, lengths, strict=True) if n > 0 and not r[1].reward_failed]
+    kept = kept or rows
+    scores = [t.reward for _, t, _ in kept]
+    tokens = [(a, float(sum(t.response_mask))) for _, t, a in rows]
+    valid = [a for a, n in tokens if n > 0] or [0.0]
+    n_valid = sum(n for _, n in tokens)
+    adv_mean = sum(a * n for a, n in tokens) / n_valid if n_valid else 0.0
+    non_aborted = [n for n in lengths if n > 0] or [0.0]
+    max_resp, max_prompt = cfg.data.max_response_length, cfg.data.max_prompt_length
+    out = {
+        **_stats("critic/score", scores),
+        **_stats("critic/rewards", scores),
+        "critic/advantages/mean": adv_mean,
+        "critic/advantages/max": max(valid),
+        "critic/advantages/min": min(valid),
+        "critic/returns/mean": adv_mean,
+        "critic/returns/max": max(valid),
+        "critic/returns/min": min(valid),
+        **_stats("response_length", lengths),
+        "response_length/clip_ratio": _share(lengths, lambda n: n >= max_resp),
+        **_stats("response_length_non_aborted", non_aborted),
+        "response_length_non_aborted/clip_ratio": _share(non_aborted, lambda n: n >= max_resp),
+        "response/aborted_ratio": _share(lengths, lambda n: n == 0),
+        **_stats("prompt_length", prompts),
+        "prompt_length/clip_ratio": _share(prompts, lambda n: n >= max_prompt),
+    }
+    # the prompt, then at least the one assistant turn (samples from before schema 3 say 0)
+    turns = [float(1 + max(t.num_turns, 1)) for _, t, _ in rows]
+    out.update({"num_turns/min": min(turns), "num_turns/max": max(turns)})
+    out["num_turns/mean"] = sum(turns) / len(turns)
+    return out
+
+
+def reward_valid(samples: list[Sample]) -> torch.Tensor | None:
+    """``[G, n]``: False where a trajectory's reward failed (``reward_error``); None if none did
+    (the update is then exactly what it was before reward failures existed)."""
+    failed = [[t.reward_failed for t in s.trajectories] for s in samples]
+    if not any(any(row) for row in failed):
+        return None
+    return ~torch.tensor(failed, dtype=torch.bool)
+
+
+def reward_metrics(samples: list[Sample]) -> dict[str, float]:
+    """``reward/failures``: trajectories of the step whose reward function raised or timed out
+    (not trained on); ``reward/<key>/mean``: each extra number a reward function's dict
+    returned, over the trajectories that have it."""
+    import json
+
+    trajs = [t for s in samples for t in s.trajectories]
+    out = {"reward/failures": float(sum(t.reward_failed for t in trajs))}
+    extra: dict[str, list[float]] = {}
+    for t in trajs:
+        for key, value in (json.loads(t.reward_extra) if t.reward_extra else {}).items():
+            extra.setdefault(key, []).append(float(value))
+    for key, values in sorted(extra.items()):
+        out[f"reward/{key}/mean"] = sum(values) / len(values)
+    return out
+
+
+def _stats(prefix: str, values: list[float]) -> dict[str, float]:
+    return {
+        f"{prefix}/mean": sum(values) / len(values),
+        f"{prefix}/max": float(max(values)),
+        f"{prefix}/min": float(min(values)),
+    }
+
+
+def _share(values: list[float], pred) -> float:
+    return sum(1 for v in values if pred(v)) / len(values)
+
+
 def agent_metrics(samples: list[Sample]) -> dict[str, float]:
-    """The agent loop's per-step figures: turns, tool calls, errors, latency, tool use."""
+    """The agent loop's per-step figures verl has no name for (its ``num_turns/*`` are in
+    :func:`data_metrics`): tool calls and errors per trajectory, latency per call, tool use."""
     trajs = [t for s in samples for t in s.trajectories]
     calls = sum(t.tool_calls for t in trajs)
     return {
-        "agent/num_turns/mean": sum(t.num_turns for t in trajs) / len(trajs),
-        "agent/num_turns/max": float(max(t.num_turns for t in trajs)),
         "agent/tool_calls/mean": calls / len(trajs),
         "agent/tool_errors/mean": sum(t.tool_errors for t in trajs) / len(trajs),
         "agent/tool_latency_s/mean": sum(t.tool_s for t in trajs) / calls if calls else 0.0,
@@ -106,9 +217,8 @@ def simulated_update(samples: list[Sample], cfg: RunConfig) -> dict[str, float]:
     import time
 
     time.sleep(cfg.sim.train_s_per_sample * len(samples))
-    lengths = [len(t.response_ids) for s in samples for t in s.trajectories]
-    rewards = [r for s in samples for r in s.rewards]
-    return {
-        "critic/score/mean": sum(rewards) / len(rewards),
-        "response_length/mean": sum(lengths) / len(lengths),
-    }
+    rewards = torch.tensor([s.rewards for s in samples], dtype=torch.float32)
+    advantages = group_advantages(
+        rewards, cfg.algorithm.norm_adv_by_std_in_grpo, valid=reward_valid(samples)
+    )
+    return {**data_metrics(samples, advantages, cfg), **reward_metrics(samples)}

@@ -41,18 +41,14 @@ def step_rows(cfg: RunConfig) -> list[dict[str, Any]]:
 
 
 def partial_totals(rows: list[dict[str, Any]]) -> tuple[int, int]:
-    """(partial samples trained on, max span) over a run's step rows.
+    """(partial trajectories trained on, max span) over a run's step rows.
 
-    ``total_partial_num`` counts within a sync window (one weight version), so the run's total
-    is the sum over versions of each window's last value.
+    ``fully_async/partial/total_partial_num`` counts the trajectories of one step's batch that
+    span more than one weight version (verl's per-batch figure), so the run's total is the sum.
     """
-    per_version: dict[int, int] = {}
-    span = 0
-    for row in rows:
-        num = int(row.get("fully_async/partial/total_partial_num", 0))
-        per_version[row["version"]] = max(per_version.get(row["version"], 0), num)
-        span = max(span, int(row.get("fully_async/partial/max_partial_span", 0)))
-    return sum(per_version.values()), span
+    num = sum(int(row.get("fully_async/partial/total_partial_num", 0)) for row in rows)
+    span = max((int(row.get("fully_async/partial/max_partial_span", 0)) for row in rows), default=0)
+    return num, span
 
 
 def sync_pause(config: str | None, overrides: list[str], console: Console) -> dict[str, Any]:
@@ -76,13 +72,13 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
         n_partial, span = partial_totals(step_rows(cfg))
         results[mode] = {
             **summary,
-            "partial_samples": n_partial,
+            "partial_trajectories": n_partial,
             "max_partial_span": span,
             "samples_per_s": summary["samples_trained"] / summary["elapsed_s"],
         }
     table = Table(title="sync pause: mode (c) vs mode (d), same workload")
     cols = ("mode", "syncs", "pause mean s", "pause max s", "pause->resumed s", "samples/s")
-    for col in (*cols, "partial samples"):
+    for col in (*cols, "partial trajectories"):
         table.add_column(col, justify="right")
     for mode, r in results.items():
         table.add_row(
@@ -92,7 +88,7 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
             f"{r['sync_pause_s_max']:.3f}",
             f"{r['sync_resumed_s_mean']:.3f}",
             f"{r['samples_per_s']:.1f}",
-            str(r["partial_samples"]),
+            str(r["partial_trajectories"]),
         )
     console.print(table)
     c, d = results["c"], results["d"]

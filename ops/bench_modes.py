@@ -27,6 +27,7 @@ from rich.table import Table
 
 from asyncrl.ops.bench import partial_totals, step_rows
 from asyncrl.ops.config import RunConfig, load_config
+from asyncrl.ops.metrics import stale_in_step
 
 BATCH = 32  # samples per step (the colocated train_batch_size)
 TRIGGER = 4  # local updates per sync window in modes (b)-(d)
@@ -126,10 +127,9 @@ def _async_row(cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
         "local_updates": summary["step"],
         "trainer_idle": mean("trainer/idle_ratio"),
         "rollouter_idle": mean("rollouter/idle_ratio"),
-        "stale_samples": int(
-            sum(r.get("fully_async/count/stale_samples_processed", 0) for r in rows)
-        ),
-        "partial_ratio": partial / max(samples, 1),
+        # samples trained at least one version behind (by the oldest token), step by step
+        "stale_samples": sum(stale_in_step(r) for r in rows),
+        "partial_ratio": partial / max(samples * n, 1),  # of the trajectories
         "ideal_s": max(rollout_ideal, train_ideal),
     }
 

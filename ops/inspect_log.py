@@ -26,6 +26,7 @@ from asyncrl.ops.kafka import (
     Record,
     raw_decode,
 )
+from asyncrl.ops.metrics import stale_in_step
 from asyncrl.schemas import DecodeError
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.partial import decode_partial
@@ -135,6 +136,8 @@ def _sample_row(rec, text: Callable[[list[int]], str] | None, consumed) -> dict[
         row["turns"] = [t.num_turns for t in trajs]
         row["tool_calls"] = sum(t.tool_calls for t in trajs)
         row["tool_errors"] = sum(t.tool_errors for t in trajs)
+    if any(t.reward_failed for t in trajs):  # the reward function raised or timed out
+        row["reward_errors"] = [t.reward_error for t in trajs]
     step = consumed.get(s.sample_id)
     row["trained_at_step"] = step[0] if step else None
     row["staleness"] = step[1] - s.param_version if step else None
@@ -197,7 +200,7 @@ def _step_row(rec, _text, _consumed) -> dict[str, Any]:
         "samples": len(s.sample_ids),
         "pg_loss": m.get("actor/pg_loss"),
         "reward": m.get("critic/score/mean"),
-        "stale": m.get("fully_async/count/stale_samples_processed"),
+        "stale": stale_in_step(m),  # this step's; verl's stale_samples_processed is a total
         "accuracy": m.get("val/accuracy"),
     }
 
@@ -241,9 +244,9 @@ def inspect_topic(
         raise ValueError(f"unknown topic {name!r}; choose from {', '.join(TOPICS)}")
     decode_text = None
     if text:
-        from asyncrl.models.tiny import task_tokenizer
+        from asyncrl.models.policy import load_tokenizer
 
-        tok = task_tokenizer(cfg.data)
+        tok = load_tokenizer(cfg)
 
         def decode_text(ids: list[int]) -> str:
             return tok.decode(ids, skip_special_tokens=True)

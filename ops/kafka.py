@@ -639,6 +639,31 @@ class Reader(Generic[T]):
         found = self._consumer.offsets_for_times(parts, timeout=10)
         return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
 
+    def end_offsets(self, topic: str, timeout: float = 5.0, ask: bool = True) -> dict[int, int]:
+        """``{partition: high watermark}`` of the assigned partitions of ``topic`` (the offset
+        the next message will get); raises KafkaException on an error, TimeoutError if the
+        broker does not answer within ``timeout``.
+
+        The larger of the broker's answer and the watermark of the last fetch response: Tansu
+        answers ListOffsets(latest) with the base offset of the last record *batch* + 1, short
+        of the end when a batch holds several records, while its fetch responses are right
+        (a Kafka broker is right both ways; the fetch's may lag by one fetch). ``ask=False``:
+        the last fetch's alone, without a round trip to the broker (for a per-step metric).
+        """
+        out = {}
+        for t, p in self.assignment():
+            if t == topic:
+                tp = TopicPartition(t, p)
+                fetched = self._consumer.get_watermark_offsets(tp, cached=True)
+                if not ask:
+                    out[p] = max(fetched[1], 0) if fetched else 0
+                    continue
+                asked = self._consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+                if asked is None:
+                    raise TimeoutError(f"no watermark of {t}[{p}] within {timeout} s")
+                out[p] = max(asked[1], fetched[1] if fetched else -1)
+        return out
+
     def assignment(self) -> list[tuple[str, int]]:
         return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
 

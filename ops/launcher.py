@@ -86,6 +86,15 @@ def prepare_policy(cfg: RunConfig, console: Console) -> None:
 
     from asyncrl.models.tiny import load_policy, policy_dir, warm_start_metrics
 
+    if cfg.actor_rollout_ref.model.path is not None:
+        from asyncrl.models.policy import load_tokenizer
+
+        load_tokenizer(cfg)  # fails now, naming actor_rollout_ref.model.path, if it cannot load
+        console.log(
+            f"policy: {cfg.actor_rollout_ref.model.path} (actor_rollout_ref.model.path; "
+            "loaded by each process, no warm start)"
+        )
+        return
     t0 = time.monotonic()
     if warm_start_metrics(cfg) is None:
         console.log(f"warm-starting the policy (once per config; cached in {policy_dir(cfg)})")
@@ -112,6 +121,19 @@ def prepare_policy(cfg: RunConfig, console: Console) -> None:
     )
 
 
+def _log_data(cfg: RunConfig, console: Console, split: str, read: Any) -> None:
+    """How many prompts of data.<split>_files are used, and how many were too long."""
+    limit = f"data.max_prompt_length={cfg.data.max_prompt_length}"
+    console.log(
+        f"data: {len(read.rows)} of the {read.total} prompts in data.{split}_files"
+        + (
+            f" ({read.too_long} longer than {limit} tokens after the chat template: left out)"
+            if read.too_long
+            else f" (all within {limit} tokens)"
+        )
+    )
+
+
 def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig, Path]:
     """Everything a run needs before its processes start: topics, the warm-started policy,
     the prompts, and the resolved config every process reads (``run_dir/config.yaml``).
@@ -128,11 +150,18 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     prepare_policy(resolved, console)
 
     from asyncrl.ops.tracing import init_tracing, shutdown_tracing
-    from asyncrl.producers.feed import feed_prompts
+    from asyncrl.producers.feed import feed_prompts, train_prompts
 
+    train, split = train_prompts(resolved)
+    if split is not None:
+        _log_data(resolved, console, "train", split)
+        from asyncrl.models.policy import load_tokenizer
+        from asyncrl.tasks.files import load_split
+
+        _log_data(resolved, console, "val", load_split(resolved, "val", load_tokenizer(resolved)))
     init_tracing(resolved, "asyncrl-launcher")  # the feed's spans: the prompts' contexts
     try:
-        written, present = feed_prompts(resolved, bootstrap)
+        written, present = feed_prompts(resolved, bootstrap, train=train)
     finally:
         shutdown_tracing()
     console.log(

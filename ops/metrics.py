@@ -1,7 +1,10 @@
 """Metrics: verl's names (DESIGN.md section 5), a local JSONL file, and window clocks.
 
-The idle ratios are computed over the whole sync window (from one sync to the next), not
-only over the last pause, which is a known verl bug.
+Names and meanings follow verl (docs/observability.md lists each with the verl file it comes
+from); :func:`timing_metrics` and :func:`throughput_metrics` are verl's
+``compute_timing_metrics`` and ``compute_throughout_metrics`` (verl/trainer/ppo/metric_utils.py)
+on token counts. The idle ratios are computed over the whole sync window (from one sync to
+the next), not only over the last pause, which is a known verl bug.
 """
 
 from __future__ import annotations
@@ -11,6 +14,51 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+_PER_TOKEN_STAGES = ("ref", "values", "adv", "update_critic", "update_actor")
+
+
+def timing_metrics(
+    timing_raw: dict[str, float], prompt_tokens: int, response_tokens: int
+) -> dict[str, float]:
+    """``timing_s/<name>``: seconds of each timed stage of a step; ``timing_per_token_ms/gen``
+    per response token, ``timing_per_token_ms/<update stage>`` per prompt + response token."""
+    tokens = {
+        "gen": response_tokens,
+        **dict.fromkeys(_PER_TOKEN_STAGES, prompt_tokens + response_tokens),
+    }
+    out = {f"timing_s/{name}": float(s) for name, s in timing_raw.items()}
+    for name in timing_raw.keys() & tokens.keys():
+        if tokens[name]:
+            out[f"timing_per_token_ms/{name}"] = timing_raw[name] * 1000 / tokens[name]
+    return out
+
+
+def throughput_metrics(total_num_tokens: int, step_s: float, n_devices: int) -> dict[str, float]:
+    """``perf/total_num_tokens``: prompt + response tokens of the step's batch (every
+    trajectory); ``perf/time_per_step``: the step's seconds; ``perf/throughput``: tokens per
+    second per device, ``total_num_tokens / (time_per_step * n_devices)``."""
+    return {
+        "perf/total_num_tokens": float(total_num_tokens),
+        "perf/time_per_step": step_s,
+        "perf/throughput": total_num_tokens / (max(step_s, 1e-9) * max(n_devices, 1)),
+    }
+
+
+STALENESS_PREFIX = "fully_async/staleness/count_"
+
+
+def stale_in_step(metrics: dict[str, Any]) -> int:
+    """Samples of one step's row trained at least one version behind (asyncrl's per-step
+    ``fully_async/staleness/count_<k>``, k >= 1; verl's ``fully_async/count/stale_*`` are
+    running totals)."""
+    return int(
+        sum(
+            v
+            for k, v in metrics.items()
+            if k.startswith(STALENESS_PREFIX) and int(k.removeprefix(STALENESS_PREFIX)) > 0
+        )
+    )
 
 
 class JsonlWriter:

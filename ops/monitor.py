@@ -28,6 +28,7 @@ from rich.live import Live
 from rich.table import Table
 
 from asyncrl.ops.config import RunConfig
+from asyncrl.ops.metrics import stale_in_step
 from asyncrl.schemas import DecodeError
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample, decode_sample
@@ -82,7 +83,7 @@ class RunMonitor:
         m = rec.metrics
         v = self.versions[rec.version]
         v.consumed += len(rec.sample_ids)
-        v.stale += int(m.get("fully_async/count/stale_samples_processed", 0))
+        v.stale += stale_in_step(m)  # this step's (verl's stale_samples_processed is a total)
         for key, n in m.items():
             if key.startswith("fully_async/staleness/count_"):
                 v.staleness[int(key.rsplit("_", 1)[1])] += int(n)

@@ -108,12 +108,50 @@ def _output_dir(cfg: RunConfig) -> Check:
     return Check("output_dir", True, f"{cfg.run_dir} (writable)")
 
 
+def _model_path(cfg: RunConfig) -> Check:
+    from asyncrl.models.policy import PATH_KEY, check_model_path
+
+    path = cfg.actor_rollout_ref.model.path
+    if path is None:
+        return Check(PATH_KEY, True, "unset: the built-in tiny model")
+    problem = check_model_path(cfg)
+    return Check(PATH_KEY, problem is None, problem or f"{path}: a Hugging Face checkpoint")
+
+
+def _data_files(cfg: RunConfig) -> list[Check]:
+    if not cfg.data.from_files:
+        return []
+    checks = []
+    for split, paths in (("train", cfg.data.train_paths), ("val", cfg.data.val_paths)):
+        missing = [p for p in paths if not Path(p).expanduser().is_file()]
+        detail = f"{', '.join(missing)}: no such file" if missing else ", ".join(paths)
+        checks.append(Check(f"data.{split}_files", not missing, detail))
+    return checks
+
+
+def _reward_function(cfg: RunConfig, here: bool) -> Check:
+    crf = cfg.custom_reward_function
+    if crf.path is None:
+        return Check("custom_reward_function.path", True, "unset: the task's built-in rule")
+    if not here:
+        return Check("custom_reward_function.path", None, "checked by each rollout worker")
+    from asyncrl.producers.reward import check_reward_function
+
+    problem = check_reward_function(cfg)
+    if problem is not None:
+        return Check(problem[0], False, problem[1])
+    return Check("custom_reward_function.path", True, f"{crf.path}: {crf.name} loads")
+
+
 def startup_checks(cfg: RunConfig, role: str) -> list[Check]:
     """Every start-up check for ``role`` (run, train or rollout), passed or not."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     here = role == "train" or (role == "run" and cfg.launcher == "local")
-    checks = [_tool_config(cfg)]
+    checks = [_tool_config(cfg), _model_path(cfg)]
+    checks.append(_reward_function(cfg, here=role != "run" or cfg.launcher == "local"))
+    if role != "rollout":
+        checks += _data_files(cfg)
     if role != "rollout":
         checks += _cuda(cfg, here)
         if "tensorboard" in cfg.trainer.logger:

@@ -44,7 +44,8 @@ class StepProgress:
 
     def update(self, rec: StepRecord) -> None:
         m = rec.metrics
-        self.stale += int(m.get("fully_async/count/stale_samples_processed", 0))
+        # verl's counter is the run's running total: the latest value is the count so far.
+        self.stale = int(m.get("fully_async/count/stale_samples_processed", self.stale))
         if "val/accuracy" in m:
             self.accuracy = m["val/accuracy"]
             tools = (

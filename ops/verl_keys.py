@@ -157,15 +157,16 @@ LAYOUT = (
 NAMES = "experiment naming for verl's trackers: asyncrl names a run by run_id"
 PROFILE = "profiling: asyncrl traces with OpenTelemetry instead (tracing.*)"
 DATA = (
-    "dataset files: asyncrl trains on its built-in tasks (data.task) and has no dataset loader yet"
+    "a dataset option asyncrl's loader lacks: it reads verl-format parquet as it is "
+    "(data.train_files/val_files, data.prompt_key; text chat messages)"
 )
 MODEL = (
-    "model loading: asyncrl builds its policy from actor_rollout_ref.model.* (no Hugging Face "
-    "checkpoint yet)"
+    "model loading: asyncrl loads actor_rollout_ref.model.path as it is (AutoModelForCausalLM "
+    "and its tokenizer, float32), with no such option"
 )
 REWARD = (
-    "reward managers and reward models: asyncrl's reward is its task's rule (data.task), with no "
-    "reward manager"
+    "reward managers and reward models: asyncrl's reward is its task's rule or "
+    "custom_reward_function, with no reward manager"
 )
 LR = "asyncrl's AdamW runs at the constant actor_rollout_ref.actor.optim.lr (no schedule, no warm-up)"
 CKPT = "asyncrl writes checkpoints to output_dir/run_id/checkpoints: set output_dir and run_id"
@@ -230,19 +231,26 @@ VERL_KEYS: dict[str, VerlKey] = {
         "fully async ignores train_batch_size too)"
     ),
     "data.val_batch_size": ignored(MICRO),
-    "data.return_raw_chat": ignored("prompt format for chat templates: asyncrl's tasks have none"),
+    "data.return_raw_chat": ignored(
+        "asyncrl's prompt records carry the chat messages as they are; the rollout applies the "
+        "chat template"
+    ),
     "data.return_raw_input_ids": ignored("prompt format for a separate reward model's tokenizer"),
     "data.return_full_prompt": ignored("prompt format for logging"),
     "data.dataloader_num_workers": ignored("data loading threads: asyncrl's feed is a topic"),
-    "data.shuffle": fixed("asyncrl's feed shuffles each epoch (seeded by data.seed)", True),
     "data.validation_shuffle": ignored("the order of held-out prompts does not change accuracy"),
-    "data.filter_overlong_prompts": fixed("asyncrl truncates long prompts instead", False),
+    "data.filter_overlong_prompts": ignored(
+        "prompts of data.train_files/val_files longer than data.max_prompt_length after the "
+        "chat template are always left out (and counted); a built-in task's keep their last tokens"
+    ),
     "data.filter_overlong_prompts_workers": ignored(MICRO),
     "data.tool_config_path": ignored(
         "verl's dataset copy of actor_rollout_ref.rollout.multi_turn.tool_config_path"
     ),
-    "data.use_shm": ignored("shared-memory loading: asyncrl has no dataset files"),
-    "data.apply_chat_template_kwargs.*": ignored("asyncrl's tasks use no chat template"),
+    "data.use_shm": ignored("shared-memory loading: asyncrl reads the parquet files directly"),
+    "data.apply_chat_template_kwargs.*": ignored(
+        "not passed: asyncrl applies the chat template with add_generation_prompt only"
+    ),
     # --- model -------------------------------------------------------------------------------
     "actor_rollout_ref.model.*": refused(MODEL),
     "actor_rollout_ref.model.use_remove_padding": ignored(
@@ -354,7 +362,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     "reward_manager.name": fixed(REWARD, "naive"),
     "reward_manager.source": fixed(REWARD, "register"),
     "reward_manager.module.*": ignored("used only with reward_manager.source=importlib"),
-    "custom_reward_function.*": refused(REWARD),
     # --- rollout -----------------------------------------------------------------------------
     "actor_rollout_ref.rollout.*": refused(ENGINE),
     "actor_rollout_ref.rollout.mode": ignored(

@@ -3,6 +3,10 @@
 The topic is the data loader: rollout workers share it as one consumer group, and its
 committed offsets are the loader's position, so a restarted worker resumes where it stopped.
 
+The prompts are data.task's built-in training problems, or the rows of ``data.train_files``
+(verl's parquet format, ``asyncrl.tasks.files``) whose prompt fits ``data.max_prompt_length``
+tokens after the chat template.
+
 Feeding is idempotent: the feed is a fixed sequence (shuffled per epoch from the data seed),
 and a prompt already on the topic (same prompt id and epoch, i.e. the same sample id) is not
 written again. So ``asyncrl run`` started again with the same run id, or a set-up interrupted
@@ -11,14 +15,19 @@ half-way and run again, feeds each prompt once and never creates a second sample
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+from typing import TYPE_CHECKING
 
 from asyncrl.ops import tracing
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher
 from asyncrl.schemas import SCHEMA_HEADER, DecodeError
 from asyncrl.schemas.prompt import TAG, PromptRecord, decode_prompt, encode_prompt
+
+if TYPE_CHECKING:
+    from asyncrl.tasks.files import Split
 
 FEED_MARGIN = 2
 """Times what the run consumes. Each worker fills its share of a version from the partitions
@@ -48,12 +57,32 @@ def fed_sample_ids(cfg: RunConfig, bootstrap: str) -> set[str]:
     return fed
 
 
-def feed_prompts(cfg: RunConfig, bootstrap: str, count: int | None = None) -> tuple[int, int]:
-    """Make the first ``count`` prompts of the feed (default: prompts_needed) be on the topic,
-    shuffled per epoch; returns (written now, already there)."""
-    from asyncrl.tasks import splits
+def train_prompts(cfg: RunConfig) -> tuple[list[PromptRecord], Split | None]:
+    """One epoch of training prompts (epoch 0), in order; with data.train_files, also what
+    was read (rows in the files, over-long prompts left out)."""
+    if not cfg.data.from_files:
+        from asyncrl.tasks import splits
 
-    train, _ = splits(cfg.data)
+        train, _ = splits(cfg.data)
+        return [PromptRecord(p.prompt_id, p.prompt, p.answer) for p in train], None
+    from asyncrl.models.policy import load_tokenizer
+    from asyncrl.tasks.files import load_split
+
+    split = load_split(cfg, "train", load_tokenizer(cfg))
+    return [row.record() for row in split.rows], split
+
+
+def feed_prompts(
+    cfg: RunConfig,
+    bootstrap: str,
+    count: int | None = None,
+    train: list[PromptRecord] | None = None,
+) -> tuple[int, int]:
+    """Make the first ``count`` prompts of the feed (default: prompts_needed) be on the topic,
+    shuffled per epoch (unless data.shuffle is false); returns (written now, already there).
+    ``train``: the prompts of :func:`train_prompts`, if already read."""
+    if train is None:
+        train, _ = train_prompts(cfg)
     count = prompts_needed(cfg) if count is None else count
     topic = cfg.topic("prompts")
     fed = fed_sample_ids(cfg, bootstrap)
@@ -64,9 +93,10 @@ def feed_prompts(cfg: RunConfig, bootstrap: str, count: int | None = None) -> tu
         written = present = 0
         for epoch in range(math.ceil(count / len(train))):
             order = list(train)
-            random.Random(cfg.data.seed * 1_000_003 + epoch).shuffle(order)
-            for problem in order[: count - written - present]:
-                rec = PromptRecord(problem.prompt_id, problem.prompt, problem.answer, epoch)
+            if cfg.data.shuffle:
+                random.Random(cfg.data.seed * 1_000_003 + epoch).shuffle(order)
+            for prompt in order[: count - written - present]:
+                rec = dataclasses.replace(prompt, epoch=epoch)
                 if rec.sample_id in fed:
                     present += 1
                     continue

@@ -18,10 +18,11 @@ import pyarrow as pa
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 from asyncrl.schemas.sample import SCHEMA as SAMPLE_SCHEMA
 from asyncrl.schemas.sample import SCHEMA_V2 as SAMPLE_SCHEMA_V2
+from asyncrl.schemas.sample import SCHEMA_V3 as SAMPLE_SCHEMA_V3
 from asyncrl.schemas.sample import Sample, sample_columns, sample_from_columns, validate
 
 NAME = "partial"
-VERSION = 2  # 2: the sample's agent columns (sample/3)
+VERSION = 3  # 2: the sample's agent columns (sample/3); 3: its reward columns (sample/4)
 TAG = schema_tag(NAME, VERSION)
 
 _EXTRA = [
@@ -33,9 +34,10 @@ _EXTRA = [
 ]
 SCHEMA = with_tag(pa.schema([*SAMPLE_SCHEMA.remove_metadata(), *_EXTRA]), NAME, VERSION)
 OLDER = {
-    schema_tag(NAME, 1): with_tag(
-        pa.schema([*SAMPLE_SCHEMA_V2.remove_metadata(), *_EXTRA]), NAME, 1
+    schema_tag(NAME, version): with_tag(
+        pa.schema([*sample_schema.remove_metadata(), *_EXTRA]), NAME, version
     )
+    for version, sample_schema in ((1, SAMPLE_SCHEMA_V2), (2, SAMPLE_SCHEMA_V3))
 }
 
 

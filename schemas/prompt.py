@@ -1,18 +1,27 @@
-"""A dataset prompt on the ``prompts`` topic; its committed offset is the data-loader position."""
+"""A dataset prompt on the ``prompts`` topic; its committed offset is the data-loader position.
+
+A prompt is plain text (``prompt``, the built-in tasks) or chat messages (``messages``, JSON:
+``[{"role": ..., "content": ...}]``, verl's format, tokenized through the chat template). It
+carries what the reward needs: ``data_source``, ``ground_truth`` (text; JSON when
+``ground_truth_json``, for a verl dataset whose ground truth is a list or a mapping) and
+``extra_info`` (a JSON object, or empty).
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 
 NAME = "prompt"
-VERSION = 1
+VERSION = 2  # 2: messages, extra_info, ground_truth_json (datasets in verl's format)
 TAG = schema_tag(NAME, VERSION)
 
-SCHEMA = with_tag(
+SCHEMA_V1 = with_tag(
     pa.schema(
         [
             pa.field("prompt_id", pa.string(), nullable=False),
@@ -23,22 +32,49 @@ SCHEMA = with_tag(
         ]
     ),
     NAME,
-    VERSION,
+    1,
 )
+_V2_FIELDS = [
+    pa.field("messages", pa.string(), nullable=False),
+    pa.field("extra_info", pa.string(), nullable=False),
+    pa.field("ground_truth_json", pa.bool_(), nullable=False),
+]
+V2_DEFAULTS = {"messages": "", "extra_info": "", "ground_truth_json": False}
+"""Values of the prompt/2 columns for messages written before they existed (prompt/1)."""
+SCHEMA = with_tag(pa.schema([*SCHEMA_V1.remove_metadata(), *_V2_FIELDS]), NAME, VERSION)
+OLDER = {schema_tag(NAME, 1): SCHEMA_V1}
 
 
 @dataclass(frozen=True)
 class PromptRecord:
     prompt_id: str
     prompt: str
+    """The prompt text; for a chat prompt, its last message's content (for display)."""
     ground_truth: str
     epoch: int = 0
     data_source: str = "arithmetic"
+    messages: str = ""
+    """Chat messages as JSON, or empty for a plain-text prompt."""
+    extra_info: str = ""
+    """verl's extra_info as a JSON object, or empty."""
+    ground_truth_json: bool = False
+    """``ground_truth`` is JSON (verl's ground truth was not a string)."""
 
     @property
     def sample_id(self) -> str:
         """Sample ids are unique per epoch, so a prompt seen twice yields two samples."""
         return f"{self.prompt_id}@{self.epoch}"
+
+    def chat(self) -> list[dict[str, Any]] | None:
+        """The chat messages, or None for a plain-text prompt."""
+        return json.loads(self.messages) if self.messages else None
+
+    def reward_ground_truth(self) -> Any:
+        """The ground truth as the dataset held it (a string, or a decoded JSON value)."""
+        return json.loads(self.ground_truth) if self.ground_truth_json else self.ground_truth
+
+    def reward_extra_info(self) -> dict[str, Any]:
+        return json.loads(self.extra_info) if self.extra_info else {}
 
 
 def encode_prompt(p: PromptRecord) -> bytes:
@@ -47,8 +83,14 @@ def encode_prompt(p: PromptRecord) -> bytes:
 
 
 def decode_prompt(data: bytes | None, headers: dict[str, bytes] | None = None) -> PromptRecord:
-    batch = decode_batch(data, SCHEMA, TAG, headers=headers)
+    batch = decode_batch(data, SCHEMA, TAG, OLDER, headers)
     if batch.num_rows != 1:
         raise DecodeError(f"{TAG}: expected 1 row, got {batch.num_rows}")
-    row = batch.to_pylist()[0]
+    row = {**V2_DEFAULTS, **batch.to_pylist()[0]}
+    for key in ("messages", "extra_info", "ground_truth"):
+        if row[key] and (key != "ground_truth" or row["ground_truth_json"]):
+            try:
+                json.loads(row[key])
+            except ValueError as err:
+                raise DecodeError(f"{TAG}: {key} is not JSON ({err})") from None
     return PromptRecord(**row)

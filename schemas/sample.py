@@ -6,6 +6,9 @@ trajectory; token columns are Arrow lists so a reader can hand them to numpy wit
 ``param_version_start`` the version of the first token (they differ for partial rollouts).
 ``segment_starts``/``segment_versions`` list every segment of a trajectory interrupted by
 syncs: the response index where it begins and the weight version its tokens came from.
+``reward_error`` is empty when the reward was computed; otherwise it says why the reward
+function failed (raised, timed out), ``reward`` is 0 and the trainer does not train on the
+trajectory. ``reward_extra`` holds the other numbers a reward function's dict returned (JSON).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pyarrow as pa
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 
 NAME = "sample"
-VERSION = 3  # 3: the agent loop's num_turns, tool_calls, tool_errors, tool_s
+VERSION = 4  # 3: the agent loop's num_turns, tool_calls, tool_errors, tool_s; 4: reward_error, reward_extra
 TAG = schema_tag(NAME, VERSION)
 
 _AGENT_FIELDS = [
@@ -29,6 +32,12 @@ _AGENT_FIELDS = [
 ]
 AGENT_DEFAULTS = {"num_turns": 0, "tool_calls": 0, "tool_errors": 0, "tool_s": 0.0}
 """Values of the agent columns for messages written before they existed (sample/2)."""
+_REWARD_FIELDS = [
+    pa.field("reward_error", pa.string(), nullable=False),
+    pa.field("reward_extra", pa.string(), nullable=False),
+]
+REWARD_DEFAULTS = {"reward_error": "", "reward_extra": ""}
+"""Values of the reward columns for messages written before they existed (sample/2, /3)."""
 
 SCHEMA_V2 = with_tag(
     pa.schema(
@@ -56,8 +65,9 @@ SCHEMA_V2 = with_tag(
     NAME,
     2,
 )
-SCHEMA = with_tag(pa.schema([*SCHEMA_V2.remove_metadata(), *_AGENT_FIELDS]), NAME, VERSION)
-OLDER = {schema_tag(NAME, 2): SCHEMA_V2}
+SCHEMA_V3 = with_tag(pa.schema([*SCHEMA_V2.remove_metadata(), *_AGENT_FIELDS]), NAME, 3)
+SCHEMA = with_tag(pa.schema([*SCHEMA_V3.remove_metadata(), *_REWARD_FIELDS]), NAME, VERSION)
+OLDER = {schema_tag(NAME, 2): SCHEMA_V2, schema_tag(NAME, 3): SCHEMA_V3}
 
 
 @dataclass
@@ -84,6 +94,14 @@ class Trajectory:
     tool_errors: int = 0
     tool_s: float = 0.0
     """Wall time of this trajectory's tool calls, summed."""
+    reward_error: str = ""
+    """Why the reward function failed (``reward`` is then 0, not a score); empty: scored."""
+    reward_extra: str = ""
+    """The reward function's other numbers (a JSON object), or empty."""
+
+    @property
+    def reward_failed(self) -> bool:
+        return bool(self.reward_error)
 
     def __post_init__(self) -> None:
         if not self.response_mask:
@@ -201,6 +219,8 @@ def sample_columns(sample: Sample) -> dict[str, list]:
         "tool_calls": [t.tool_calls for t in trajs],
         "tool_errors": [t.tool_errors for t in trajs],
         "tool_s": [t.tool_s for t in trajs],
+        "reward_error": [t.reward_error for t in trajs],
+        "reward_extra": [t.reward_extra for t in trajs],
     }
 
 
@@ -218,7 +238,7 @@ def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
         raise DecodeError(f"{tag}: rows of one message must share a sample_id")
     if cols["traj_index"] != list(range(n)):
         raise DecodeError(f"{tag}: traj_index must be 0..n-1, got {cols['traj_index']}")
-    for key, default in AGENT_DEFAULTS.items():  # written before the agent loop existed
+    for key, default in {**AGENT_DEFAULTS, **REWARD_DEFAULTS}.items():  # older versions
         cols.setdefault(key, [default] * n)
     trajs = [
         Trajectory(
@@ -238,6 +258,8 @@ def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
             tool_calls=cols["tool_calls"][i],
             tool_errors=cols["tool_errors"][i],
             tool_s=cols["tool_s"][i],
+            reward_error=cols["reward_error"][i],
+            reward_extra=cols["reward_extra"][i],
         )
         for i in range(n)
     ]

@@ -1,8 +1,12 @@
 """The agent runner a run's config asks for: the multi-turn loop with its tools, or (multi_turn
-off) the single-turn rollout as a one-turn agent, so both go through the same code."""
+off) the single-turn rollout as a one-turn agent, so both go through the same code. Also the
+held-out evaluation the trainer reports (``val/accuracy``)."""
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,8 @@ from asyncrl.producers.agent.parser import SingleTurn, ToolParser, make_parser
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.engines.base import Engine
 from asyncrl.producers.tools.registry import ToolExecutor, load_tools
+
+log = logging.getLogger(__name__)
 
 
 def shipped_tools_path() -> Path:
@@ -76,17 +82,114 @@ def evaluate_agent(
     return {"accuracy": correct / n, "tool_use": used / n}
 
 
+def held_out_set(cfg: RunConfig, tokenizer: Any) -> list:
+    """The held-out prompts: data.task's val problems, or the rows of data.val_files whose
+    prompt fits data.max_prompt_length tokens after the chat template."""
+    if not cfg.data.from_files:
+        from asyncrl.tasks import splits
+
+        return splits(cfg.data)[1]
+    from asyncrl.tasks.files import load_split
+
+    split = load_split(cfg, "val", tokenizer)
+    log.info(
+        "held-out set: %d of the %d prompts in data.val_files (%d longer than "
+        "data.max_prompt_length=%d tokens after the chat template: left out)",
+        len(split.rows),
+        split.total,
+        split.too_long,
+        cfg.data.max_prompt_length,
+    )
+    return split.rows
+
+
+@functools.cache
+def _eval_reward(cfg_json: str) -> Any:
+    """One reward per config for the evaluations (a custom one keeps its process)."""
+    from asyncrl.producers.reward import make_reward
+
+    return make_reward(RunConfig.model_validate_json(cfg_json))
+
+
+def evaluate_rows(
+    cfg: RunConfig, model: Any, tokenizer: Any, rows: list, batch_size: int = 64
+) -> dict[str, float]:
+    """Held-out figures on dataset rows (``asyncrl.tasks.files.DataRow``): ``accuracy`` is the
+    mean reward (the task's rule or custom_reward_function; a reward failure counts 0 and is
+    logged), greedy or sampled as :func:`evaluate_agent`; ``tool_use`` with the agent loop."""
+    from asyncrl.models.policy import encode_prompt
+    from asyncrl.producers.engines.hf import HFEngine
+    from asyncrl.producers.reward import RewardCall
+    from asyncrl.tasks import calculator
+
+    rollout = cfg.actor_rollout_ref.rollout
+    engine = HFEngine(
+        model,
+        tokenizer,
+        rollout.temperature,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        seed=cfg.trainer.seed,
+    )
+    runner = make_runner(cfg, tokenizer, engine, greedy=not rollout.val_kwargs.do_sample)
+    reward = _eval_reward(cfg.model_dump_json())
+    total = used = 0.0
+    failures: list[str] = []
+    try:
+        for start in range(0, len(rows), batch_size):
+            chunk = {str(start + i): r for i, r in enumerate(rows[start : start + batch_size])}
+            for rid, row in chunk.items():
+                ids = encode_prompt(tokenizer, row.prompt)[-cfg.data.max_prompt_length :]
+                runner.add(rid, AgentState(ids))
+            while runner.busy:
+                for rid, state in runner.step():
+                    row = chunk[rid]
+                    scored = reward(
+                        RewardCall(
+                            data_source=row.data_source,
+                            ground_truth=row.ground_truth,
+                            extra_info=dict(row.extra_info),
+                            messages=state.messages,
+                            solution_str=tokenizer.decode(
+                                state.response_ids, skip_special_tokens=True
+                            ),
+                            num_turns=1 + max(state.num_turns, 1),
+                        )
+                    )
+                    if scored.failed:
+                        failures.append(f"{row.prompt_id}: {scored.error}")
+                    total += scored.score
+                    used += calculator.used_tool(state.messages)
+    finally:
+        runner.close()
+    if failures:
+        log.warning(
+            "held-out evaluation: %d reward failures (counted as 0), e.g. %s",
+            len(failures),
+            json.dumps(failures[:3]),
+        )
+    n = max(len(rows), 1)
+    out = {"accuracy": total / n}
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        out["tool_use"] = used / n
+    return out
+
+
 def held_out_accuracy(
     cfg: RunConfig, model: Any, tokenizer: Any, problems: list
 ) -> dict[str, float]:
     """What the trainer and the colocated baseline report at each evaluation: ``accuracy``
     (greedy, or sampled with ``rollout.val_kwargs.do_sample``) and, with the agent loop on,
-    ``tool_use``. Single-turn greedy takes the batched fast path."""
+    ``tool_use``. Single-turn greedy takes the batched fast path. With data.val_files,
+    ``problems`` are its rows and accuracy is their mean reward (:func:`evaluate_rows`)."""
     import torch
 
     from asyncrl.models.tiny import greedy_accuracy
 
     rollout = cfg.actor_rollout_ref.rollout
+    if cfg.data.from_files:
+        with torch.no_grad():
+            return evaluate_rows(cfg, model, tokenizer, problems)
     with torch.no_grad():
         if rollout.multi_turn.enable or rollout.val_kwargs.do_sample:
             measured = evaluate_agent(cfg, model, tokenizer, problems)

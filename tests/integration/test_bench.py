@@ -24,7 +24,7 @@ def test_sync_pause_smoke(broker, tmp_path, quick_policy):
     )
     assert set(result) == {"c", "d", "pause_ratio_c_over_d"}
     assert result["c"]["syncs"] == result["d"]["syncs"] == 2
-    assert result["c"]["partial_samples"] == 0  # mode (c) never interrupts
+    assert result["c"]["partial_trajectories"] == 0  # mode (c) never interrupts
     assert "mean sync pause" in out.getvalue()
 
 

@@ -66,5 +66,5 @@ def test_colocated_trains_on_the_calculator_task_and_reports_tool_use(calculator
     assert "val_tool_use" in history[0] and "val_tool_use" in history[-1]
     assert 0.0 <= history[-1]["val_acc"] <= 1.0
     assert sum(h["agent/tool_calls/mean"] for h in history[1:]) > 0
-    assert all(h["agent/num_turns/mean"] >= 1 for h in history[1:])
+    assert all(h["num_turns/mean"] >= 2 for h in history[1:])  # verl's: the prompt counts
     assert history[-1]["time_s"] > history[1]["time_s"] > 0

@@ -28,5 +28,5 @@ def test_async_grpo_lifts_held_out_accuracy(make_run_cfg, demo_policy):
 
     steps = [r.value for r in read_topic(cfg, "steps")]
     assert len(steps) == summary["step"]
-    stale = sum(s.metrics["fully_async/count/stale_samples_processed"] for s in steps)
+    stale = steps[-1].metrics["fully_async/count/stale_samples_processed"]  # a running total
     assert stale > 0, "mode (c) trains on samples of the previous version too"

@@ -56,5 +56,17 @@ def test_monitor_agrees_with_the_log(make_run_cfg, quick_policy, engine):
     for st in mon.versions.values():
         assert sum(st.staleness.values()) == st.consumed
         assert st.stale == sum(n for k, n in st.staleness.items() if k > 0)
+    # Stale counts against the log: per version by the oldest token (the monitor's), and
+    # verl's running total by the last token (version - param_version_end >= 1).
+    by_id = {s.sample_id: s for s in samples}
+    stale_at, verl_stale = Counter(), 0
+    for step in steps:
+        trained = [by_id[i] for i in step.sample_ids]
+        stale_at[step.version] += sum(1 for s in trained if step.version > s.param_version)
+        verl_stale += sum(1 for s in trained if step.version > s.param_version_end)
+        assert step.metrics["fully_async/count/stale_samples_processed"] == verl_stale
+    assert {v: st.stale for v, st in mon.versions.items() if st.stale} == {
+        v: n for v, n in stale_at.items() if n
+    }
     assert mon.workers and mon.dead_letters == 0
     assert "per weight version" in out.getvalue()

@@ -88,7 +88,7 @@ def test_budget_never_exceeded_per_version(make_run_cfg, quick_policy, mode_over
             assert count == cfg.samples_per_version, (version, count)
 
     steps_log = [r.value for r in read_topic(cfg, "steps")]
-    stale = sum(s.metrics["fully_async/count/stale_samples_processed"] for s in steps_log)
+    stale = steps_log[-1].metrics["fully_async/count/stale_samples_processed"]  # a running total
     if cfg.async_training.staleness_threshold == 0:
         assert stale == 0
     else:

@@ -40,7 +40,7 @@ def test_sample_round_trip_keeps_every_field():
 
 def test_sample_metadata_carries_schema_tag():
     reader = pa.ipc.open_stream(pa.py_buffer(encode_sample(make_sample())))
-    assert reader.schema.metadata[b"asyncrl.schema"] == b"sample/3"
+    assert reader.schema.metadata[b"asyncrl.schema"] == b"sample/4"
 
 
 def test_a_sample_written_before_the_agent_columns_still_decodes():
@@ -57,12 +57,35 @@ def test_a_sample_written_before_the_agent_columns_still_decodes():
     assert back.trajectories[1].response_ids == s.trajectories[1].response_ids
 
 
+def test_a_sample_written_before_the_reward_columns_still_decodes():
+    """Logs from before sample/4 replay: no reward failure, no extra numbers."""
+    from asyncrl.schemas.codec import encode_batch
+    from asyncrl.schemas.sample import SCHEMA_V3, sample_columns
+
+    s = make_sample()
+    s.trajectories[0].num_turns = 3
+    cols = {k: v for k, v in sample_columns(s).items() if k in SCHEMA_V3.names}
+    back = decode_sample(encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA_V3)))
+    assert back.trajectories[0].num_turns == 3
+    assert not any(t.reward_failed for t in back.trajectories)
+    assert all(t.reward_extra == "" for t in back.trajectories)
+
+
+def test_a_reward_failure_travels_with_its_trajectory():
+    s = make_sample()
+    s.trajectories[1].reward_error = "ZeroDivisionError: division by zero"
+    s.trajectories[2].reward_extra = '{"acc": 1.0}'
+    back = decode_sample(encode_sample(s))
+    assert back == s
+    assert [t.reward_failed for t in back.trajectories] == [False, True, False]
+
+
 @pytest.mark.parametrize(
     "data, match",
     [
         (b"", "empty"),
         (b"not arrow at all", "not an Arrow IPC stream"),
-        (encode_prompt(PromptRecord("p", "1+1=", "2")), "expected schema sample/3"),
+        (encode_prompt(PromptRecord("p", "1+1=", "2")), "expected schema sample/4"),
     ],
 )
 def test_sample_rejects_bad_bytes(data, match):
@@ -100,6 +123,8 @@ def test_sample_rejects_misaligned_logprobs():
         tool_calls=0,
         tool_errors=0,
         tool_s=0.0,
+        reward_error="",
+        reward_extra="",
     )
     for k, v in row.items():
         cols[k].append(v)
@@ -139,6 +164,7 @@ def test_prompt_and_step_round_trip():
     p = PromptRecord("add-3-4", "3+4=", "7", epoch=2)
     assert decode_prompt(encode_prompt(p)) == p
     assert p.sample_id == "add-3-4@2"
+    assert p.chat() is None and p.reward_extra_info() == {} and p.reward_ground_truth() == "7"
     rec = StepRecord("r", 3, 1, 12.5, ["a@0", "b@0"], [0, 0], [10, 11], {"loss": 0.5}, "abc")
     assert decode_step(encode_step(rec)) == rec
 
@@ -193,3 +219,41 @@ def test_a_schema_header_that_contradicts_the_message_is_rejected():
     event = ev.RunFinished(run_id="r", version=1)
     with pytest.raises(DecodeError):
         ev.decode_event(ev.encode_event(event), {SCHEMA_HEADER: b"control.RunFinished/1"})
+
+
+def test_a_chat_prompt_carries_what_its_reward_needs():
+    p = PromptRecord(
+        "train-3",
+        "3+4=",
+        '["7"]',
+        epoch=1,
+        data_source="my_math",
+        messages='[{"role": "user", "content": "3+4="}]',
+        extra_info='{"index": 3, "split": "train"}',
+        ground_truth_json=True,
+    )
+    back = decode_prompt(encode_prompt(p))
+    assert back == p
+    assert back.chat() == [{"role": "user", "content": "3+4="}]
+    assert back.reward_ground_truth() == ["7"]
+    assert back.reward_extra_info() == {"index": 3, "split": "train"}
+
+
+def test_a_prompt_written_before_prompt_2_still_decodes():
+    from asyncrl.schemas.prompt import SCHEMA_V1
+
+    cols = {"prompt_id": ["p"], "prompt": ["1+1="], "ground_truth": ["2"], "epoch": [0]}
+    cols["data_source"] = ["arithmetic"]
+    old = encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA_V1))
+    assert decode_prompt(old, {"asyncrl-schema": b"prompt/1"}) == PromptRecord("p", "1+1=", "2")
+
+
+def test_a_partial_written_before_partial_3_still_decodes():
+    from asyncrl.schemas.partial import OLDER, PartialSample, decode_partial, encode_partial
+
+    s = make_sample(n=2, version=4)
+    p = PartialSample(s, interrupted_at_version=4, prompt_partition=1, prompt_offset=9)
+    new = pa.ipc.open_stream(pa.py_buffer(encode_partial(p))).read_next_batch()
+    old_schema = OLDER["partial/2"]
+    old = encode_batch(new.select(old_schema.names).cast(old_schema))
+    assert decode_partial(old) == p

@@ -1,0 +1,119 @@
+"""The policy a run trains: your Hugging Face checkpoint, or the built-in tiny model.
+
+``actor_rollout_ref.model.path`` names a local checkpoint directory (config.json, weights, the
+tokenizer and its chat template). The trainer and every rollout worker load it with
+transformers, in float32 (the weight sync's checksum compares bytes: both ends must hold the
+same dtype), with no warm start. Unset, the built-in tiny model (:mod:`asyncrl.models.tiny`) is
+built and warm-started on ``data.task`` once, and cached.
+
+Prompts (:func:`encode_prompt`): chat messages go through the tokenizer's chat template with
+the generation prompt added, as verl's dataset does (the template's text, then tokenized
+without adding special tokens again); plain text is tokenized as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.ops.config import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.ops.config import RunConfig
+
+PATH_KEY = "actor_rollout_ref.model.path"
+
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+)
+"""The built-in tiny model's chat template: the messages' text after ``<bos>``, which is what
+the built-in tasks feed it (``07+35=`` -> ``<bos>07+35=``), so a verl-format export of a task
+(`asyncrl export-data`) gives it the same tokens."""
+
+
+def check_model_path(cfg: RunConfig) -> str | None:
+    """Why ``actor_rollout_ref.model.path`` cannot be loaded, or None (unset, or fine)."""
+    path = cfg.actor_rollout_ref.model.path
+    if path is None:
+        return None
+    where = Path(path).expanduser()
+    if not where.is_dir():
+        return f"{path}: no such directory (a local Hugging Face checkpoint is needed)"
+    if not (where / "config.json").is_file():
+        return f"{path}: no config.json (not a Hugging Face checkpoint directory)"
+    return None
+
+
+def _checked_path(cfg: RunConfig) -> Path:
+    problem = check_model_path(cfg)
+    if problem is not None:
+        raise ConfigError(f"{PATH_KEY}: {problem}")
+    return Path(cfg.actor_rollout_ref.model.path or "").expanduser()
+
+
+def load_tokenizer(cfg: RunConfig) -> Any:
+    """The policy's tokenizer, without loading its weights (the feed, ``inspect --text``)."""
+    if cfg.actor_rollout_ref.model.path is None:
+        from asyncrl.models.tiny import task_tokenizer
+
+        return _with_tiny_template(task_tokenizer(cfg.data))
+    return _hf_tokenizer(cfg, _checked_path(cfg))
+
+
+def _hf_tokenizer(cfg: RunConfig, path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
+    )
+    if tok.eos_token_id is None:
+        raise ConfigError(f"{PATH_KEY}: the tokenizer of {path} has no eos_token")
+    if tok.pad_token_id is None:  # Llama-style tokenizers: padding is masked out anyway
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def _with_tiny_template(tokenizer: Any) -> Any:
+    if tokenizer.chat_template is None:
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def load_policy(cfg: RunConfig) -> tuple[torch.nn.Module, Any]:
+    """(model in eval mode, float32 on the CPU; its tokenizer) for this run's config."""
+    if cfg.actor_rollout_ref.model.path is None:
+        from asyncrl.models.tiny import load_policy as load_tiny
+
+        model, tokenizer = load_tiny(cfg)
+        return model, _with_tiny_template(tokenizer)
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = _checked_path(cfg)
+    tokenizer = _hf_tokenizer(cfg, path)
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=torch.float32,
+        trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+    )
+    model.config.use_cache = False  # the hf engine recomputes each step: no cache to keep
+    return model.eval(), tokenizer
+
+
+def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[int]:
+    """Token ids of a prompt: chat messages through the chat template (generation prompt
+    added), plain text as it is (with the tokenizer's special tokens, e.g. ``<bos>``)."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt)["input_ids"])
+    if not tokenizer.chat_template:
+        raise ValueError(
+            "the prompt is chat messages but the tokenizer has no chat template "
+            f"(set one in the checkpoint's tokenizer_config.json, {PATH_KEY})"
+        )
+    text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,0 +1,236 @@
+"""Datasets in verl's format: parquet files as verl's preprocessing scripts write them.
+
+One row per prompt, columns (verl's ``RLHFDataset``):
+
+* ``data_source`` (str): which reward rule applies (the custom reward function gets it);
+* the prompt, in the column ``data.prompt_key`` (default ``prompt``): a list of chat messages
+  ``{"role", "content"}`` (or a plain string);
+* ``ability`` (str, optional): a label, not used;
+* ``reward_model``: ``{"style": "rule", "ground_truth": ...}``;
+* ``extra_info`` (dict, optional): passed to the reward function (e.g. ``index``, ``split``).
+
+Rows keep their order; a row's prompt id is ``<file stem>-<row>`` (several files:
+``<file index>.<stem>-<row>``), so every process names a prompt alike. Prompts longer than
+``data.max_prompt_length`` tokens after the chat template are left out and counted
+(:func:`load_split`). :func:`export_task` writes a built-in task in this format.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.ops.config import ConfigError
+from asyncrl.schemas.prompt import PromptRecord
+
+if TYPE_CHECKING:
+    from asyncrl.ops.config import DataConfig, RunConfig
+
+REQUIRED = ("data_source", "reward_model")
+BUILTIN_SOURCES = ("arithmetic", "calculator")
+"""data_source values a built-in rule scores (the shipped tasks), with no custom reward."""
+
+
+@dataclass(frozen=True)
+class DataRow:
+    """One prompt of a dataset file, with what its reward needs."""
+
+    prompt_id: str
+    prompt: str | list[dict[str, Any]]
+    data_source: str
+    ground_truth: Any
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    ability: str = ""
+
+    @property
+    def messages(self) -> list[dict[str, Any]] | None:
+        return None if isinstance(self.prompt, str) else self.prompt
+
+    @property
+    def answer(self) -> str:
+        """The ground truth as text (what a sample's ``ground_truth`` column holds)."""
+        gt = self.ground_truth
+        return gt if isinstance(gt, str) else json.dumps(gt)
+
+    def record(self, epoch: int = 0) -> PromptRecord:
+        """This row as a message of the ``prompts`` topic."""
+        messages = self.messages
+        return PromptRecord(
+            prompt_id=self.prompt_id,
+            prompt=self.prompt if messages is None else str(messages[-1].get("content", "")),
+            ground_truth=self.answer,
+            epoch=epoch,
+            data_source=self.data_source,
+            messages="" if messages is None else json.dumps(messages),
+            extra_info=json.dumps(self.extra_info) if self.extra_info else "",
+            ground_truth_json=not isinstance(self.ground_truth, str),
+        )
+
+
+@dataclass
+class Split:
+    rows: list[DataRow]
+    total: int
+    """Rows in the files."""
+    too_long: int
+    """Rows left out: longer than data.max_prompt_length tokens after templating."""
+
+
+def _prompt_ids(paths: list[str]) -> Callable[[int, int], str]:
+    stems = [Path(p).stem for p in paths]
+    if len(paths) == 1:
+        return lambda _k, row: f"{stems[0]}-{row}"
+    return lambda k, row: f"{k}.{stems[k]}-{row}"
+
+
+def _plain(value: Any) -> Any:
+    """numpy arrays (a parquet list read through pandas) as Python lists, recursively."""
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        return _plain(value.tolist())
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _prompt(value: Any, where: str, key: str) -> str | list[dict[str, Any]]:
+    value = _plain(value)
+    if isinstance(value, str):
+        return value
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in value
+        )
+    )
+    if not ok:
+        raise ConfigError(
+            f"{where}: column {key!r} (data.prompt_key) must hold chat messages "
+            f"[{{role, content}}, ...] or a string, not {str(value)[:80]!r}"
+        )
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRow]:
+    """Every row of ``paths`` (read in order); ConfigError names ``config_key`` and the file
+    for a missing file, a missing column or a malformed value."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = _prompt_ids(paths)
+    rows: list[DataRow] = []
+    for k, path in enumerate(paths):
+        where = f"{config_key}: {path}"
+        if not Path(path).expanduser().is_file():
+            raise ConfigError(f"{where}: no such file")
+        try:
+            table = pq.read_table(Path(path).expanduser())
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ConfigError(f"{where}: not a parquet file ({err})") from None
+        missing = [c for c in (prompt_key, *REQUIRED) if c not in table.column_names]
+        if missing:
+            raise ConfigError(
+                f"{where}: no column {', '.join(map(repr, missing))}"
+                + (" (data.prompt_key)" if prompt_key in missing else "")
+                + f"; its columns: {', '.join(table.column_names)}"
+            )
+        for i, row in enumerate(table.to_pylist()):
+            reward_model = row["reward_model"]
+            if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+                raise ConfigError(f"{where}: row {i}: reward_model has no ground_truth")
+            extra = row.get("extra_info") or {}
+            if not isinstance(extra, dict):
+                raise ConfigError(f"{where}: row {i}: extra_info must be a mapping")
+            rows.append(
+                DataRow(
+                    prompt_id=ids(k, i),
+                    prompt=_prompt(row[prompt_key], f"{where}: row {i}", prompt_key),
+                    data_source=str(row["data_source"]),
+                    ground_truth=_plain(reward_model["ground_truth"]),
+                    extra_info=_plain(extra),
+                    ability=str(row.get("ability") or ""),
+                )
+            )
+    return rows
+
+
+def filter_overlong(
+    rows: list[DataRow], tokenizer: Any, max_prompt_length: int
+) -> tuple[list[DataRow], int]:
+    """(rows whose prompt is at most ``max_prompt_length`` tokens after the chat template,
+    how many were longer)."""
+    from asyncrl.models.policy import encode_prompt
+
+    kept = [r for r in rows if len(encode_prompt(tokenizer, r.prompt)) <= max_prompt_length]
+    return kept, len(rows) - len(kept)
+
+
+def load_split(cfg: RunConfig, split: str, tokenizer: Any) -> Split:
+    """The ``train`` or ``val`` rows of ``data.train_files``/``val_files``, over-long prompts
+    left out."""
+    key = f"data.{split}_files"
+    paths = cfg.data.train_paths if split == "train" else cfg.data.val_paths
+    rows = read_rows(paths, cfg.data.prompt_key, key)
+    if not rows:
+        raise ConfigError(f"{key}: no rows in {', '.join(paths)}")
+    if cfg.custom_reward_function.path is None:
+        unknown = sorted({r.data_source for r in rows} - set(BUILTIN_SOURCES))
+        if unknown:
+            raise ConfigError(
+                f"custom_reward_function.path: not set, and {key} holds data_source "
+                f"{', '.join(unknown)}, which no built-in rule scores (built-in: "
+                f"{', '.join(BUILTIN_SOURCES)}): name your compute_score file"
+            )
+    kept, too_long = filter_overlong(rows, tokenizer, cfg.data.max_prompt_length)
+    if not kept:
+        raise ConfigError(
+            f"{key}: all {len(rows)} prompts are longer than data.max_prompt_length="
+            f"{cfg.data.max_prompt_length} tokens after the chat template"
+        )
+    return Split(kept, len(rows), too_long)
+
+
+# --- the built-in tasks in this format ----------------------------------------------------------
+ABILITY = {"arithmetic": "math", "calculator": "math"}
+
+
+def task_rows(data_cfg: DataConfig) -> dict[str, list[dict[str, Any]]]:
+    """``data.task``'s train and val prompts as verl-format rows (one user message each)."""
+    from asyncrl.tasks import splits
+
+    train, val = splits(data_cfg)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, problems in (("train", train), ("val", val)):
+        out[name] = [
+            {
+                "data_source": data_cfg.task,
+                "prompt": [{"role": "user", "content": p.prompt}],
+                "ability": ABILITY.get(data_cfg.task, "math"),
+                "reward_model": {"style": "rule", "ground_truth": p.answer},
+                "extra_info": {"split": name, "index": i, "prompt_id": p.prompt_id},
+            }
+            for i, p in enumerate(problems)
+        ]
+    return out
+
+
+def export_task(data_cfg: DataConfig, out_dir: Path) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` of ``data.task`` into ``out_dir``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name, rows in task_rows(data_cfg).items():
+        path = out_dir / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        written[name] = path
+    return written

@@ -1,0 +1,243 @@
+"""Your model and your data (issue 19): verl-format parquet files read, checked and filtered;
+prompts that are chat messages go through the chat template; a local Hugging Face checkpoint
+loads by ``actor_rollout_ref.model.path``, and a bad path stops the run naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from asyncrl.models.policy import TINY_CHAT_TEMPLATE, encode_prompt, load_policy, load_tokenizer
+from asyncrl.models.tiny import build_model, build_tokenizer
+from asyncrl.ops.config import ConfigError, load_config
+from asyncrl.ops.preflight import check_startable
+from asyncrl.producers.feed import train_prompts
+from asyncrl.tasks.files import export_task, filter_overlong, load_split, read_rows
+
+SMALL_MODEL = [
+    "actor_rollout_ref.model.hidden_size=16",
+    "actor_rollout_ref.model.num_hidden_layers=1",
+    "actor_rollout_ref.model.num_attention_heads=2",
+    "actor_rollout_ref.model.intermediate_size=32",
+]
+
+
+@pytest.fixture
+def exported(tmp_path: Path) -> dict[str, Path]:
+    """The arithmetic task as verl-format files: 40 train and 10 val prompts."""
+    cfg = load_config(overrides=["data.train_size=40", "data.val_size=10"])
+    return export_task(cfg.data, tmp_path / "data")
+
+
+def _files(paths: dict[str, Path], *overrides: str):
+    return load_config(
+        overrides=[
+            f"data.train_files={paths['train']}",
+            f"data.val_files={paths['val']}",
+            *overrides,
+        ]
+    )
+
+
+def _tiny_tokenizer():
+    tok = build_tokenizer()
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+def test_the_exporter_writes_verls_columns(exported: dict[str, Path]) -> None:
+    table = pq.read_table(exported["train"])
+    assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    first = table.slice(0, 1).to_pylist()[0]
+    assert first["data_source"] == "arithmetic"
+    assert first["prompt"][0]["role"] == "user" and first["prompt"][0]["content"].endswith("=")
+    assert first["reward_model"]["style"] == "rule"
+    assert first["extra_info"]["split"] == "train" and first["extra_info"]["index"] == 0
+    assert pq.read_metadata(exported["val"]).num_rows == 10
+
+
+def test_rows_read_back_with_what_the_reward_needs(exported: dict[str, Path]) -> None:
+    rows = read_rows([str(exported["train"])], "prompt", "data.train_files")
+    assert len(rows) == 40
+    assert [r.prompt_id for r in rows[:2]] == ["train-0", "train-1"]
+    a, b = (int(x) for x in rows[0].messages[0]["content"].rstrip("=").split("+"))
+    assert rows[0].ground_truth == str(a + b)
+    assert rows[0].extra_info["split"] == "train"
+    rec = rows[0].record(epoch=2)
+    assert rec.sample_id == "train-0@2" and rec.data_source == "arithmetic"
+    assert rec.chat() == rows[0].messages and rec.reward_ground_truth() == rows[0].ground_truth
+    assert rec.reward_extra_info()["index"] == 0
+
+
+def test_prompt_key_names_the_prompt_column(tmp_path: Path) -> None:
+    chat, plain = tmp_path / "chat.parquet", tmp_path / "plain.parquet"
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {
+                    "data_source": "mine",
+                    "question": messages,
+                    "reward_model": {"style": "rule", "ground_truth": ["a", "b"]},
+                }
+            ]
+        ),
+        chat,
+    )
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{"data_source": "mine", "question": "plain", "reward_model": {"ground_truth": "x"}}]
+        ),
+        plain,
+    )
+    got = read_rows([str(chat), str(plain)], "question", "data.train_files")
+    assert [r.prompt_id for r in got] == ["0.chat-0", "1.plain-0"]  # several files: numbered
+    assert got[0].messages == messages and got[0].ground_truth == ["a", "b"]
+    assert got[0].record().ground_truth_json and got[0].record().reward_ground_truth() == ["a", "b"]
+    assert got[1].prompt == "plain" and got[1].messages is None and got[1].extra_info == {}
+    with pytest.raises(
+        ConfigError, match=r"data.train_files: .*no column 'prompt' \(data.prompt_key\)"
+    ):
+        read_rows([str(chat)], "prompt", "data.train_files")
+
+
+def test_a_missing_file_or_column_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"data.val_files: .*nope.parquet: no such file"):
+        read_rows([str(tmp_path / "nope.parquet")], "prompt", "data.val_files")
+    path = tmp_path / "no_reward.parquet"
+    pq.write_table(pa.Table.from_pylist([{"data_source": "x", "prompt": "hi"}]), path)
+    with pytest.raises(ConfigError, match="no column 'reward_model'"):
+        read_rows([str(path)], "prompt", "data.train_files")
+    bad = tmp_path / "bad_prompt.parquet"
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {
+                    "data_source": "x",
+                    "prompt": [{"role": "user"}],
+                    "reward_model": {"ground_truth": "1"},
+                }
+            ]
+        ),
+        bad,
+    )
+    with pytest.raises(ConfigError, match="chat messages"):
+        read_rows([str(bad)], "prompt", "data.train_files")
+
+
+def test_prompts_longer_than_max_prompt_length_after_templating_are_left_out_and_counted(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "mixed.parquet"
+    rows = [
+        {"data_source": "arithmetic", "prompt": [{"role": "user", "content": c}]}
+        | {"reward_model": {"style": "rule", "ground_truth": "0"}}
+        for c in ["1+2=", "11+22=", "111+222=", "1111+2222="]
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    tok = _tiny_tokenizer()
+    read = read_rows([str(path)], "prompt", "data.train_files")
+    # <bos> + characters: 5, 7, 9 and 11 tokens
+    kept, too_long = filter_overlong(read, tok, max_prompt_length=8)
+    assert [r.messages[0]["content"] for r in kept] == ["1+2=", "11+22="]
+    assert too_long == 2
+    cfg = load_config(
+        overrides=[f"data.train_files={path}", f"data.val_files={path}", "data.max_prompt_length=8"]
+    )
+    split = load_split(cfg, "train", tok)
+    assert (len(split.rows), split.total, split.too_long) == (2, 4, 2)
+    cfg.data.max_prompt_length = 4
+    with pytest.raises(ConfigError, match="all 4 prompts are longer"):
+        load_split(cfg, "train", tok)
+
+
+def test_a_data_source_without_a_rule_needs_a_custom_reward(tmp_path: Path) -> None:
+    path = tmp_path / "gsm.parquet"
+    row = {"data_source": "openai/gsm8k", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}
+    pq.write_table(pa.Table.from_pylist([row]), path)
+    cfg = load_config(overrides=[f"data.train_files={path}", f"data.val_files={path}"])
+    with pytest.raises(ConfigError, match=r"custom_reward_function.path: .*openai/gsm8k"):
+        load_split(cfg, "train", _tiny_tokenizer())
+
+
+def test_train_files_replace_the_task_in_the_feed(exported: dict[str, Path]) -> None:
+    cfg = _files(exported, "data.shuffle=false")
+    prompts, split = train_prompts(cfg)
+    assert split is not None and (split.total, split.too_long) == (40, 0)
+    assert [p.prompt_id for p in prompts[:3]] == ["train-0", "train-1", "train-2"]
+    assert all(p.messages and p.data_source == "arithmetic" for p in prompts)
+    builtin, none = train_prompts(load_config())
+    assert none is None and builtin[0].messages == "" and builtin[0].prompt_id.startswith("add-")
+
+
+def test_train_files_need_val_files() -> None:
+    with pytest.raises(ConfigError, match="data.val_files is needed with data.train_files"):
+        load_config(overrides=["data.train_files=x.parquet"])
+
+
+def test_chat_messages_go_through_the_chat_template() -> None:
+    tok = build_tokenizer()
+    tok.chat_template = (
+        "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}={% endif %}"
+    )
+    messages = [{"role": "system", "content": "1+1"}, {"role": "user", "content": "2+2"}]
+    ids = encode_prompt(tok, messages)
+    assert ids == tok("1+1 2+2 =")["input_ids"]  # one <bos>, the generation prompt added
+    assert ids.count(tok.bos_token_id) == 1
+    assert encode_prompt(tok, "2+2=") == tok("2+2=")["input_ids"]  # plain text as it is
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        encode_prompt(tok, messages)
+
+
+def test_the_tiny_models_template_gives_the_tasks_own_tokens() -> None:
+    """An exported task trains the built-in model on exactly the tokens the task feeds it."""
+    tok = load_tokenizer(load_config())
+    assert encode_prompt(tok, [{"role": "user", "content": "07+35="}]) == tok("07+35=")["input_ids"]
+
+
+def test_a_hugging_face_checkpoint_loads_by_model_path(tmp_path: Path) -> None:
+    cfg = load_config(overrides=SMALL_MODEL)
+    tok = _tiny_tokenizer()
+    model = build_model(cfg.actor_rollout_ref.model, len(tok), seed=3)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    mine = load_config(overrides=[f"actor_rollout_ref.model.path={tmp_path / 'ckpt'}"])
+    check_startable(mine, "rollout")
+    loaded, loaded_tok = load_policy(mine)
+    from asyncrl.sync.checksum import weights_checksum
+
+    assert weights_checksum(loaded) == weights_checksum(model)
+    assert not loaded.training and next(loaded.parameters()).dtype.is_floating_point
+    messages = [{"role": "user", "content": "12+30="}]
+    assert encode_prompt(loaded_tok, messages) == encode_prompt(tok, messages)
+    assert loaded_tok.pad_token_id == tok.pad_token_id
+
+
+def test_a_bad_model_path_stops_the_run_naming_the_key(tmp_path: Path) -> None:
+    missing = load_config(overrides=[f"actor_rollout_ref.model.path={tmp_path / 'nope'}"])
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.path: .*no such directory"):
+        check_startable(missing, "run")
+    (tmp_path / "empty").mkdir()
+    empty = load_config(overrides=[f"actor_rollout_ref.model.path={tmp_path / 'empty'}"])
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.path: .*no config.json"):
+        check_startable(empty, "train")
+    with pytest.raises(ConfigError, match="actor_rollout_ref.model.path"):
+        load_tokenizer(empty)
+
+
+def test_missing_data_files_stop_the_run_naming_the_key(tmp_path: Path) -> None:
+    cfg = load_config(
+        overrides=[
+            f"data.train_files={tmp_path / 'a.parquet'}",
+            f"data.val_files=[{tmp_path / 'b.parquet'}]",
+        ]
+    )
+    with pytest.raises(ConfigError) as err:
+        check_startable(cfg, "run")
+    assert "data.train_files" in str(err.value) and "data.val_files" in str(err.value)
+    check_startable(cfg, "rollout")  # workers read prompts from the topic, not the files

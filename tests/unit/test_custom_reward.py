@@ -1,0 +1,204 @@
+"""Your reward (issue 19): verl's ``custom_reward_function`` loads at start-up or the run stops
+naming the key; a call that raises or times out is a counted, marked reward failure (never a
+silent 0), and the trainer leaves failed trajectories out of the update."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl.consumers.grpo import group_advantages
+from asyncrl.consumers.update import grpo_update, reward_metrics, reward_valid
+from asyncrl.ops.config import ConfigError, load_config
+from asyncrl.ops.preflight import check_startable
+from asyncrl.producers.reward import (
+    BuiltinReward,
+    CustomReward,
+    RewardCall,
+    RewardLoadError,
+    make_reward,
+)
+from asyncrl.schemas.sample import Sample, Trajectory
+
+REWARD_FILE = """
+import time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    print("scoring", solution_str)  # goes to the log, not into the protocol
+    if solution_str == "boom":
+        raise ZeroDivisionError("division by zero")
+    if solution_str == "slow":
+        time.sleep(30)
+    if solution_str == "nan":
+        return float("nan")
+    if solution_str == "dict":
+        return {"score": 0.5, "acc": True, "label": "text is not a metric"}
+    if solution_str == "info":
+        return float(extra_info["index"] + extra_info["num_turns"])
+    return float(solution_str.strip() == ground_truth) + bonus
+
+def other(data_source, solution_str, ground_truth, extra_info=None):
+    return 2.0
+"""
+
+
+@pytest.fixture
+def reward_file(tmp_path: Path) -> Path:
+    path = tmp_path / "my_reward.py"
+    path.write_text(REWARD_FILE)
+    return path
+
+
+def _cfg(*overrides: str):
+    return load_config(overrides=list(overrides))
+
+
+def _call(text: str, truth: str = "42", **extra) -> RewardCall:
+    return RewardCall("my_math", truth, extra, [{"role": "assistant", "content": text}], text)
+
+
+@pytest.fixture
+def reward(reward_file: Path):
+    r = make_reward(
+        _cfg(
+            f"custom_reward_function.path={reward_file}",
+            "custom_reward_function.timeout_s=1",
+        )
+    )
+    yield r
+    r.close()
+
+
+def test_scores_floats_and_dicts(reward: CustomReward) -> None:
+    assert reward(_call("42")).score == 1.0 and not reward(_call("42")).failed
+    assert reward(_call("41")).score == 0.0
+    scored = reward(_call("dict"))
+    assert (scored.score, scored.extra, scored.error) == (0.5, {"acc": 1.0}, "")
+    # extra_info: the row's, plus num_turns as verl adds it
+    assert reward(RewardCall("d", "1", {"index": 7}, [], "info", num_turns=2)).score == 9.0
+    assert reward.failures == 0
+
+
+def test_an_exception_is_a_counted_failure_not_a_zero(reward: CustomReward) -> None:
+    scored = reward(_call("boom"))
+    assert scored.failed and scored.error == "ZeroDivisionError: division by zero"
+    assert reward(_call("nan")).failed  # not a number a reward can be
+    assert reward.failures == 2
+    assert reward(_call("42")).score == 1.0  # the next call is fine
+
+
+def test_a_timeout_is_a_counted_failure_and_the_next_call_works(reward: CustomReward) -> None:
+    t0 = time.monotonic()
+    scored = reward(_call("slow"))
+    assert time.monotonic() - t0 < 5
+    assert scored.failed and "timed out after 1.0 s" in scored.error
+    assert "custom_reward_function.timeout_s=1" in scored.error
+    assert reward.failures == 1
+    assert reward(_call("42")).score == 1.0  # a fresh process took over
+
+
+def test_name_and_reward_kwargs(reward_file: Path) -> None:
+    cfg = _cfg(
+        f"custom_reward_function.path={reward_file}",
+        "custom_reward_function.reward_kwargs.bonus=0.25",
+    )
+    r = make_reward(cfg)
+    try:
+        assert r(_call("42")).score == 1.25
+    finally:
+        r.close()
+    cfg = _cfg(f"custom_reward_function.path={reward_file}", "custom_reward_function.name=other")
+    r = make_reward(cfg)
+    try:
+        assert r(_call("anything")).score == 2.0
+    finally:
+        r.close()
+
+
+def test_a_missing_file_or_function_stops_the_run_naming_the_key(
+    reward_file: Path, tmp_path: Path
+) -> None:
+    missing = _cfg(f"custom_reward_function.path={tmp_path / 'nope.py'}")
+    with pytest.raises(ConfigError, match=r"custom_reward_function.path: .*nope.py: no such file"):
+        check_startable(missing, "run")
+    with pytest.raises(RewardLoadError, match="custom_reward_function.path"):
+        make_reward(missing)
+    no_fn = _cfg(f"custom_reward_function.path={reward_file}", "custom_reward_function.name=score")
+    with pytest.raises(ConfigError, match=r"custom_reward_function.name: .*no function 'score'"):
+        check_startable(no_fn, "rollout")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def compute_score(:\n")
+    with pytest.raises(ConfigError, match=r"custom_reward_function.path: .*SyntaxError"):
+        check_startable(_cfg(f"custom_reward_function.path={broken}"), "run")
+    check_startable(_cfg(f"custom_reward_function.path={reward_file}"), "run")
+
+
+def test_the_builtin_rule_scores_the_task_or_each_rows_data_source() -> None:
+    arithmetic = BuiltinReward(_cfg())
+    assert arithmetic(_call("42<eos>", "42")).score == 1.0
+    assert arithmetic(_call("4", "42")).score == 0.0
+    rows = BuiltinReward(_cfg("data.train_files=a.parquet", "data.val_files=b.parquet"))
+    call = _call("[347*86]", "29842")
+    call.data_source = "calculator"  # a tool call is no answer
+    assert rows(call).score == 0.0
+
+
+# --- the trainer's side -------------------------------------------------------------------------
+def _traj(reward: float, error: str = "", extra: dict | None = None) -> Trajectory:
+    return Trajectory(
+        response_ids=[5, 6, 2],
+        response_logprobs=[-1.0] * 3,
+        reward=reward,
+        reward_error=error,
+        reward_extra=json.dumps(extra) if extra else "",
+    )
+
+
+def test_failed_trajectories_get_no_advantage_and_the_group_compares_the_rest() -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    valid = torch.tensor([[True, False, True, True]])
+    adv = group_advantages(rewards, True, valid=valid)
+    std = (((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2) ** 0.5
+    expected = [(2 / 3) / std, 0.0, -(1 / 3) / std, -(1 / 3) / std]
+    assert adv[0].tolist() == pytest.approx(expected, rel=1e-5)  # eps=1e-6 in the std
+    all_valid = torch.ones_like(valid)
+    assert torch.allclose(
+        group_advantages(rewards, True, valid=all_valid), group_advantages(rewards, True)
+    )
+    one_left = torch.tensor([[True, False, False, False]])
+    assert group_advantages(rewards, True, valid=one_left).tolist() == [[0.0] * 4]
+
+
+def test_the_update_leaves_failed_trajectories_out_and_counts_them() -> None:
+    from asyncrl.models.tiny import build_model
+
+    cfg = _cfg(
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "async_training.require_batches=2",
+        "actor_rollout_ref.model.hidden_size=16",
+        "actor_rollout_ref.model.num_hidden_layers=1",
+        "actor_rollout_ref.model.num_attention_heads=2",
+        "actor_rollout_ref.model.intermediate_size=32",
+    )
+    ok = Sample("a@0", "a", 0, [1, 4], "1", [_traj(1.0, extra={"acc": 1.0}), _traj(0.0)])
+    failed = Sample("b@0", "b", 0, [1, 5], "1", [_traj(0.0, "TimeoutError"), _traj(0.0, "x")])
+    assert reward_valid([ok]) is None  # no failure: the update is the one it always was
+    assert reward_valid([ok, failed]).tolist() == [[True, True], [False, False]]
+    assert reward_metrics([ok, failed]) == {"reward/failures": 2.0, "reward/acc/mean": 1.0}
+
+    model = build_model(cfg.actor_rollout_ref.model, 16, seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    metrics = grpo_update(model, opt, [failed], cfg, torch.device("cpu"))
+    assert metrics["reward/failures"] == 2.0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), (
+        "a mini-batch of failed trajectories must not move the weights"
+    )
+    metrics = grpo_update(model, opt, [ok, failed], cfg, torch.device("cpu"))
+    assert metrics["reward/failures"] == 2.0 and "actor/pg_loss" in metrics
+    assert metrics["critic/score/mean"] == 0.5  # failed ones are no score
