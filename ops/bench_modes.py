@@ -141,10 +141,22 @@ def modes(
     steps: int = 20,
     ablation: bool = True,
 ) -> dict[str, Any]:
-    """Colocated sync vs modes (a)-(d), plus the staleness ablation; print and return the table."""
+    """Colocated sync vs modes (a)-(d), plus the staleness ablation; print and return the table.
+
+    ``trainer.total_training_steps=N`` among the overrides sets ``steps`` (sync windows per
+    run; each async run then trains N x its trigger_parameter_sync_step local updates), so a
+    smoke run is ``asyncrl bench modes trainer.total_training_steps=2``.
+    """
     from asyncrl.ops.launcher import prepare_policy, run
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    given = [
+        o for o in overrides if o.lstrip("+").partition("=")[0] == "trainer.total_training_steps"
+    ]
+    if given:
+        steps = int(given[-1].partition("=")[2])
+        overrides = [o for o in overrides if o not in given]
+        console.log(f"{steps} steps (sync windows) per setup, from trainer.total_training_steps")
     base = [*MODES_DEFAULTS, *overrides]
     results: dict[str, dict[str, Any]] = {}
 

@@ -34,9 +34,13 @@ def test_modes_smoke(broker, tmp_path, quick_policy):
     out = io.StringIO()
     results = modes(
         None,
-        [*quick_policy, f"kafka.bootstrap_servers='{broker}'", f"output_dir='{tmp_path}'"],
+        [
+            *quick_policy,
+            f"kafka.bootstrap_servers='{broker}'",
+            f"output_dir='{tmp_path}'",
+            "trainer.total_training_steps=2",  # a user's smoke size (was replaced by 20)
+        ],
         Console(file=out, width=200),
-        steps=2,
         ablation=False,
     )
     assert list(results) == [
