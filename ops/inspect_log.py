@@ -263,6 +263,12 @@ def inspect_topic(
         for row in rows:
             console.file.write(json.dumps(row, default=str) + "\n")
         return rows
+    if not rows:  # a table with no columns prints as one blank line
+        console.print(
+            f"{cfg.topic(name)}: no records"
+            + (" in that range" if start or end or since_ms or until_ms else "")
+        )
+        return rows
     table = Table(title=f"{cfg.topic(name)}: {len(rows)} records")
     columns: list[str] = []
     for row in rows:

@@ -55,3 +55,12 @@ def test_inspect_samples_control_steps_and_dead_letter(make_run_cfg, quick_polic
     [dead] = _rows(cfg, "dead-letter")
     assert dead["source"] == f"{cfg.topic('samples')}@0"
     assert "Arrow" in dead["error"]
+
+
+def test_inspect_of_an_empty_topic_says_so(run_cfg):
+    out = io.StringIO()
+    rows = inspect_topic(
+        run_cfg, run_cfg.kafka.bootstrap_servers, "partials", Console(file=out, width=120)
+    )
+    assert rows == []
+    assert out.getvalue().strip() == f"{run_cfg.topic('partials')}: no records"
