@@ -27,6 +27,7 @@ def line_plot(
             ax.plot([], [], label=f"{name} (no points)")
     if hline is not None:
         ax.axhline(hline, color="grey", linestyle="--", linewidth=1, label=hline_label or None)
+    _integer_ticks(ax, [x for points in series.values() for x, _ in points])
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -66,12 +67,22 @@ def stacked_bars(
     for name, values in parts.items():
         ax.bar(x, values, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    _integer_ticks(ax, x)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(loc="best", fontsize="small")
     return _save(fig, path)
+
+
+def _integer_ticks(ax, xs: Sequence[float]) -> None:
+    """Whole-number x values (steps, weight versions) get whole-number ticks: a version
+    axis read 2.5 otherwise."""
+    from matplotlib.ticker import MaxNLocator
+
+    if xs and all(float(x).is_integer() for x in xs):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _pyplot():

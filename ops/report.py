@@ -243,7 +243,9 @@ def _markdown(
     if windows:
         mean = {k: sum(w[k] for w in windows) / len(windows) for k in windows[0]}
         facts += [
-            ("syncs", len(windows)),
+            # The trainer's count (summary.json) when the run has one: a last sync whose
+            # workers had not all resumed when the run ended has no window row.
+            ("syncs", summary.get("syncs", len(windows))),
             ("sync pause / transfer, mean (trainer)", _ms(mean, "pause_s", "transfer_s")),
             ("weights receive + load, mean (slowest worker)", _ms(mean, "load_s")),
             ("SyncRequested -> resumed, mean", f"{mean['resumed_s'] * 1e3:.0f} ms"),
