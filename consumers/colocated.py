@@ -122,7 +122,8 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     ws = warm_start_metrics(cfg) or {}
     history: list[dict[str, Any]] = [{"step": 0, **evaluate(), "time_s": 0.0}]
     log(
-        f"warm start: {ws.get('warmup_steps_run')} steps, {ws.get('warmup_seconds', 0):.1f}s | "
+        f"warm start (cached; it took {ws.get('warmup_steps_run')} steps, "
+        f"{ws.get('warmup_seconds', 0):.1f}s when built) | "
         f"step 0 val_acc {history[0]['val_acc']:.3f}"
     )
     t_start = time.perf_counter()

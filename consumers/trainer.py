@@ -592,7 +592,10 @@ class Trainer:
             )
             metrics.update(
                 {
-                    "perf/samples_per_s": self.samples_trained / max(elapsed, 1e-9),
+                    # From when rollout could start (the first worker got its weights), not
+                    # from the trainer's start: its start-up wait is no one's throughput.
+                    "perf/samples_per_s": self.samples_trained
+                    / max(time.monotonic() - (self.t_first_join or self.t_start), 1e-9),
                     "perf/elapsed_s": elapsed,
                     "fully_async/count/dropped_samples": float(sum(self.batcher.dropped.values())),
                     "fully_async/count/duplicate_samples": float(self.batcher.dropped["duplicate"]),
