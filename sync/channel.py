@@ -20,26 +20,21 @@ from asyncrl.schemas import control as ev
 E = TypeVar("E", bound=ev.ControlEvent)
 
 
-def last_logged_version(cfg: RunConfig, bootstrap: str, timeout_s: float = 30.0) -> int:
+def last_logged_version(cfg: RunConfig, bootstrap: str) -> int:
     """The highest weight version on the run's control topic (SyncRequested or
     WeightsPublished; -1 if none): a resumed trainer publishes its weights above it, so a
     version number is never reused for other weights."""
-    topic = cfg.topic("control")
+    from asyncrl.ops.inspect_log import read_records
+    from asyncrl.schemas import DecodeError
+
     highest = -1
-    with Reader(cfg.kafka, bootstrap, ev.decode_event) as reader:
-        ends = {p: high for p, (low, high) in reader.watermarks(topic).items() if high > low}
-        if not ends:
-            return highest
-        reader.assign(topic)
-        deadline = time.monotonic() + timeout_s
-        while ends:
-            if time.monotonic() > deadline:
-                raise SyncTimeout(f"could not read {topic} to its end within {timeout_s:.0f} s")
-            for rec in reader.poll(0.2):
-                if isinstance(rec.value, (ev.SyncRequested, ev.WeightsPublished)):
-                    highest = max(highest, rec.value.version)
-                if rec.offset + 1 >= ends.get(rec.partition, 0):
-                    ends.pop(rec.partition, None)
+    for rec in read_records(cfg, bootstrap, "control"):
+        try:
+            event = ev.decode_event(rec.value, rec.headers)
+        except DecodeError:
+            continue  # dead-lettered by the trainer that read it first
+        if isinstance(event, (ev.SyncRequested, ev.WeightsPublished)):
+            highest = max(highest, event.version)
     return highest
 
 
