@@ -195,11 +195,15 @@ def run(
     try:
         where = "embedded Tansu" if broker is not None else "external Kafka"
         console.log(f"broker: {where} at {bootstrap}")
-        if embedded:
-            archiver = _start_archive(cfg, bootstrap, resume, console)
-            if on_spawn is not None and broker is not None and broker.pid is not None:
-                on_spawn("broker", broker.pid)
+        if resume:  # before the set-up, which then finds the prompts already fed
+            _restore_log(cfg, bootstrap, console)
+        if on_spawn is not None and broker is not None and broker.pid is not None:
+            on_spawn("broker", broker.pid)
         resolved, config_path = prepare(cfg, bootstrap, console)
+        if embedded:  # from where the archive ends: what the set-up wrote is archived too
+            from asyncrl.ops.log_archive import Archiver
+
+            archiver = Archiver(cfg, bootstrap).start()
         at = resolved.async_training
         console.log(
             f"mode ({at.mode}): staleness_threshold={at.staleness_threshold} "
@@ -245,17 +249,13 @@ def run(
             broker.stop()
 
 
-def _start_archive(cfg: RunConfig, bootstrap: str, resume: bool, console: Console):
-    """The embedded broker's log, restored from an unfinished run and archived from now on."""
-    from asyncrl.ops.log_archive import Archiver, log_dir, restore
+def _restore_log(cfg: RunConfig, bootstrap: str, console: Console) -> None:
+    """An unfinished run's archived log, back into the new embedded broker."""
+    from asyncrl.ops.log_archive import log_dir, restore
 
-    if resume:
-        t0 = time.monotonic()
-        n = restore(cfg, bootstrap)
-        console.log(f"restored {n} records of {log_dir(cfg)} in {time.monotonic() - t0:.1f} s")
-    else:
-        create_run_topics(cfg, bootstrap)
-    return Archiver(cfg, bootstrap).start()
+    t0 = time.monotonic()
+    n = restore(cfg, bootstrap)
+    console.log(f"restored {n} records of {log_dir(cfg)} in {time.monotonic() - t0:.1f} s")
 
 
 def _spawn_local(name: str, cmd: list[str], log_path: Path) -> tuple[subprocess.Popen, Path]:
