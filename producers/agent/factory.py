@@ -48,13 +48,10 @@ def make_runner(
     return AgentRunner(loop, engine, ToolExecutor(tools))
 
 
-def evaluate_agent(
-    cfg: RunConfig, model: Any, tokenizer: Any, problems: list, batch_size: int = 64
-) -> dict[str, float]:
-    """Accuracy and tool-use rate of the multi-turn policy on ``problems``: greedy, or
+def _eval_runner(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
+    """The agent runner of a held-out evaluation: the policy on an hf engine, greedy or
     sampled with a fixed seed (``rollout.val_kwargs.do_sample``)."""
     from asyncrl.producers.engines.hf import HFEngine
-    from asyncrl.tasks import calculator, score
 
     rollout = cfg.actor_rollout_ref.rollout
     engine = HFEngine(
@@ -65,7 +62,17 @@ def evaluate_agent(
         tokenizer.pad_token_id,
         seed=cfg.trainer.seed,
     )
-    runner = make_runner(cfg, tokenizer, engine, greedy=not rollout.val_kwargs.do_sample)
+    return make_runner(cfg, tokenizer, engine, greedy=not rollout.val_kwargs.do_sample)
+
+
+def evaluate_agent(
+    cfg: RunConfig, model: Any, tokenizer: Any, problems: list, batch_size: int = 64
+) -> dict[str, float]:
+    """Accuracy and tool-use rate of the multi-turn policy on ``problems``: greedy, or
+    sampled with a fixed seed (``rollout.val_kwargs.do_sample``)."""
+    from asyncrl.tasks import calculator, score
+
+    runner = _eval_runner(cfg, model, tokenizer)
     correct = used = 0.0
     try:
         for start in range(0, len(problems), batch_size):
@@ -118,20 +125,10 @@ def evaluate_rows(
     mean reward (the task's rule or custom_reward_function; a reward failure counts 0 and is
     logged), greedy or sampled as :func:`evaluate_agent`; ``tool_use`` with the agent loop."""
     from asyncrl.models.policy import encode_prompt
-    from asyncrl.producers.engines.hf import HFEngine
     from asyncrl.producers.reward import RewardCall
     from asyncrl.tasks import calculator
 
-    rollout = cfg.actor_rollout_ref.rollout
-    engine = HFEngine(
-        model,
-        tokenizer,
-        rollout.temperature,
-        tokenizer.eos_token_id,
-        tokenizer.pad_token_id,
-        seed=cfg.trainer.seed,
-    )
-    runner = make_runner(cfg, tokenizer, engine, greedy=not rollout.val_kwargs.do_sample)
+    runner = _eval_runner(cfg, model, tokenizer)
     reward = _eval_reward(cfg.model_dump_json())
     total = used = 0.0
     failures: list[str] = []
