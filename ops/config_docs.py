@@ -83,50 +83,33 @@ def verl_reference() -> str:
         "`ppo_trainer.yaml`). `${other.key}` interpolations resolve against the merged keys, "
         "then asyncrl's defaults, as do `${oc.select:key,default}`, `${oc.env:VAR}` and "
         "relative `${..key}`; any other resolver is refused naming the key.",
-        "",
-        "### Aliases",
-        "",
-        "| verl key | asyncrl key | how |",
-        "|---|---|---|",
     ]
-    for key, rule in by_kind.get("alias", []):
-        lines.append(f"| `{key}` | `{rule.target}` | {_cell(rule.why)} |")
-    lines += [
-        "",
-        "### verl's values of asyncrl's keys",
-        "",
-        "| key | verl's value |",
-        "|---|---|",
-    ]
-    for key, (doc, _convert) in verl_keys.OUR_KEYS.items():
-        lines.append(f"| `{key}` | {_cell(doc)} |")
-    lines += [
-        "",
-        "### Ignored (a warning at start-up names each)",
-        "",
-        "| verl key | why it changes nothing |",
-        "|---|---|",
-    ]
-    for key, rule in by_kind.get("ignored", []):
-        lines.append(f"| `{key}` | {_cell(rule.why)} |")
-    lines += [
-        "",
-        "### Fixed: ignored with the value shown, refused with any other",
-        "",
-        "| verl key | ignored when | what asyncrl does |",
-        "|---|---|---|",
-    ]
-    for key, rule in by_kind.get("fixed", []):
-        lines.append(f"| `{key}` | {_cell(rule.ok_text)} | {_cell(rule.why)} |")
-    lines += [
-        "",
-        "### Refused: not supported by asyncrl",
-        "",
-        "| verl key | why |",
-        "|---|---|",
-    ]
-    for key, rule in by_kind.get("refused", []):
-        lines.append(f"| `{key}` | {_cell(rule.why)} |")
+    rules = by_kind.get
+    lines += _table(
+        "Aliases",
+        ["verl key", "asyncrl key", "how"],
+        [(f"`{k}`", f"`{r.target}`", _cell(r.why)) for k, r in rules("alias", [])],
+    )
+    lines += _table(
+        "verl's values of asyncrl's keys",
+        ["key", "verl's value"],
+        [(f"`{k}`", _cell(doc)) for k, (doc, _convert) in verl_keys.OUR_KEYS.items()],
+    )
+    lines += _table(
+        "Ignored (a warning at start-up names each)",
+        ["verl key", "why it changes nothing"],
+        [(f"`{k}`", _cell(r.why)) for k, r in rules("ignored", [])],
+    )
+    lines += _table(
+        "Fixed: ignored with the value shown, refused with any other",
+        ["verl key", "ignored when", "what asyncrl does"],
+        [(f"`{k}`", _cell(r.ok_text), _cell(r.why)) for k, r in rules("fixed", [])],
+    )
+    lines += _table(
+        "Refused: not supported by asyncrl",
+        ["verl key", "why"],
+        [(f"`{k}`", _cell(r.why)) for k, r in rules("refused", [])],
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -147,6 +130,12 @@ def config_reference() -> str:
         type_name = type_name.replace("|", "\\|")
         lines.append(f"| `{key}` | {type_name} | {default} | {desc} |")
     return "\n".join(lines) + "\n" + verl_reference()
+
+
+def _table(title: str, header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
+    """One subsection of the verl key tables, as markdown lines (a blank line before it)."""
+    out = ["", f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return out + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 if __name__ == "__main__":
