@@ -188,6 +188,7 @@ class Archiver:
         self.archived = 0
         self._stop = threading.Event()
         self._drain_on_stop = True
+        self._group_offsets: GroupOffsets | None = None
         self._pending_groups: tuple[dict, dict] | None = None
         """Group offsets read, waiting for the archive to reach the samples' end seen then."""
         self._error: BaseException | None = None
@@ -253,6 +254,8 @@ class Archiver:
         finally:
             if consumer is not None:
                 consumer.close()
+            if self._group_offsets is not None:
+                self._group_offsets.close()
             for f in self.files.values():
                 f.close()
 
@@ -292,7 +295,9 @@ class Archiver:
             from asyncrl.ops.kafka import _read_watermarks, consumer_config
 
             try:
-                offsets = read_group_offsets(self.cfg, self.bootstrap)
+                if self._group_offsets is None:
+                    self._group_offsets = GroupOffsets(self.cfg, self.bootstrap)
+                offsets = self._group_offsets.read()
                 topic = self.cfg.topic("samples")
                 conf = consumer_config(self.cfg.kafka, self.bootstrap, None)
                 ends = {(topic, p): high for p, (_l, high) in _read_watermarks(conf, topic).items()}
@@ -323,19 +328,33 @@ def _groups(cfg: RunConfig) -> dict[str, str]:
     }
 
 
-def read_group_offsets(cfg: RunConfig, bootstrap: str) -> dict[str, dict[str, int]]:
-    """``{group: {partition: committed next offset}}`` of the run's consumer groups."""
-    from asyncrl.ops.kafka import Reader, raw_decode
+class GroupOffsets:
+    """Reads the committed offsets of the run's consumer groups, with one client per group
+    kept for its lifetime (committed() joins no group, so nobody is disturbed): the archiver
+    asks every second, and a client made per question cost a connection each time."""
 
-    saved: dict[str, dict[str, int]] = {}
-    for group, topic in _groups(cfg).items():
-        with Reader(cfg.kafka, bootstrap, raw_decode, group_id=group) as reader:
-            parts = [(topic, p) for p in reader.partitions(topic)]
-            committed = reader.committed(parts)
-        offsets = {str(p): o for (_t, p), o in committed.items() if o is not None}
-        if offsets:
-            saved[group] = offsets
-    return saved
+    def __init__(self, cfg: RunConfig, bootstrap: str) -> None:
+        from asyncrl.ops.kafka import Reader, raw_decode
+
+        self.topics = _groups(cfg)
+        self.readers = {
+            group: Reader(cfg.kafka, bootstrap, raw_decode, group_id=group) for group in self.topics
+        }
+
+    def read(self) -> dict[str, dict[str, int]]:
+        """``{group: {partition: committed next offset}}``."""
+        saved: dict[str, dict[str, int]] = {}
+        for group, reader in self.readers.items():
+            topic = self.topics[group]
+            committed = reader.committed([(topic, p) for p in reader.partitions(topic)])
+            offsets = {str(p): o for (_t, p), o in committed.items() if o is not None}
+            if offsets:
+                saved[group] = offsets
+        return saved
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
 
 
 def write_group_offsets(directory: Path, saved: dict[str, dict[str, int]]) -> None:
