@@ -10,6 +10,14 @@ from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Reader, Record, count_records, raw_decode
 from asyncrl.schemas import control, partial, prompt, sample, step
 
+SMALL = [
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.rollout.max_concurrent_samples=4",
+    "trainer.test_freq=0",
+]
+"""A run small enough for protocol tests: groups of 4, 4 samples a step, no evaluation."""
+
 DECODERS = {
     "samples": sample.decode_sample,
     "control": control.decode_event,

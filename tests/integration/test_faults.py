@@ -19,16 +19,9 @@ from asyncrl.ops.kafka import Reader
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.step import decode_step
-from tests.helpers import check_log_invariants, read_topic, report_recovery
+from tests.helpers import SMALL, check_log_invariants, read_topic, report_recovery
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-SMALL = [
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.rollout.max_concurrent_samples=4",
-    "trainer.test_freq=0",
-]
 
 
 def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) -> None:

@@ -16,16 +16,9 @@ from rich.console import Console
 from asyncrl.ops.config import RunConfig
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
-from tests.helpers import read_topic, sample_logprob_error
+from tests.helpers import SMALL, read_topic, sample_logprob_error
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-SMALL = [
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.rollout.max_concurrent_samples=4",
-    "trainer.test_freq=0",
-]
 
 
 def _run(cfg: RunConfig) -> dict:

@@ -17,6 +17,17 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 GARBAGE = b"\x00not an arrow stream"
 
 
+TRAINER_ALONE = [
+    "actor_rollout_ref.rollout.num_workers=0",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "trainer.total_training_steps=2",
+    "trainer.save_freq=1",
+    "trainer.test_freq=0",
+]
+"""A trainer fed by samples the test publishes: 4 a step, 2 steps, a checkpoint after each."""
+
+
 def synthetic_sample(i: int) -> Sample:
     """A well-formed sample of the arithmetic task (the trainer really trains on it)."""
     prompt = [1, 4 + i % 10, 14, 4 + (i // 10) % 10, 17]  # <bos> d + d = (character ids)
@@ -28,15 +39,7 @@ def synthetic_sample(i: int) -> Sample:
 
 
 def test_restart_consumes_each_sample_exactly_once(make_run_cfg, quick_policy):
-    cfg = make_run_cfg(
-        *quick_policy,
-        "actor_rollout_ref.rollout.num_workers=0",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "trainer.total_training_steps=2",
-        "trainer.save_freq=1",
-        "trainer.test_freq=0",
-    )
+    cfg = make_run_cfg(*quick_policy, *TRAINER_ALONE)
     topic = cfg.topic("samples")
     with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
         for i in range(24):
@@ -82,15 +85,7 @@ def test_restart_consumes_each_sample_exactly_once(make_run_cfg, quick_policy):
 def test_a_copied_sample_is_trained_once_and_a_wrong_schema_header_is_dead_lettered(
     make_run_cfg, quick_policy
 ):
-    cfg = make_run_cfg(
-        *quick_policy,
-        "actor_rollout_ref.rollout.num_workers=0",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "trainer.total_training_steps=2",
-        "trainer.save_freq=1",
-        "trainer.test_freq=0",
-    )
+    cfg = make_run_cfg(*quick_policy, *TRAINER_ALONE)
     topic = cfg.topic("samples")
     with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
         for i in range(4):
