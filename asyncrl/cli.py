@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace):
-    from asyncrl.ops.config import load_config
+    from asyncrl.config import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -400,8 +400,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from asyncrl.config import load_config
     from asyncrl.ops.audit import AuditError, audit_run, print_report
-    from asyncrl.ops.config import load_config
     from asyncrl.ops.log_archive import ArchiveError
 
     resolved = Path(args.output_dir) / args.run / "config.yaml"
@@ -479,7 +479,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_monitor(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.ops.config import load_config
+    from asyncrl.config import load_config
     from asyncrl.ops.monitor import monitor
 
     cfg = load_config(args.config, [*args.overrides, f"run_id={args.run}"])
@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _usage_errors() -> tuple[type[Exception], ...]:
     """What the user's config or environment got wrong (exit 2)."""
-    from asyncrl.ops.config import ConfigError
+    from asyncrl.config import ConfigError
     from asyncrl.ops.kafka import MissingSecret
 
     return ConfigError, MissingSecret

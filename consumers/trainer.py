@@ -34,6 +34,7 @@ from confluent_kafka import KafkaException
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
+from asyncrl.config import RunConfig
 from asyncrl.consumers import spans
 from asyncrl.consumers.batcher import SampleBatcher
 from asyncrl.consumers.checkpoint import (
@@ -43,7 +44,6 @@ from asyncrl.consumers.checkpoint import (
     save_checkpoint,
 )
 from asyncrl.ops import tracing
-from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Reader, Record
 from asyncrl.ops.metrics import (
     JsonlWriter,

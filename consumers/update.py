@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from asyncrl.config import RunConfig
 from asyncrl.consumers.grpo import (
     Batch,
     aggregate,
@@ -18,7 +19,6 @@ from asyncrl.consumers.grpo import (
     token_logprobs,
     token_logprobs_and_entropy,
 )
-from asyncrl.ops.config import RunConfig
 from asyncrl.schemas.sample import Sample
 
 

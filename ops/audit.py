@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.partial import PartialSample
 from asyncrl.schemas.prompt import PromptRecord

@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.ops.config import RunConfig, load_config
+from asyncrl.config import RunConfig, load_config
 from asyncrl.ops.plots import line_plot
 
 SYNC_PAUSE_DEFAULTS = [

@@ -25,8 +25,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.config import RunConfig, load_config
 from asyncrl.ops.bench import partial_totals, step_rows
-from asyncrl.ops.config import RunConfig, load_config
 from asyncrl.ops.metrics import stale_in_step
 
 BATCH = 32  # samples per step (the colocated train_batch_size)

@@ -37,7 +37,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.ops.config import load_config
+from asyncrl.config import load_config
 
 # hidden, layers, intermediate, vocab, attention heads, kv heads
 SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {

@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.ops.config import load_config
+from asyncrl.config import load_config
 
 WAYS = {"sandbox server (fork)": False, "fresh interpreter": True}
 ONE_AT_A_TIME = 30

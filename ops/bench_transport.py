@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.ops.config import RunConfig, load_config
+from asyncrl.config import RunConfig, load_config
 
 GROUP = 16
 SIZES = (1024, 8192, 32768)

@@ -23,7 +23,7 @@ from typing import IO, TYPE_CHECKING
 from asyncrl.ops.process import die_with_parent
 
 if TYPE_CHECKING:
-    from asyncrl.ops.config import KafkaConfig
+    from asyncrl.config import KafkaConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Generates docs/configuration.md from the config models, so the reference never drifts.
 
-Each field's docstring (the string under it in ops/config.py) is its description.
+Each field's docstring (the string under it in config/sections.py) is its description.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 
 
 def _default(field: Any) -> str:
@@ -51,11 +51,11 @@ def _cell(text: str) -> str:
 
 
 def verl_reference() -> str:
-    """The section on verl's names: aliases, ignored, fixed and refused keys (ops/verl_keys.py)."""
-    from asyncrl.ops import verl_keys
+    """The section on verl's names: aliases, ignored, fixed and refused keys (config/verl_keys.py)."""
+    from asyncrl.config import verl_keys, verl_rules, verl_values
 
     rules = verl_keys.VERL_KEYS
-    by_kind: dict[str, list[tuple[str, verl_keys.VerlKey]]] = {}
+    by_kind: dict[str, list[tuple[str, verl_rules.VerlKey]]] = {}
     for key, rule in rules.items():
         by_kind.setdefault(rule.kind, []).append((key, rule))
     lines = [
@@ -63,7 +63,7 @@ def verl_reference() -> str:
         "## verl's keys",
         "",
         "A verl launch script's overrides, or a verl YAML file as it is, load too "
-        "(`ops/verl_keys.py` holds the tables below; `asyncrl run --dry-run` shows what became "
+        "(`config/verl_keys.py` holds the tables below; `asyncrl run --dry-run` shows what became "
         "of each key). Each key that is not one of the above is:",
         "",
         "* an alias: verl's name of one of asyncrl's settings; the value goes to asyncrl's key "
@@ -93,7 +93,7 @@ def verl_reference() -> str:
     lines += _table(
         "verl's values of asyncrl's keys",
         ["key", "verl's value"],
-        [(f"`{k}`", _cell(doc)) for k, (doc, _convert) in verl_keys.OUR_KEYS.items()],
+        [(f"`{k}`", _cell(doc)) for k, (doc, _convert) in verl_values.OUR_KEYS.items()],
     )
     lines += _table(
         "Ignored (a warning at start-up names each)",
@@ -117,7 +117,7 @@ def config_reference() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `ops/config.py` by `python -m asyncrl.ops.config_docs > docs/configuration.md`;",
+        "Generated from `config/sections.py` by `python -m asyncrl.ops.config_docs > docs/configuration.md`;",
         "a test fails when this file is out of date. Set any key in the run's YAML file or as a dotted",
         "override on the command line (`asyncrl run async_training.staleness_threshold=0.3`).",
         "Unknown keys and bad values stop the run at start-up with the key named; verl's own",

@@ -55,7 +55,7 @@ from asyncrl.ops import tracing
 from asyncrl.schemas.codec import DecodeError
 
 if TYPE_CHECKING:
-    from asyncrl.ops.config import KafkaConfig
+    from asyncrl.config import KafkaConfig
 
 log = logging.getLogger(__name__)
 

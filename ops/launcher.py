@@ -25,8 +25,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.config import RunConfig, dump_config
 from asyncrl.ops.broker import EmbeddedBroker, ensure_broker, free_port
-from asyncrl.ops.config import RunConfig, dump_config
 from asyncrl.ops.log_archive import ArchiveError
 from asyncrl.ops.preflight import check_startable
 from asyncrl.ops.process import spawn

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from asyncrl.ops.config import RunConfig
+    from asyncrl.config import RunConfig
 
 log = logging.getLogger(__name__)
 

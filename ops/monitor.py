@@ -27,7 +27,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.ops.metrics import stale_in_step
 from asyncrl.schemas import DecodeError
 from asyncrl.schemas import control as ev

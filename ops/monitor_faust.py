@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.live import Live
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.ops.kafka import Record
 from asyncrl.ops.monitor import RunMonitor, feed
 

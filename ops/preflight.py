@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.ops.config import ConfigError, RunConfig
+from asyncrl.config import ConfigError, RunConfig
 
 ROLES = ("run", "train", "rollout")
 
@@ -182,7 +182,7 @@ def dry_run(config: str | None, overrides: list[str], role: str = "run") -> int:
     the keys ignored, and every start-up check; starts nothing. 0 when the run could start."""
     import yaml
 
-    from asyncrl.ops.config_load import load
+    from asyncrl.config.load import load
 
     loaded = load(config, overrides)
     cfg = loaded.config()  # ConfigError: every problem, each naming its key

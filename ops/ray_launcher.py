@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 
 
 class RayProcess:

@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.ops.inspect_log import read_records
 from asyncrl.schemas.sample import Sample, decode_sample
 from asyncrl.schemas.step import StepRecord, decode_step

@@ -12,7 +12,7 @@ import time
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from asyncrl.ops.config import ConfigError, RunConfig
+from asyncrl.config import ConfigError, RunConfig
 from asyncrl.ops.kafka import admin_client
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    from asyncrl.ops.config import RunConfig
+    from asyncrl.config import RunConfig
 
 __all__ = [
     "MESSAGING_SYSTEM",

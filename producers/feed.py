@@ -20,8 +20,8 @@ import math
 import random
 from typing import TYPE_CHECKING
 
+from asyncrl.config import RunConfig
 from asyncrl.ops import tracing
-from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher
 from asyncrl.schemas import SCHEMA_HEADER, DecodeError
 from asyncrl.schemas.prompt import TAG, PromptRecord, decode_prompt, encode_prompt

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaException
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Reader, Record
 from asyncrl.schemas.prompt import PromptRecord, decode_prompt
 

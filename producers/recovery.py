@@ -22,7 +22,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.ops.inspect_log import read_records
 from asyncrl.schemas.codec import DecodeError
 from asyncrl.schemas.partial import PartialSample, decode_partial

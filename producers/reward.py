@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from asyncrl.ops.config import ConfigError, RunConfig
+from asyncrl.config import ConfigError, RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.config import RunConfig
 from asyncrl.models.policy import encode_prompt
 from asyncrl.ops import tracing
-from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Record
 from asyncrl.producers.agent.factory import make_runner
 from asyncrl.producers.agent.state import AgentState, Phase

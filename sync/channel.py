@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.ops.kafka import Publisher, Reader
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from asyncrl.ops.config import KafkaConfig, RunConfig
+    from asyncrl.config import KafkaConfig, RunConfig
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def make_run_cfg(broker: str, tmp_path: Path) -> Callable[..., RunConfig]:
     tmp_path; topics are created unless ``create_topics=False``. ``config``: a YAML path or a
     shipped config's name (default: the demo's).
     """
-    from asyncrl.ops.config import load_config
+    from asyncrl.config import load_config
     from asyncrl.ops.topics import create_run_topics
 
     def make(*overrides: str, create_topics: bool = True, config: str | None = None) -> RunConfig:

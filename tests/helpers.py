@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.ops.kafka import Reader, Record, count_records, raw_decode
 from asyncrl.schemas import control, partial, prompt, sample, step
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.ops.config import ConfigError
+from asyncrl.config import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
-    from asyncrl.ops.config import RunConfig
+    from asyncrl.config import RunConfig
 
 PATH_KEY = "actor_rollout_ref.model.path"
 

@@ -31,7 +31,7 @@ from transformers.utils import logging as hf_logging
 from asyncrl.tasks.arithmetic import Problem, make_splits, score, teacher_answer
 
 if TYPE_CHECKING:
-    from asyncrl.ops.config import ModelConfig, RunConfig
+    from asyncrl.config import ModelConfig, RunConfig
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 CHARS = "0123456789+-*=() "

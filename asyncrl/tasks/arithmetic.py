@@ -28,7 +28,7 @@ class Problem:
 
 
 class _DataCfg(Protocol):
-    """The fields of ``asyncrl.ops.config.DataConfig`` this module reads."""
+    """The fields of ``asyncrl.config.DataConfig`` this module reads."""
 
     seed: int
     train_size: int

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.ops.config import ConfigError
+from asyncrl.config import ConfigError
 from asyncrl.schemas.prompt import PromptRecord
 
 if TYPE_CHECKING:
-    from asyncrl.ops.config import DataConfig, RunConfig
+    from asyncrl.config import DataConfig, RunConfig
 
 REQUIRED = ("data_source", "reward_model")
 BUILTIN_SOURCES = ("arithmetic", "calculator")

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
 from asyncrl.producers.agent.parser import SingleTurn, ToolParser, make_parser
 from asyncrl.producers.agent.state import AgentState

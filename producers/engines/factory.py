@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.producers.engines.base import Engine
 
 

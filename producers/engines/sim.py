@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl.ops.config import SimConfig
+from asyncrl.config import SimConfig
 from asyncrl.producers.engines.base import ActiveRequest, GenRequest, GenResult, StepwiseEngine
 
 SIM_LOGPROB = -1.0

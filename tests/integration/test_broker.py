@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from asyncrl.config import KafkaConfig
 from asyncrl.ops.broker import BrokerError, EmbeddedBroker, ensure_broker, resolve_tansu_binary
-from asyncrl.ops.config import KafkaConfig
 
 pytestmark = pytest.mark.kafka
 

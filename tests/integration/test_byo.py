@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from asyncrl.cli import main as cli
-from asyncrl.ops.config import load_config
+from asyncrl.config import load_config
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
 from tests.helpers import read_topic

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.config import load_config
 from asyncrl.consumers.colocated import main as colocated
 from asyncrl.consumers.colocated import rollout
-from asyncrl.ops.config import load_config
 from tests.integration.test_agent_rollout import SETTINGS
 
 pytestmark = pytest.mark.slow

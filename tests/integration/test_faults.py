@@ -218,7 +218,7 @@ def test_asyncrl_run_killed_and_started_again_resumes_without_doubling_anything(
 ):
     import subprocess
 
-    from asyncrl.ops.config import dump_config
+    from asyncrl.config import dump_config
 
     steps = 8
     cfg = make_run_cfg(

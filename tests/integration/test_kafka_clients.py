@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.ops.kafka import (
     MessageTooLarge,
     Publisher,

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
+from asyncrl.config import RunConfig
 from asyncrl.ops.broker import EmbeddedBroker, free_port
-from asyncrl.ops.config import RunConfig
 from asyncrl.ops.kafka import BrokerUnavailable, Publisher, Reader, Record, raw_decode
 from asyncrl.ops.topics import create_run_topics
 from asyncrl.producers.prompt_source import PromptSource

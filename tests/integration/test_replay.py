@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from asyncrl.ops.config import load_config
+from asyncrl.config import load_config
 from asyncrl.ops.launcher import run
 from asyncrl.ops.replay import ReplayError, replay_step
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from asyncrl.ops.config import RunConfig
+from asyncrl.config import RunConfig
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
 from tests.helpers import SMALL, read_topic, sample_logprob_error

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.config import load_config
 from asyncrl.ops import tracing
-from asyncrl.ops.config import load_config
 from asyncrl.ops.inspect_log import read_records
 from asyncrl.ops.kafka import Publisher
 from tests.helpers import read_topic

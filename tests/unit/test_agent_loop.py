@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from asyncrl.config import ModelConfig
 from asyncrl.models.agent_warmup import encode_turns, warm_start_turns
 from asyncrl.models.tiny import CHARS, build_model, build_tokenizer
-from asyncrl.ops.config import ModelConfig
 from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
 from asyncrl.producers.agent.parser import CompactParser, HermesParser, make_parser
 from asyncrl.producers.agent.state import AgentState, Phase

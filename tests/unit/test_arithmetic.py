@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.ops.config import DataConfig
+from asyncrl.config import DataConfig
 from asyncrl.tasks.arithmetic import carryless_sum, make_problem, make_splits, score, teacher_answer
 
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from asyncrl.ops.config import ConfigError, load_config
+from asyncrl.config import ConfigError, load_config
 
 
 def test_default_config_and_derived_quantities():

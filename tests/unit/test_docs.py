@@ -29,14 +29,10 @@ def test_package_list_matches_the_tree():
     listed = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
-    roots = {
-        "asyncrl": "asyncrl",
-        "producers": "asyncrl.producers",
-        "consumers": "asyncrl.consumers",
-        "schemas": "asyncrl.schemas",
-        "sync": "asyncrl.sync",
-        "ops": "asyncrl.ops",
-    }
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ]
+    roots = {folder: package for package, folder in package_dir.items()}
     found = set()
     for folder, package in roots.items():
         for init in (ROOT / folder).rglob("__init__.py"):

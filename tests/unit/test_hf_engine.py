@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from asyncrl.config import ModelConfig
 from asyncrl.models.tiny import build_model, build_tokenizer
-from asyncrl.ops.config import ModelConfig
 from asyncrl.producers.engines.base import GenRequest
 from asyncrl.producers.engines.hf import HFEngine
 

@@ -3,7 +3,7 @@
 import pytest
 from confluent_kafka import Producer
 
-from asyncrl.ops.config import ConfigError, dump_config, load_config
+from asyncrl.config import ConfigError, dump_config, load_config
 from asyncrl.ops.kafka import MissingSecret, client_config, redacted
 
 SCRAM = [

@@ -5,8 +5,8 @@ import io
 import torch
 from rich.console import Console
 
+from asyncrl.config import load_config
 from asyncrl.consumers.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
-from asyncrl.ops.config import load_config
 from asyncrl.ops.launcher import resume_or_set_aside
 from asyncrl.ops.log_archive import ArchivedRecord, PartitionFile, log_dir
 

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from asyncrl.config import load_config
 from asyncrl.consumers.trainer import (
     STALE_SAMPLES,
     STALE_TRAJECTORIES,
@@ -20,7 +21,6 @@ from asyncrl.consumers.trainer import (
     step_metrics,
 )
 from asyncrl.consumers.update import grpo_update, simulated_update
-from asyncrl.ops.config import load_config
 from asyncrl.ops.metrics import stale_in_step
 from asyncrl.schemas.sample import Sample, Trajectory
 

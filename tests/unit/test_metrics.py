@@ -67,7 +67,7 @@ def test_staleness_metrics():
 def test_tensorboard_scalars_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from asyncrl.ops.config import load_config
+    from asyncrl.config import load_config
     from asyncrl.ops.metrics import TensorBoardWriter
 
     cfg = load_config(overrides=["trainer.logger=[console,tensorboard]"])

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = """
-from asyncrl.ops.config import DEFAULT_CONFIG, load_config
+from asyncrl.config import DEFAULT_CONFIG, load_config
 from asyncrl.producers.agent.factory import shipped_tools_path
 from asyncrl.producers.tools.registry import load_tools
 import asyncrl.consumers.trainer, asyncrl.producers.worker, asyncrl.sync.collective

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from asyncrl.ops.config import SimConfig
+from asyncrl.config import SimConfig
 from asyncrl.producers.engines.base import GenRequest
 from asyncrl.producers.engines.sim import SimEngine, target_length
 

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.ops import verl_keys
-from asyncrl.ops.config import ConfigError, dump_config, load_config
-from asyncrl.ops.config_load import load, our_key
+from asyncrl.config import ConfigError, dump_config, load_config, verl_keys
+from asyncrl.config.load import load, our_key
 from asyncrl.ops.preflight import check_startable, startup_checks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verl"

@@ -20,121 +20,24 @@ b178a3cd56f58b2d502255daba591e92833930a7. No verl code is used; only its key nam
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
-Get = Callable[[str], Any]
-"""The value a key ends up with (what the user set, else asyncrl's default)."""
-
-
-class Refused(ValueError):
-    """A value asyncrl cannot honour; the message says why."""
-
-
-@dataclass(frozen=True)
-class VerlKey:
-    kind: str
-    """alias, ignored, fixed or refused."""
-    why: str
-    """Shown in the docs, in warnings (ignored) and errors (refused)."""
-    target: str | None = None
-    """alias: asyncrl's key."""
-    convert: Callable[[Any, Get], Any] | None = None
-    """alias: verl's value -> asyncrl's (None: the same value)."""
-    ok: Callable[[Any, Get], bool] | None = None
-    """fixed: whether the value is what asyncrl does."""
-    ok_text: str = ""
-    """fixed: the values accepted, in words."""
-
-
-def alias(target: str, why: str = "", convert: Callable[[Any, Get], Any] | None = None) -> VerlKey:
-    return VerlKey("alias", why or "verl's name of the same setting", target, convert)
-
-
-def ignored(why: str) -> VerlKey:
-    return VerlKey("ignored", why)
-
-
-def refused(why: str) -> VerlKey:
-    return VerlKey("refused", why)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return float(a) == float(b)
-    return a == b
-
-
-def fixed(why: str, *values: Any) -> VerlKey:
-    """asyncrl always does what ``values`` mean in verl."""
-    text = " or ".join(_show(v) for v in values)
-    return VerlKey(
-        "fixed", why, ok=lambda v, _get: any(_same(v, ok) for ok in values), ok_text=text
-    )
-
-
-def same_as(key: str, why: str) -> VerlKey:
-    """Accepted only when equal to asyncrl's ``key`` (one setting where verl has two)."""
-    return VerlKey(
-        "fixed", why, ok=lambda v, get: _same(v, get(key)), ok_text=f"the value of {key}"
-    )
-
-
-def when_sampling(why: str, ok: Callable[[Any, Get], bool], ok_text: str) -> VerlKey:
-    """A validation sampling setting: moot with greedy validation (val_kwargs.do_sample=false)."""
-
-    def check(value: Any, get: Get) -> bool:
-        return get("actor_rollout_ref.rollout.val_kwargs.do_sample") is False or ok(value, get)
-
-    return VerlKey("fixed", why, ok=check, ok_text=f"{ok_text}, or val_kwargs.do_sample=false")
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
-
-
-# --- conversions into asyncrl's units --------------------------------------------------------
-def _required_samples(get: Get) -> int:
-    return int(get("actor_rollout_ref.actor.ppo_mini_batch_size")) * int(
-        get("async_training.require_batches")
-    )
-
-
-def _total_steps(_value: Any, get: Get) -> int:
-    """verl's fully async run ends after ``rollout.total_rollout_steps`` samples (prompts), or
-    earlier after ``total_epochs`` passes over the data; asyncrl's after that many samples'
-    worth of steps, each of ``ppo_mini_batch_size x require_batches`` samples."""
-    caps = []
-    if (samples := get("rollout.total_rollout_steps")) is not None:
-        caps.append(int(samples))
-    for key in ("rollout.total_epochs", "trainer.total_epochs"):
-        if (epochs := get(key)) is not None:
-            caps.append(int(epochs) * int(get("data.train_size")))
-    return max(1, min(caps) // _required_samples(get))
-
-
-def _versions_to_steps(value: Any, get: Get) -> int:
-    """verl's fully async validates every ``rollout.test_freq`` weight versions; a version is
-    ``trigger_parameter_sync_step`` steps. verl's -1 (never) is asyncrl's 0 (only at the end)."""
-    if int(value) <= 0:
-        return 0
-    return int(value) * int(get("async_training.trigger_parameter_sync_step"))
-
+from asyncrl.config.verl_rules import (
+    VerlKey,
+    _same,
+    _total_steps,
+    _versions_to_steps,
+    alias,
+    fixed,
+    ignored,
+    refused,
+    same_as,
+    when_sampling,
+)
 
 TOTAL = "trainer.total_training_steps"
 TOTAL_WHY = (
     "verl counts samples (prompts) or epochs; asyncrl steps: min(total_rollout_steps, "
     "total_epochs x data.train_size) // (ppo_mini_batch_size x require_batches)"
 )
-
-# --- reasons shared by many keys -------------------------------------------------------------
 FSDP = (
     "FSDP/Megatron sharding, offload and sequence-parallel internals: asyncrl's trainer is one "
     "PyTorch process with the whole model"
@@ -171,8 +74,6 @@ REWARD = (
 LR = "asyncrl's AdamW runs at the constant actor_rollout_ref.actor.optim.lr (no schedule, no warm-up)"
 CKPT = "asyncrl writes checkpoints to output_dir/run_id/checkpoints: set output_dir and run_id"
 TARGET = "Hydra's instantiation target: asyncrl's config classes are its own"
-
-# Exact keys, and ``prefix.*`` entries for whole sections; the longest match wins.
 VERL_KEYS: dict[str, VerlKey] = {
     # --- aliases ---------------------------------------------------------------------------
     "actor_rollout_ref.actor.grad_clip": alias("actor_rollout_ref.actor.optim.grad_clip"),
@@ -510,98 +411,3 @@ def lookup(key: str) -> VerlKey | None:
         if rule is not None:
             return rule
     return None
-
-
-# --- verl's values of asyncrl's own keys ------------------------------------------------------
-class Converted:
-    """A verl value of one of asyncrl's keys, translated; ``note`` says how."""
-
-    def __init__(self, value: Any, note: str) -> None:
-        self.value, self.note = value, note
-
-
-DROP = object()
-"""Converted.value meaning: leave the key unset (asyncrl's default applies)."""
-
-
-def _never_is_zero() -> Callable[[Any, Get], Any]:
-    def convert(value: Any, _get: Get) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
-            return Converted(0, f"verl's {value} (never) is asyncrl's 0 (only at the end)")
-        return value
-
-    return convert
-
-
-def _engine(value: Any, _get: Get) -> Any:
-    if value in ("vllm", "sglang", "trtllm"):
-        raise Refused(
-            f"{value} engine: asyncrl has no vLLM/SGLang engine yet; its engines are hf "
-            "(transformers) and sim (a latency model)"
-        )
-    return value
-
-
-LOGGERS = ("console", "tensorboard")
-
-
-def _loggers(value: Any, _get: Get) -> Any:
-    names = [value] if isinstance(value, str) else value
-    if not isinstance(names, list):
-        return value
-    kept = [n for n in names if n in LOGGERS]
-    dropped = [n for n in names if n not in LOGGERS]
-    if not dropped:
-        return value
-    return Converted(
-        kept or ["console"],
-        f"ignored {', '.join(map(str, dropped))}: asyncrl logs to console and tensorboard "
-        "(besides metrics.jsonl and the steps topic)",
-    )
-
-
-def _unset_is_default(why: str) -> Callable[[Any, Get], Any]:
-    def convert(value: Any, _get: Get) -> Any:
-        return Converted(DROP, why) if value is None else value
-
-    return convert
-
-
-def _turns(value: Any, get: Get) -> Any:
-    if value is None:
-        cap = get("data.max_response_length")
-        return Converted(cap, f"verl's null (no limit) is data.max_response_length ({cap})")
-    return value
-
-
-OUR_KEYS: dict[str, tuple[str, Callable[[Any, Get], Any]]] = {
-    "trainer.save_freq": ("verl's -1 (never) is 0 (only at the end)", _never_is_zero()),
-    "trainer.test_freq": ("verl's -1 (never) is 0 (only at the end)", _never_is_zero()),
-    "trainer.logger": (
-        "console and tensorboard kept; others (wandb, swanlab, mlflow, ...) ignored",
-        _loggers,
-    ),
-    "trainer.total_training_steps": (
-        "verl's null: asyncrl's default, unless an alias sets it",
-        _unset_is_default(
-            "verl's null (from total_epochs): asyncrl's default unless an alias sets it"
-        ),
-    ),
-    "actor_rollout_ref.rollout.name": (
-        "vllm, sglang, trtllm refused (no such engine yet)",
-        _engine,
-    ),
-    "data.seed": (
-        "verl's null: asyncrl's default seed",
-        _unset_is_default("verl's null (unseeded): asyncrl's default seed"),
-    ),
-    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": (
-        "verl's null (no limit) is data.max_response_length",
-        _turns,
-    ),
-    "actor_rollout_ref.rollout.multi_turn.max_user_turns": (
-        "verl's null is 0 (asyncrl ships no interaction)",
-        _unset_is_default("verl's null: asyncrl's 0 (it ships no interaction)"),
-    ),
-}
-"""verl's values of keys both have: (what happens, in words; the translation, or Refused)."""

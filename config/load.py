@@ -7,7 +7,7 @@
 3. ``${other.key}`` interpolations are resolved against the merged keys, then asyncrl's
    defaults; ``${oc.select:key,default}``, ``${oc.env:VAR}`` and relative ``${..key}`` too.
 4. Each key is asyncrl's own (accepted), verl's name of one (aliased), one asyncrl ignores, or
-   one it refuses (``ops/verl_keys.py`` says which and why); anything else is an unknown key,
+   one it refuses (``config/verl_keys.py`` says which and why); anything else is an unknown key,
    reported with the nearest valid key.
 5. verl's values are translated (``-1``: never), the aliases that convert units are computed
    from the final values they depend on, and ``RunConfig`` validates the tree.
@@ -18,27 +18,28 @@ from: the YAML file's path, or "command line".
 
 from __future__ import annotations
 
-import difflib
+import logging
 import os
 import re
-import typing
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from asyncrl.ops import verl_keys
-from asyncrl.ops.config import (
-    DEFAULT_CONFIG,
-    DELETE,
-    ConfigError,
-    RunConfig,
-    _yaml_problem,
-    parse_overrides,
+from asyncrl.config import verl_keys, verl_rules, verl_values
+from asyncrl.config.base import DEFAULT_CONFIG, ConfigError
+from asyncrl.config.keys import (
+    _MISSING,
+    _is_our_leaf,
+    _is_our_section,
+    _nearest,
+    default_of,
+    our_key,
 )
+from asyncrl.config.overrides import DELETE, _yaml_problem, parse_overrides
+from asyncrl.config.sections import RunConfig
 
 COMMAND_LINE = "command line"
 IGNORED_SECTIONS = {
@@ -46,7 +47,6 @@ IGNORED_SECTIONS = {
     "asyncrl's defaults (docs/configuration.md), not verl's ppo_trainer.yaml",
     "hydra": "Hydra's own settings (searchpath, run directory) are not used by asyncrl",
 }
-_MISSING = object()
 _INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
 
 
@@ -131,82 +131,6 @@ def _show(value: Any) -> str:
     )
 
 
-# --- asyncrl's own keys ----------------------------------------------------------------------
-def _is_section(ann: Any) -> bool:
-    return isinstance(ann, type) and issubclass(ann, BaseModel)
-
-
-def our_key(key: str) -> tuple[str, str | None] | None:
-    """``(field, rest)`` when ``key`` is asyncrl's: ``rest`` is a key inside a dict field
-    (``kafka.extra.socket.timeout.ms``: field ``kafka.extra``, rest ``socket.timeout.ms``)."""
-    model: type[BaseModel] = RunConfig
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        info = model.model_fields.get(part)
-        if info is None:
-            return None
-        last = i == len(parts) - 1
-        if _is_section(info.annotation):
-            if last:
-                return key, None
-            model = info.annotation
-            continue
-        if last:
-            return key, None
-        if typing.get_origin(info.annotation) is dict:
-            return ".".join(parts[: i + 1]), ".".join(parts[i + 1 :])
-        return None
-    return None
-
-
-def _is_our_section(key: str) -> bool:
-    model: Any = RunConfig
-    for part in key.split("."):
-        info = model.model_fields.get(part) if _is_section(model) else None
-        if info is None:
-            return False
-        model = info.annotation
-    return _is_section(model)
-
-
-def _is_our_leaf(key: str) -> bool:
-    found = our_key(key)
-    return found is not None and found[1] is None and not _is_our_section(key)
-
-
-@cache
-def our_leaf_keys() -> tuple[str, ...]:
-    """Every settable key of asyncrl's config, dotted."""
-
-    def walk(model: type[BaseModel], prefix: str) -> list[str]:
-        keys = []
-        for name, info in model.model_fields.items():
-            if _is_section(info.annotation):
-                keys += walk(info.annotation, f"{prefix}{name}.")
-            else:
-                keys.append(f"{prefix}{name}")
-        return keys
-
-    return tuple(walk(RunConfig, ""))
-
-
-def default_of(key: str) -> Any:
-    """asyncrl's default for a leaf key, or _MISSING."""
-    model: Any = RunConfig
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        info = model.model_fields.get(part) if _is_section(model) else None
-        if info is None:
-            return _MISSING
-        if i == len(parts) - 1:
-            if _is_section(info.annotation):
-                return _MISSING
-            return info.default_factory() if info.default_factory else info.default
-        model = info.annotation
-    return _MISSING
-
-
-# --- 1-2: the file and the overrides, merged -------------------------------------------------
 def _flatten(prefix: str, value: Any, source: str, out: list[Entry]) -> None:
     if isinstance(value, dict) and (value or not prefix) and not _is_our_leaf(prefix):
         for k, v in value.items():
@@ -266,7 +190,6 @@ def resolve_path(path: str | Path | None) -> Path:
     return path
 
 
-# --- 3: interpolations -----------------------------------------------------------------------
 class _Unresolved(ValueError):
     pass
 
@@ -344,27 +267,11 @@ def _set_nested(tree: dict[str, Any], parts: list[str], value: Any) -> None:
     tree[parts[-1]] = value
 
 
-# --- 4-5: classify, translate, validate ------------------------------------------------------
 @dataclass
 class _Assignment:
     value: Any
     order: int
     decision: Decision
-
-
-def _nearest(key: str) -> str:
-    candidates = [
-        *our_leaf_keys(),
-        *(k for k, r in verl_keys.VERL_KEYS.items() if r.kind == "alias"),
-    ]
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    if not close:  # a misspelt last part under the right section
-        last = key.rsplit(".", 1)[-1]
-        by_last = {c.rsplit(".", 1)[-1]: c for c in candidates}
-        close = [by_last[m] for m in difflib.get_close_matches(last, list(by_last), n=1)]
-    if close:
-        return f"nearest valid key: {close[0]}"
-    return "no similar key (docs/configuration.md lists them all)"
 
 
 def _set_tree(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -425,7 +332,7 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
 
     # 4: classify; asyncrl's keys and plain aliases assigned in order (the last one wins)
     assigned: dict[str, _Assignment] = {}
-    later: list[tuple[int, Entry, verl_keys.VerlKey, Decision]] = []
+    later: list[tuple[int, Entry, verl_rules.VerlKey, Decision]] = []
 
     def assign(key: str, value: Any, order: int, decision: Decision) -> None:
         if key in assigned and assigned[key].order > order:
@@ -477,19 +384,19 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
 
     # 5: verl's values of asyncrl's keys, fixed behaviours, then the converting aliases
     for key, a in list(assigned.items()):
-        if key not in verl_keys.OUR_KEYS:
+        if key not in verl_values.OUR_KEYS:
             continue
-        _doc, convert = verl_keys.OUR_KEYS[key]
+        _doc, convert = verl_values.OUR_KEYS[key]
         try:
             out = convert(a.value, get)
-        except verl_keys.Refused as err:
+        except verl_rules.Refused as err:
             a.decision.kind, a.decision.why = "refused", str(err)
             problems.append(f"{a.decision.where()}: not supported by asyncrl: {err}")
             del assigned[key]
             continue
-        if isinstance(out, verl_keys.Converted):
+        if isinstance(out, verl_values.Converted):
             report.notes.append(f"{a.decision.where()}: {out.note}")
-            if out.value is verl_keys.DROP:
+            if out.value is verl_values.DROP:
                 del assigned[key]
             else:
                 a.value = out.value
@@ -518,3 +425,24 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
         cfg = None
         problems += _format_validation(err, assigned)
     return Loaded(cfg, report, problems)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load YAML (default: the embedded demo config), apply dotted overrides, validate.
+
+    verl's key names and Hydra's override syntax are read too (config/load.py); keys with
+    no effect in asyncrl are named in one warning. ConfigError lists every problem, each with
+    its key and where it came from (the file, or "command line").
+    """
+    loaded = load(path, overrides)
+    cfg = loaded.config()
+    warning = loaded.report.warning()
+    if warning:
+        logging.getLogger("asyncrl.config").warning(warning)
+    return cfg
+
+
+def dump_config(cfg: RunConfig, path: Path) -> None:
+    """Write the fully resolved config, so every process of a run reads the same values."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

@@ -1,149 +1,21 @@
-"""Typed run configuration: one YAML file per run plus dotted overrides on the command line.
+"""The run config: one typed section per concern, verl's key names where verl has the setting.
 
-Key names follow verl where verl has them (``async_training.staleness_threshold``,
-``actor_rollout_ref.rollout.n``, ...) so a verl user recognises every knob. Everything is
-validated at load: an unknown key or a bad value fails at start-up with the key named.
-This module imports pydantic and yaml only (no torch), so the CLI answers instantly.
-"""
+Every field has a docstring; ``docs/configuration.md`` is generated from them
+(``python -m asyncrl.ops.config_docs``)."""
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    field_validator,
     model_validator,
 )
 
-import asyncrl
-
-DEFAULT_CONFIG = Path(asyncrl.__file__).resolve().parent / "configs" / "default.yaml"
-"""The embedded demo's config; the shipped configs beside it load by name (``calculator``)."""
-
-
-class Strict(BaseModel):
-    """Base for every config section: unknown keys are errors, not silently ignored."""
-
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
-    )
-
-
-DEFAULT_PARTITIONS = {
-    "prompts": 4,
-    "samples": 1,
-    "partials": 1,
-    "control": 1,
-    "steps": 1,
-    "dead-letter": 1,
-}
-
-
-class TopicsConfig(Strict):
-    partitions: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_PARTITIONS))
-    """Partition count per topic, created explicitly (Tansu would auto-create 4).
-    Setting one (kafka.topics.partitions.prompts=8) keeps the defaults of the others."""
-
-    @field_validator("partitions", mode="before")
-    @classmethod
-    def _merge_defaults(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        unknown = set(value) - set(DEFAULT_PARTITIONS)
-        if unknown:
-            raise ValueError(
-                f"unknown topic(s) {sorted(unknown)}; known: {sorted(DEFAULT_PARTITIONS)}"
-            )
-        return {**DEFAULT_PARTITIONS, **value}
-
-
-class KafkaSecurityConfig(Strict):
-    """TLS and SASL to the brokers (docs/cluster.md). Secrets are never part of the config:
-    name the environment variables that hold them, so config files, the resolved
-    runs/<run_id>/config.yaml and logs never contain a password."""
-
-    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    """librdkafka's security.protocol."""
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    """SASL mechanism (needed with SASL_PLAINTEXT / SASL_SSL)."""
-    sasl_username: str | None = None
-    """SASL user name."""
-    sasl_password_env: str = "KAFKA_SASL_PASSWORD"
-    """Environment variable holding the SASL password (read by each process at start-up)."""
-    ssl_ca_location: str | None = None
-    """CA certificate file (PEM) to verify the brokers; unset: the system's CAs."""
-    ssl_certificate_location: str | None = None
-    """Client certificate (PEM), for mutual TLS."""
-    ssl_key_location: str | None = None
-    """Client private key (PEM), for mutual TLS."""
-    ssl_key_password_env: str = "KAFKA_SSL_KEY_PASSWORD"
-    """Environment variable holding the client key's password, if it has one."""
-    ssl_verify_hostname: bool = True
-    """Check the broker certificate's host name (ssl.endpoint.identification.algorithm)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> KafkaSecurityConfig:
-        sasl = self.protocol.startswith("SASL_")
-        if sasl and (self.sasl_mechanism is None or not self.sasl_username):
-            raise ValueError(
-                f"security.protocol {self.protocol} needs kafka.security.sasl_mechanism and "
-                "kafka.security.sasl_username"
-            )
-        if not sasl and self.sasl_mechanism is not None:
-            raise ValueError(
-                f"kafka.security.sasl_mechanism is set but protocol is {self.protocol} "
-                "(use SASL_PLAINTEXT or SASL_SSL)"
-            )
-        return self
-
-
-SECRET_HINTS = ("password", "secret", "token", "sasl.oauthbearer.config")
-
-
-class KafkaConfig(Strict):
-    bootstrap_servers: str | None = None
-    """Kafka bootstrap servers. Unset: an embedded Tansu broker is started on a free loopback port."""
-    max_message_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    """Largest message we produce; checked client-side before sending (Tansu does not enforce it)."""
-    session_timeout_ms: int = Field(6000, ge=1000)
-    """Consumer-group session timeout. Small values make Tansu's group join take ~3 s, not ~23 s."""
-    heartbeat_interval_ms: int = Field(500, ge=100)
-    """Consumer-group heartbeat interval."""
-    max_poll_interval_ms: int = Field(7000, ge=1000)
-    """Max time between polls; also the rebalance timeout, which bounds the join time."""
-    linger_ms: int = Field(5, ge=0)
-    """Producer batching delay."""
-    fetch_wait_max_ms: int = Field(20, ge=1)
-    """Longest a consumer's fetch waits at the broker for new data. Tansu does not answer a
-    waiting fetch when data arrives, so this bounds every hop's latency there (median hop
-    25 ms at 100, 5.5 ms at 20); Apache Kafka answers at once, so a larger value (librdkafka's
-    default is 500) only cuts idle requests."""
-    broker_down_timeout_s: float = Field(15.0, gt=0)
-    """How long every broker may stay unreachable before a client gives up with
-    BrokerUnavailable (naming kafka.bootstrap_servers), instead of retrying quietly: a dead
-    broker then ends a flush or a poll within this bound, not after librdkafka's timeouts."""
-    extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """Raw librdkafka settings applied last to every client (no secrets: see security)."""
-    topics: TopicsConfig = Field(default_factory=TopicsConfig)
-    security: KafkaSecurityConfig = Field(default_factory=KafkaSecurityConfig)
-
-    @model_validator(mode="after")
-    def _no_secrets_in_extra(self) -> KafkaConfig:
-        for key in self.extra:
-            if any(hint in key.lower() for hint in SECRET_HINTS):
-                raise ValueError(
-                    f"kafka.extra.{key}: secrets do not go in the config (it is written to "
-                    "runs/<run_id>/config.yaml); put it in an environment variable named by "
-                    "kafka.security.sasl_password_env / ssl_key_password_env"
-                )
-        return self
+from asyncrl.config.base import Strict
+from asyncrl.config.kafka import KafkaConfig
 
 
 class DataConfig(Strict):
@@ -526,67 +398,3 @@ class RunConfig(Strict):
     def topic(self, name: str) -> str:
         """Full topic name for this run, e.g. topic('samples') -> 'demo.samples'."""
         return f"{self.run_id}.{name}"
-
-
-class ConfigError(ValueError):
-    """A config that cannot be loaded; the message names the offending key."""
-
-
-DELETE = object()
-"""parse_overrides' value for Hydra's ``~key``: remove the key."""
-
-
-def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """Parse ``a.b.c=value`` strings; values are read as YAML scalars (0.5, true, null, text).
-
-    Hydra's syntax as verl's launch scripts use it: ``+key=value`` (add) and ``++key=value``
-    (add or override) set the key like ``key=value``; ``~key`` removes it (value DELETE).
-    """
-    parsed: list[tuple[str, Any]] = []
-    for item in overrides:
-        if item.startswith("~"):
-            key = item[1:].partition("=")[0].strip()
-            if not key:
-                raise ConfigError(f"override {item!r} must look like ~key.path")
-            parsed.append((key, DELETE))
-            continue
-        key, sep, raw = item.removeprefix("++").removeprefix("+").partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} must look like key.path=value")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: {_yaml_problem(err)}") from None
-        parsed.append((key.strip(), value))
-    return parsed
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """One line: where the YAML broke (1-based line and column) and what is wrong there."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"YAML syntax error{where}: {problem}"
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load YAML (default: the embedded demo config), apply dotted overrides, validate.
-
-    verl's key names and Hydra's override syntax are read too (ops/config_load.py); keys with
-    no effect in asyncrl are named in one warning. ConfigError lists every problem, each with
-    its key and where it came from (the file, or "command line").
-    """
-    from asyncrl.ops.config_load import load  # imports this module
-
-    loaded = load(path, overrides)
-    cfg = loaded.config()
-    warning = loaded.report.warning()
-    if warning:
-        logging.getLogger("asyncrl.config").warning(warning)
-    return cfg
-
-
-def dump_config(cfg: RunConfig, path: Path) -> None:
-    """Write the fully resolved config, so every process of a run reads the same values."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

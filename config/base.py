@@ -1,0 +1,28 @@
+"""What every config section shares: strict models (unknown keys are errors), the error type, and
+where the embedded default config lives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+)
+
+import asyncrl
+
+DEFAULT_CONFIG = Path(asyncrl.__file__).resolve().parent / "configs" / "default.yaml"
+"""The embedded demo's config; the shipped configs beside it load by name (``calculator``)."""
+
+
+class Strict(BaseModel):
+    """Base for every config section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
+    )
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded; the message names the offending key."""

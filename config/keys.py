@@ -1,0 +1,105 @@
+"""The catalogue of asyncrl's config keys, walked from the models: is a dotted key ours, a section
+or a leaf, what is its default, and which valid key is nearest to a mistyped one."""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel
+
+from asyncrl.config import verl_keys
+from asyncrl.config.sections import RunConfig
+
+_MISSING = object()
+
+
+def _is_section(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
+
+
+def our_key(key: str) -> tuple[str, str | None] | None:
+    """``(field, rest)`` when ``key`` is asyncrl's: ``rest`` is a key inside a dict field
+    (``kafka.extra.socket.timeout.ms``: field ``kafka.extra``, rest ``socket.timeout.ms``)."""
+    model: type[BaseModel] = RunConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        info = model.model_fields.get(part)
+        if info is None:
+            return None
+        last = i == len(parts) - 1
+        if _is_section(info.annotation):
+            if last:
+                return key, None
+            model = info.annotation
+            continue
+        if last:
+            return key, None
+        if typing.get_origin(info.annotation) is dict:
+            return ".".join(parts[: i + 1]), ".".join(parts[i + 1 :])
+        return None
+    return None
+
+
+def _is_our_section(key: str) -> bool:
+    model: Any = RunConfig
+    for part in key.split("."):
+        info = model.model_fields.get(part) if _is_section(model) else None
+        if info is None:
+            return False
+        model = info.annotation
+    return _is_section(model)
+
+
+def _is_our_leaf(key: str) -> bool:
+    found = our_key(key)
+    return found is not None and found[1] is None and not _is_our_section(key)
+
+
+@cache
+def our_leaf_keys() -> tuple[str, ...]:
+    """Every settable key of asyncrl's config, dotted."""
+
+    def walk(model: type[BaseModel], prefix: str) -> list[str]:
+        keys = []
+        for name, info in model.model_fields.items():
+            if _is_section(info.annotation):
+                keys += walk(info.annotation, f"{prefix}{name}.")
+            else:
+                keys.append(f"{prefix}{name}")
+        return keys
+
+    return tuple(walk(RunConfig, ""))
+
+
+def default_of(key: str) -> Any:
+    """asyncrl's default for a leaf key, or _MISSING."""
+    model: Any = RunConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        info = model.model_fields.get(part) if _is_section(model) else None
+        if info is None:
+            return _MISSING
+        if i == len(parts) - 1:
+            if _is_section(info.annotation):
+                return _MISSING
+            return info.default_factory() if info.default_factory else info.default
+        model = info.annotation
+    return _MISSING
+
+
+def _nearest(key: str) -> str:
+    candidates = [
+        *our_leaf_keys(),
+        *(k for k, r in verl_keys.VERL_KEYS.items() if r.kind == "alias"),
+    ]
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    if not close:  # a misspelt last part under the right section
+        last = key.rsplit(".", 1)[-1]
+        by_last = {c.rsplit(".", 1)[-1]: c for c in candidates}
+        close = [by_last[m] for m in difflib.get_close_matches(last, list(by_last), n=1)]
+    if close:
+        return f"nearest valid key: {close[0]}"
+    return "no similar key (docs/configuration.md lists them all)"

@@ -1,0 +1,103 @@
+"""verl's values of keys asyncrl has too, translated where verl means something else by them
+(``-1``: never; ``null``: the default)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.config.verl_rules import Get, Refused
+
+
+class Converted:
+    """A verl value of one of asyncrl's keys, translated; ``note`` says how."""
+
+    def __init__(self, value: Any, note: str) -> None:
+        self.value, self.note = value, note
+
+
+DROP = object()
+"""Converted.value meaning: leave the key unset (asyncrl's default applies)."""
+
+
+def _never_is_zero() -> Callable[[Any, Get], Any]:
+    def convert(value: Any, _get: Get) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            return Converted(0, f"verl's {value} (never) is asyncrl's 0 (only at the end)")
+        return value
+
+    return convert
+
+
+def _engine(value: Any, _get: Get) -> Any:
+    if value in ("vllm", "sglang", "trtllm"):
+        raise Refused(
+            f"{value} engine: asyncrl has no vLLM/SGLang engine yet; its engines are hf "
+            "(transformers) and sim (a latency model)"
+        )
+    return value
+
+
+LOGGERS = ("console", "tensorboard")
+
+
+def _loggers(value: Any, _get: Get) -> Any:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list):
+        return value
+    kept = [n for n in names if n in LOGGERS]
+    dropped = [n for n in names if n not in LOGGERS]
+    if not dropped:
+        return value
+    return Converted(
+        kept or ["console"],
+        f"ignored {', '.join(map(str, dropped))}: asyncrl logs to console and tensorboard "
+        "(besides metrics.jsonl and the steps topic)",
+    )
+
+
+def _unset_is_default(why: str) -> Callable[[Any, Get], Any]:
+    def convert(value: Any, _get: Get) -> Any:
+        return Converted(DROP, why) if value is None else value
+
+    return convert
+
+
+def _turns(value: Any, get: Get) -> Any:
+    if value is None:
+        cap = get("data.max_response_length")
+        return Converted(cap, f"verl's null (no limit) is data.max_response_length ({cap})")
+    return value
+
+
+OUR_KEYS: dict[str, tuple[str, Callable[[Any, Get], Any]]] = {
+    "trainer.save_freq": ("verl's -1 (never) is 0 (only at the end)", _never_is_zero()),
+    "trainer.test_freq": ("verl's -1 (never) is 0 (only at the end)", _never_is_zero()),
+    "trainer.logger": (
+        "console and tensorboard kept; others (wandb, swanlab, mlflow, ...) ignored",
+        _loggers,
+    ),
+    "trainer.total_training_steps": (
+        "verl's null: asyncrl's default, unless an alias sets it",
+        _unset_is_default(
+            "verl's null (from total_epochs): asyncrl's default unless an alias sets it"
+        ),
+    ),
+    "actor_rollout_ref.rollout.name": (
+        "vllm, sglang, trtllm refused (no such engine yet)",
+        _engine,
+    ),
+    "data.seed": (
+        "verl's null: asyncrl's default seed",
+        _unset_is_default("verl's null (unseeded): asyncrl's default seed"),
+    ),
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": (
+        "verl's null (no limit) is data.max_response_length",
+        _turns,
+    ),
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": (
+        "verl's null is 0 (asyncrl ships no interaction)",
+        _unset_is_default("verl's null: asyncrl's 0 (it ships no interaction)"),
+    ),
+}
+"""verl's values of keys both have: (what happens, in words; the translation, or Refused)."""
