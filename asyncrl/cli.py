@@ -355,7 +355,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     with EmbeddedBroker(port=args.port) as broker:
         print(f"broker ready: kafka.bootstrap_servers={broker.bootstrap}", flush=True)
         if args.create_topics:
-            from asyncrl.ops.topics import create_run_topics
+            from asyncrl.kafka.topics import create_run_topics
 
             cfg.kafka.bootstrap_servers = broker.bootstrap
             print("topics:", ", ".join(create_run_topics(cfg, broker.bootstrap)), flush=True)
@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
 def _usage_errors() -> tuple[type[Exception], ...]:
     """What the user's config or environment got wrong (exit 2)."""
     from asyncrl.config import ConfigError
-    from asyncrl.ops.kafka import MissingSecret
+    from asyncrl.kafka import MissingSecret
 
     return ConfigError, MissingSecret
 
@@ -583,8 +583,8 @@ def _usage_errors() -> tuple[type[Exception], ...]:
 def _expected_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says all (file and line, config key, a process's log tail): shown
     as one message, not a traceback. Imported lazily, so ``--help`` stays instant."""
+    from asyncrl.kafka import BrokerUnavailable
     from asyncrl.ops.broker import BrokerError
-    from asyncrl.ops.kafka import BrokerUnavailable
     from asyncrl.ops.launcher import RunFailed
 
     return (*_usage_errors(), BrokerUnavailable, BrokerError, RunFailed)

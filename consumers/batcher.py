@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from asyncrl.ops.kafka import Record
+from asyncrl.kafka import Record
 from asyncrl.schemas.sample import Sample
 
 

@@ -16,9 +16,9 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind
 
-from asyncrl.ops import tracing
-from asyncrl.ops.kafka import Record
-from asyncrl.ops.metrics import stale_in_step
+from asyncrl.kafka import Record
+from asyncrl.telemetry import tracing
+from asyncrl.telemetry.metrics import stale_in_step
 
 STEP_ATTRIBUTES = {
     "asyncrl.loss": "actor/pg_loss",

@@ -43,15 +43,7 @@ from asyncrl.consumers.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from asyncrl.ops import tracing
-from asyncrl.ops.kafka import Publisher, Reader, Record
-from asyncrl.ops.metrics import (
-    JsonlWriter,
-    TensorBoardWriter,
-    WaitClock,
-    throughput_metrics,
-    timing_metrics,
-)
+from asyncrl.kafka import Publisher, Reader, Record
 from asyncrl.producers.budget import worker_share
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
@@ -61,6 +53,14 @@ from asyncrl.schemas.step import StepRecord, encode_step
 from asyncrl.sync.channel import ControlChannel, last_logged_version
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import WeightSender
+from asyncrl.telemetry import tracing
+from asyncrl.telemetry.metrics import (
+    JsonlWriter,
+    TensorBoardWriter,
+    WaitClock,
+    throughput_metrics,
+    timing_metrics,
+)
 
 log = logging.getLogger(__name__)
 

@@ -411,8 +411,8 @@ def read_run_log(cfg: RunConfig, bootstrap: str) -> RunLog:
     group's committed offsets. A record that does not decode is counted, not fatal."""
     from confluent_kafka import KafkaException
 
-    from asyncrl.ops.inspect_log import read_records
-    from asyncrl.ops.kafka import Reader, raw_decode
+    from asyncrl.kafka import Reader, raw_decode
+    from asyncrl.kafka.records import read_records
     from asyncrl.schemas import DecodeError
     from asyncrl.schemas.partial import decode_partial
     from asyncrl.schemas.prompt import decode_prompt

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.ops.bench import partial_totals, step_rows
-from asyncrl.ops.metrics import stale_in_step
+from asyncrl.telemetry.metrics import stale_in_step
 
 BATCH = 32  # samples per step (the colocated train_batch_size)
 TRIGGER = 4  # local updates per sync window in modes (b)-(d)

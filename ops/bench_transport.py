@@ -91,7 +91,7 @@ def _per_sample_us(fn, items: list[Any]) -> float:
 
 
 def _arrow_kafka(cfg: RunConfig, bootstrap: str, topic: str, samples: list[Any]) -> float:
-    from asyncrl.ops.kafka import Publisher, Reader
+    from asyncrl.kafka import Publisher, Reader
     from asyncrl.schemas import SCHEMA_HEADER
     from asyncrl.schemas.sample import TAG, decode_sample, encode_sample
 
@@ -117,7 +117,7 @@ def _arrow_kafka(cfg: RunConfig, bootstrap: str, topic: str, samples: list[Any])
 def _raw_kafka(cfg: RunConfig, bootstrap: str, topic: str, payloads: list[bytes]) -> float:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from asyncrl.ops.kafka import consumer_config, producer_config
+    from asyncrl.kafka import consumer_config, producer_config
 
     consumer = Consumer(consumer_config(cfg.kafka, bootstrap, None))
     consumer.assign([TopicPartition(topic, 0, 0)])
@@ -179,8 +179,8 @@ def transport(
     samples: dict[int, int] | None = None,
 ) -> dict[str, Any]:
     """Measure every variant at every size; print one table and return the figures."""
+    from asyncrl.kafka.topics import create_topics
     from asyncrl.ops.broker import ensure_broker
-    from asyncrl.ops.topics import create_topics
     from asyncrl.schemas.sample import decode_sample, encode_sample
 
     cfg = load_config(config, overrides)

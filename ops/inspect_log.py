@@ -9,8 +9,7 @@ here, so a message that fails to decode is shown with its error instead of stopp
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,67 +17,20 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.kafka import (
+from asyncrl.kafka import (
     HEADER_ERROR,
     HEADER_SOURCE_OFFSET,
     HEADER_SOURCE_TOPIC,
-    Reader,
-    Record,
-    raw_decode,
 )
-from asyncrl.ops.metrics import stale_in_step
+from asyncrl.kafka.records import read_records
 from asyncrl.schemas import DecodeError
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.partial import decode_partial
 from asyncrl.schemas.sample import decode_sample
 from asyncrl.schemas.step import decode_step
+from asyncrl.telemetry.metrics import stale_in_step
 
 TOPICS = ("samples", "partials", "control", "steps", "dead-letter")
-
-
-def read_records(
-    cfg: RunConfig,
-    bootstrap: str,
-    name: str,
-    start: int = 0,
-    end: int | None = None,
-    timeout_s: float = 30.0,
-    since_ms: int | None = None,
-    until_ms: int | None = None,
-    starts: dict[int, int] | None = None,
-) -> Iterator[Record[bytes | None]]:
-    """Raw records of the run's topic ``name`` with ``start <= offset < end`` (default: its
-    current end), partition by partition in offset order. ``starts``: a start offset per
-    partition instead, for those it names (where an earlier read stopped).
-
-    ``since_ms``/``until_ms`` select by record timestamp, exactly: the broker's offset-for-time
-    lookup only positions the read (Tansu answers the start of the record batch, which may hold
-    earlier records), and every record is then checked against the requested time itself.
-    """
-    topic = cfg.topic(name)
-    with Reader(cfg.kafka, bootstrap, raw_decode) as reader:
-        highs = {p: high for p, (_low, high) in reader.watermarks(topic).items()}
-        stops = {p: min(high, end) if end is not None else high for p, high in highs.items()}
-        starts = {p: max(start, (starts or {}).get(p, start)) for p in stops}
-        if since_ms is not None:
-            for p, offset in reader.offsets_for_time(topic, since_ms).items():
-                starts[p] = max(start, stops[p] if offset is None else offset)
-        remaining = {p for p, stop in stops.items() if stop > starts[p]}
-        if not remaining:
-            return
-        reader.assign(topic, {p: starts[p] for p in remaining})
-        deadline = time.monotonic() + timeout_s
-        while remaining:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} up to {stops} within {timeout_s:.0f} s")
-            for rec in reader.poll(0.2):
-                in_time = (since_ms is None or rec.timestamp_ms >= since_ms) and (
-                    until_ms is None or rec.timestamp_ms < until_ms
-                )
-                if rec.partition in remaining and rec.offset < stops[rec.partition] and in_time:
-                    yield rec
-                if rec.offset + 1 >= stops[rec.partition]:
-                    remaining.discard(rec.partition)
 
 
 def parse_time(text: str) -> int:

@@ -26,12 +26,12 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import RunConfig, dump_config
+from asyncrl.kafka.topics import create_run_topics
 from asyncrl.ops.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.ops.log_archive import ArchiveError
 from asyncrl.ops.preflight import check_startable
 from asyncrl.ops.process import spawn
 from asyncrl.ops.progress import StepProgress
-from asyncrl.ops.topics import create_run_topics
 
 
 class RunFailed(RuntimeError):
@@ -149,8 +149,8 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     console.log(f"topics: {', '.join(topics)}")
     prepare_policy(resolved, console)
 
-    from asyncrl.ops.tracing import init_tracing, shutdown_tracing
     from asyncrl.producers.feed import feed_prompts, train_prompts
+    from asyncrl.telemetry.tracing import init_tracing, shutdown_tracing
 
     train, split = train_prompts(resolved)
     if split is not None:
@@ -298,7 +298,7 @@ def _follow(
     is restarted (a worker up to ``rollout.max_restarts`` times, the trainer up to
     ``trainer.max_restarts``); a death beyond that fails the run, and so does the death of
     the embedded broker (the run is resumed by starting it again: its log is archived)."""
-    from asyncrl.ops.kafka import Reader
+    from asyncrl.kafka import Reader
     from asyncrl.schemas.step import decode_step
 
     restarts: dict[str, int] = {}

@@ -209,7 +209,7 @@ class Archiver:
         # key or value does not decode (a Reader would dead-letter and skip those).
         from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-        from asyncrl.ops.kafka import client_callbacks, consumer_config
+        from asyncrl.kafka import client_callbacks, consumer_config
 
         consumer = None
         try:
@@ -260,12 +260,12 @@ class Archiver:
                 f.close()
 
     def _ends(self, consumer, assignment) -> dict[tuple[str, int], int]:
-        from asyncrl.ops.kafka import _read_watermarks, consumer_config
+        from asyncrl.kafka import consumer_config, read_watermarks
 
         conf = consumer_config(self.cfg.kafka, self.bootstrap, None)
         ends = {}
         for topic in {tp.topic for tp in assignment}:
-            for p, (_low, high) in _read_watermarks(conf, topic).items():
+            for p, (_low, high) in read_watermarks(conf, topic).items():
                 ends[(topic, p)] = high
         return ends
 
@@ -292,7 +292,7 @@ class Archiver:
         for f in self.files.values():
             f.sync()
         if groups and self._pending_groups is None:
-            from asyncrl.ops.kafka import _read_watermarks, consumer_config
+            from asyncrl.kafka import consumer_config, read_watermarks
 
             try:
                 if self._group_offsets is None:
@@ -300,7 +300,7 @@ class Archiver:
                 offsets = self._group_offsets.read()
                 topic = self.cfg.topic("samples")
                 conf = consumer_config(self.cfg.kafka, self.bootstrap, None)
-                ends = {(topic, p): high for p, (_l, high) in _read_watermarks(conf, topic).items()}
+                ends = {(topic, p): high for p, (_l, high) in read_watermarks(conf, topic).items()}
                 self._pending_groups = (offsets, ends)
             except Exception as err:  # the broker is away: the last saved offsets stand
                 log.warning("log archive: group offsets not read: %s", err)
@@ -334,7 +334,7 @@ class GroupOffsets:
     asks every second, and a client made per question cost a connection each time."""
 
     def __init__(self, cfg: RunConfig, bootstrap: str) -> None:
-        from asyncrl.ops.kafka import Reader, raw_decode
+        from asyncrl.kafka import Reader, raw_decode
 
         self.topics = _groups(cfg)
         self.readers = {
@@ -373,8 +373,8 @@ def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> in
     """
     from confluent_kafka import Producer
 
-    from asyncrl.ops.kafka import client_callbacks, count_records, producer_config
-    from asyncrl.ops.topics import create_run_topics
+    from asyncrl.kafka import client_callbacks, count_records, producer_config
+    from asyncrl.kafka.topics import create_run_topics
 
     directory = directory or log_dir(cfg)
     create_run_topics(cfg, bootstrap)
@@ -425,7 +425,7 @@ def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> in
 
 
 def restore_group_offsets(cfg: RunConfig, bootstrap: str, directory: Path) -> None:
-    from asyncrl.ops.kafka import Reader, raw_decode
+    from asyncrl.kafka import Reader, raw_decode
 
     path = directory / GROUPS_FILE
     if not path.exists():

@@ -28,11 +28,11 @@ from rich.live import Live
 from rich.table import Table
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.metrics import stale_in_step
 from asyncrl.schemas import DecodeError
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample, decode_sample
 from asyncrl.schemas.step import StepRecord, decode_step
+from asyncrl.telemetry.metrics import stale_in_step
 
 TOPICS = ("samples", "steps", "control", "dead-letter")
 
@@ -192,7 +192,7 @@ def monitor(
     """
     import importlib.util
 
-    from asyncrl.ops.kafka import Reader, raw_decode
+    from asyncrl.kafka import Reader, raw_decode
 
     if engine not in ("auto", "faust", "kafka"):
         raise ValueError(f"monitor engine {engine!r}: choose auto, faust or kafka")

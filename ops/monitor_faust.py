@@ -21,7 +21,7 @@ from typing import Any
 from rich.live import Live
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.kafka import Record
+from asyncrl.kafka import Record
 from asyncrl.ops.monitor import RunMonitor, feed
 
 

@@ -83,7 +83,7 @@ def _package(key: str, module: str, extra: str) -> Check:
 
 
 def _kafka_security(cfg: RunConfig) -> list[Check]:
-    from asyncrl.ops.kafka import MissingSecret, security_settings
+    from asyncrl.kafka import MissingSecret, security_settings
 
     sec = cfg.kafka.security
     checks = []

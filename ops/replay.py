@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.inspect_log import read_records
+from asyncrl.kafka.records import read_records
 from asyncrl.schemas.sample import Sample, decode_sample
 from asyncrl.schemas.step import StepRecord, decode_step
 
@@ -150,8 +150,8 @@ def replay_topic(
     ``[start, end)``, then optionally a version range (a sample's ``param_version``, inclusive)
     and a set of sample ids. Returns the number of records published.
     """
-    from asyncrl.ops.kafka import Publisher
-    from asyncrl.ops.topics import create_run_topics
+    from asyncrl.kafka import Publisher
+    from asyncrl.kafka.topics import create_run_topics
     from asyncrl.schemas.partial import decode_partial
 
     if name not in ("samples", "partials"):

@@ -21,10 +21,10 @@ import random
 from typing import TYPE_CHECKING
 
 from asyncrl.config import RunConfig
-from asyncrl.ops import tracing
-from asyncrl.ops.kafka import Publisher
+from asyncrl.kafka import Publisher
 from asyncrl.schemas import SCHEMA_HEADER, DecodeError
 from asyncrl.schemas.prompt import TAG, PromptRecord, decode_prompt, encode_prompt
+from asyncrl.telemetry import tracing
 
 if TYPE_CHECKING:
     from asyncrl.tasks.files import Split
@@ -46,7 +46,7 @@ def prompts_needed(cfg: RunConfig) -> int:
 def fed_sample_ids(cfg: RunConfig, bootstrap: str) -> set[str]:
     """Sample ids of the prompts already on the run's ``prompts`` topic (undecodable records,
     dead-lettered by the workers, are not prompts)."""
-    from asyncrl.ops.inspect_log import read_records
+    from asyncrl.kafka.records import read_records
 
     fed = set()
     for rec in read_records(cfg, bootstrap, "prompts"):

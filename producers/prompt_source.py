@@ -29,7 +29,7 @@ from collections.abc import Callable
 from confluent_kafka import KafkaException
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.kafka import Publisher, Reader, Record
+from asyncrl.kafka import Publisher, Reader, Record
 from asyncrl.schemas.prompt import PromptRecord, decode_prompt
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class PromptSource:
         synchronously. The worker calls this from the sample's delivery callback, on the
         publisher that also carries dead-letter copies: an asynchronous commit never flushes
         it (it stops below a bad prompt whose copy is not acknowledged yet, and the copy's
-        acknowledgement moves it on; see ``asyncrl.ops.kafka``).
+        acknowledgement moves it on; see ``asyncrl.kafka``).
         """
         if rec.partition not in self._open:  # moved to another worker meanwhile
             return

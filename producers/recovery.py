@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.inspect_log import read_records
+from asyncrl.kafka.records import read_records
 from asyncrl.schemas.codec import DecodeError
 from asyncrl.schemas.partial import PartialSample, decode_partial
 

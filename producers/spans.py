@@ -27,7 +27,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from asyncrl.ops import tracing
+from asyncrl.telemetry import tracing
 
 
 class SampleTrace:

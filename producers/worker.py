@@ -52,9 +52,8 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncrl.config import RunConfig
+from asyncrl.kafka import Publisher, Record
 from asyncrl.models.policy import encode_prompt
-from asyncrl.ops import tracing
-from asyncrl.ops.kafka import Publisher, Record
 from asyncrl.producers.agent.factory import make_runner
 from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
@@ -72,6 +71,7 @@ from asyncrl.schemas.sample import Sample, Trajectory, encode_sample
 from asyncrl.sync.channel import ControlChannel
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import ManifestMismatchError, WeightReceiver
+from asyncrl.telemetry import tracing
 
 log = logging.getLogger(__name__)
 

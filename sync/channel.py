@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.kafka import Publisher, Reader
+from asyncrl.kafka import Publisher, Reader
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 
@@ -24,7 +24,7 @@ def last_logged_version(cfg: RunConfig, bootstrap: str) -> int:
     """The highest weight version on the run's control topic (SyncRequested or
     WeightsPublished; -1 if none): a resumed trainer publishes its weights above it, so a
     version number is never reused for other weights."""
-    from asyncrl.ops.inspect_log import read_records
+    from asyncrl.kafka.records import read_records
     from asyncrl.schemas import DecodeError
 
     highest = -1

@@ -38,7 +38,7 @@ def make_run_cfg(broker: str, tmp_path: Path) -> Callable[..., RunConfig]:
     shipped config's name (default: the demo's).
     """
     from asyncrl.config import load_config
-    from asyncrl.ops.topics import create_run_topics
+    from asyncrl.kafka.topics import create_run_topics
 
     def make(*overrides: str, create_topics: bool = True, config: str | None = None) -> RunConfig:
         cfg = load_config(

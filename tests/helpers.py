@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.kafka import Reader, Record, count_records, raw_decode
+from asyncrl.kafka import Reader, Record, count_records, raw_decode
 from asyncrl.schemas import control, partial, prompt, sample, step
 
 SMALL = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.kafka import Publisher, Reader, raw_decode
+from asyncrl.kafka.records import read_records
 from asyncrl.ops.broker import EmbeddedBroker
-from asyncrl.ops.inspect_log import read_records
-from asyncrl.ops.kafka import Publisher, Reader, raw_decode
 from asyncrl.ops.log_archive import Archiver, offline_broker, restore
 from asyncrl.schemas import SCHEMA_HEADER
 

@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from asyncrl.cli import main
+from asyncrl.kafka import Publisher
+from asyncrl.kafka.records import read_records
 from asyncrl.ops.audit import audit_run
-from asyncrl.ops.inspect_log import read_records
-from asyncrl.ops.kafka import Publisher
 from asyncrl.ops.launcher import run
 from asyncrl.ops.log_archive import Archiver
 from asyncrl.schemas import SCHEMA_HEADER

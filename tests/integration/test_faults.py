@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 from rich.console import Console
 
-from asyncrl.ops.kafka import Reader
+from asyncrl.kafka import Reader
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.step import decode_step
@@ -155,7 +155,7 @@ def _bad_records(topic_name: str) -> list[tuple[bytes, dict[str, str]]]:
 
 
 def _inject_at(cfg, at_step: int, out: dict) -> None:
-    from asyncrl.ops.kafka import Publisher
+    from asyncrl.kafka import Publisher
 
     deadline = time.monotonic() + 240
     metrics = cfg.run_dir / "metrics.jsonl"
@@ -174,7 +174,7 @@ def _inject_at(cfg, at_step: int, out: dict) -> None:
 def test_bad_records_on_every_topic_are_dead_lettered_once_and_the_run_goes_on(
     make_run_cfg, quick_policy
 ):
-    from asyncrl.ops.kafka import HEADER_SOURCE_TOPIC
+    from asyncrl.kafka import HEADER_SOURCE_TOPIC
 
     steps = 12
     cfg = make_run_cfg(
@@ -185,7 +185,7 @@ def test_bad_records_on_every_topic_are_dead_lettered_once_and_the_run_goes_on(
         "async_training.partial_rollout=true",
         "kafka.topics.partitions.prompts=1",  # the bad prompts come first, before any good one
     )
-    from asyncrl.ops.kafka import Publisher
+    from asyncrl.kafka import Publisher
 
     injected: dict = {}
     with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:  # read first by the workers

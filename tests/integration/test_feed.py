@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from asyncrl.ops.inspect_log import read_records
-from asyncrl.ops.kafka import Publisher
+from asyncrl.kafka import Publisher
+from asyncrl.kafka.records import read_records
 from asyncrl.producers.feed import feed_prompts
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas.prompt import TAG, decode_prompt

@@ -8,8 +8,8 @@ import json
 import pytest
 from rich.console import Console
 
+from asyncrl.kafka import Publisher
 from asyncrl.ops.inspect_log import inspect_topic
-from asyncrl.ops.kafka import Publisher
 from asyncrl.ops.launcher import run
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

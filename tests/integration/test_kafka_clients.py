@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.kafka import (
+from asyncrl.kafka import (
     MessageTooLarge,
     Publisher,
     Reader,
@@ -17,7 +17,7 @@ from asyncrl.ops.kafka import (
     count_records,
     raw_decode,
 )
-from asyncrl.ops.topics import RUN_TOPICS, create_run_topics, delete_run_topics
+from asyncrl.kafka.topics import RUN_TOPICS, create_run_topics, delete_run_topics
 from asyncrl.schemas import DecodeError
 
 pytestmark = pytest.mark.kafka

@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 
 from asyncrl.config import RunConfig
+from asyncrl.kafka import BrokerUnavailable, Publisher, Reader, Record, raw_decode
+from asyncrl.kafka.topics import create_run_topics
 from asyncrl.ops.broker import EmbeddedBroker, free_port
-from asyncrl.ops.kafka import BrokerUnavailable, Publisher, Reader, Record, raw_decode
-from asyncrl.ops.topics import create_run_topics
 from asyncrl.producers.prompt_source import PromptSource
 from asyncrl.schemas.prompt import PromptRecord, encode_prompt
 
@@ -192,7 +192,7 @@ def test_a_dead_broker_fails_a_flush_with_broker_unavailable_quickly_and_quietly
     assert elapsed < 3 + 4, elapsed
     stderr = capfd.readouterr().err.splitlines()
     assert len(stderr) <= 2, stderr
-    kafka_lines = [r for r in caplog.records if r.name.startswith("asyncrl.ops.kafka")]
+    kafka_lines = [r for r in caplog.records if r.name.startswith("asyncrl.kafka")]
     assert len(kafka_lines) <= 3, [r.getMessage() for r in kafka_lines]
 
 
@@ -234,7 +234,7 @@ def test_an_unreachable_bootstrap_fails_publisher_and_reader_the_same_way(
 
     stderr = capfd.readouterr().err.splitlines()
     assert len(stderr) <= 4, stderr
-    kafka_lines = [r for r in caplog.records if r.name.startswith("asyncrl.ops.kafka")]
+    kafka_lines = [r for r in caplog.records if r.name.startswith("asyncrl.kafka")]
     assert len(kafka_lines) <= 8, [r.getMessage() for r in kafka_lines]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from asyncrl.ops.kafka import Reader, raw_decode
+from asyncrl.kafka import Reader, raw_decode
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.step import decode_step

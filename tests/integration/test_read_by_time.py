@@ -3,8 +3,8 @@ broker's offset-for-time lookup answers the start of an earlier record batch (Ta
 
 import pytest
 
-from asyncrl.ops.inspect_log import read_records
-from asyncrl.ops.kafka import Publisher
+from asyncrl.kafka import Publisher
+from asyncrl.kafka.records import read_records
 
 pytestmark = pytest.mark.kafka
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from asyncrl.ops.kafka import Publisher
+from asyncrl.kafka import Publisher
 from asyncrl.producers.feed import feed_prompts
 from asyncrl.producers.prompt_source import PromptSource
 from asyncrl.producers.recovery import WORKER_HEADER, RecoveryIndex

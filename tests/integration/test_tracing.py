@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.ops import tracing
-from asyncrl.ops.inspect_log import read_records
-from asyncrl.ops.kafka import Publisher
+from asyncrl.kafka import Publisher
+from asyncrl.kafka.records import read_records
+from asyncrl.telemetry import tracing
 from tests.helpers import read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

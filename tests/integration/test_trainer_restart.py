@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.consumers.trainer import Trainer
-from asyncrl.ops.kafka import HEADER_ERROR, HEADER_SOURCE_OFFSET, Publisher
+from asyncrl.kafka import HEADER_ERROR, HEADER_SOURCE_OFFSET, Publisher
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import TAG, Sample, Trajectory, encode_sample

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from asyncrl.ops.kafka import Reader
+from asyncrl.kafka import Reader
 from asyncrl.ops.launcher import run
 from asyncrl.schemas import control as ev
 from tests.helpers import committed_prompt_ids, read_topic, report_recovery
@@ -81,7 +81,7 @@ def _kill_with_unfinished_partials(cfg, stop: threading.Event, out: dict) -> Non
 
 
 def _raw(cfg, name: str):
-    from asyncrl.ops.inspect_log import read_records
+    from asyncrl.kafka.records import read_records
 
     return list(read_records(cfg, cfg.kafka.bootstrap_servers, name))
 

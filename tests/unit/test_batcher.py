@@ -1,7 +1,7 @@
 """The trainer's batcher: FIFO batches, staleness drops, and the offsets a restart resumes at."""
 
 from asyncrl.consumers.batcher import SampleBatcher
-from asyncrl.ops.kafka import Record
+from asyncrl.kafka import Record
 from asyncrl.schemas.sample import Sample, Trajectory
 
 

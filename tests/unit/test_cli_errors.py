@@ -13,8 +13,8 @@ import pytest
 
 from asyncrl import cli
 from asyncrl.cli import main
+from asyncrl.kafka import BrokerUnavailable
 from asyncrl.ops.broker import free_port
-from asyncrl.ops.kafka import BrokerUnavailable
 from asyncrl.ops.launcher import RunFailed
 
 

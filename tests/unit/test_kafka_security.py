@@ -4,7 +4,7 @@ import pytest
 from confluent_kafka import Producer
 
 from asyncrl.config import ConfigError, dump_config, load_config
-from asyncrl.ops.kafka import MissingSecret, client_config, redacted
+from asyncrl.kafka import MissingSecret, client_config, redacted
 
 SCRAM = [
     "kafka.security.protocol=SASL_SSL",

@@ -21,8 +21,8 @@ from asyncrl.consumers.trainer import (
     step_metrics,
 )
 from asyncrl.consumers.update import grpo_update, simulated_update
-from asyncrl.ops.metrics import stale_in_step
 from asyncrl.schemas.sample import Sample, Trajectory
+from asyncrl.telemetry.metrics import stale_in_step
 
 VERL_COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"
 

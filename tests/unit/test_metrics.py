@@ -3,8 +3,8 @@
 import pytest
 
 from asyncrl.consumers.trainer import staleness_metrics
-from asyncrl.ops.metrics import WaitClock
 from asyncrl.producers.worker import IdleClock
+from asyncrl.telemetry.metrics import WaitClock
 
 
 class Clock:
@@ -68,7 +68,7 @@ def test_tensorboard_scalars_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from asyncrl.config import load_config
-    from asyncrl.ops.metrics import TensorBoardWriter
+    from asyncrl.telemetry.metrics import TensorBoardWriter
 
     cfg = load_config(overrides=["trainer.logger=[console,tensorboard]"])
     assert cfg.trainer.logger == ["console", "tensorboard"]

@@ -4,7 +4,7 @@
 def test_prompts_taken_out_of_order_never_commit_past_a_buffered_one():
     """take_where may hand out a later prompt first; the commit must not pass earlier ones
     still buffered (they would be lost in a crash)."""
-    from asyncrl.ops.kafka import Record
+    from asyncrl.kafka import Record
     from asyncrl.producers.prompt_source import PromptSource
     from asyncrl.schemas.prompt import PromptRecord
 

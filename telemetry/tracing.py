@@ -12,7 +12,7 @@ When tracing is off every call here is the API's no-op and nothing is added to t
 so the data path pays (almost) nothing.
 
 The W3C trace context travels in the Kafka headers ``traceparent``/``tracestate`` of every
-message the project produces through :class:`asyncrl.ops.kafka.Publisher` (samples, partial
+message the project produces through :class:`asyncrl.kafka.Publisher` (samples, partial
 segments, control events, prompts). Attribute names follow OpenTelemetry's messaging semantic
 conventions: a ``send <topic>`` PRODUCER span per message, ``messaging.system=kafka``,
 ``messaging.destination.name``, ``messaging.kafka.offset`` (set when the broker acknowledges),

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from asyncrl.config import ConfigError, RunConfig
-from asyncrl.ops.kafka import admin_client
+from asyncrl.kafka.health import admin_client
 
 log = logging.getLogger(__name__)
 

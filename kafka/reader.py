@@ -1,0 +1,418 @@
+"""Reading: a typed consumer that dead-letters what it cannot decode and never commits past a
+dead letter whose copy is not acknowledged (the order is in ``asyncrl.kafka``'s docstring)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Generic
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from asyncrl.kafka.health import (
+    _CONNECTION_ERRORS,
+    _METADATA_TIMEOUT_S,
+    _RECOVERABLE_CONSUMER_ERRORS,
+    _BrokerHealth,
+    _metadata_answers,
+)
+from asyncrl.kafka.publisher import Publisher
+from asyncrl.kafka.record import (
+    HEADER_ERROR,
+    HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_PARTITION,
+    HEADER_SOURCE_TOPIC,
+    Decoder,
+    PartitionsCallback,
+    Record,
+    T,
+    _headers_dict,
+)
+from asyncrl.kafka.settings import consumer_config
+from asyncrl.kafka.watermarks import _topic_partitions, read_watermarks
+from asyncrl.schemas.codec import DecodeError
+
+if TYPE_CHECKING:
+    from asyncrl.config import KafkaConfig
+
+
+log = logging.getLogger(__name__)
+
+
+class Reader(Generic[T]):
+    """Wraps ``confluent_kafka.Consumer``: decoded records, dead-lettering, explicit commits.
+
+    ``decode(value, headers)`` must raise ``DecodeError`` for bad input; such a message is
+    copied to the dead-letter topic (original key, value, headers plus error/source headers)
+    and skipped; commits stay below it until the copy is acknowledged (see the module doc).
+    Any other exception from ``decode`` is a bug and propagates.
+    """
+
+    def __init__(
+        self,
+        kafka_cfg: KafkaConfig,
+        bootstrap: str,
+        decode: Decoder[T],
+        group_id: str | None = None,
+        dead_letter: tuple[Publisher, str] | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self._decode = decode
+        self._dead_letter = dead_letter
+        self._conf = consumer_config(kafka_cfg, bootstrap, group_id)
+        self._health = _BrokerHealth(bootstrap, kafka_cfg.broker_down_timeout_s)
+        self._max_poll_interval_ms = kafka_cfg.max_poll_interval_ms
+        self._consumer = Consumer({**self._conf, **self._health.callbacks()})
+        self._closed = False
+        self._dl_lock = threading.Lock()
+        self._dl_pending: dict[tuple[str, int], set[int]] = {}
+        """Offsets whose dead-letter copy is published but not acknowledged yet."""
+        self._capped: dict[tuple[str, int], int] = {}
+        """Commits held below a pending copy: the offset asked for, redone on its ack."""
+        self.dead_lettered = 0
+        """Undecodable messages copied to the dead-letter topic."""
+        self.dropped = 0
+        """Undecodable messages skipped because no dead-letter topic was given."""
+
+    # --- assignment ---------------------------------------------------------------------------
+    def subscribe(
+        self,
+        topics: Iterable[str],
+        on_assign: PartitionsCallback | None = None,
+        on_revoke: PartitionsCallback | None = None,
+        on_lost: PartitionsCallback | None = None,
+    ) -> None:
+        """Join the consumer group; callbacks get ``[(topic, partition), ...]``.
+
+        The group is cooperative: ``on_assign``/``on_revoke`` get only the partitions that
+        move, and ``on_revoke`` runs before they are released, so it may still commit them.
+        ``on_lost`` (default: ``on_revoke``): they were taken away already (session expired).
+        """
+        if self.group_id is None:
+            log.warning("subscribe() without group_id: using a throwaway consumer group")
+
+        def wrap(
+            cb: PartitionsCallback | None, leaving: bool = False
+        ) -> Callable[[Consumer, list[TopicPartition]], None]:
+            def handler(_consumer: Consumer, parts: list[TopicPartition]) -> None:
+                moving = [(tp.topic, tp.partition) for tp in parts]
+                if cb is not None:
+                    cb(moving)
+                if leaving:  # a capped commit must not be redone for partitions now elsewhere
+                    with self._dl_lock:
+                        for tp in moving:
+                            self._capped.pop(tp, None)
+
+            return handler
+
+        self._consumer.subscribe(
+            list(topics),
+            on_assign=wrap(on_assign),
+            on_revoke=wrap(on_revoke, leaving=True),
+            on_lost=wrap(on_lost or on_revoke, leaving=True),
+        )
+
+    def partitions(self, topic: str) -> list[int]:
+        """Partition ids of ``topic``; raises KafkaException if it does not exist,
+        BrokerUnavailable if no broker answers within kafka.broker_down_timeout_s."""
+        return _topic_partitions(
+            self._consumer,
+            topic,
+            self._health.bootstrap,
+            min(_METADATA_TIMEOUT_S, self._health.timeout_s),
+            self._health,
+        )
+
+    def assign(self, topic: str, offsets: Mapping[int, int] | None = None) -> None:
+        """Read every partition of ``topic`` (no group); start at ``offsets[p]`` or the beginning.
+
+        Adds to the current assignment, replacing any earlier assignment of the same topic.
+        """
+        offsets = offsets or {}
+        wanted = [
+            TopicPartition(topic, p, offsets.get(p, OFFSET_BEGINNING))
+            for p in self.partitions(topic)
+        ]
+        unknown = set(offsets) - {tp.partition for tp in wanted}
+        if unknown:
+            raise ValueError(f"topic {topic!r} has no partition(s) {sorted(unknown)}")
+        current = [tp for tp in self._consumer.assignment() if tp.topic == topic]
+        if current:
+            self._consumer.incremental_unassign(current)
+        self._consumer.incremental_assign(wanted)
+
+    def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[int, int | None]:
+        """``{partition: offset}`` to start reading at ``timestamp_ms`` (None: nothing that late).
+
+        A broker may answer the base offset of the record *batch* holding the first record at
+        or after the time (Tansu does), so readers must still skip earlier records themselves.
+        """
+        parts = [TopicPartition(topic, p, timestamp_ms) for p in self.partitions(topic)]
+        found = self._consumer.offsets_for_times(parts, timeout=10)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+    def end_offsets(self, topic: str, timeout: float = 5.0, ask: bool = True) -> dict[int, int]:
+        """``{partition: high watermark}`` of the assigned partitions of ``topic`` (the offset
+        the next message will get); raises KafkaException on an error, TimeoutError if the
+        broker does not answer within ``timeout``.
+
+        The larger of the broker's answer and the watermark of the last fetch response: Tansu
+        answers ListOffsets(latest) with the base offset of the last record *batch* + 1, short
+        of the end when a batch holds several records, while its fetch responses are right
+        (a Kafka broker is right both ways; the fetch's may lag by one fetch). ``ask=False``:
+        the last fetch's alone, without a round trip to the broker (for a per-step metric).
+        """
+        out = {}
+        for t, p in self.assignment():
+            if t == topic:
+                tp = TopicPartition(t, p)
+                fetched = self._consumer.get_watermark_offsets(tp, cached=True)
+                if not ask:
+                    out[p] = max(fetched[1], 0) if fetched else 0
+                    continue
+                asked = self._consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+                if asked is None:
+                    raise TimeoutError(f"no watermark of {t}[{p}] within {timeout} s")
+                out[p] = max(asked[1], fetched[1] if fetched else -1)
+        return out
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
+
+    # --- reading ------------------------------------------------------------------------------
+    def poll(self, timeout: float, max_records: int = 500) -> list[Record[T]]:
+        """Up to ``max_records`` decoded records, returning as soon as there is one.
+
+        Waits at most ``timeout`` seconds for the first message, then takes what is already
+        queued. (``Consumer.consume(n, timeout)`` alone waits the whole ``timeout`` unless
+        ``n`` messages arrive.) Errors librdkafka recovers from are logged and skipped (see
+        the module doc); BrokerUnavailable once no broker has answered for the bound.
+        """
+        records: list[Record[T]] = []
+        first = self._consumer.poll(timeout)
+        messages = [] if first is None else [first]
+        if first is not None and max_records > 1:
+            messages += self._consumer.consume(num_messages=max_records - 1, timeout=0)
+        alive = False
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                self._consumer_error(err)
+                continue
+            alive = True
+            rec = self._decode_message(msg)
+            if rec is not None:
+                records.append(rec)
+        if alive:
+            self._health.up()
+        else:
+            self._health.check(functools.partial(_metadata_answers, self._consumer))
+        return records
+
+    def _consumer_error(self, err: KafkaError) -> None:
+        """Skip (and log, rate-limited) what librdkafka recovers from; raise the rest."""
+        code = err.code()
+        if code == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal() or not (code in _RECOVERABLE_CONSUMER_ERRORS or err.retriable()):
+            raise KafkaException(err)
+        if code in _CONNECTION_ERRORS:
+            self._health.on_error(err)
+        elif code == KafkaError._MAX_POLL_EXCEEDED:
+            self._health.limiter.log(
+                err.name(),
+                logging.WARNING,
+                "group %s: not polled within kafka.max_poll_interval_ms=%d, so the consumer "
+                "left the group; it rejoins now (its partitions were handed back): %s",
+                self.group_id,
+                self._max_poll_interval_ms,
+                err.str(),
+            )
+        else:
+            self._health.limiter.log(
+                err.name(), logging.WARNING, "consumer error, retried: %s", err.str()
+            )
+
+    def _decode_message(self, msg: Message) -> Record[T] | None:
+        headers = _headers_dict(msg)
+        raw_key = msg.key()
+        try:
+            key = raw_key.decode() if raw_key is not None else None
+        except UnicodeDecodeError:
+            self._reject(msg, headers, DecodeError(f"key is not UTF-8: {raw_key[:32]!r}"))
+            return None
+        try:
+            value = self._decode(msg.value(), headers)
+        except DecodeError as err:
+            self._reject(msg, headers, err)
+            return None
+        return Record(
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            key=key,
+            timestamp_ms=msg.timestamp()[1],
+            headers=headers,
+            value=value,
+        )
+
+    def _reject(self, msg: Message, headers: dict[str, bytes], err: DecodeError) -> None:
+        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        if self._dead_letter is None:
+            self.dropped += 1
+            log.warning("skipping undecodable message %s (no dead-letter topic): %s", where, err)
+            return
+        publisher, dlq_topic = self._dead_letter
+        dl_headers: dict[str, str | bytes] = dict(headers)
+        dl_headers.update(
+            {
+                HEADER_ERROR: str(err),
+                HEADER_SOURCE_TOPIC: msg.topic(),
+                HEADER_SOURCE_PARTITION: str(msg.partition()),
+                HEADER_SOURCE_OFFSET: str(msg.offset()),
+            }
+        )
+        raw_key = msg.key()
+        key = raw_key.decode(errors="replace") if raw_key is not None else None
+        tp, offset = (msg.topic(), msg.partition()), msg.offset()
+        with self._dl_lock:
+            self._dl_pending.setdefault(tp, set()).add(offset)
+        try:
+            publisher.publish(
+                dlq_topic,
+                key,
+                msg.value(),
+                headers=dl_headers,
+                on_acked=functools.partial(self._dead_letter_acked, tp, offset),
+            )
+        except BaseException:
+            with self._dl_lock:
+                self._dl_pending[tp].discard(offset)
+            raise
+        self.dead_lettered += 1
+        log.warning("dead-lettered undecodable message %s -> %s: %s", where, dlq_topic, err)
+
+    def _dead_letter_acked(self, tp: tuple[str, int], offset: int) -> None:
+        """``on_acked`` of a dead-letter copy (runs inside the publisher's poll/flush): the
+        bad record is safe; redo a commit that was held below it, asynchronously."""
+        with self._dl_lock:
+            pending = self._dl_pending.get(tp, set())
+            pending.discard(offset)
+            if not pending:
+                self._dl_pending.pop(tp, None)
+            wanted = self._capped.get(tp)
+            if wanted is None or self._closed:
+                return
+            if pending and min(pending) < wanted:
+                target = min(pending)
+            else:
+                target = wanted
+                del self._capped[tp]
+            # under the lock: close() cannot slip in between
+            self._consumer.commit(offsets=[TopicPartition(*tp, target)], asynchronous=True)
+
+    def _cap_at_dead_letters(
+        self, offsets: Mapping[tuple[str, int], int]
+    ) -> dict[tuple[str, int], int]:
+        """``offsets`` lowered to the first record whose dead-letter copy is unacknowledged;
+        what was asked is kept in ``_capped`` for the acknowledgement to commit."""
+        out = {}
+        with self._dl_lock:
+            for tp, offset in offsets.items():
+                pending = self._dl_pending.get(tp)
+                cap = min(pending) if pending else None
+                if cap is not None and cap < offset:
+                    self._capped[tp] = offset
+                    out[tp] = cap
+                else:
+                    self._capped.pop(tp, None)
+                    out[tp] = offset
+        return out
+
+    # --- offsets ------------------------------------------------------------------------------
+    def commit(self, offsets: Mapping[tuple[str, int], int], asynchronous: bool = False) -> None:
+        """Commit next-offsets (``record.offset + 1``) for the group; synchronously (errors
+        raised) unless ``asynchronous`` (errors logged: for commits a later one supersedes).
+
+        Never past a bad record whose dead-letter copy is not acknowledged (the copy's
+        acknowledgement commits the rest). A synchronous commit from ordinary code flushes
+        the copies first; an asynchronous one never flushes (it may run inside a delivery
+        callback of the dead-letter publisher, where no flush can progress).
+        """
+        if not offsets:
+            return
+        if (
+            not asynchronous
+            and self._dead_letter is not None
+            and self._dl_pending
+            and not self._dead_letter[0].in_delivery_callback
+        ):
+            self._dead_letter[0].flush()
+        tps = [TopicPartition(t, p, o) for (t, p), o in self._cap_at_dead_letters(offsets).items()]
+        if asynchronous:
+            self._consumer.commit(offsets=tps, asynchronous=True)
+            return
+        result = self._consumer.commit(offsets=tps, asynchronous=False) or []
+        failed = [tp for tp in result if tp.error is not None]
+        if failed:
+            raise KafkaException(failed[0].error)
+
+    def committed(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        """The group's committed next-offsets (None where nothing was committed)."""
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        res = self._consumer.committed(tps, timeout=_METADATA_TIMEOUT_S)
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in res}
+
+    def position(self) -> dict[tuple[str, int], int | None]:
+        """Next offset to read per assigned partition (None until the first fetch there)."""
+        res = self._consumer.position(self._consumer.assignment())
+        return {
+            (tp.topic, tp.partition): (tp.offset if tp.offset != OFFSET_INVALID else None)
+            for tp in res
+        }
+
+    def pause_all(self) -> None:
+        self._consumer.pause(self._consumer.assignment())
+
+    def resume_all(self) -> None:
+        self._consumer.resume(self._consumer.assignment())
+
+    def watermarks(self, topic: str, exact: bool = True) -> dict[int, tuple[int, int]]:
+        """``{partition: (low, high)}`` fresh from the broker; high is the next offset to write.
+
+        ``exact`` (default) corrects Tansu's ListOffsets, which answers the last *batch*'s base
+        offset + 1 as high watermark, by fetching the last batch (~50 ms). Runs on a side
+        consumer, so an active fetch of this reader does not delay it.
+        """
+        return read_watermarks(
+            self._conf, topic, exact, min(_METADATA_TIMEOUT_S, self._health.timeout_s)
+        )
+
+    def close(self) -> None:
+        """Leave the group and release the client. Idempotent."""
+        with self._dl_lock:  # no commit from a late dead-letter acknowledgement after this
+            closing, self._closed = not self._closed, True
+        if closing:
+            self._consumer.close()
+
+    def __enter__(self) -> Reader[T]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

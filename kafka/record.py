@@ -1,0 +1,43 @@
+"""A consumed message, typed: what readers hand out, and the headers a dead letter carries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from confluent_kafka import (
+    Message,
+)
+
+T = TypeVar("T")
+HEADER_ERROR = "error"
+HEADER_SOURCE_TOPIC = "source-topic"
+HEADER_SOURCE_PARTITION = "source-partition"
+HEADER_SOURCE_OFFSET = "source-offset"
+
+
+@dataclass
+class Record(Generic[T]):
+    """One decoded message with its coordinates (commit ``offset + 1`` to move past it)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    timestamp_ms: int
+    headers: dict[str, bytes]
+    value: T
+
+
+def _headers_dict(msg: Message) -> dict[str, bytes]:
+    return {k: (v if v is not None else b"") for k, v in (msg.headers() or [])}
+
+
+Decoder = Callable[[bytes | None, dict[str, bytes]], T]
+PartitionsCallback = Callable[[list[tuple[str, int]]], None]
+
+
+def raw_decode(value: bytes | None, headers: dict[str, bytes]) -> bytes | None:
+    """Identity decoder, for readers that want the bytes as they are."""
+    return value
