@@ -250,7 +250,7 @@ def _log_broker(cfg, args: argparse.Namespace, role: str) -> Iterator[str]:
     """The broker holding the run's log: the run's archived log (``asyncrl run`` with the
     embedded broker keeps it in runs/<run_id>/log) served by a throwaway broker, unless
     kafka.bootstrap_servers is given on this command line; else the configured broker."""
-    from asyncrl.ops.log_archive import has_archive, offline_broker
+    from asyncrl.launch.log_archive import has_archive, offline_broker
 
     named = any(o.partition("=")[0] == "kafka.bootstrap_servers" for o in args.overrides)
     if has_archive(cfg) and not named:
@@ -261,8 +261,8 @@ def _log_broker(cfg, args: argparse.Namespace, role: str) -> Iterator[str]:
 
 
 def _check_startable(cfg, role: str) -> None:
-    """Start-up checks (ops/preflight.py): a bad value fails here, naming its key."""
-    from asyncrl.ops.preflight import check_startable
+    """Start-up checks (launch/preflight.py): a bad value fails here, naming its key."""
+    from asyncrl.launch.preflight import check_startable
 
     check_startable(cfg, role)
 
@@ -277,12 +277,12 @@ def _need_bootstrap(cfg, role: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from asyncrl.ops.launcher import run
+    from asyncrl.launch.launcher import run
 
     if args.launcher:
         args.overrides = [*args.overrides, f"launcher={args.launcher}"]
     if args.dry_run:
-        from asyncrl.ops.preflight import dry_run
+        from asyncrl.launch.preflight import dry_run
 
         return dry_run(args.config, args.overrides)
     summary = run(_load(args))
@@ -292,7 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.ops.launcher import prepare
+    from asyncrl.launch.launcher import prepare
 
     cfg = _load(args)
     bootstrap = _need_bootstrap(cfg, "prepare")
@@ -347,7 +347,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from asyncrl.ops.broker import EmbeddedBroker
+    from asyncrl.launch.broker import EmbeddedBroker
 
     cfg = _load(args)
     stop = threading.Event()
@@ -401,8 +401,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from asyncrl.config import load_config
+    from asyncrl.launch.log_archive import ArchiveError
     from asyncrl.ops.audit import AuditError, audit_run, print_report
-    from asyncrl.ops.log_archive import ArchiveError
 
     resolved = Path(args.output_dir) / args.run / "config.yaml"
     config = args.config or (resolved if resolved.exists() else None)
@@ -457,11 +457,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.ops.bench import learn, sync_pause, tracing_cost
-    from asyncrl.ops.bench_modes import modes
-    from asyncrl.ops.bench_sync import sync
-    from asyncrl.ops.bench_tools import tools
-    from asyncrl.ops.bench_transport import transport
+    from asyncrl.bench.learn import learn
+    from asyncrl.bench.modes import modes
+    from asyncrl.bench.sync import sync
+    from asyncrl.bench.sync_pause import sync_pause
+    from asyncrl.bench.tools import tools
+    from asyncrl.bench.tracing import tracing_cost
+    from asyncrl.bench.transport import transport
 
     benchmarks = {
         "modes": modes,
@@ -584,8 +586,8 @@ def _expected_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says all (file and line, config key, a process's log tail): shown
     as one message, not a traceback. Imported lazily, so ``--help`` stays instant."""
     from asyncrl.kafka import BrokerUnavailable
-    from asyncrl.ops.broker import BrokerError
-    from asyncrl.ops.launcher import RunFailed
+    from asyncrl.launch.broker import BrokerError
+    from asyncrl.launch.launcher import RunFailed
 
     return (*_usage_errors(), BrokerUnavailable, BrokerError, RunFailed)
 

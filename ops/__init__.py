@@ -1,1 +1,2 @@
-"""Operator tooling: config, CLI, embedded broker, topic admin, Kafka clients, progress."""
+"""Operator tools: what a person runs against a run's log (inspect, replay, audit, report,
+monitor) and the generated config reference. Runtime code never imports these."""

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap string of one EmbeddedBroker shared by the session (log kept in a tmp dir)."""
-    from asyncrl.ops.broker import EmbeddedBroker
+    from asyncrl.launch.broker import EmbeddedBroker
 
     b = EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log")
     try:

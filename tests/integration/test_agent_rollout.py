@@ -9,8 +9,8 @@ import json
 import pytest
 from rich.console import Console
 
+from asyncrl.launch.launcher import run
 from asyncrl.ops.inspect_log import inspect_topic
-from asyncrl.ops.launcher import run
 from asyncrl.producers.agent.state import AgentState, Phase
 from tests.helpers import read_topic
 

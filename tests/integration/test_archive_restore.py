@@ -7,8 +7,8 @@ import pytest
 
 from asyncrl.kafka import Publisher, Reader, raw_decode
 from asyncrl.kafka.records import read_records
-from asyncrl.ops.broker import EmbeddedBroker
-from asyncrl.ops.log_archive import Archiver, offline_broker, restore
+from asyncrl.launch.broker import EmbeddedBroker
+from asyncrl.launch.log_archive import Archiver, offline_broker, restore
 from asyncrl.schemas import SCHEMA_HEADER
 
 pytestmark = pytest.mark.kafka

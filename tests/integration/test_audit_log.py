@@ -12,9 +12,9 @@ from rich.console import Console
 from asyncrl.cli import main
 from asyncrl.kafka import Publisher
 from asyncrl.kafka.records import read_records
+from asyncrl.launch.launcher import run
+from asyncrl.launch.log_archive import Archiver
 from asyncrl.ops.audit import audit_run
-from asyncrl.ops.launcher import run
-from asyncrl.ops.log_archive import Archiver
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.step import TAG as STEP_TAG

@@ -5,7 +5,7 @@ import io
 import pytest
 from rich.console import Console
 
-from asyncrl.ops.bench import sync_pause
+from asyncrl.bench.sync_pause import sync_pause
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -29,7 +29,7 @@ def test_sync_pause_smoke(broker, tmp_path, quick_policy):
 
 
 def test_modes_smoke(broker, tmp_path, quick_policy):
-    from asyncrl.ops.bench_modes import modes
+    from asyncrl.bench.modes import modes
 
     out = io.StringIO()
     results = modes(
@@ -59,7 +59,7 @@ def test_modes_smoke(broker, tmp_path, quick_policy):
 
 
 def test_transport_smoke(broker, tmp_path):
-    from asyncrl.ops.bench_transport import VARIANTS, transport
+    from asyncrl.bench.transport import VARIANTS, transport
 
     out = io.StringIO()
     results = transport(
@@ -81,7 +81,7 @@ def test_transport_smoke(broker, tmp_path):
 
 
 def test_tracing_cost_smoke(broker, tmp_path, quick_policy):
-    from asyncrl.ops.bench import tracing_cost
+    from asyncrl.bench.tracing import tracing_cost
 
     out = io.StringIO()
     result = tracing_cost(
@@ -101,7 +101,7 @@ def test_tracing_cost_smoke(broker, tmp_path, quick_policy):
 
 
 def test_learn_smoke(broker, tmp_path, quick_policy):
-    from asyncrl.ops.bench import learn
+    from asyncrl.bench.learn import learn
 
     out = io.StringIO()
     results = learn(
@@ -122,7 +122,7 @@ def test_learn_smoke(broker, tmp_path, quick_policy):
 
 
 def test_tools_bench_measures_both_sandboxes(tmp_path):
-    from asyncrl.ops.bench_tools import tools
+    from asyncrl.bench.tools import tools
 
     out = io.StringIO()
     results = tools(

@@ -6,7 +6,7 @@ import json
 import pytest
 from rich.console import Console
 
-from asyncrl.ops.bench_sync import METHODS, qwen2_like_state, sync
+from asyncrl.bench.sync import METHODS, qwen2_like_state, sync
 
 pytestmark = pytest.mark.slow
 

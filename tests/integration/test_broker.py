@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from asyncrl.config import KafkaConfig
-from asyncrl.ops.broker import BrokerError, EmbeddedBroker, ensure_broker, resolve_tansu_binary
+from asyncrl.launch.broker import BrokerError, EmbeddedBroker, ensure_broker, resolve_tansu_binary
 
 pytestmark = pytest.mark.kafka
 
@@ -100,7 +100,7 @@ def test_broker_dies_with_sigkilled_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import time
-        from asyncrl.ops.broker import EmbeddedBroker
+        from asyncrl.launch.broker import EmbeddedBroker
         b = EmbeddedBroker()
         b.start()
         print(b.pid, b.bootstrap, flush=True)

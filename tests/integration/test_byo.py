@@ -15,7 +15,7 @@ from rich.console import Console
 
 from asyncrl.cli import main as cli
 from asyncrl.config import load_config
-from asyncrl.ops.launcher import run
+from asyncrl.launch.launcher import run
 from asyncrl.schemas import control as ev
 from tests.helpers import read_topic
 

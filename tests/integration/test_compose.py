@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.ops.broker import free_port
+from asyncrl.launch.broker import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from asyncrl.kafka import Reader
-from asyncrl.ops.launcher import run
+from asyncrl.launch.launcher import run
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.step import decode_step
 from tests.helpers import SMALL, check_log_invariants, read_topic, report_recovery
@@ -91,8 +91,8 @@ def _kill_broker_at(cfg, pids: dict[str, int], at_step: int, out: dict) -> None:
 def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(
     make_run_cfg, quick_policy, capsys
 ):
-    from asyncrl.ops.launcher import BrokerDied
-    from asyncrl.ops.log_archive import offline_broker
+    from asyncrl.launch.launcher import BrokerDied
+    from asyncrl.launch.log_archive import offline_broker
 
     steps = 8
     cfg = make_run_cfg(
@@ -276,7 +276,7 @@ def _stall_broker_at(cfg, pids: dict[str, int], at_step: int, stall_s: float, ou
 
 
 def test_a_broker_stalled_for_15_s_costs_time_not_work(make_run_cfg, quick_policy):
-    from asyncrl.ops.log_archive import offline_broker
+    from asyncrl.launch.log_archive import offline_broker
 
     steps = 8
     cfg = make_run_cfg(

@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from asyncrl.kafka import Publisher
+from asyncrl.launch.launcher import run
 from asyncrl.ops.inspect_log import inspect_topic
-from asyncrl.ops.launcher import run
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

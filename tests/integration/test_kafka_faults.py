@@ -15,7 +15,7 @@ import pytest
 from asyncrl.config import RunConfig
 from asyncrl.kafka import BrokerUnavailable, Publisher, Reader, Record, raw_decode
 from asyncrl.kafka.topics import create_run_topics
-from asyncrl.ops.broker import EmbeddedBroker, free_port
+from asyncrl.launch.broker import EmbeddedBroker, free_port
 from asyncrl.producers.prompt_source import PromptSource
 from asyncrl.schemas.prompt import PromptRecord, encode_prompt
 

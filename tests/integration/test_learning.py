@@ -11,7 +11,7 @@ import io
 import pytest
 from rich.console import Console
 
-from asyncrl.ops.launcher import run
+from asyncrl.launch.launcher import run
 from tests.helpers import read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from asyncrl.kafka import Reader, raw_decode
-from asyncrl.ops.launcher import run
+from asyncrl.launch.launcher import run
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.step import decode_step
 from tests.helpers import committed_prompt_ids, read_topic

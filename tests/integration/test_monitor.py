@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from rich.console import Console
 
-from asyncrl.ops.launcher import run
+from asyncrl.launch.launcher import run
 from asyncrl.ops.monitor import monitor
 from tests.helpers import read_topic
 

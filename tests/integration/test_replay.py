@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from asyncrl.config import load_config
-from asyncrl.ops.launcher import run
+from asyncrl.launch.launcher import run
 from asyncrl.ops.replay import ReplayError, replay_step
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

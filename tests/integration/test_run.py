@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.launcher import run
+from asyncrl.launch.launcher import run
 from asyncrl.schemas import control as ev
 from tests.helpers import SMALL, read_topic, sample_logprob_error
 

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from asyncrl.kafka import Reader
-from asyncrl.ops.launcher import run
+from asyncrl.launch.launcher import run
 from asyncrl.schemas import control as ev
 from tests.helpers import committed_prompt_ids, read_topic, report_recovery
 

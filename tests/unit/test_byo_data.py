@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from asyncrl.config import ConfigError, load_config
+from asyncrl.launch.preflight import check_startable
 from asyncrl.models.policy import TINY_CHAT_TEMPLATE, encode_prompt, load_policy, load_tokenizer
 from asyncrl.models.tiny import build_model, build_tokenizer
-from asyncrl.ops.preflight import check_startable
 from asyncrl.producers.feed import train_prompts
 from asyncrl.tasks.files import export_task, filter_overlong, load_split, read_rows
 

@@ -14,8 +14,8 @@ import pytest
 from asyncrl import cli
 from asyncrl.cli import main
 from asyncrl.kafka import BrokerUnavailable
-from asyncrl.ops.broker import free_port
-from asyncrl.ops.launcher import RunFailed
+from asyncrl.launch.broker import free_port
+from asyncrl.launch.launcher import RunFailed
 
 
 @pytest.fixture(autouse=True)

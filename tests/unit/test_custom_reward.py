@@ -14,7 +14,7 @@ import torch
 from asyncrl.config import ConfigError, load_config
 from asyncrl.consumers.grpo import group_advantages
 from asyncrl.consumers.update import grpo_update, reward_metrics, reward_valid
-from asyncrl.ops.preflight import check_startable
+from asyncrl.launch.preflight import check_startable
 from asyncrl.producers.reward import (
     BuiltinReward,
     CustomReward,

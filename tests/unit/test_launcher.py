@@ -7,8 +7,8 @@ from rich.console import Console
 
 from asyncrl.config import load_config
 from asyncrl.consumers.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
-from asyncrl.ops.launcher import resume_or_set_aside
-from asyncrl.ops.log_archive import ArchivedRecord, PartitionFile, log_dir
+from asyncrl.launch.launcher import resume_or_set_aside
+from asyncrl.launch.log_archive import ArchivedRecord, PartitionFile, log_dir
 
 
 def _cfg(tmp_path):

@@ -3,7 +3,7 @@ ends the file there (reopening truncates it and appends after the last whole rec
 
 from __future__ import annotations
 
-from asyncrl.ops.log_archive import ArchivedRecord, PartitionFile, read_partition
+from asyncrl.launch.log_archive import ArchivedRecord, PartitionFile, read_partition
 
 
 def records(n: int, start: int = 0) -> list[ArchivedRecord]:

@@ -17,7 +17,7 @@ import yaml
 
 from asyncrl.config import ConfigError, dump_config, load_config, verl_keys
 from asyncrl.config.load import load, our_key
-from asyncrl.ops.preflight import check_startable, startup_checks
+from asyncrl.launch.preflight import check_startable, startup_checks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verl"
 DAPO = FIXTURES / "dapo_7b_math_fsdp2_8_8.overrides"
@@ -322,7 +322,7 @@ def test_cuda_without_cuda_fails_at_start_up_naming_the_key(
     deferred = [c for c in startup_checks(ray, "run") if c.key == "trainer.device"]
     assert deferred[0].ok is None  # the trainer's own `asyncrl train` checks, on its node
 
-    from asyncrl.ops import launcher
+    from asyncrl.launch import launcher
 
     def no_broker(*_args: object) -> None:
         raise AssertionError("the launcher started a broker before checking the config")

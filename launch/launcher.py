@@ -27,11 +27,11 @@ from rich.table import Table
 
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.kafka.topics import create_run_topics
-from asyncrl.ops.broker import EmbeddedBroker, ensure_broker, free_port
-from asyncrl.ops.log_archive import ArchiveError
-from asyncrl.ops.preflight import check_startable
-from asyncrl.ops.process import spawn
-from asyncrl.ops.progress import StepProgress
+from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
+from asyncrl.launch.log_archive import ArchiveError
+from asyncrl.launch.preflight import check_startable
+from asyncrl.launch.process import spawn
+from asyncrl.launch.progress import StepProgress
 
 
 class RunFailed(RuntimeError):
@@ -61,7 +61,7 @@ def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
     afresh. Returns True when the log is to be restored.
     """
     from asyncrl.consumers.checkpoint import latest_checkpoint
-    from asyncrl.ops.log_archive import has_archive
+    from asyncrl.launch.log_archive import has_archive
 
     run_dir = cfg.run_dir
     finished = (run_dir / "summary.json").exists()
@@ -181,7 +181,7 @@ def run(
 ) -> dict[str, Any]:
     """``on_spawn(name, pid)`` is told of every process started (restarts included): how
     fault tests, or an operator's tooling, find the trainer and workers."""
-    check_startable(cfg, "run")  # a bad value fails now, naming its key (ops/preflight.py)
+    check_startable(cfg, "run")  # a bad value fails now, naming its key (launch/preflight.py)
     console = console or Console()
     embedded = cfg.kafka.bootstrap_servers is None
     resume = resume_or_set_aside(cfg, console) if embedded else False
@@ -201,7 +201,7 @@ def run(
             on_spawn("broker", broker.pid)
         resolved, config_path = prepare(cfg, bootstrap, console)
         if embedded:  # from where the archive ends: what the set-up wrote is archived too
-            from asyncrl.ops.log_archive import Archiver
+            from asyncrl.launch.log_archive import Archiver
 
             archiver = Archiver(cfg, bootstrap).start()
         at = resolved.async_training
@@ -212,7 +212,7 @@ def run(
             f"{resolved.actor_rollout_ref.rollout.num_workers} rollout worker(s)"
         )
         if resolved.launcher == "ray":
-            from asyncrl.ops.ray_launcher import RayLauncher
+            from asyncrl.launch.ray_launcher import RayLauncher
 
             ray_launcher = RayLauncher(resolved)
             start = ray_launcher.spawn
@@ -251,7 +251,7 @@ def run(
 
 def _restore_log(cfg: RunConfig, bootstrap: str, console: Console) -> None:
     """An unfinished run's archived log, back into the new embedded broker."""
-    from asyncrl.ops.log_archive import log_dir, restore
+    from asyncrl.launch.log_archive import log_dir, restore
 
     t0 = time.monotonic()
     n = restore(cfg, bootstrap)

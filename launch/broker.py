@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING
 
-from asyncrl.ops.process import die_with_parent
+from asyncrl.launch.process import die_with_parent
 
 if TYPE_CHECKING:
     from asyncrl.config import KafkaConfig

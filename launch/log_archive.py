@@ -442,7 +442,7 @@ def restore_group_offsets(cfg: RunConfig, bootstrap: str, directory: Path) -> No
 @contextlib.contextmanager
 def offline_broker(cfg: RunConfig) -> Iterator[str]:
     """A broker holding the run's archived log, for tools run after the run (no broker up)."""
-    from asyncrl.ops.broker import EmbeddedBroker
+    from asyncrl.launch.broker import EmbeddedBroker
 
     if not has_archive(cfg):
         raise ArchiveError(

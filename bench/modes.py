@@ -25,8 +25,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.bench.sync_pause import partial_totals, step_rows
 from asyncrl.config import RunConfig, load_config
-from asyncrl.ops.bench import partial_totals, step_rows
 from asyncrl.telemetry.metrics import stale_in_step
 
 BATCH = 32  # samples per step (the colocated train_batch_size)
@@ -147,7 +147,7 @@ def modes(
     run; each async run then trains N x its trigger_parameter_sync_step local updates), so a
     smoke run is ``asyncrl bench modes trainer.total_training_steps=2``.
     """
-    from asyncrl.ops.launcher import prepare_policy, run
+    from asyncrl.launch.launcher import prepare_policy, run
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     given = [

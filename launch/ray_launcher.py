@@ -67,7 +67,7 @@ def _role_actor_class():
         """Runs one role's command as a child process; returns its exit code."""
 
         def run(self, cmd: list[str], log_path: str, env: dict[str, str]) -> int:
-            from asyncrl.ops.process import spawn
+            from asyncrl.launch.process import spawn
 
             os.environ.update(env)
             self.proc, _ = spawn(cmd, Path(log_path))

@@ -180,7 +180,7 @@ def transport(
 ) -> dict[str, Any]:
     """Measure every variant at every size; print one table and return the figures."""
     from asyncrl.kafka.topics import create_topics
-    from asyncrl.ops.broker import ensure_broker
+    from asyncrl.launch.broker import ensure_broker
     from asyncrl.schemas.sample import decode_sample, encode_sample
 
     cfg = load_config(config, overrides)

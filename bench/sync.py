@@ -124,8 +124,8 @@ def sync(
     import torch
     import torch.distributed as dist
 
-    from asyncrl.ops.broker import free_port
-    from asyncrl.ops.process import spawn
+    from asyncrl.launch.broker import free_port
+    from asyncrl.launch.process import spawn
     from asyncrl.sync.checksum import weights_checksum
     from asyncrl.sync.collective import WeightSender
     from asyncrl.sync.snapshot import save_snapshot
@@ -152,7 +152,7 @@ def sync(
         sender.start()
         snap_dir = Path(tempfile.mkdtemp(prefix="bench-sync-", dir=out_dir))
         cmd = [
-            sys.executable, "-m", "asyncrl.ops.bench_sync",
+            sys.executable, "-m", "asyncrl.bench.sync",
             "--store-port", str(store_port), "--weights-port", str(weights_port),
             "--shape", shape, "--rounds", str(rounds + 1), "--bucket-bytes", str(bucket_bytes),
             "--backend", cfg.sync.backend, "--dir", str(snap_dir),
@@ -217,7 +217,7 @@ def sync(
         )
     figures: dict[str, Any] = {"transfer": results}
     if pause_resume:
-        from asyncrl.ops.bench import sync_pause
+        from asyncrl.bench.sync_pause import sync_pause
 
         console.rule("a whole sync: pause -> transfer -> load -> resumed, modes (c) and (d)")
         figures["sync_pause"] = sync_pause(

@@ -1,0 +1,100 @@
+"""``asyncrl bench sync-pause``: the same workload in mode (c) and mode (d), one after the other.
+
+In mode (c) a sync waits for every in-flight sample to finish; in mode (d) it interrupts them between two
+tokens and logs them to ``partials``. The figure of merit is the time the trainer waits from
+SyncRequested until every worker has paused. The workload is the ``sim`` engine's long-tail
+response lengths (most responses short, one in ten near ``max_response_length``), the case
+partial rollout exists for: in mode (c) nearly every sync waits for some long response.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from asyncrl.config import RunConfig, load_config
+
+SYNC_PAUSE_DEFAULTS = [
+    "async_training.staleness_threshold=0.5",
+    "actor_rollout_ref.rollout.name=sim",
+    "data.max_response_length=256",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.rollout.max_concurrent_samples=8",
+    "trainer.total_training_steps=30",
+    "trainer.target_accuracy=null",
+    "trainer.test_freq=0",
+    "output_dir=runs/bench",
+]
+
+
+def step_rows(cfg: RunConfig) -> list[dict[str, Any]]:
+    """The per-step rows of a run's metrics file (the summary row left out)."""
+    with open(cfg.run_dir / "metrics.jsonl") as f:
+        return [row for row in map(json.loads, f) if "step" in row]
+
+
+def partial_totals(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(partial trajectories trained on, max span) over a run's step rows.
+
+    ``fully_async/partial/total_partial_num`` counts the trajectories of one step's batch that
+    span more than one weight version (verl's per-batch figure), so the run's total is the sum.
+    """
+    num = sum(int(row.get("fully_async/partial/total_partial_num", 0)) for row in rows)
+    span = max((int(row.get("fully_async/partial/max_partial_span", 0)) for row in rows), default=0)
+    return num, span
+
+
+def sync_pause(config: str | None, overrides: list[str], console: Console) -> dict[str, Any]:
+    """Run mode (c) then mode (d) on the same workload; print and return the figures."""
+    from asyncrl.launch.launcher import run
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    results: dict[str, dict[str, Any]] = {}
+    for mode, partial in (("c", "false"), ("d", "true")):
+        cfg = load_config(
+            config,
+            [
+                *SYNC_PAUSE_DEFAULTS,
+                *overrides,
+                f"async_training.partial_rollout={partial}",
+                f"run_id=sync-pause-{mode}-{stamp}",
+            ],
+        )
+        console.rule(f"mode ({mode})")
+        summary = run(cfg, console)
+        n_partial, span = partial_totals(step_rows(cfg))
+        results[mode] = {
+            **summary,
+            "partial_trajectories": n_partial,
+            "max_partial_span": span,
+            "samples_per_s": summary["samples_trained"] / summary["elapsed_s"],
+        }
+    table = Table(title="sync pause: mode (c) vs mode (d), same workload")
+    cols = ("mode", "syncs", "pause mean s", "pause max s", "pause->resumed s", "samples/s")
+    for col in (*cols, "partial trajectories"):
+        table.add_column(col, justify="right")
+    for mode, r in results.items():
+        table.add_row(
+            mode,
+            str(r["syncs"]),
+            f"{r['sync_pause_s_mean']:.3f}",
+            f"{r['sync_pause_s_max']:.3f}",
+            f"{r['sync_resumed_s_mean']:.3f}",
+            f"{r['samples_per_s']:.1f}",
+            str(r["partial_trajectories"]),
+        )
+    console.print(table)
+    c, d = results["c"], results["d"]
+    ratio = c["sync_pause_s_mean"] / max(d["sync_pause_s_mean"], 1e-9)
+    console.print(
+        f"mean sync pause: mode (c) {c['sync_pause_s_mean'] * 1e3:.0f} ms, "
+        f"mode (d) {d['sync_pause_s_mean'] * 1e3:.0f} ms: (c)/(d) = {ratio:.2f}x; "
+        f"whole sync (SyncRequested -> last RolloutResumed): "
+        f"(c) {c['sync_resumed_s_mean'] * 1e3:.0f} ms, (d) {d['sync_resumed_s_mean'] * 1e3:.0f} ms; "
+        f"throughput (d)/(c) = {d['samples_per_s'] / c['samples_per_s']:.2f}x"
+    )
+    return {"c": c, "d": d, "pause_ratio_c_over_d": ratio}
