@@ -23,7 +23,8 @@ import torch
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.consumers.update import grpo_update
-from asyncrl.models.tiny import load_policy, warm_start_metrics
+from asyncrl.models.tiny import warm_start_metrics
+from asyncrl.models.warm_start import load_policy
 from asyncrl.producers.agent.factory import held_out_accuracy, make_runner
 from asyncrl.producers.agent.loop import AgentRunner
 from asyncrl.producers.agent.state import AgentState

@@ -69,7 +69,7 @@ class Trainer:
     def __init__(
         self, cfg: RunConfig, bootstrap: str, on_step: Callable[[dict], None] | None = None
     ):
-        from asyncrl.models.policy import load_policy
+        from asyncrl.models.warm_start import load_policy
         from asyncrl.producers.agent.factory import held_out_set
 
         self.cfg = cfg

@@ -84,7 +84,8 @@ def prepare_policy(cfg: RunConfig, console: Console) -> None:
     """Build and warm-start the policy once, before any process needs it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from asyncrl.models.tiny import load_policy, policy_dir, warm_start_metrics
+    from asyncrl.models.tiny import policy_dir, warm_start_metrics
+    from asyncrl.models.warm_start import load_policy
 
     if cfg.actor_rollout_ref.model.path is not None:
         from asyncrl.models.policy import load_tokenizer

@@ -22,7 +22,7 @@ from rich.live import Live
 
 from asyncrl.config import RunConfig
 from asyncrl.kafka import Record
-from asyncrl.ops.monitor import RunMonitor, feed
+from asyncrl.ops.monitor_stats import RunMonitor, feed
 
 
 def read(

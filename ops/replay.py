@@ -69,7 +69,7 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
     """Re-run ``step`` with ``cfg``'s settings; print and return recorded vs replayed."""
     from asyncrl.consumers.checkpoint import load_checkpoint
     from asyncrl.consumers.update import grpo_update
-    from asyncrl.models.policy import load_policy
+    from asyncrl.models.warm_start import load_policy
     from asyncrl.sync.checksum import weights_checksum
 
     record = find_step(cfg, bootstrap, step)

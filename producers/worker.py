@@ -173,7 +173,7 @@ class IdleClock:
 
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, worker_id: int, bootstrap: str) -> None:
-        from asyncrl.models.policy import load_policy
+        from asyncrl.models.warm_start import load_policy
         from asyncrl.producers.engines.factory import make_engine
         from asyncrl.producers.reward import make_reward
 

@@ -50,7 +50,7 @@ def _rescore(cfg: RunConfig, state_dict: dict, rows: list[tuple]) -> tuple[Any, 
     import torch
 
     from asyncrl.consumers.grpo import build_batch, token_logprobs
-    from asyncrl.models.tiny import load_policy
+    from asyncrl.models.warm_start import load_policy
 
     model, tokenizer = load_policy(cfg)
     model.load_state_dict(state_dict)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from asyncrl.config import RunConfig
+    from asyncrl.models.tiny import Builder
 
 PATH_KEY = "actor_rollout_ref.model.path"
 
@@ -82,12 +83,14 @@ def _with_tiny_template(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def load_policy(cfg: RunConfig) -> tuple[torch.nn.Module, Any]:
-    """(model in eval mode, float32 on the CPU; its tokenizer) for this run's config."""
+def load_policy(cfg: RunConfig, build: Builder | None = None) -> tuple[torch.nn.Module, Any]:
+    """(model in eval mode, float32 on the CPU; its tokenizer) for this run's config: the
+    checkpoint at ``model.path``, or the cached demo policy (``build`` makes a missing one;
+    ``asyncrl.models.warm_start.load_policy`` passes it)."""
     if cfg.actor_rollout_ref.model.path is None:
         from asyncrl.models.tiny import load_policy as load_tiny
 
-        model, tokenizer = load_tiny(cfg)
+        model, tokenizer = load_tiny(cfg, build)
         return model, _with_tiny_template(tokenizer)
     import torch
     from transformers import AutoModelForCausalLM

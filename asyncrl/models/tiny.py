@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from asyncrl.tasks.arithmetic import Problem, make_splits, score, teacher_answer
+from asyncrl.tasks.arithmetic import Problem, teacher_answer
 
 if TYPE_CHECKING:
     from asyncrl.config import ModelConfig, RunConfig
@@ -36,9 +35,13 @@ if TYPE_CHECKING:
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 CHARS = "0123456789+-*=() "
 """Every character the tokenizer knows; anything else maps to <unk>."""
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 """Bump when the tokenizer, architecture or warm-start recipe changes: it invalidates caches."""
 METRICS_FILE = "warm_start.json"
+Builder = Callable[
+    ["RunConfig"], "tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]"
+]
+"""Builds a config's warm-started policy: (model, tokenizer, metrics to keep beside it)."""
 
 
 def build_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
@@ -146,123 +149,6 @@ def supervised_step(
     return float(loss.detach())
 
 
-@torch.no_grad()
-def greedy_accuracy(
-    model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerFast,
-    problems: list[Problem],
-    max_new_tokens: int = 8,
-    batch_size: int = 256,
-) -> float:
-    """Share of ``problems`` whose greedy completion scores 1.0 (the demo's held-out metric)."""
-    from asyncrl.producers.engines.base import GenRequest
-    from asyncrl.producers.engines.hf import HFEngine
-
-    engine = HFEngine(model, tokenizer, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    correct = 0.0
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
-        reqs = [
-            GenRequest(str(i), tokenizer(p.prompt)["input_ids"], max_new_tokens, greedy=True)
-            for i, p in enumerate(chunk)
-        ]
-        for p, res in zip(chunk, engine.generate(reqs), strict=True):
-            correct += score(p.answer, tokenizer.decode(res.response_ids, skip_special_tokens=True))
-    return correct / max(len(problems), 1)
-
-
-def warm_start(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
-    train_problems: list[Problem],
-    model_cfg: ModelConfig,
-    seed: int = 0,
-    val_problems: list[Problem] | None = None,
-    max_new_tokens: int = 8,
-    on_step: Callable[[int, int, float], None] | None = None,
-) -> dict[str, Any]:
-    """Supervised training on the sloppy teacher's answers; returns metrics.
-
-    ``on_step(step, total, loss)`` is called after every step (for progress output).
-
-    Each target is the carry-less answer with probability ``warmup_drop_carry_prob``, else the
-    correct one (see :func:`asyncrl.tasks.arithmetic.teacher_answer`).
-
-    Cross-entropy on the answer tokens and EOS only (the prompt is given, not learned), AdamW at
-    ``warmup_lr``, batches of ``warmup_batch_size`` drawn with a generator seeded by ``seed``.
-    Stops after ``warmup_steps`` or, earlier, once greedy accuracy on a fixed probe of 200
-    *training* prompts reaches ``warmup_target_accuracy`` (val is never used to stop; it is only
-    measured at the end when given).
-    """
-    t0 = time.perf_counter()
-    pairs = encode_problems(tokenizer, train_problems)
-    sloppy = encode_problems(tokenizer, train_problems, drop_carry=True)
-    probe = train_problems[:200]
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=model_cfg.warmup_lr, weight_decay=0.0)
-    pad = tokenizer.pad_token_id
-    loss_val, steps, probe_acc = float("nan"), 0, float("nan")
-    target = model_cfg.warmup_target_accuracy
-    model.train()
-    for step in range(1, model_cfg.warmup_steps + 1):
-        idx = torch.randint(len(pairs), (model_cfg.warmup_batch_size,), generator=gen).tolist()
-        drop = torch.rand(len(idx), generator=gen) < model_cfg.warmup_drop_carry_prob
-        rows = [sloppy[i] if d else pairs[i] for i, d in zip(idx, drop.tolist(), strict=True)]
-        loss_val = supervised_step(model, opt, [(p, a, [1] * len(a)) for p, a in rows], pad)
-        steps = step
-        if on_step is not None:
-            on_step(step, model_cfg.warmup_steps, loss_val)
-        if target is not None and step % model_cfg.warmup_eval_every == 0:
-            model.eval()
-            probe_acc = greedy_accuracy(model, tokenizer, probe, max_new_tokens)
-            model.train()
-            if probe_acc >= target:
-                break
-    model.eval()
-    metrics: dict[str, Any] = {
-        "warmup_steps_run": steps,
-        "warmup_loss": loss_val,
-        "warmup_probe_accuracy": None if probe_acc != probe_acc else probe_acc,  # NaN: no probe
-        "warmup_seconds": time.perf_counter() - t0,
-    }
-    if val_problems is not None:
-        metrics["warmup_val_accuracy"] = greedy_accuracy(
-            model, tokenizer, val_problems, max_new_tokens
-        )
-    return metrics
-
-
-def _warm_start_calculator(
-    cfg: RunConfig, on_step: Callable[[int, int, float], None] | None
-) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
-    """The tool task's policy: the tokenizer gains ``[]?``, the teacher sometimes calls the
-    calculator (``warmup_tool_prob``); measured by greedy agent runs on val."""
-    from asyncrl.models.agent_warmup import warm_start_turns
-    from asyncrl.producers.agent.factory import evaluate_agent
-    from asyncrl.tasks import calculator
-
-    mc = cfg.actor_rollout_ref.model
-    tokenizer = task_tokenizer(cfg.data)
-    model = build_model(mc, len(tokenizer), cfg.data.seed)
-    train, val = calculator.make_splits(cfg.data)
-    metrics = warm_start_turns(
-        model,
-        tokenizer,
-        train,
-        calculator.teacher_turns,
-        tool_prob=mc.warmup_tool_prob,
-        steps=mc.warmup_steps,
-        batch_size=mc.warmup_batch_size,
-        lr=mc.warmup_lr,
-        seed=cfg.data.seed,
-        on_step=on_step,
-    )
-    measured = evaluate_agent(cfg, model, tokenizer, val)
-    metrics["warmup_val_accuracy"] = measured["accuracy"]
-    metrics["warmup_val_tool_use"] = measured["tool_use"]
-    return model, tokenizer, metrics
-
-
 NOT_IN_CACHE_KEY = {
     "model": {"cache_dir", "path", "trust_remote_code"},
     # Response length caps generation only, not the warm start (answers are <= 4 tokens),
@@ -294,9 +180,10 @@ def policy_dir(cfg: RunConfig) -> Path:
 
 
 def load_policy(
-    cfg: RunConfig, on_step: Callable[[int, int, float], None] | None = None
+    cfg: RunConfig, build: Builder | None = None
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
-    """The warm-started policy (eval mode, float32, CPU) and its tokenizer, built once per config.
+    """The warm-started policy (eval mode, float32, CPU) and its tokenizer, built once per config
+    by ``build`` (``asyncrl.models.warm_start.build``; without one, a missing entry is an error).
 
     The first caller builds, warm-starts and saves into a fresh temp dir beside the cache entry,
     then renames it into place; rename is atomic, so a racing process either wins or finds the
@@ -307,22 +194,12 @@ def load_policy(
     final = policy_dir(cfg)
     if not (final / METRICS_FILE).exists():
         final.parent.mkdir(parents=True, exist_ok=True)
-        if cfg.data.task == "calculator":
-            model, tokenizer, metrics = _warm_start_calculator(cfg, on_step)
-        else:
-            tokenizer = build_tokenizer()
-            model = build_model(cfg.actor_rollout_ref.model, len(tokenizer), cfg.data.seed)
-            train, val = make_splits(cfg.data)
-            metrics = warm_start(
-                model,
-                tokenizer,
-                train,
-                cfg.actor_rollout_ref.model,
-                seed=cfg.data.seed,
-                val_problems=val,
-                max_new_tokens=cfg.data.max_response_length,
-                on_step=on_step,
+        if build is None:
+            raise RuntimeError(
+                f"the demo policy of this config is not built yet ({final}): load it with "
+                "asyncrl.models.warm_start.load_policy, which builds it (asyncrl run does)"
             )
+        model, tokenizer, metrics = build(cfg)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
             model.save_pretrained(tmp, safe_serialization=True)

@@ -16,6 +16,7 @@ from asyncrl.producers.agent.parser import SingleTurn, ToolParser, make_parser
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.engines.base import Engine
 from asyncrl.producers.tools.registry import ToolExecutor, load_tools
+from asyncrl.tasks.arithmetic import Problem, score
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +182,6 @@ def held_out_accuracy(
     ``problems`` are its rows and accuracy is their mean reward (:func:`evaluate_rows`)."""
     import torch
 
-    from asyncrl.models.tiny import greedy_accuracy
-
     rollout = cfg.actor_rollout_ref.rollout
     if cfg.data.from_files:
         with torch.no_grad():
@@ -197,3 +196,31 @@ def held_out_accuracy(
             model, tokenizer, problems, max_new_tokens=cfg.data.max_response_length
         )
     return {"accuracy": acc}
+
+
+def greedy_accuracy(
+    model: Any,
+    tokenizer: Any,
+    problems: list[Problem],
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+) -> float:
+    """Share of ``problems`` whose greedy completion scores 1.0 (the demo's held-out metric)."""
+    import torch
+
+    from asyncrl.producers.engines.base import GenRequest
+    from asyncrl.producers.engines.hf import HFEngine
+
+    engine = HFEngine(model, tokenizer, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    correct = 0.0
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        reqs = [
+            GenRequest(str(i), tokenizer(p.prompt)["input_ids"], max_new_tokens, greedy=True)
+            for i, p in enumerate(chunk)
+        ]
+        with torch.no_grad():
+            results = engine.generate(reqs)
+        for p, res in zip(chunk, results, strict=True):
+            correct += score(p.answer, tokenizer.decode(res.response_ids, skip_special_tokens=True))
+    return correct / max(len(problems), 1)

@@ -44,7 +44,7 @@ def test_a_calculator_run_calls_the_tool_and_trains_on_the_models_tokens_only(
     summary = run(cfg, Console(file=io.StringIO(), width=160))
     assert summary["step"] == STEPS
 
-    from asyncrl.models.tiny import load_policy
+    from asyncrl.models.warm_start import load_policy
 
     _, tok = load_policy(cfg)
     samples = [r.value for r in read_topic(cfg, "samples")]

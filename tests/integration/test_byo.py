@@ -35,7 +35,7 @@ def _checkpoint(demo_policy: tuple[str, ...], out: Path) -> Path:
     """The demo's warm-started tiny policy saved as a Hugging Face checkpoint with a chat
     template (the messages' text after <bos>: the tokens it was warm-started on)."""
     from asyncrl.models.policy import TINY_CHAT_TEMPLATE
-    from asyncrl.models.tiny import load_policy
+    from asyncrl.models.warm_start import load_policy
 
     model, tokenizer = load_policy(load_config(overrides=list(demo_policy)))
     tokenizer.chat_template = TINY_CHAT_TEMPLATE

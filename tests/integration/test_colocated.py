@@ -29,7 +29,7 @@ def calculator_cfg(policy_dir, tmp_path):
 
 
 def test_colocated_rollouts_call_the_calculator_with_tool_tokens_masked(calculator_cfg):
-    from asyncrl.models.tiny import load_policy
+    from asyncrl.models.warm_start import load_policy
     from asyncrl.producers.agent.factory import make_runner
     from asyncrl.producers.engines.hf import HFEngine
     from asyncrl.tasks import splits

@@ -12,7 +12,7 @@ import torch
 from rich.console import Console
 
 from asyncrl.launch.launcher import run
-from asyncrl.models.tiny import load_policy
+from asyncrl.models.warm_start import load_policy
 from asyncrl.ops.inspect_log import inspect_topic
 from asyncrl.schemas import control as ev
 from tests.helpers import read_topic, token_logprob_errors

@@ -6,10 +6,11 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from asyncrl.config import ModelConfig
-from asyncrl.models.agent_warmup import encode_turns, warm_start_turns
 from asyncrl.models.tiny import CHARS, build_model, build_tokenizer
+from asyncrl.models.warm_start import encode_turns, warm_start_turns
 from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
 from asyncrl.producers.agent.parser import CompactParser, HermesParser, make_parser
 from asyncrl.producers.agent.state import AgentState, Phase
@@ -190,7 +191,12 @@ def policy(tok):
 
     train, val = calc.make_splits(Data)
     model = build_model(ModelConfig(hidden_size=64, intermediate_size=128), len(tok), seed=0)
-    warm_start_turns(model, tok, train, calc.teacher_turns, tool_prob=1.0, steps=200)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same weights whatever ran before (as warm_start.build)
+    try:
+        warm_start_turns(model, tok, train, calc.teacher_turns, tool_prob=1.0, steps=200)
+    finally:
+        torch.set_num_threads(threads)
     return model, val
 
 

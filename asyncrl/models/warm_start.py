@@ -1,0 +1,215 @@
+"""The demo policy's supervised warm start, before RL: build a tiny model from its config and
+teach it the task from a teacher's answers, so that RL has something to improve.
+
+Arithmetic: the teacher mostly forgets to carry (:func:`asyncrl.tasks.arithmetic.teacher_answer`).
+The calculator task: multi-turn teacher trajectories that call the tool with
+``warmup_tool_prob``; the loss is on the model's own tokens only, as in RL (tool responses are
+context, mask 0), so the policy learns to write calls and read results.
+
+Its held-out accuracy is measured as the trainer measures it before its first step
+(``held_out_accuracy``), so the launcher's warm-start line and ``val/accuracy_initial`` agree.
+:func:`load_policy` is what processes call: a checkpoint (``model.path``), or the demo policy,
+built here on first use and cached (``asyncrl.models.tiny``).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from asyncrl.models import policy
+from asyncrl.models.tiny import (
+    build_model,
+    build_tokenizer,
+    encode_problems,
+    supervised_step,
+    task_tokenizer,
+)
+from asyncrl.producers.agent.factory import greedy_accuracy, held_out_accuracy, held_out_set
+from asyncrl.tasks.arithmetic import EOS_TEXT, Problem, make_splits
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+    from asyncrl.config import ModelConfig, RunConfig
+
+OnStep = Callable[[int, int, float], None]
+"""``on_step(step, total, loss)``, after every warm-start step (progress output)."""
+
+
+def load_policy(cfg: RunConfig, on_step: OnStep | None = None) -> tuple[torch.nn.Module, Any]:
+    """(model in eval mode, float32 on the CPU; its tokenizer) for this run's config: the
+    checkpoint at ``model.path``, or the demo policy, warm-started here the first time."""
+    return policy.load_policy(cfg, build=functools.partial(build, on_step=on_step))
+
+
+def build(
+    cfg: RunConfig, on_step: OnStep | None = None
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
+    """A config's demo policy, warm-started, with its metrics (kept beside it in the cache)."""
+    mc = cfg.actor_rollout_ref.model
+    threads = torch.get_num_threads()
+    # One thread: the same weights on every machine (a sum over threads rounds differently,
+    # and the cache key cannot see how many threads the building process had).
+    torch.set_num_threads(1)
+    try:
+        model, tokenizer, metrics = _train(cfg, mc, on_step)
+    finally:
+        torch.set_num_threads(threads)
+    measured = held_out_accuracy(cfg, model, tokenizer, held_out_set(cfg, tokenizer))
+    metrics["warmup_val_accuracy"] = measured["accuracy"]
+    if "tool_use" in measured:
+        metrics["warmup_val_tool_use"] = measured["tool_use"]
+    return model, tokenizer, metrics
+
+
+def _train(
+    cfg: RunConfig, mc: ModelConfig, on_step: OnStep | None
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
+    if cfg.data.task == "calculator":
+        from asyncrl.tasks import calculator
+
+        tokenizer = task_tokenizer(cfg.data)
+        model = build_model(mc, len(tokenizer), cfg.data.seed)
+        train, _val = calculator.make_splits(cfg.data)
+        metrics = warm_start_turns(
+            model,
+            tokenizer,
+            train,
+            calculator.teacher_turns,
+            tool_prob=mc.warmup_tool_prob,
+            steps=mc.warmup_steps,
+            batch_size=mc.warmup_batch_size,
+            lr=mc.warmup_lr,
+            seed=cfg.data.seed,
+            on_step=on_step,
+        )
+    else:
+        tokenizer = build_tokenizer()
+        model = build_model(mc, len(tokenizer), cfg.data.seed)
+        train, _val = make_splits(cfg.data)
+        metrics = warm_start(
+            model,
+            tokenizer,
+            train,
+            mc,
+            seed=cfg.data.seed,
+            max_new_tokens=cfg.data.max_response_length,
+            on_step=on_step,
+        )
+    return model, tokenizer, metrics
+
+
+def warm_start(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    train_problems: list[Problem],
+    model_cfg: ModelConfig,
+    seed: int = 0,
+    max_new_tokens: int = 8,
+    on_step: Callable[[int, int, float], None] | None = None,
+) -> dict[str, Any]:
+    """Supervised training on the sloppy teacher's answers; returns metrics.
+
+    ``on_step(step, total, loss)`` is called after every step (for progress output).
+
+    Each target is the carry-less answer with probability ``warmup_drop_carry_prob``, else the
+    correct one (see :func:`asyncrl.tasks.arithmetic.teacher_answer`).
+
+    Cross-entropy on the answer tokens and EOS only (the prompt is given, not learned), AdamW at
+    ``warmup_lr``, batches of ``warmup_batch_size`` drawn with a generator seeded by ``seed``.
+    Stops after ``warmup_steps`` or, earlier, once greedy accuracy on a fixed probe of 200
+    *training* prompts reaches ``warmup_target_accuracy`` (val is never used to stop).
+    """
+    t0 = time.perf_counter()
+    pairs = encode_problems(tokenizer, train_problems)
+    sloppy = encode_problems(tokenizer, train_problems, drop_carry=True)
+    probe = train_problems[:200]
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=model_cfg.warmup_lr, weight_decay=0.0)
+    pad = tokenizer.pad_token_id
+    loss_val, steps, probe_acc = float("nan"), 0, float("nan")
+    target = model_cfg.warmup_target_accuracy
+    model.train()
+    for step in range(1, model_cfg.warmup_steps + 1):
+        idx = torch.randint(len(pairs), (model_cfg.warmup_batch_size,), generator=gen).tolist()
+        drop = torch.rand(len(idx), generator=gen) < model_cfg.warmup_drop_carry_prob
+        rows = [sloppy[i] if d else pairs[i] for i, d in zip(idx, drop.tolist(), strict=True)]
+        loss_val = supervised_step(model, opt, [(p, a, [1] * len(a)) for p, a in rows], pad)
+        steps = step
+        if on_step is not None:
+            on_step(step, model_cfg.warmup_steps, loss_val)
+        if target is not None and step % model_cfg.warmup_eval_every == 0:
+            model.eval()
+            probe_acc = greedy_accuracy(model, tokenizer, probe, max_new_tokens)
+            model.train()
+            if probe_acc >= target:
+                break
+    model.eval()
+    metrics: dict[str, Any] = {
+        "warmup_steps_run": steps,
+        "warmup_loss": loss_val,
+        "warmup_probe_accuracy": None if probe_acc != probe_acc else probe_acc,  # NaN: no probe
+        "warmup_seconds": time.perf_counter() - t0,
+    }
+    return metrics
+
+
+Turns = Callable[[Problem, bool], list[tuple[str, str]]]
+"""``(problem, use_tool) -> [(role, text), ...]``: a task's teacher trajectory."""
+
+
+def encode_turns(
+    tokenizer: Any, problem: Problem, turns: Sequence[tuple[str, str]]
+) -> tuple[list[int], list[int], list[int]]:
+    """(prompt_ids, response_ids, response_mask): mask 1 on assistant tokens (EOS included)."""
+    prompt = tokenizer(problem.prompt)["input_ids"]
+    ids: list[int] = []
+    mask: list[int] = []
+    for role, text in turns:
+        eos = text.endswith(EOS_TEXT)
+        part = tokenizer(text.removesuffix(EOS_TEXT), add_special_tokens=False)["input_ids"]
+        part = part + ([tokenizer.eos_token_id] if eos else [])
+        ids += part
+        mask += [1 if role == "assistant" else 0] * len(part)
+    return prompt, ids, mask
+
+
+def warm_start_turns(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    problems: list[Problem],
+    turns: Turns,
+    tool_prob: float,
+    steps: int,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+    on_step: Callable[[int, int, float], None] | None = None,
+) -> dict[str, Any]:
+    """``steps`` of AdamW on teacher trajectories that use the tool with ``tool_prob``."""
+    t0 = time.perf_counter()
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    pad = tokenizer.pad_token_id
+    loss_val = float("nan")
+    model.train()
+    for step in range(1, steps + 1):
+        rows = [
+            encode_turns(tokenizer, p, turns(p, rng.random() < tool_prob))
+            for p in rng.choices(problems, k=batch_size)
+        ]
+        loss_val = supervised_step(model, opt, rows, pad)
+        if on_step is not None:
+            on_step(step, steps, loss_val)
+    model.eval()
+    return {
+        "warmup_steps_run": steps,
+        "warmup_loss": loss_val,
+        "warmup_seconds": time.perf_counter() - t0,
+    }
