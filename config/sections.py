@@ -268,6 +268,16 @@ class SyncConfig(Strict):
     verify_checksum: bool = True
     """Workers hash the received weights and compare with the trainer's hash (bit-for-bit check)."""
 
+    @property
+    def bucket_bytes(self) -> int:
+        """``bucket_size_mb`` in bytes, as both ends plan their buckets."""
+        return int(self.bucket_size_mb * 1024 * 1024)
+
+    @property
+    def transport_backend(self) -> str:
+        """The backend both ends use: ``auto`` is gloo (the workers generate on CPU)."""
+        return "gloo" if self.backend == "auto" else self.backend
+
 
 class SimConfig(Strict):
     """The `sim` engine's latency model (rollout.name=sim): benchmarks of the pipeline at scale."""

@@ -70,7 +70,8 @@ from asyncrl.schemas.sample import TAG as SAMPLE_TAG
 from asyncrl.schemas.sample import Sample, Trajectory, encode_sample
 from asyncrl.sync.channel import ControlChannel
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.collective import ManifestMismatchError, WeightReceiver
+from asyncrl.sync.collective import ManifestMismatchError
+from asyncrl.sync.transport import WeightSink, make_sink
 from asyncrl.telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ class RolloutWorker:
         """This process's lifetime; a restarted worker gets a new one (WorkerStarted says it)."""
         self.publisher = Publisher(cfg.kafka, bootstrap)
         self.dead_letter = (self.publisher, cfg.topic("dead-letter"))
-        self.control = ControlChannel(
+        self.control = ControlChannel.connect(
             cfg, bootstrap, self.publisher, worker=worker_id, incarnation=self.incarnation
         )
         self.budget = RolloutBudget(
@@ -222,7 +223,7 @@ class RolloutWorker:
         self.stopping = False
         """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
         self.idle = IdleClock()
-        self.receiver: WeightReceiver | None = None
+        self.receiver: WeightSink | None = None
         self.recovery = RecoveryIndex()
         self.rescan = False
         """Set when the prompts group is rebalanced: re-read the log before the next admission."""
@@ -230,16 +231,7 @@ class RolloutWorker:
     # --- weights --------------------------------------------------------------------------------
     def _join_collective(self) -> None:
         """Announce this incarnation and form its pair with the trainer (see sync.collective)."""
-        sc = self.cfg.sync
-        if sc.master_port is None:
-            raise RuntimeError("sync.master_port is not set (the launcher sets it for each run)")
-        self.receiver = WeightReceiver(
-            master_addr=sc.master_addr,
-            master_port=sc.master_port,
-            backend=sc.backend,
-            device=next(self.engine.model.parameters()).device,
-            timeout_s=sc.timeout_s,
-        )
+        self.receiver = make_sink(self.cfg, next(self.engine.model.parameters()).device)
         self.receiver.join(
             self.worker_id,
             self.incarnation,
@@ -265,7 +257,7 @@ class RolloutWorker:
         assert self.receiver is not None
         t0 = time.monotonic()
         try:
-            self.receiver.receive_into(self.engine.model, self._bucket_bytes)
+            self.receiver.receive_into(self.engine.model, self.cfg.sync.bucket_bytes)
         except ManifestMismatchError:
             raise
         except RuntimeError as err:  # the pair failed: the trainer died mid-transfer
@@ -306,10 +298,6 @@ class RolloutWorker:
             )
         )
         return published
-
-    @property
-    def _bucket_bytes(self) -> int:
-        return int(self.cfg.sync.bucket_size_mb * 1024 * 1024)
 
     def _new_trainer(self, event: ev.ControlEvent) -> bool:
         """A TrainerResumed of a trainer this worker has not joined: its versions are above

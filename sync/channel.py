@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from asyncrl.config import RunConfig
 from asyncrl.kafka import Publisher, Reader
+from asyncrl.kafka.interfaces import Sink, Source
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 
@@ -21,21 +22,24 @@ E = TypeVar("E", bound=ev.ControlEvent)
 
 
 def last_logged_version(cfg: RunConfig, bootstrap: str) -> int:
-    """The highest weight version on the run's control topic (SyncRequested or
-    WeightsPublished; -1 if none): a resumed trainer publishes its weights above it, so a
-    version number is never reused for other weights."""
+    """The highest weight version on the run's control topic (-1 if none): a resumed trainer
+    publishes its weights above it, so a version number is never reused for other weights."""
     from asyncrl.kafka.records import read_records
     from asyncrl.schemas import DecodeError
 
-    highest = -1
+    events = []
     for rec in read_records(cfg, bootstrap, "control"):
         try:
-            event = ev.decode_event(rec.value, rec.headers)
+            events.append(ev.decode_event(rec.value, rec.headers))
         except DecodeError:
             continue  # dead-lettered by the trainer that read it first
-        if isinstance(event, (ev.SyncRequested, ev.WeightsPublished)):
-            highest = max(highest, event.version)
-    return highest
+    return highest_version(events)
+
+
+def highest_version(events: Iterable[ev.ControlEvent]) -> int:
+    """The highest version SyncRequested or WeightsPublished names (-1 if none)."""
+    versions = [e.version for e in events if isinstance(e, (ev.SyncRequested, ev.WeightsPublished))]
+    return max(versions, default=-1)
 
 
 class SyncTimeout(TimeoutError):
@@ -46,8 +50,8 @@ class ControlChannel:
     def __init__(
         self,
         cfg: RunConfig,
-        bootstrap: str,
-        publisher: Publisher,
+        publisher: Sink,
+        reader: Source[ev.ControlEvent],
         worker: int = ev.TRAINER,
         timeout_s: float | None = None,
         incarnation: str = "",
@@ -55,20 +59,30 @@ class ControlChannel:
         self.cfg = cfg
         self.topic = cfg.topic("control")
         self.publisher = publisher
+        self.reader = reader
         self.worker = worker
         self.incarnation = incarnation
         """Stamped on every event this process publishes (workers; "" for the trainer)."""
         self.timeout_s = timeout_s if timeout_s is not None else cfg.sync.timeout_s
-        # Every process reads the whole control topic: only the trainer copies a bad record
-        # to dead-letter (once per run, not once per process); workers skip it with a warning.
-        self.reader: Reader[ev.ControlEvent] = Reader(
-            cfg.kafka,
-            bootstrap,
-            ev.decode_event,
-            dead_letter=(publisher, cfg.topic("dead-letter")) if worker == ev.TRAINER else None,
-        )
         self._pending: deque[ev.ControlEvent] = deque()
         self._started = False
+
+    @classmethod
+    def connect(
+        cls,
+        cfg: RunConfig,
+        bootstrap: str,
+        publisher: Publisher,
+        worker: int = ev.TRAINER,
+        timeout_s: float | None = None,
+        incarnation: str = "",
+    ) -> ControlChannel:
+        """A channel over Kafka. Every process reads the whole control topic: only the trainer
+        copies a bad record to dead-letter (once per run, not once per process); workers skip
+        it with a warning."""
+        dead_letter = (publisher, cfg.topic("dead-letter")) if worker == ev.TRAINER else None
+        reader = Reader(cfg.kafka, bootstrap, ev.decode_event, dead_letter=dead_letter)
+        return cls(cfg, publisher, reader, worker, timeout_s, incarnation)
 
     def start(self, from_beginning: bool = False) -> None:
         """Position the reader: at the current end (default), or at the start for a replay."""

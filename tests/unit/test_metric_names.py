@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from asyncrl.config import load_config
-from asyncrl.consumers.trainer import (
+from asyncrl.consumers.step_stats import (
     STALE_SAMPLES,
     STALE_TRAJECTORIES,
     fully_async_metrics,

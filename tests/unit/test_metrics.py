@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.consumers.trainer import staleness_metrics
+from asyncrl.consumers.step_stats import staleness_metrics
 from asyncrl.producers.worker import IdleClock
 from asyncrl.telemetry.metrics import WaitClock
 

@@ -1,0 +1,339 @@
+"""The trainer's side of the weight collective: who is a member, and the sync hand-shake.
+
+A sync, in this order (DESIGN.md section 4):
+1. Publish SyncRequested(v+1) with what the trainer has consumed of each worker.
+2. Wait until every member has published RolloutPaused(v+1). A worker that (re)joins meanwhile
+   has nothing in flight: it counts as paused and gets this sync's weights. One that does not
+   pause within ``sync.timeout_s`` is dropped from the collective.
+3. The version is v+1: broadcast the weights in buckets, then publish WeightsPublished(v+1,
+   checksum, the incarnations reached, the members the new version's budget is split among).
+4. Do not wait for the workers to load and resume: their RolloutResumed events, read later,
+   close the sync's metrics row (``sync`` in ``metrics.jsonl``).
+
+Membership: a worker announces itself (WorkerStarted) and is accepted into the collective; outside
+a sync it gets the current weights at once. A new incarnation of a member replaces the old one.
+A worker that stops (WorkerStopped), or whose pair fails, leaves; what it had not delivered of
+its share of the current version is granted to the others (BudgetGranted), or the version might
+never fill.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from asyncrl.config import RunConfig
+from asyncrl.consumers import spans
+from asyncrl.consumers.step_stats import mean, param_sync_metrics
+from asyncrl.producers.budget import worker_share
+from asyncrl.schemas import control as ev
+from asyncrl.sync.transport import WeightSource
+from asyncrl.telemetry.metrics import WaitClock
+
+log = logging.getLogger(__name__)
+
+
+class Control(Protocol):
+    """What the coordinator needs of the control channel (``sync.channel.ControlChannel``,
+    or ``asyncrl.testing.MemoryControl`` in tests)."""
+
+    def publish(self, event: ev.ControlEvent, flush: bool = True) -> None: ...
+
+    def poll(self, timeout: float) -> list[ev.ControlEvent]: ...
+
+
+Position = Callable[[], tuple[int, dict[int, int]]]
+"""The trainer's step and samples consumed per worker, for the events that carry them."""
+
+
+class SyncCoordinator:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        control: Control,
+        model: torch.nn.Module,
+        checksum: Callable[[], str],
+        position: Position,
+        write_row: Callable[[dict[str, Any]], None],
+        wait_clock: WaitClock,
+        version: int = 0,
+        sender: WeightSource | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.control = control
+        self.sender = sender
+        """The weight transport's sending end (None: a trainer with no workers to feed); set
+        when the trainer's loop starts, which is when workers can join."""
+        self.model = model
+        self.checksum = checksum
+        self.position = position
+        self.write_row = write_row
+        self.version = version
+        self.num_workers = cfg.actor_rollout_ref.rollout.num_workers
+        self.wait_clock = wait_clock
+        """The trainer's waits (for samples, and here for pauses): trainer/idle_ratio."""
+        self.received: Counter[tuple[int, int]] = Counter()
+        """Samples read per (worker, param_version): what a leaving worker delivered."""
+        self.shared_among: dict[int, list[int]] = {}
+        """Per version opened at a sync: the members its budget was split among."""
+        self.unresumed: dict[int, set[int]] = {}
+        """Per version: the members that have not published RolloutResumed for it yet."""
+        self.requested_ts: dict[int, float] = {}
+        """Wall time each version's SyncRequested was published (event ``ts``)."""
+        self.resumed_s: dict[int, float] = {}
+        """Per version: SyncRequested -> the last member's RolloutResumed, a whole sync."""
+        self.load_s: dict[int, float] = {}
+        """Per version: the slowest worker's receive + load (WeightsLoaded.load_s)."""
+        self.trainer_side: dict[int, dict[str, float]] = {}
+        """Per version: the trainer's side of its sync (pause wait, transfer)."""
+        self.pauses: list[float] = []
+        self.rollouter_idle: dict[int, float] = {}
+        self.first_join: float | None = None
+        """When the first worker got its weights: rollout could start (benchmarks time from it)."""
+
+    def take_version_above(self, last: int, step: int, resumed: bool) -> ev.TrainerResumed | None:
+        """A restarted trainer's weights are those of its checkpoint, but an earlier trainer may
+        have published later versions before it died (checkpoints are written before a sync,
+        and not at every step). Reusing those numbers would give one version two sets of
+        weights; the checkpoint's weights get the next free number above ``last`` (the log's
+        highest) instead, and the restart is logged (the TrainerResumed returned, published
+        once the collective is up: workers join on it), which also marks the earlier trainer's
+        later steps as void. None for a fresh run."""
+        if last < 0 and not resumed:
+            return None
+        checkpoint_version = self.version
+        self.version = max(checkpoint_version, last + 1)
+        log.info(
+            "resumed at step %d: the checkpoint's weights (version %d) are published as "
+            "version %d (the log holds versions up to %d)",
+            *(step, checkpoint_version, self.version, last),
+        )
+        return ev.TrainerResumed(
+            run_id=self.cfg.run_id,
+            version=self.version,
+            step=step,
+            checkpoint_version=checkpoint_version,
+            last_logged_version=last,
+        )
+
+    @property
+    def members(self) -> dict[int, str]:
+        """worker -> incarnation of every worker in the weight collective."""
+        return self.sender.members if self.sender is not None else {}
+
+    # --- weights --------------------------------------------------------------------------------
+    def publish_weights(self, pause_wait_s: float = 0.0, workers: list[int] | None = None) -> None:
+        """Send the current weights to ``workers`` (default: every member) and announce them
+        on ``control``, naming the incarnations that received them."""
+        step, consumed = self.position()
+        stats_bytes, buckets, transfer_s = 0, 0, 0.0
+        delivered: dict[int, str] = {}
+        if self.sender is not None:
+            sent = self.sender.broadcast(self.model, self.cfg.sync.bucket_bytes, workers)
+            stats_bytes, buckets = sent.stats.bytes, sent.stats.buckets
+            transfer_s, delivered = sent.stats.seconds, sent.delivered
+        checksum = self.checksum() if self.cfg.sync.verify_checksum else ""
+        if workers is None and step > 0:  # a sync: the new version is split among these
+            self.shared_among[self.version] = sorted(self.members)
+        self.control.publish(
+            ev.WeightsPublished(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                transfer_s=transfer_s,
+                pause_wait_s=pause_wait_s,
+                bytes=stats_bytes,
+                buckets=buckets,
+                checksum=checksum,
+                step=step,
+                incarnations=sorted(delivered.values()),
+                consumed={str(w): c for w, c in consumed.items()},
+                # A joiner takes its share of the version as it was split ([]: the
+                # configured shares, at start-up), not as if it had been there at the sync.
+                members=self.shared_among.get(self.version, []),
+            )
+        )
+        if workers is None:
+            self.trainer_side[self.version] = {"pause_s": pause_wait_s, "transfer_s": transfer_s}
+            if step > 0:
+                self.pauses.append(pause_wait_s)
+
+    def sync(self, trigger: Span = trace.INVALID_SPAN) -> dict[str, float]:
+        """Steps 1-3 of the module docstring; returns the sync's ``timing_s/param_sync*``."""
+        t0 = time.monotonic()
+        step, consumed = self.position()
+        new_version = self.version + 1
+        request = ev.SyncRequested(
+            run_id=self.cfg.run_id,
+            version=new_version,
+            step=step,
+            consumed={str(w): c for w, c in consumed.items()},
+        )
+        self.requested_ts[new_version] = request.ts
+        with trace.use_span(spans.sync_span(new_version, trigger), end_on_exit=True):
+            self.control.publish(request)  # carries this span's context to the workers
+            with spans.phase("sync.pause"), self.wait_clock.waiting():
+                self._wait_for_pauses(new_version)
+            self.version = new_version
+            with spans.phase("sync.transfer"):
+                self.publish_weights(pause_wait_s=time.monotonic() - t0)
+        self.unresumed[new_version] = set(self.members)
+        side = self.trainer_side[new_version]
+        return param_sync_metrics(time.monotonic() - t0, side["pause_s"], side["transfer_s"])
+
+    def _wait_for_pauses(self, version: int) -> None:
+        """Until every member has paused for ``version`` (step 2)."""
+        waiting = dict(self.members)
+        deadline = time.monotonic() + self.cfg.sync.timeout_s
+        while waiting:
+            for event in self.control.poll(0.1):
+                if isinstance(event, ev.RolloutPaused) and event.version == version:
+                    if waiting.get(event.worker) == event.incarnation:
+                        del waiting[event.worker]
+                elif isinstance(event, ev.WorkerStarted):
+                    if self.join(event, syncing=True):
+                        waiting.pop(event.worker, None)
+                else:
+                    self.on_event(event)
+            for worker in set(waiting) - set(self.members):  # left during the wait
+                del waiting[worker]
+            if waiting and time.monotonic() > deadline:
+                for worker in waiting:
+                    self.leave(worker, f"no RolloutPaused({version}) within sync.timeout_s")
+                break
+
+    # --- membership -----------------------------------------------------------------------------
+    def join(self, event: ev.WorkerStarted, syncing: bool = False) -> bool:
+        """Accept a worker's announcement; outside a sync, send it the current weights now.
+
+        Returns True if the worker is (now) a member. Repeated announcements of a member are
+        ignored; a new incarnation replaces the old one, which is gone.
+        """
+        if self.sender is None or self.members.get(event.worker) == event.incarnation:
+            return self.sender is not None
+        old = self.members.get(event.worker)
+        if not self.sender.connect(event.worker, event.incarnation):
+            return False
+        log.info(
+            "worker %d joined (incarnation %s%s)",
+            event.worker,
+            event.incarnation,
+            f", replacing {old}" if old else "",
+        )
+        if not syncing:
+            self.publish_weights(workers=[event.worker])
+        if self.first_join is None:
+            self.first_join = time.monotonic()
+        return True
+
+    def leave(self, worker: int, why: str) -> None:
+        if self.sender is not None and worker in self.members:
+            log.warning("worker %d leaves the weight collective: %s", worker, why)
+            self.sender.disconnect(worker)
+            self._hand_over_share(worker)
+
+    def _hand_over_share(self, worker: int) -> None:
+        """A worker left mid-version: grant the others what it had not delivered of its share,
+        or the version might never fill (its prompts are redelivered to them).
+
+        Its share is computed as the worker computed it (budget.py); what it delivered is what
+        arrived here from it under this version. Its stale samples are not subtracted (the
+        trainer does not know them), so the grant can exceed what is missing by those.
+        """
+        v, total = self.version, self.cfg.max_samples_per_version
+        members = self.shared_among.get(v)
+        if members is None:  # opened at start-up: the configured shares
+            if not 0 <= worker < self.num_workers:
+                return
+            share = worker_share(total, self.num_workers, worker)
+        elif worker in members:
+            share = worker_share(total, len(members), members.index(worker))
+        else:
+            return
+        missing = share - self.received[(worker, v)]
+        rest = sorted(self.members)
+        for i, w in enumerate(rest):
+            count = worker_share(max(missing, 0), len(rest), i)
+            if count:
+                self.control.publish(
+                    ev.BudgetGranted(
+                        run_id=self.cfg.run_id,
+                        version=v,
+                        target_worker=w,
+                        count=count,
+                        reason=f"worker {worker} left with {missing} of its share undelivered",
+                    )
+                )
+
+    # --- events ---------------------------------------------------------------------------------
+    def handle_control(self) -> None:
+        """Serve what arrived on ``control`` without waiting (between two steps)."""
+        for event in self.control.poll(0.0):
+            if isinstance(event, ev.WorkerStarted):
+                self.join(event)
+            else:
+                self.on_event(event)
+
+    def on_event(self, event: ev.ControlEvent) -> None:
+        if isinstance(event, ev.WeightsLoaded) and event.version in self.requested_ts:
+            self.load_s[event.version] = max(event.load_s, self.load_s.get(event.version, 0.0))
+        if isinstance(event, ev.RolloutResumed):
+            self.rollouter_idle[event.worker] = event.idle_ratio
+            requested = self.requested_ts.get(event.version)
+            if requested is not None:  # the last worker to resume ends the sync
+                took = event.ts - requested
+                self.resumed_s[event.version] = max(took, self.resumed_s.get(event.version, 0.0))
+                self._resumed_by(event.version, event.worker)
+        elif isinstance(event, ev.WeightsLoaded) and not event.checksum_ok:
+            raise RuntimeError(
+                f"worker {event.worker} loaded weights of version {event.version} that "
+                "differ from the trainer's (checksum mismatch)"
+            )
+        elif (
+            isinstance(event, ev.WorkerStopped)
+            and self.members.get(event.worker) == event.incarnation
+        ):
+            self.leave(event.worker, f"stopped ({event.reason})")
+
+    def _resumed_by(self, version: int, worker: int) -> None:
+        """Once every member resumed ``version``, log the whole sync as one metrics row (step 4)."""
+        waiting = self.unresumed.get(version)
+        if waiting is None:
+            return
+        waiting.discard(worker)
+        waiting &= set(self.members)  # a worker that left will not answer
+        if waiting:
+            return
+        del self.unresumed[version]
+        side = self.trainer_side.get(version, {})
+        self.write_row(
+            {
+                "sync": {
+                    "version": version,
+                    "pause_s": side.get("pause_s", 0.0),
+                    "transfer_s": side.get("transfer_s", 0.0),
+                    "load_s": self.load_s.get(version, 0.0),
+                    "resumed_s": self.resumed_s[version],
+                }
+            }
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The run's syncs, for the trainer's summary."""
+        return {
+            "syncs": len(self.pauses),
+            "sync_pause_s_mean": mean(self.pauses),
+            "sync_pause_s_max": max(self.pauses, default=0.0),
+            "sync_resumed_s_mean": mean(self.resumed_s.values()),
+            "sync_resumed_s_max": max(self.resumed_s.values(), default=0.0),
+        }
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()

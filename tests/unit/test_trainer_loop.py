@@ -1,0 +1,164 @@
+"""The trainer's loop and its sync coordinator, broker-free: over ``asyncrl.testing``'s in-memory
+broker and weight transport (the same code paths as over Kafka and the collective; the broker
+tests in tests/integration cover those)."""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrl.config import load_config
+from asyncrl.consumers.coordinator import SyncCoordinator
+from asyncrl.consumers.trainer import Trainer
+from asyncrl.producers.budget import worker_share
+from asyncrl.schemas import SCHEMA_HEADER
+from asyncrl.schemas import control as ev
+from asyncrl.schemas.sample import TAG as SAMPLE_TAG
+from asyncrl.schemas.sample import Sample, Trajectory, encode_sample
+from asyncrl.schemas.step import decode_step
+from asyncrl.telemetry.metrics import WaitClock
+from asyncrl.testing import LocalWeights, MemoryBroker, trainer_io
+from tests.helpers import SMALL
+
+WARM = ["actor_rollout_ref.model.warmup_steps=100"]
+
+
+def _cfg(tmp_path, *overrides):
+    return load_config(
+        overrides=[*SMALL, *WARM, f"output_dir={tmp_path}", "run_id=mem", *overrides]
+    )
+
+
+def _publish_group(broker, cfg, prompt: int, version: int, worker: int = 0) -> list[str]:
+    """A group of ``n`` samples of one prompt (rewards 0 and 1, so GRPO has a signal)."""
+    ids = []
+    n = cfg.actor_rollout_ref.rollout.n
+    for i in range(n):
+        trajectory = Trajectory(
+            [5, 6, 2],
+            [-0.5, -0.4, -0.3],
+            float(i % 2),
+            param_version=version,
+            param_version_start=version,
+        )
+        sample = Sample(f"p{prompt}-{i}", f"p{prompt}", worker, [1, 7, 8], "3", [trajectory])
+        broker.publisher().publish(
+            cfg.topic("samples"),
+            sample.sample_id,
+            encode_sample(sample),
+            headers={SCHEMA_HEADER: SAMPLE_TAG},
+        )
+        ids.append(sample.sample_id)
+    return ids
+
+
+def test_a_trainer_step_filters_stale_samples_and_logs_the_step(tmp_path):
+    cfg = _cfg(
+        tmp_path,
+        "async_training.max_version_lag=1",
+        "trainer.total_training_steps=1",
+        "actor_rollout_ref.rollout.num_workers=0",
+    )
+    broker = MemoryBroker()
+    # An earlier trainer published version 2: this one starts above it, at 3.
+    broker.control(cfg).publish(
+        ev.WeightsPublished(run_id=cfg.run_id, version=2, step=4, checksum="")
+    )
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
+    assert trainer.version == 3
+    stale = _publish_group(broker, cfg, prompt=0, version=1)  # 3 - 1 > max_version_lag
+    fresh = _publish_group(broker, cfg, prompt=1, version=2)
+    summary = trainer.run()
+    trainer.close()
+
+    (step,) = [decode_step(r.value, r.headers) for r in broker.topics[cfg.topic("steps")]]
+    assert step.sample_ids == fresh and step.version == 3
+    dropped = [e for e in broker.events(cfg) if isinstance(e, ev.SamplesDropped)]
+    assert sorted(i for e in dropped for i in e.sample_ids) == sorted(stale)
+    assert all(e.target_worker == 0 for e in dropped)  # the worker's budget is refunded
+    assert summary["dropped"] == {"max_version_lag": 4} and summary["step"] == 1
+    kinds = [type(e).__name__ for e in broker.events(cfg)]
+    assert kinds[1] == "TrainerResumed" and kinds[-1] == "RunFinished"
+
+
+def test_a_mode_c_sync_waits_for_the_pause_then_sends_the_weights(tmp_path):
+    cfg = _cfg(tmp_path, "trainer.total_training_steps=2", "sync.master_port=1")
+    broker = MemoryBroker()
+    weights = LocalWeights()
+    worker = weights.sink(0)
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights))
+    worker_control = broker.control(cfg, worker=0, incarnation="inc-a")
+
+    def scripted_worker(record) -> None:
+        """Pauses when asked, as a worker in mode (c) with nothing in flight does."""
+        if record.topic == cfg.topic("control"):
+            event = ev.decode_event(record.value, record.headers)
+            if isinstance(event, ev.SyncRequested):
+                worker_control.publish(
+                    ev.RolloutPaused(run_id=cfg.run_id, version=event.version, worker=0)
+                )
+
+    broker.reactions.append(scripted_worker)
+    worker_control.publish(ev.WorkerStarted(run_id=cfg.run_id, version=0, worker=0))
+    _publish_group(broker, cfg, prompt=0, version=0)
+    _publish_group(broker, cfg, prompt=1, version=0)
+    trainer.run()
+
+    events = broker.events(cfg)
+    kinds = [type(e).__name__ for e in events]
+    request = kinds.index("SyncRequested")
+    assert kinds[request : request + 3] == ["SyncRequested", "RolloutPaused", "WeightsPublished"]
+    published = [e for e in events if isinstance(e, ev.WeightsPublished)]
+    assert [(e.version, e.incarnations) for e in published] == [(0, ["inc-a"]), (1, ["inc-a"])]
+    assert published[1].pause_wait_s < 1.0  # the pause was there at the first poll
+    assert weights.sent == [[0], [0]]  # at the join, then at the sync
+    sent = worker.pending[-1]
+    trained = trainer.model.state_dict()
+    # The sync sent the weights after step 1 (the trainer has done step 2 since).
+    assert set(sent) == set(trained) and trainer.step == 2
+    trainer.close()
+
+
+def test_workers_join_and_leave_the_coordinator(tmp_path):
+    cfg = _cfg(tmp_path, "actor_rollout_ref.rollout.num_workers=2")
+    broker = MemoryBroker()
+    weights = LocalWeights()
+    for w in (0, 1):
+        weights.sink(w)
+    rows: list[dict] = []
+    coordinator = SyncCoordinator(
+        cfg,
+        broker.control(cfg),
+        model=torch.nn.Linear(2, 2),
+        checksum=lambda: "c",
+        position=lambda: (0, {}),
+        write_row=rows.append,
+        wait_clock=WaitClock(),
+    )
+    coordinator.sender = weights
+    coordinator.control.start()
+    worker = {w: broker.control(cfg, worker=w, incarnation=f"i{w}") for w in (0, 1)}
+    for w in (0, 1):
+        worker[w].publish(ev.WorkerStarted(run_id=cfg.run_id, version=0, worker=w))
+    worker[0].publish(ev.WorkerStarted(run_id=cfg.run_id, version=0, worker=0))  # repeated
+    coordinator.handle_control()
+    assert coordinator.members == {0: "i0", 1: "i1"}
+    assert weights.sent == [[0], [1]]  # each got the weights once, at its join
+    assert coordinator.first_join is not None
+
+    # Worker 0 delivered 1 sample of version 0, then stops: the rest of its share goes to 1.
+    coordinator.received[(0, 0)] = 1
+    worker[0].publish(
+        ev.WorkerStopped(run_id=cfg.run_id, version=0, worker=0, reason="stopped", produced=3)
+    )
+    coordinator.handle_control()
+    assert coordinator.members == {1: "i1"}
+    (grant,) = [e for e in broker.events(cfg) if isinstance(e, ev.BudgetGranted)]
+    share = worker_share(cfg.max_samples_per_version, 2, 0)
+    assert share > 1 and (grant.target_worker, grant.count) == (1, share - 1)
+
+    # A new incarnation of worker 1 replaces the old one and gets the weights again.
+    broker.control(cfg, worker=1, incarnation="i1b").publish(
+        ev.WorkerStarted(run_id=cfg.run_id, version=0, worker=1)
+    )
+    coordinator.handle_control()
+    assert coordinator.members == {1: "i1b"} and weights.sent[-1] == [1]
