@@ -43,6 +43,12 @@ set ASYNCRL_DEBUG=1 for the Python traceback.
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
+    """--config and overrides; the subcommand's --help ends with every config key (from the
+    config models' docstrings, as docs/configuration.md)."""
+    from asyncrl.ops.config_docs import config_help
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = (p.epilog + "\n\n" if p.epilog else "") + config_help()
     p.add_argument("--config", help="run config YAML (default: the embedded demo config)")
     p.add_argument(
         "overrides",

@@ -132,6 +132,21 @@ def config_reference() -> str:
     return "\n".join(lines) + "\n" + verl_reference()
 
 
+def config_help(width: int = 100) -> str:
+    """The config keys with their types, defaults and docstrings, for ``--help``."""
+    import textwrap
+
+    lines = [
+        "config keys (set them in --config FILE or as key.path=value; verl's names load too;",
+        "docs/configuration.md is the same list as a table):",
+    ]
+    for key, type_name, default, desc in _rows(RunConfig, ""):
+        head = f"  {key}  [{type_name}" + (f", default {default.strip('`')}]" if default else "]")
+        lines.append(head)
+        lines += textwrap.wrap(desc, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines) + "\n"
+
+
 def _table(title: str, header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
     """One subsection of the verl key tables, as markdown lines (a blank line before it)."""
     out = ["", f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

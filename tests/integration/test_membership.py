@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -36,21 +35,7 @@ SETTINGS = [
 ]
 
 
-def _pid_of_worker(config_path: Path, worker_id: int) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        wanted = b"rollout" in argv and str(config_path).encode() in argv
-        if wanted and argv[argv.index(b"--worker-id") + 1] == str(worker_id).encode():
-            return int(entry.name)
-    return None
-
-
-def _add_then_remove(cfg, stop: threading.Event, out: dict) -> None:
+def _add_then_remove(cfg, stop: threading.Event, out: dict, pids: dict[str, int]) -> None:
     """At step 2 start worker 2 (a new id) by hand, as a user would; once it has published a
     sample, SIGTERM worker 1."""
     config_path = cfg.run_dir / "config.yaml"
@@ -73,10 +58,8 @@ def _add_then_remove(cfg, stop: threading.Event, out: dict) -> None:
                     )
             for rec in samples.poll(0.1):
                 if rec.headers.get("asyncrl-worker") == b"2" and "removed" not in out:
-                    pid = _pid_of_worker(config_path, 1)
-                    if pid is not None:
-                        os.kill(pid, signal.SIGTERM)
-                        out["removed"] = rec.offset
+                    os.kill(pids["rollout-1"], signal.SIGTERM)  # from the launcher
+                    out["removed"] = rec.offset
             if "removed" in out:
                 return
 
@@ -101,11 +84,11 @@ MODES = {
 def test_a_worker_is_added_and_one_removed_mid_run(make_run_cfg, quick_policy, mode):
     cfg = make_run_cfg(*quick_policy, *SETTINGS, *MODES[mode])
     assert cfg.async_training.mode == mode
-    stop, out = threading.Event(), {}
-    helper = threading.Thread(target=_add_then_remove, args=(cfg, stop, out), daemon=True)
+    stop, out, pids = threading.Event(), {}, {}
+    helper = threading.Thread(target=_add_then_remove, args=(cfg, stop, out, pids), daemon=True)
     helper.start()
     try:
-        summary = run(cfg, Console(file=io.StringIO(), width=160))
+        summary = run(cfg, Console(file=io.StringIO(), width=160), on_spawn=pids.__setitem__)
     finally:
         stop.set()
         helper.join(timeout=10)

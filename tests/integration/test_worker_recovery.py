@@ -10,7 +10,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -37,21 +36,9 @@ MODE_D = [
 ]
 
 
-def _worker_pid(config_path: Path) -> int | None:
-    """The pid of the rollout worker started with ``config_path`` (as a user would find it)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"rollout" in argv and str(config_path).encode() in argv:
-            return int(entry.name)
-    return None
-
-
-def _kill_with_unfinished_partials(cfg, stop: threading.Event, out: dict) -> None:
+def _kill_with_unfinished_partials(
+    cfg, stop: threading.Event, out: dict, pids: dict[str, int]
+) -> None:
     """Freeze the worker right after a sync interrupted samples; SIGKILL it if one of them is
     still unfinished on the log (else let it go on and try at the next sync)."""
     bootstrap = cfg.kafka.bootstrap_servers
@@ -66,7 +53,7 @@ def _kill_with_unfinished_partials(cfg, stop: threading.Event, out: dict) -> Non
                 for r in control.poll(0.05)
                 if isinstance(r.value, ev.RolloutPaused) and r.value.n_partial > 0
             ]
-            pid = _worker_pid(config_path) if paused else None
+            pid = pids.get("rollout-0") if paused else None  # from the launcher
             if pid is None:
                 continue
             os.kill(pid, signal.SIGSTOP)
@@ -90,11 +77,12 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
     cfg = make_run_cfg(*quick_policy, *MODE_D)
     killed: dict = {}
     stop = threading.Event()
-    killer = threading.Thread(target=_kill_with_unfinished_partials, args=(cfg, stop, killed))
+    pids: dict[str, int] = {}
+    killer = threading.Thread(target=_kill_with_unfinished_partials, args=(cfg, stop, killed, pids))
     killer.start()
     out = io.StringIO()
     try:
-        summary = run(cfg, Console(file=out, width=200))
+        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
     finally:
         stop.set()
         killer.join(30)

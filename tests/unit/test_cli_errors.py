@@ -93,3 +93,18 @@ def test_the_help_says_how_to_get_a_traceback(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "ASYNCRL_DEBUG=1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["run", "train", "rollout", "inspect"])
+def test_a_subcommands_help_lists_every_config_key_with_its_docstring(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncrl.config import RunConfig
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    field = RunConfig.model_fields["async_training"].annotation.model_fields["staleness_threshold"]
+    assert "async_training.staleness_threshold  [float, default 0.5]" in out
+    assert " ".join(field.description.split())[:60] in " ".join(out.split())
+    assert "actor_rollout_ref.rollout.n  [" in out and "kafka.bootstrap_servers  [" in out
