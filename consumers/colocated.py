@@ -2,7 +2,8 @@
 
 Every step: take ``ppo_mini_batch_size`` prompts, sample ``rollout.n`` responses for each with
 the current weights (through the same agent loop as the rollout workers, so the calculator
-task's tool calls run here too, and generation waits for them), score them, turn rewards into
+task's tool calls run here too; each decoding step waits for the calls it started, so a run
+with the same seed repeats exactly), score them, turn rewards into
 group-relative advantages, do one clipped policy-gradient update. No Kafka, no processes, no
 staleness: what the async system must match in accuracy and beat in throughput.
 
@@ -110,7 +111,9 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     engine = HFEngine(
         model, tok, arr.rollout.temperature, tok.eos_token_id, tok.pad_token_id, cfg.trainer.seed
     )
-    runner = make_runner(cfg, tok, engine)
+    # Waiting for each step's tool calls (no overlap with decoding, which a synchronous
+    # baseline does not claim anyway) makes a run repeat exactly: see AgentRunner.
+    runner = make_runner(cfg, tok, engine, wait_for_tools=True)
     opt = torch.optim.AdamW(
         model.parameters(), lr=actor.optim.lr, weight_decay=actor.optim.weight_decay
     )

@@ -29,8 +29,15 @@ def shipped_tools_path() -> Path:
 
 
 def make_runner(
-    cfg: RunConfig, tokenizer: Any, engine: Engine, greedy: bool = False
+    cfg: RunConfig,
+    tokenizer: Any,
+    engine: Engine,
+    greedy: bool = False,
+    wait_for_tools: bool = False,
 ) -> AgentRunner:
+    """The run's agent runner. ``wait_for_tools`` trades the overlap of tool calls with
+    decoding for runs that repeat exactly (see :class:`AgentRunner`): on for the held-out
+    evaluation and the colocated baseline, off for rollout workers."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     parser: ToolParser
     if mt.enable:
@@ -46,12 +53,13 @@ def make_runner(
         tools, parser = {}, SingleTurn()
         limits = AgentLimits(1, 0, cfg.data.max_response_length, 1)
     loop = AgentLoop(tokenizer, parser, limits, greedy=greedy)
-    return AgentRunner(loop, engine, ToolExecutor(tools))
+    return AgentRunner(loop, engine, ToolExecutor(tools), wait_for_tools=wait_for_tools)
 
 
 def _eval_runner(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
     """The agent runner of a held-out evaluation: the policy on an hf engine, greedy or
-    sampled with a fixed seed (``rollout.val_kwargs.do_sample``)."""
+    sampled with a fixed seed (``rollout.val_kwargs.do_sample``), waiting for each step's tool
+    calls so that the same weights always score the same (``AgentRunner.wait_for_tools``)."""
     from asyncrl.producers.engines.hf import HFEngine
 
     rollout = cfg.actor_rollout_ref.rollout
@@ -63,7 +71,9 @@ def _eval_runner(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
         tokenizer.pad_token_id,
         seed=cfg.trainer.seed,
     )
-    return make_runner(cfg, tokenizer, engine, greedy=not rollout.val_kwargs.do_sample)
+    return make_runner(
+        cfg, tokenizer, engine, greedy=not rollout.val_kwargs.do_sample, wait_for_tools=True
+    )
 
 
 def evaluate_agent(

@@ -192,12 +192,32 @@ class AgentLoop:
 
 
 class AgentRunner:
-    """Many trajectories through one engine and one tool executor, a decoding step at a time."""
+    """Many trajectories through one engine and one tool executor, a decoding step at a time.
 
-    def __init__(self, loop: AgentLoop, engine: Engine, executor: ToolExecutor) -> None:
+    ``wait_for_tools`` (default off) makes every :meth:`step` block, after its decoding step,
+    until each tool call and user reply then pending has come back, and take them in the
+    order they were started. Off, a step takes only the results that have already arrived, so
+    other trajectories keep decoding while a tool runs (a rollout worker's throughput); but
+    then *when* a result lands (wall-clock) decides which decoding step its trajectory rejoins,
+    hence which sequences share each batch and which draws of the engine's one sampling
+    generator each of them gets: sampled trajectories, and their accuracy, change from run to
+    run. On, a trajectory rejoins the batch at the step after the one that started its call,
+    whatever the call's latency, so a run is a function of the weights, the engine's seed and
+    the requests (held-out evaluation, the colocated baseline). A call's wait is bounded by its
+    tool's timeout (``Tool.call``).
+    """
+
+    def __init__(
+        self,
+        loop: AgentLoop,
+        engine: Engine,
+        executor: ToolExecutor,
+        wait_for_tools: bool = False,
+    ) -> None:
         self.loop = loop
         self.engine = engine
         self.executor = executor
+        self.wait_for_tools = wait_for_tools
         self.states: dict[str, AgentState] = {}
         self._tools: dict[str, Future[list[ToolResult]]] = {}
         self._users: dict[str, Future[tuple[bool, str]]] = {}
@@ -229,21 +249,26 @@ class AgentRunner:
             self._done.append((rid, self.states.pop(rid)))
 
     def step(self) -> list[tuple[str, AgentState]]:
-        """One decoding step and whatever tool results arrived; returns trajectories that ended."""
+        """One decoding step, then the tool results and user replies that arrived (with
+        ``wait_for_tools``: all of them, waited for); returns trajectories that ended."""
         if self.engine.num_active:
             for result in self.engine.step():
                 state = self.states[result.request_id]
                 self.loop.on_turn(state, result)
                 self._dispatch(result.request_id, state)
+        # Snapshots taken here, after the engine step: with wait_for_tools, the calls this very
+        # step started are waited for too (a fast tool would otherwise race the next poll).
         for rid, future in list(self._tools.items()):
-            if future.done():
+            if self.wait_for_tools or future.done():
+                results = future.result()
                 del self._tools[rid]
-                self.loop.on_tool_results(self.states[rid], future.result())
+                self.loop.on_tool_results(self.states[rid], results)
                 self._dispatch(rid, self.states[rid])
         for rid, reply in list(self._users.items()):
-            if reply.done():
+            if self.wait_for_tools or reply.done():
+                answer = reply.result()
                 del self._users[rid]
-                self.loop.on_user_reply(self.states[rid], *reply.result())
+                self.loop.on_user_reply(self.states[rid], *answer)
                 self._dispatch(rid, self.states[rid])
         done, self._done = self._done, []
         return done

@@ -68,3 +68,20 @@ def test_colocated_trains_on_the_calculator_task_and_reports_tool_use(calculator
     assert sum(h["agent/tool_calls/mean"] for h in history[1:]) > 0
     assert all(h["num_turns/mean"] >= 2 for h in history[1:])  # verl's: the prompt counts
     assert history[-1]["time_s"] > history[1]["time_s"] > 0
+
+
+TIMINGS = {"time_s", "gen_samples_per_s", "train_samples_per_s", "agent/tool_latency_s/mean"}
+
+
+def test_the_colocated_baseline_repeats_exactly_with_the_same_seed(calculator_cfg):
+    """Its rollouts and held-out evaluations wait for each step's tool calls, so when a call
+    comes back cannot change which draws a trajectory gets (AgentRunner.wait_for_tools)."""
+    runs = [
+        [
+            {k: v for k, v in h.items() if k not in TIMINGS}
+            for h in colocated(calculator_cfg, log=lambda _: None)
+        ]
+        for _ in range(2)
+    ]
+    assert sum(h["agent/tool_calls/mean"] for h in runs[0][1:]) > 0
+    assert runs[0] == runs[1]

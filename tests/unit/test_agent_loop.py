@@ -3,6 +3,9 @@ it in every state (greedy, a real tiny model that learned to call the calculator
 
 import asyncio
 import json
+import random
+import time
+from concurrent.futures import Future
 from dataclasses import replace
 
 import pytest
@@ -290,6 +293,88 @@ def test_greedy_decoding_is_deterministic_here(tok, policy):
         a = _runner(tok, model, executor).run("r", AgentState(tok(val[1].prompt)["input_ids"]))
         b = _runner(tok, model, executor).run("r", AgentState(tok(val[1].prompt)["input_ids"]))
     assert replace(a, tool_seconds=0.0) == replace(b, tool_seconds=0.0)  # all but timing
+
+
+# --- waiting for tools: sampled runs that repeat --------------------------------------------------
+class _SlowCalculator(CalculatorTool):
+    """The calculator, answering after a random 0-20 ms (a loaded sandbox, a remote tool)."""
+
+    async def execute(self, arguments):
+        await asyncio.sleep(random.uniform(0.0, 0.02))
+        return await super().execute(arguments)
+
+
+class _SlowRetry(_Retry):
+    """``_Retry``, replying after a random 0-20 ms."""
+
+    async def respond(self, state, answer):
+        await asyncio.sleep(random.uniform(0.0, 0.02))
+        return state.user_turns >= 1, "?"
+
+
+class _Late(Future):
+    """A result that is already in but says it is not done for its first ``polls`` polls."""
+
+    def __init__(self, result, polls: int) -> None:
+        super().__init__()
+        self.set_result(result)
+        self.polls = polls
+
+    def done(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0
+
+
+class _LateExecutor(ToolExecutor):
+    """Every call and reply turns up 0-5 polls late, the same pattern for the same seed: the
+    arrival order of slow tools, reproducibly."""
+
+    def __init__(self, tools, seed: int) -> None:
+        super().__init__(tools)
+        self.rng = random.Random(seed)
+
+    def submit(self, calls):
+        return _Late(super().submit(calls).result(), self.rng.randrange(6))
+
+    def submit_coroutine(self, coro):
+        return _Late(super().submit_coroutine(coro).result(), self.rng.randrange(6))
+
+
+def _sample(tok, model, prompts, executor, interaction, wait_for_tools: bool) -> dict:
+    """Three sampled trajectories per prompt, all in one batch (seed 0), timings left out."""
+    loop = _loop(tok, interaction=interaction, greedy=False, max_user_turns=1)
+    engine = HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
+    runner = AgentRunner(loop, engine, executor, wait_for_tools=wait_for_tools)
+    for i, p in enumerate(prompts):
+        for j in range(3):
+            runner.add(f"{i}/{j}", AgentState(tok(p.prompt)["input_ids"]))
+    done = {}
+    while runner.busy:
+        done.update(runner.step())
+        if not engine.num_active:
+            time.sleep(0.001)
+    return {rid: replace(state, tool_seconds=0.0) for rid, state in done.items()}
+
+
+def test_waiting_for_tools_makes_sampled_runs_repeat_whatever_the_tools_latency(tok, policy):
+    model, val = policy
+    runs = []
+    for _ in range(2):
+        with ToolExecutor({"calculator": _SlowCalculator()}) as executor:
+            runs.append(_sample(tok, model, val[:8], executor, _SlowRetry(), True))
+    assert len(runs[0]) == 24 and sum(s.tool_calls for s in runs[0].values()) > 0
+    assert sum(s.user_turns for s in runs[0].values()) > 0
+    assert len({tuple(s.response_ids) for s in runs[0].values()}) > 8  # sampled, not one per prompt
+    assert runs[0] == runs[1]
+    # Results that arrive some polls late, in a seeded pattern: waiting, the same trajectories
+    # again; polling, the pattern decides which sequences share a step and draw, so they differ.
+    late = {}
+    for wait in (True, False):
+        for seed in (1, 2):
+            with _LateExecutor({"calculator": CalculatorTool()}, seed) as executor:
+                late[wait, seed] = _sample(tok, model, val[:8], executor, _Retry(), wait)
+    assert late[True, 1] == late[True, 2] == runs[0]
+    assert late[False, 1] != late[False, 2]
 
 
 def test_a_hermes_turn_runs_its_calls_and_appends_the_responses_as_context():
