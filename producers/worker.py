@@ -42,12 +42,9 @@ the unfilled share of one that leaves is granted to the others (BudgetGranted).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -55,121 +52,32 @@ from asyncrl.config import RunConfig
 from asyncrl.kafka import Publisher, Record
 from asyncrl.models.policy import encode_prompt
 from asyncrl.producers.agent.factory import make_runner
-from asyncrl.producers.agent.state import AgentState, Phase
+from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
+from asyncrl.producers.in_flight import InFlight
 from asyncrl.producers.prompt_source import PromptSource
 from asyncrl.producers.recovery import WORKER_HEADER, RecoveryIndex
 from asyncrl.producers.reward import RewardCall, Scored
-from asyncrl.producers.spans import SampleTrace, sync_span
+from asyncrl.producers.spans import sync_span
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.partial import TAG as PARTIAL_TAG
 from asyncrl.schemas.partial import PartialSample, encode_partial
 from asyncrl.schemas.prompt import PromptRecord
 from asyncrl.schemas.sample import TAG as SAMPLE_TAG
-from asyncrl.schemas.sample import Sample, Trajectory, encode_sample
+from asyncrl.schemas.sample import encode_sample
 from asyncrl.sync.channel import ControlChannel
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import ManifestMismatchError
 from asyncrl.sync.transport import WeightSink, make_sink
 from asyncrl.telemetry import tracing
+from asyncrl.telemetry.metrics import WaitClock
 
 log = logging.getLogger(__name__)
 
 
 class TrainerGone(RuntimeError):
     """The trainer this worker joined is gone; a restarted one must be joined."""
-
-
-@dataclass
-class InFlight:
-    """A sample being generated: its prompt and the trajectories finished so far."""
-
-    prompt: Record[PromptRecord]
-    prompt_ids: list[int]
-    version_start: int
-    t_start: float
-    done: dict[int, Trajectory] = field(default_factory=dict)
-    segments: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
-    """Per trajectory: (segment_starts, segment_versions), grown at each continuation."""
-    interrupted: dict[int, AgentState] = field(default_factory=dict)
-    """Trajectories cut short by a sync, waiting to be continued."""
-    trace: SampleTrace = field(default_factory=SampleTrace)
-
-    def segments_of(self, index: int) -> tuple[list[int], list[int]]:
-        return self.segments.setdefault(index, ([0], [self.version_start]))
-
-    def trajectory(
-        self,
-        index: int,
-        state: AgentState,
-        reward: float,
-        t_end: float,
-        reward_s: float = 0.0,
-        scored: Scored | None = None,
-    ) -> Trajectory:
-        """Trajectory ``index`` as generated so far, with its segments and their versions
-        (``scored``: its reward's failure and extra numbers, if it has been scored)."""
-        starts, versions = self.segments_of(index)
-        done = state.phase == Phase.TERMINATED
-        return Trajectory(
-            response_ids=list(state.response_ids),
-            response_logprobs=list(state.response_logprobs),
-            response_mask=list(state.response_mask),
-            reward=reward,
-            finish_reason=state.finish_reason if done else "abort",
-            num_turns=state.num_turns,
-            tool_calls=state.tool_calls,
-            tool_errors=state.tool_errors,
-            tool_s=state.tool_seconds,
-            param_version=versions[-1],
-            param_version_start=versions[0],
-            segment_starts=list(starts),
-            segment_versions=list(versions),
-            t_start=self.t_start,
-            t_end=t_end,
-            reward_s=reward_s,
-            reward_error=scored.error if scored else "",
-            reward_extra=json.dumps(scored.extra) if scored and scored.extra else "",
-        )
-
-    def sample(self, sample_id: str, worker_id: int, trajectories: list[Trajectory]) -> Sample:
-        p = self.prompt.value
-        return Sample(
-            sample_id=sample_id,
-            prompt_id=p.prompt_id,
-            worker_id=worker_id,
-            prompt_ids=self.prompt_ids,
-            ground_truth=p.ground_truth,
-            trajectories=trajectories,
-        )
-
-
-class IdleClock:
-    """Wall time with nothing to generate, per sync window (rollouter/idle_ratio)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self.window_start = clock()
-        self.idle = 0.0
-        self._since: float | None = None
-
-    def set_idle(self, idle: bool) -> None:
-        now = self.clock()
-        if idle and self._since is None:
-            self._since = now
-        elif not idle and self._since is not None:
-            self.idle += now - self._since
-            self._since = None
-
-    def close_window(self) -> float:
-        """Idle ratio of the window that ends now; starts the next window."""
-        now = self.clock()
-        idle = self.idle + (now - self._since if self._since is not None else 0.0)
-        ratio = idle / max(now - self.window_start, 1e-9)
-        self.window_start, self.idle = now, 0.0
-        self._since = now if self._since is not None else None
-        return ratio
 
 
 class RolloutWorker:
@@ -222,7 +130,8 @@ class RolloutWorker:
         self.finished = False
         self.stopping = False
         """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
-        self.idle = IdleClock()
+        self.idle = WaitClock()
+        """Idle time (nothing to generate) per sync window: rollouter/idle_ratio."""
         self.receiver: WeightSink | None = None
         self.recovery = RecoveryIndex()
         self.rescan = False
@@ -335,7 +244,7 @@ class RolloutWorker:
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
-        self.idle.set_idle(True)
+        self.idle.set_waiting(True)
         self._await_new_trainer()
         if self.finished:
             return
@@ -367,7 +276,7 @@ class RolloutWorker:
                 worker=self.worker_id,
                 budget=allowed,
                 num_stale=stale,
-                idle_ratio=self.idle.close_window(),
+                idle_ratio=self.idle.close_window()[0],
             )
         )
         log.info(
@@ -427,21 +336,7 @@ class RolloutWorker:
         interrupted = [(sid, fl) for sid, fl in interrupted if fl.interrupted]
         for sample_id, fl in interrupted:
             fl.trace.end_segment(interrupted=True)
-            trajectories = [
-                fl.done[i] if i in fl.done else fl.trajectory(i, fl.interrupted[i], 0.0, now)
-                for i in range(self.rollout.n)
-            ]
-            record = PartialSample(
-                sample=fl.sample(sample_id, self.worker_id, trajectories),
-                interrupted_at_version=self.version,
-                prompt_partition=fl.prompt.partition,
-                prompt_offset=fl.prompt.offset,
-                epoch=fl.prompt.value.epoch,
-                agent_state=[
-                    fl.interrupted[i].to_json() if i in fl.interrupted else ""
-                    for i in range(self.rollout.n)
-                ],
-            )
+            record = fl.partial(sample_id, self.worker_id, self.rollout.n, self.version, now)
             with fl.trace.current():
                 self.publisher.publish(
                     topic, sample_id, encode_partial(record), headers={SCHEMA_HEADER: PARTIAL_TAG}
@@ -471,27 +366,7 @@ class RolloutWorker:
     def _resume_logged(self, rec: Record[PromptRecord], partial: PartialSample) -> None:
         """Continue a sample a previous incarnation logged to ``partials`` (crash recovery)."""
         s = partial.sample
-        fl = InFlight(
-            rec,
-            list(s.prompt_ids),
-            version_start=min(t.param_version_start for t in s.trajectories),
-            t_start=min(t.t_start for t in s.trajectories),
-        )
-        for i, t in enumerate(s.trajectories):
-            if t.finish_reason != "abort":
-                fl.done[i] = t
-                continue
-            fl.segments[i] = (list(t.segment_starts), list(t.segment_versions))
-            if partial.agent_state[i]:
-                fl.interrupted[i] = AgentState.from_json(partial.agent_state[i])
-            else:  # logged before agent states were: one turn, cut while generating
-                fl.interrupted[i] = AgentState(
-                    prompt_ids=list(s.prompt_ids),
-                    phase=Phase.GENERATING,
-                    response_ids=list(t.response_ids),
-                    response_mask=list(t.response_mask),
-                    response_logprobs=list(t.response_logprobs),
-                )
+        fl = InFlight.from_partial(rec, partial)
         self.in_flight[s.sample_id] = fl
         fl.trace.start(
             rec.topic, s.sample_id, rec.headers, rec.partition, rec.offset, self.version, True
@@ -515,6 +390,7 @@ class RolloutWorker:
             self.sync_seen_at = time.monotonic()
             self.sync_seen_ns = time.time_ns()
         elif self._grants_budget(event):
+            assert isinstance(event, (ev.SamplesDropped, ev.BudgetGranted))
             self.budget.refund(event.count)
         elif isinstance(event, ev.RunFinished):
             self.finished = True
@@ -687,6 +563,44 @@ class RolloutWorker:
 
     def run(self) -> int:
         """Serve until the trainer publishes RunFinished; returns the number of samples produced."""
+        self._start()
+        prompts = self.prompts = PromptSource(
+            self.cfg,
+            self.bootstrap,
+            dead_letter=self.dead_letter,
+            on_assign=self._on_prompts_assigned,
+            on_revoke=self._on_prompts_revoked,
+        )
+        try:
+            while not self.finished and not self.stopping:
+                self._serve_control(0.0)
+                # A sync (or a new trainer) goes first once nothing has to finish before it.
+                if self.partial_rollout or not self.in_flight:
+                    if self.trainer_gone is not None:
+                        self._rejoin()
+                        continue
+                    if self.pending_sync is not None:
+                        self._do_sync(self.pending_sync)
+                        continue
+                while self._admit(prompts):
+                    pass
+                self.publisher.poll(0)  # acknowledgements: commit the prompts of acked samples
+                self.publisher.check()
+                self.idle.set_waiting(not self.runner.busy)
+                if self.runner.busy:
+                    self._advance(prompts)
+                else:
+                    prompts.keep_alive()
+                    self._serve_control(0.05)
+            if self.stopping and self.partial_rollout and self.in_flight:
+                self._interrupt()
+        finally:
+            self._leave(prompts)
+        return self.produced
+
+    def _start(self) -> None:
+        """Read the log (what a previous incarnation left), join the collective, receive the
+        trainer's weights and open this version's budget."""
         self.control.start()
         self.recovery = RecoveryIndex.from_log(self.cfg, self.bootstrap)
         self.produced = self.recovery.produced[self.worker_id]
@@ -694,9 +608,7 @@ class RolloutWorker:
             log.info(
                 "worker %d: the log holds %d samples (%d of this worker) and %d unfinished "
                 "partial samples",
-                self.worker_id,
-                len(self.recovery.published),
-                self.produced,
+                *(self.worker_id, len(self.recovery.published), self.produced),
                 len(self.recovery.partials),
             )
         self._join_collective()
@@ -707,94 +619,70 @@ class RolloutWorker:
             sid for sid, p in self.recovery.partials.items() if p.sample.worker_id == self.worker_id
         }
         self._open_budget(welcome.consumed.get(str(self.worker_id), 0), self._split(welcome))
-        prompts = self.prompts = PromptSource(
-            self.cfg,
-            self.bootstrap,
-            dead_letter=self.dead_letter,
-            on_assign=self._on_prompts_assigned,
-            on_revoke=self._on_prompts_revoked,
-        )
-        try:
-            while not self.finished and not self.stopping:
-                for event in self.control.poll(0.0):
-                    self._handle(event)
-                if self.trainer_gone is not None and (self.partial_rollout or not self.in_flight):
-                    self._rejoin()
-                    continue
-                if self.pending_sync is not None and (self.partial_rollout or not self.in_flight):
-                    self._do_sync(self.pending_sync)
-                    continue
-                while self._admit(prompts):
-                    pass
-                self.publisher.poll(0)  # acknowledgements: commit the prompts of acked samples
-                self.publisher.check()
-                self.idle.set_idle(not self.runner.busy)
-                if self.engine.num_active:
-                    with torch.no_grad():
-                        for request_id, state in self.runner.step():
-                            self._on_finished(request_id, state, prompts)
-                elif self.runner.busy:  # only tool calls (or user replies) under way
-                    for request_id, state in self.runner.step():
-                        self._on_finished(request_id, state, prompts)
-                    for event in self.control.poll(0.002):
-                        self._handle(event)
-                else:
-                    prompts.keep_alive()
-                    for event in self.control.poll(0.05):
-                        self._handle(event)
-            if self.stopping and self.partial_rollout and self.in_flight:
-                self._interrupt()
-        finally:
-            self.runner.close()
-            self.reward.close()
-            for fl in self.in_flight.values():
-                fl.trace.end("run finished first" if self.finished else "handed back to the log")
-            if self.finished and self.in_flight:
-                # Accounted for in the log: every prompt taken is a sample or a logged drop.
-                self.control.publish(
-                    ev.SamplesDropped(
-                        run_id=self.cfg.run_id,
-                        version=self.version,
-                        worker=self.worker_id,
-                        target_worker=self.worker_id,
-                        count=len(self.in_flight),
-                        reason="run finished before the sample did",
-                        sample_ids=sorted(self.in_flight),
-                    )
-                )
+
+    def _serve_control(self, timeout: float) -> None:
+        for event in self.control.poll(timeout):
+            self._handle(event)
+
+    def _advance(self, prompts: PromptSource) -> None:
+        """One decoding step of every sequence in flight (if any) and the tool results that
+        came back; finished trajectories are scored, finished samples published."""
+        decoding = self.engine.num_active > 0
+        with torch.no_grad():
+            for request_id, state in self.runner.step():
+                self._on_finished(request_id, state, prompts)
+        if not decoding:  # only tool calls (or user replies) under way
+            self._serve_control(0.002)
+
+    def _leave(self, prompts: PromptSource) -> None:
+        """The run is over for this worker: what is in flight is a logged drop (the run
+        finished) or handed back to the group (stopped, or an error); WorkerStopped says why."""
+        self.runner.close()
+        self.reward.close()
+        for fl in self.in_flight.values():
+            fl.trace.end("run finished first" if self.finished else "handed back to the log")
+        if self.finished and self.in_flight:
+            # Accounted for in the log: every prompt taken is a sample or a logged drop.
             self.control.publish(
-                ev.WorkerStopped(
+                ev.SamplesDropped(
                     run_id=self.cfg.run_id,
                     version=self.version,
                     worker=self.worker_id,
-                    reason="run finished"
-                    if self.finished
-                    else "stopped"
-                    if self.stopping
-                    else "error",
-                    produced=self.produced,
+                    target_worker=self.worker_id,
+                    count=len(self.in_flight),
+                    reason="run finished before the sample did",
+                    sample_ids=sorted(self.in_flight),
                 )
             )
-            self.publisher.flush()
-            prompts.close()
-            self.control.close()
-            if self.receiver is not None:
-                self.receiver.close()
-            steps = getattr(self.engine, "steps", 0)
-            if steps:  # the sim engine: how full its modelled batches were
-                log.info(
-                    "worker %d: %d decoding steps, %.1f sequences per step (capacity %d)",
+        reason = "run finished" if self.finished else "stopped" if self.stopping else "error"
+        self.control.publish(
+            ev.WorkerStopped(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                worker=self.worker_id,
+                reason=reason,
+                produced=self.produced,
+            )
+        )
+        self.publisher.flush()
+        prompts.close()
+        self.control.close()
+        if self.receiver is not None:
+            self.receiver.close()
+        steps = getattr(self.engine, "steps", 0)
+        if steps:  # the sim engine: how full its modelled batches were
+            log.info(
+                "worker %d: %d decoding steps, %.1f sequences per step (capacity %d)",
+                *(
                     self.worker_id,
                     steps,
-                    self.engine.tokens / steps,
+                    getattr(self.engine, "tokens", 0) / steps,
                     self.cfg.sim.capacity,
-                )
-            log.info(
-                "worker %d: %d redelivered prompts were already published, %d logged partial "
-                "samples continued, %d reward failures",
-                self.worker_id,
-                self.recovery.skipped,
-                self.recovery.resumed,
-                self.reward_failures,
+                ),
             )
-        return self.produced
+        log.info(
+            "worker %d: %d redelivered prompts were already published, %d logged partial "
+            "samples continued, %d reward failures",
+            *(self.worker_id, self.recovery.skipped, self.recovery.resumed),
+            self.reward_failures,
+        )

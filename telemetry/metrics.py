@@ -99,12 +99,24 @@ class TensorBoardWriter:
 
 
 class WaitClock:
-    """Accumulates the time spent waiting inside ``with clock.waiting():`` per window."""
+    """Time spent waiting, per window (idle ratios): ``with clock.waiting():`` around a wait
+    (the trainer), or ``set_waiting(flag)`` where waiting starts and ends in different places
+    (a rollout worker, idle between decoding steps). A wait still open when a window closes
+    counts in both windows, each its part."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.window_start = clock()
         self.waited = 0.0
+        self._since: float | None = None
+
+    def set_waiting(self, waiting: bool) -> None:
+        now = self.clock()
+        if waiting and self._since is None:
+            self._since = now
+        elif not waiting and self._since is not None:
+            self.waited += now - self._since
+            self._since = None
 
     def waiting(self) -> _Waiting:
         return _Waiting(self)
@@ -113,9 +125,11 @@ class WaitClock:
         """(idle ratio, window seconds) of the window that ends now; opens the next one."""
         now = self.clock()
         span = max(now - self.window_start, 1e-9)
-        ratio = self.waited / span
+        waited = self.waited + (now - self._since if self._since is not None else 0.0)
         self.window_start, self.waited = now, 0.0
-        return ratio, span
+        if self._since is not None:
+            self._since = now
+        return waited / span, span
 
 
 class _Waiting:
@@ -123,7 +137,7 @@ class _Waiting:
         self.clock = clock
 
     def __enter__(self) -> None:
-        self._t0 = self.clock.clock()
+        self.clock.set_waiting(True)
 
     def __exit__(self, *exc: object) -> None:
-        self.clock.waited += self.clock.clock() - self._t0
+        self.clock.set_waiting(False)

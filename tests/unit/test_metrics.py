@@ -3,7 +3,6 @@
 import pytest
 
 from asyncrl.consumers.step_stats import staleness_metrics
-from asyncrl.producers.worker import IdleClock
 from asyncrl.telemetry.metrics import WaitClock
 
 
@@ -38,18 +37,18 @@ def test_rollouter_idle_ratio_spans_windows():
     """Idle 100-101 and 104-(window end at 106): 3 / 6 = 0.5; the idle stretch still open at
     the window's end carries over: 106-108 idle, 108-110 busy -> 2 / 4 = 0.5."""
     clock = Clock()
-    ic = IdleClock(clock)
-    ic.set_idle(True)
+    ic = WaitClock(clock)
+    ic.set_waiting(True)
     clock.t = 101.0
-    ic.set_idle(False)
+    ic.set_waiting(False)
     clock.t = 104.0
-    ic.set_idle(True)
+    ic.set_waiting(True)
     clock.t = 106.0
-    assert ic.close_window() == pytest.approx(0.5)
+    assert ic.close_window() == (pytest.approx(0.5), pytest.approx(6.0))
     clock.t = 108.0
-    ic.set_idle(False)
+    ic.set_waiting(False)
     clock.t = 110.0
-    assert ic.close_window() == pytest.approx(0.5)
+    assert ic.close_window() == (pytest.approx(0.5), pytest.approx(4.0))
 
 
 def test_staleness_metrics():
