@@ -96,8 +96,8 @@ def tools(config: str | None, overrides: list[str], console: Console) -> dict[st
         f"{fresh_['burst_latency_s'] / fork['burst_latency_s']:.1f}x",
     )
     console.print(table)
-    out = Path(cfg.output_dir) / f"bench-tools-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    console.print(f"figures: {out}")
+    figures = Path(cfg.output_dir) / f"bench-tools-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    figures.parent.mkdir(parents=True, exist_ok=True)
+    figures.write_text(json.dumps(results, indent=1))
+    console.print(f"figures: {figures}")
     return results

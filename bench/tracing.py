@@ -22,14 +22,14 @@ def tracing_cost(config: str | None, overrides: list[str], console: Console) -> 
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results: dict[str, dict[str, Any]] = {}
-    for label, on in (("off", "false"), ("on", "true")):
+    for label, enabled in (("off", "false"), ("on", "true")):
         cfg = load_config(
             config,
             [
                 *SYNC_PAUSE_DEFAULTS,
                 "async_training.partial_rollout=true",
                 *overrides,
-                f"tracing.enabled={on}",
+                f"tracing.enabled={enabled}",
                 "tracing.exporter=file",
                 f"run_id=tracing-{label}-{stamp}",
             ],

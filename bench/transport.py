@@ -26,6 +26,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from rich.console import Console
@@ -140,7 +141,7 @@ def _raw_kafka(cfg: RunConfig, bootstrap: str, topic: str, payloads: list[bytes]
             first = consumer.poll(1.0)  # consume(n, t) alone would wait all of t for n
             more = consumer.consume(num_messages=499, timeout=0) if first is not None else []
             for msg in [first, *more] if first is not None else []:
-                if msg.error() is None and len(msg.value()) > 0:
+                if msg.error() is None and len(msg.value() or b"") > 0:
                     got += 1
             _deadline(t0, topic)
     finally:
@@ -186,6 +187,7 @@ def transport(
     cfg = load_config(config, overrides)
     counts = {**SAMPLES, **(samples or {})}
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    ray: ModuleType | None
     try:
         import ray
     except ImportError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import typing
 from functools import cache
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import BaseModel
 
@@ -16,7 +16,7 @@ from asyncrl.config.sections import RunConfig
 _MISSING = object()
 
 
-def _is_section(ann: Any) -> bool:
+def _is_section(ann: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(ann, type) and issubclass(ann, BaseModel)
 
 
@@ -85,7 +85,7 @@ def default_of(key: str) -> Any:
         if i == len(parts) - 1:
             if _is_section(info.annotation):
                 return _MISSING
-            return info.default_factory() if info.default_factory else info.default
+            return info.get_default(call_default_factory=True)
         model = info.annotation
     return _MISSING
 

@@ -226,6 +226,11 @@ class AsyncTrainingConfig(Strict):
         return "d" if self.partial_rollout else "c"
 
 
+def _console_logger() -> list[Literal["console", "tensorboard"]]:
+    """The default of trainer.logger (a typed factory: a lambda's list would be list[str])."""
+    return ["console"]
+
+
 class TrainerConfig(Strict):
     total_training_steps: int = Field(100, ge=1)
     """Local updates to run; the run ends here (or earlier at target_accuracy)."""
@@ -247,7 +252,7 @@ class TrainerConfig(Strict):
     """Seed of the trainer's RNG (rollout workers derive theirs from it)."""
     torch_threads: int = Field(1, ge=1)
     """CPU threads of the trainer process (rollout and training share the machine's cores)."""
-    logger: list[Literal["console", "tensorboard"]] = Field(default_factory=lambda: ["console"])
+    logger: list[Literal["console", "tensorboard"]] = Field(default_factory=_console_logger)
     """Where step metrics go besides metrics.jsonl and the steps topic (verl's key): console
     (the progress bar), tensorboard (<run_dir>/tensorboard; pip install 'asyncrl[tensorboard]')."""
 

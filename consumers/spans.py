@@ -36,20 +36,17 @@ def start_step(batch: Sequence[Record[Any]], step: int, version: int, topic: str
         for r in batch
         if (sc := tracing.span_context_from_headers(r.headers)) is not None
     ]
+    attributes: dict[str, Any] = {
+        "messaging.batch.message_count": len(batch),
+        "asyncrl.step": step,
+        "asyncrl.version": version,
+        "asyncrl.batch_size": len(batch),
+    }
     return tracing.tracer().start_span(
         "train.step",
         kind=SpanKind.CONSUMER,
         links=links,
-        attributes=tracing.messaging_attributes(
-            topic,
-            "process",
-            **{
-                "messaging.batch.message_count": len(batch),
-                "asyncrl.step": step,
-                "asyncrl.version": version,
-                "asyncrl.batch_size": len(batch),
-            },
-        ),
+        attributes=tracing.messaging_attributes(topic, "process", **attributes),
     )
 
 

@@ -89,7 +89,12 @@ class Trainer:
             self.step, version, history = state.step, state.version, state.metrics
             offsets = self.batcher.restore(state.batcher)
             log.info("resumed from %s: step %d, version %d", ckpt, self.step, version)
-        self.io = io or kafka_io(cfg, bootstrap or cfg.kafka.bootstrap_servers)
+        if io is None:
+            bootstrap = bootstrap or cfg.kafka.bootstrap_servers
+            if bootstrap is None:
+                raise ValueError("no Kafka broker: pass bootstrap or set kafka.bootstrap_servers")
+            io = kafka_io(cfg, bootstrap)
+        self.io = io
         self.io.samples.assign(cfg.topic("samples"), offsets)
         self.io.control.start()
         self.stats = StepStats(history, n_devices=1 + cfg.actor_rollout_ref.rollout.num_workers)

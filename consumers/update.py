@@ -87,8 +87,8 @@ def grpo_update(
             batch.response_mask[i, : len(m)] *= torch.tensor(m, dtype=torch.float32, device=device)
         if valid is not None and not bool(batch.response_mask.any()):
             continue  # every trajectory of the mini-batch failed its reward: nothing to learn
-        m = policy_step(model, optimizer, batch, cfg)
-        for k, v in m.items():
+        stats = policy_step(model, optimizer, batch, cfg)
+        for k, v in stats.items():
             totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
         n_mini += 1
     metrics = {k: v / n_mini for k, v in totals.items()}

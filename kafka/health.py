@@ -80,6 +80,7 @@ class _RateLimitedLog:
             self._last[kind] = now
             held = self._held.pop(kind, 0)
         if held:
+            assert last is not None  # lines are held back only after one was logged
             msg, args = msg + " (%d more like it in %.0f s)", (*args, held, now - last)
         self._logger.log(level, msg, *args)
 

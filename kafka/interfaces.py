@@ -8,7 +8,7 @@ from typing import Protocol, TypeVar
 
 from asyncrl.kafka.record import Record
 
-T_co = TypeVar("T_co", covariant=True)
+T = TypeVar("T")
 
 
 class Sink(Protocol):
@@ -27,14 +27,14 @@ class Sink(Protocol):
     def flush(self, timeout: float = 30.0) -> None: ...
 
 
-class Source(Protocol[T_co]):
+class Source(Protocol[T]):
     """A topic read from a position, decoded."""
 
     def watermarks(self, topic: str) -> dict[int, tuple[int, int]]: ...
 
     def assign(self, topic: str, offsets: Mapping[int, int] | None = None) -> None: ...
 
-    def poll(self, timeout: float, max_records: int = 500) -> list[Record[T_co]]: ...
+    def poll(self, timeout: float, max_records: int = 500) -> list[Record[T]]: ...
 
     def commit(
         self, offsets: Mapping[tuple[str, int], int], asynchronous: bool = False

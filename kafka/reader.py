@@ -50,6 +50,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _coordinates(msg: Message) -> tuple[str, int, int]:
+    """A fetched message's topic, partition and offset (the stubs type them optional: an error
+    event may lack them, a message never does)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
 class Reader(Generic[T]):
     """Wraps ``confluent_kafka.Consumer``: decoded records, dead-lettering, explicit commits.
 
@@ -250,6 +258,7 @@ class Reader(Generic[T]):
         try:
             key = raw_key.decode() if raw_key is not None else None
         except UnicodeDecodeError:
+            assert raw_key is not None
             self._reject(msg, headers, DecodeError(f"key is not UTF-8: {raw_key[:32]!r}"))
             return None
         try:
@@ -257,10 +266,11 @@ class Reader(Generic[T]):
         except DecodeError as err:
             self._reject(msg, headers, err)
             return None
+        topic, partition, offset = _coordinates(msg)
         return Record(
-            topic=msg.topic(),
-            partition=msg.partition(),
-            offset=msg.offset(),
+            topic=topic,
+            partition=partition,
+            offset=offset,
             key=key,
             timestamp_ms=msg.timestamp()[1],
             headers=headers,
@@ -268,7 +278,8 @@ class Reader(Generic[T]):
         )
 
     def _reject(self, msg: Message, headers: dict[str, bytes], err: DecodeError) -> None:
-        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        topic, partition, offset = _coordinates(msg)
+        where = f"{topic}[{partition}]@{offset}"
         if self._dead_letter is None:
             self.dropped += 1
             log.warning("skipping undecodable message %s (no dead-letter topic): %s", where, err)
@@ -278,14 +289,14 @@ class Reader(Generic[T]):
         dl_headers.update(
             {
                 HEADER_ERROR: str(err),
-                HEADER_SOURCE_TOPIC: msg.topic(),
-                HEADER_SOURCE_PARTITION: str(msg.partition()),
-                HEADER_SOURCE_OFFSET: str(msg.offset()),
+                HEADER_SOURCE_TOPIC: topic,
+                HEADER_SOURCE_PARTITION: str(partition),
+                HEADER_SOURCE_OFFSET: str(offset),
             }
         )
         raw_key = msg.key()
         key = raw_key.decode(errors="replace") if raw_key is not None else None
-        tp, offset = (msg.topic(), msg.partition()), msg.offset()
+        tp = (topic, partition)
         with self._dl_lock:
             self._dl_pending.setdefault(tp, set()).add(offset)
         try:

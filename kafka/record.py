@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from confluent_kafka import (
     Message,
@@ -31,7 +31,10 @@ class Record(Generic[T]):
 
 
 def _headers_dict(msg: Message) -> dict[str, bytes]:
-    return {k: (v if v is not None else b"") for k, v in (msg.headers() or [])}
+    # A consumed message's headers are (key, bytes | None) pairs; the stubs type headers() as
+    # the wider HeadersType that produce() accepts (a dict, or str values).
+    pairs = cast("list[tuple[str, bytes | None]]", msg.headers() or [])
+    return {k: (v if v is not None else b"") for k, v in pairs}
 
 
 Decoder = Callable[[bytes | None, dict[str, bytes]], T]

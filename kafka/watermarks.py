@@ -65,8 +65,8 @@ def _topic_partitions(
         raise
     tmd = md.topics.get(topic)
     if tmd is None or tmd.error is not None:
-        err = tmd.error if tmd is not None else "not in metadata"
-        raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"{topic}: {err}"))
+        problem = tmd.error if tmd is not None else "not in metadata"
+        raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"{topic}: {problem}"))
     return sorted(tmd.partitions)
 
 
@@ -96,12 +96,14 @@ def read_watermarks(
         deadline = time.monotonic() + _METADATA_TIMEOUT_S
         while pending and time.monotonic() < deadline:
             for msg in side.consume(num_messages=500, timeout=0.05):
-                err, p = msg.error(), msg.partition()
+                err, part, offset = msg.error(), msg.partition(), msg.offset()
                 if err is None:
-                    ends[p] = max(ends[p], msg.offset() + 1)
+                    assert part is not None and offset is not None  # a message has both
+                    ends[part] = max(ends[part], offset + 1)
                 elif err.code() == KafkaError._PARTITION_EOF:
-                    ends[p] = max(ends[p], msg.offset())
-                    pending.discard(p)
+                    assert part is not None and offset is not None  # so has a partition's EOF
+                    ends[part] = max(ends[part], offset)
+                    pending.discard(part)
                 else:
                     raise KafkaException(err)
         if pending:

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -36,6 +36,18 @@ from asyncrl.launch.progress import StepProgress
 
 class RunFailed(RuntimeError):
     pass
+
+
+class _Process(Protocol):
+    """What the launcher uses of a role's process: a ``subprocess.Popen``, or a ``RayProcess``."""
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+    def terminate(self) -> None: ...
 
 
 class BrokerDied(RunFailed):
@@ -190,7 +202,7 @@ def run(
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     bootstrap, broker = ensure_broker(cfg.kafka)
-    procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    procs: dict[str, tuple[_Process, Path]] = {}
     ray_launcher = None
     archiver = None
     try:
@@ -212,6 +224,7 @@ def run(
             f"require_batches={at.require_batches} partial_rollout={at.partial_rollout}; "
             f"{resolved.actor_rollout_ref.rollout.num_workers} rollout worker(s)"
         )
+        start: Callable[[str, list[str], Path], tuple[_Process, Path]]
         if resolved.launcher == "ray":
             from asyncrl.launch.ray_launcher import RayLauncher
 
@@ -289,7 +302,7 @@ def worker_command(config_path: Path, worker_id: int) -> list[str]:
 def _follow(
     cfg: RunConfig,
     bootstrap: str,
-    procs: dict[str, tuple[subprocess.Popen, Path]],
+    procs: dict[str, tuple[_Process, Path]],
     console: Console,
     config_path: Path,
     start: Callable[[str, list[str], Path], tuple[Any, Path]] = _spawn_local,
@@ -361,7 +374,7 @@ def _follow(
     return summary
 
 
-def _wait_workers(procs: dict[str, tuple[subprocess.Popen, Path]], timeout_s: float) -> None:
+def _wait_workers(procs: dict[str, tuple[_Process, Path]], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for name, (proc, _) in procs.items():
         if name == "trainer":

@@ -403,7 +403,7 @@ def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> in
                         value=rec.value,
                         key=rec.key,
                         partition=partition,
-                        headers=rec.headers,
+                        headers=rec.headers,  # type: ignore[arg-type]  # the stubs' list is invariant
                         timestamp=rec.timestamp_ms,
                         on_delivery=on_delivery,
                     )

@@ -7,6 +7,8 @@ the log of a non-interactive run still tells the story.
 
 from __future__ import annotations
 
+from types import TracebackType
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -39,8 +41,13 @@ class StepProgress:
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.progress.__exit__(exc_type, exc, tb)
 
     def update(self, rec: StepRecord) -> None:
         m = rec.metrics

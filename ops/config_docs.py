@@ -54,9 +54,8 @@ def verl_reference() -> str:
     """The section on verl's names: aliases, ignored, fixed and refused keys (config/verl_keys.py)."""
     from asyncrl.config import verl_keys, verl_rules, verl_values
 
-    rules = verl_keys.VERL_KEYS
     by_kind: dict[str, list[tuple[str, verl_rules.VerlKey]]] = {}
-    for key, rule in rules.items():
+    for key, rule in verl_keys.VERL_KEYS.items():
         by_kind.setdefault(rule.kind, []).append((key, rule))
     lines = [
         "",

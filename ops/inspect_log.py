@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console
@@ -43,12 +43,12 @@ def parse_time(text: str) -> int:
     except ValueError:
         raise ValueError(f"not a time: {text!r} (epoch ms or ISO 8601)") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
+        when = when.replace(tzinfo=timezone.utc)
     return int(when.timestamp() * 1000)
 
 
 def _ts(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%H:%M:%S.%f")[:-3]
 
 
 def _consumed_at(cfg: RunConfig, bootstrap: str) -> dict[str, tuple[int, int]]:

@@ -61,7 +61,7 @@ class ControlEvent:
     """The publishing worker process's id ("" for the trainer)."""
 
     registry: ClassVar[dict[str, type[ControlEvent]]] = {}
-    headers: ClassVar[dict[str, bytes]] = {}
+    headers = dict[str, bytes]()  # not annotated, so not a dataclass field
     """Set on a decoded event: the Kafka headers it came with (its trace context); not a field."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

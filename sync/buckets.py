@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -70,7 +71,7 @@ def _itemsize(dtype: torch.dtype) -> int:
 def named_tensors(model_or_state: nn.Module | Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Every parameter and persistent buffer by name; tied tensors appear under each name."""
     if isinstance(model_or_state, nn.Module):
-        state = model_or_state.state_dict(keep_vars=True)
+        state: Mapping[str, Any] = model_or_state.state_dict(keep_vars=True)
     elif isinstance(model_or_state, Mapping):
         state = model_or_state
     else:

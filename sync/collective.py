@@ -117,12 +117,14 @@ class _Pair:
     ) -> None:
         prefixed = dist.PrefixStore(f"pair/{key}/", store)
         timeout = timedelta(seconds=timeout_s)
+        # torch's stubs make ProcessGroupGloo/NCCL a Backend without the collectives (broadcast,
+        # allgather) ProcessGroup has and they have too: typed as a ProcessGroup.
         if backend == "gloo":
-            self.pg: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
+            self.pg: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)  # type: ignore[assignment]
         else:  # pragma: no cover - needs two CUDA processes
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(prefixed, rank, 2, opts)
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, 2, opts)  # type: ignore[assignment]
         self.pg.set_timeout(timedelta(seconds=op_timeout_s))
         self.device = device
 

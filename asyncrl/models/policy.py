@@ -90,8 +90,8 @@ def load_policy(cfg: RunConfig, build: Builder | None = None) -> tuple[torch.nn.
     if cfg.actor_rollout_ref.model.path is None:
         from asyncrl.models.tiny import load_policy as load_tiny
 
-        model, tokenizer = load_tiny(cfg, build)
-        return model, _with_tiny_template(tokenizer)
+        tiny, tokenizer = load_tiny(cfg, build)
+        return tiny, _with_tiny_template(tokenizer)
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

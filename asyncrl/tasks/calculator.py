@@ -18,6 +18,7 @@ and the accuracy together.
 from __future__ import annotations
 
 import random
+from typing import Protocol
 
 from asyncrl.tasks.arithmetic import EOS_TEXT, Problem, parse_response
 
@@ -25,7 +26,9 @@ TOOL_CHARS = "[]?"
 """Characters the tool task adds to the demo tokenizer: call brackets and the error mark."""
 
 
-class _DataCfg:
+class _DataCfg(Protocol):
+    """The fields of ``asyncrl.config.DataConfig`` this module reads."""
+
     seed: int
     train_size: int
     val_size: int

@@ -60,7 +60,9 @@ class DataRow:
         messages = self.messages
         return PromptRecord(
             prompt_id=self.prompt_id,
-            prompt=self.prompt if messages is None else str(messages[-1].get("content", "")),
+            prompt=self.prompt
+            if isinstance(self.prompt, str)
+            else str(self.prompt[-1].get("content", "")),
             ground_truth=self.answer,
             epoch=epoch,
             data_source=self.data_source,

@@ -14,9 +14,18 @@ The state is JSON (``to_json``/``from_json``), logged per trajectory in ``partia
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10 has no StrEnum: the same str-valued members, str() and format() their value
+    from enum import Enum
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return str(self.value)
 
 
 class Phase(StrEnum):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from asyncrl.producers.engines.base import GenResult, StepwiseEngine
 
@@ -41,7 +41,7 @@ class HFEngine(StepwiseEngine):
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: torch.nn.Module,
         tokenizer: PreTrainedTokenizerBase | None,
         temperature: float,
         eos_token_id: int,

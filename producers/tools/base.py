@@ -80,7 +80,11 @@ def schema_errors(schema: dict[str, Any], args: Any) -> str | None:
 class Tool(ABC):
     """One tool. Subclasses implement :meth:`execute`; :meth:`call` validates and times it."""
 
-    def __init__(self, tool_schema: dict[str, Any], config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, tool_schema: dict[str, Any] | None, config: dict[str, Any] | None = None
+    ) -> None:
+        # None: the tool file has no tool_schema (a subclass may have a default, the calculator's)
+        tool_schema = tool_schema or {}
         function = tool_schema.get("function", {})
         if tool_schema.get("type") != "function" or not function.get("name"):
             raise ValueError("tool_schema must be {type: function, function: {name: ..., ...}}")
