@@ -1,0 +1,302 @@
+"""What each ``asyncrl`` subcommand does, given its parsed arguments (``cli.py`` parses them).
+
+Each imports what it needs inside, so torch and transformers load only for the commands
+that use them."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+
+
+def _load(args: argparse.Namespace):
+    from asyncrl.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+@contextlib.contextmanager
+def _log_broker(cfg, args: argparse.Namespace, role: str) -> Iterator[str]:
+    """The broker holding the run's log: the run's archived log (``asyncrl run`` with the
+    embedded broker keeps it in runs/<run_id>/log) served by a throwaway broker, unless
+    kafka.bootstrap_servers is given on this command line; else the configured broker."""
+    from asyncrl.launch.log_archive import has_archive, offline_broker
+
+    named = any(o.partition("=")[0] == "kafka.bootstrap_servers" for o in args.overrides)
+    if has_archive(cfg) and not named:
+        with offline_broker(cfg) as bootstrap:
+            yield bootstrap
+    else:
+        yield _need_bootstrap(cfg, role)
+
+
+def _check_startable(cfg, role: str) -> None:
+    """Start-up checks (launch/preflight.py): a bad value fails here, naming its key."""
+    from asyncrl.launch.preflight import check_startable
+
+    check_startable(cfg, role)
+
+
+def _need_bootstrap(cfg, role: str) -> str:
+    if not cfg.kafka.bootstrap_servers:
+        raise SystemExit(
+            f"asyncrl {role}: kafka.bootstrap_servers is not set. Start a broker "
+            "(`asyncrl broker`) and pass kafka.bootstrap_servers=HOST:PORT, or use `asyncrl run`."
+        )
+    return cfg.kafka.bootstrap_servers
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from asyncrl.launch.launcher import run
+
+    if args.launcher:
+        args.overrides = [*args.overrides, f"launcher={args.launcher}"]
+    if args.dry_run:
+        from asyncrl.launch.preflight import dry_run
+
+        return dry_run(args.config, args.overrides)
+    summary = run(_load(args))
+    return 0 if summary else 1
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.launch.launcher import prepare
+
+    cfg = _load(args)
+    bootstrap = _need_bootstrap(cfg, "prepare")
+    if cfg.sync.master_port is None:
+        raise SystemExit(
+            "asyncrl prepare: sync.master_port is not set: pick the port the trainer will "
+            "listen on (e.g. sync.master_port=29500 sync.master_addr=<trainer host>)"
+        )
+    prepare(cfg, bootstrap, Console())
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import json
+
+    cfg = _load(args)
+    _check_startable(cfg, "train")
+    bootstrap = _need_bootstrap(cfg, "train")
+    _torch_threads(cfg.trainer.torch_threads)
+    from asyncrl.consumers.trainer import Trainer
+
+    trainer = Trainer(cfg, bootstrap)
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    logging.getLogger("asyncrl.train").info("done: %s", summary)
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _check_startable(cfg, "rollout")
+    bootstrap = _need_bootstrap(cfg, "rollout")
+    _torch_threads(cfg.actor_rollout_ref.rollout.torch_threads)
+    import signal
+
+    from asyncrl.producers.worker import RolloutWorker
+
+    worker = RolloutWorker(cfg, args.worker_id, bootstrap)
+    # SIGTERM (docker stop, Ray, kill): leave cleanly; unfinished prompts go back to the group.
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    produced = worker.run()
+    logging.getLogger("asyncrl.rollout").info(
+        "worker %d produced %d samples", args.worker_id, produced
+    )
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from asyncrl.launch.broker import EmbeddedBroker
+
+    cfg = _load(args)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with EmbeddedBroker(port=args.port) as broker:
+        print(f"broker ready: kafka.bootstrap_servers={broker.bootstrap}", flush=True)
+        if args.create_topics:
+            from asyncrl.kafka.topics import create_run_topics
+
+            cfg.kafka.bootstrap_servers = broker.bootstrap
+            print("topics:", ", ".join(create_run_topics(cfg, broker.bootstrap)), flush=True)
+        print("Ctrl-C to stop (in-memory storage: topics vanish with the broker)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+    return 0
+
+
+def _time_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``--since``/``--until`` as epoch ms; ValueError names a bad value."""
+    from asyncrl.ops.inspect_log import parse_time
+
+    return (
+        parse_time(args.since) if args.since else None,
+        parse_time(args.until) if args.until else None,
+    )
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.ops.inspect_log import inspect_topic
+
+    cfg = _load(args)
+    try:
+        since, until = _time_range(args)
+    except ValueError as err:
+        print(f"asyncrl inspect: {err}", file=sys.stderr)
+        return 2
+    with _log_broker(cfg, args, "inspect") as bootstrap:
+        inspect_topic(
+            cfg, bootstrap, args.topic, Console(), args.start, args.end, args.json, args.text,
+            since, until,
+        )  # fmt: skip
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from asyncrl.config import load_config
+    from asyncrl.launch.log_archive import ArchiveError
+    from asyncrl.ops.audit import AuditError, audit_run, print_report
+
+    resolved = Path(args.output_dir) / args.run / "config.yaml"
+    config = args.config or (resolved if resolved.exists() else None)
+    cfg = load_config(config, [*args.overrides, f"run_id={args.run}"])
+    cfg.output_dir = args.output_dir
+    try:
+        with _log_broker(cfg, args, "audit") as bootstrap:
+            report = audit_run(cfg, bootstrap)
+    except (AuditError, ArchiveError) as err:
+        print(f"asyncrl audit: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print_report(report, Console())
+    return 0 if report.ok else 1
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.ops.replay import ReplayError, replay_step, replay_topic
+
+    cfg = _load(args)
+    try:
+        if args.what == "step":
+            with _log_broker(cfg, args, "replay") as bootstrap:
+                replay_step(cfg, bootstrap, int(args.target), Console())
+        else:
+            bootstrap = _need_bootstrap(cfg, "replay topic")  # writes to a live run's topic
+            if not args.to_run:
+                raise ReplayError("replay topic needs --to-run RUN_ID")
+            versions = None
+            if args.versions:
+                lo, _, hi = args.versions.partition("..")
+                versions = (int(lo), int(hi or lo))
+            ids = set(args.sample_ids.split(",")) if args.sample_ids else None
+            try:
+                since, until = _time_range(args)
+            except ValueError as err:
+                raise ReplayError(str(err)) from None
+            replay_topic(
+                cfg, bootstrap, args.target, args.to_run, Console(), args.start, args.end,
+                versions, ids, since, until,
+            )  # fmt: skip
+    except ReplayError as err:
+        print(f"asyncrl replay: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.bench.learn import learn
+    from asyncrl.bench.modes import modes
+    from asyncrl.bench.sync import sync
+    from asyncrl.bench.sync_pause import sync_pause
+    from asyncrl.bench.tools import tools
+    from asyncrl.bench.tracing import tracing_cost
+    from asyncrl.bench.transport import transport
+
+    benchmarks = {
+        "modes": modes,
+        "sync-pause": sync_pause,
+        "learn": learn,
+        "transport": transport,
+        "sync": sync,
+        "tracing": tracing_cost,
+        "tools": tools,
+    }
+    benchmarks[args.name](args.config, args.overrides, Console())
+    return 0
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from asyncrl.config import load_config
+    from asyncrl.ops.monitor import monitor
+
+    cfg = load_config(args.config, [*args.overrides, f"run_id={args.run}"])
+    bootstrap = _need_bootstrap(cfg, "monitor")
+    with contextlib.suppress(KeyboardInterrupt):
+        monitor(cfg, bootstrap, Console(), follow=not args.once, engine=args.engine)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from asyncrl.ops.report import ReportError, resolve_run_dir, write_report
+
+    try:
+        run_dir = resolve_run_dir(args.run, args.output_dir)
+        path = write_report(run_dir, Path(args.out) if args.out else None)
+    except ReportError as err:
+        print(f"asyncrl report: {err}", file=sys.stderr)
+        return 1
+    pngs = sorted(p.name for p in path.parent.glob("*.png"))
+    Console().print(f"report: {path} ({len(pngs)} plots: {', '.join(pngs)})")
+    return 0
+
+
+def cmd_export_data(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from asyncrl.tasks.files import export_task
+
+    cfg = _load(args)
+    for name, path in export_task(cfg.data, Path(args.out)).items():
+        rows = pq.read_metadata(path).num_rows
+        print(f"{name}: {path} ({rows} rows of data.task={cfg.data.task})")
+    return 0
+
+
+def _torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
