@@ -230,3 +230,22 @@ def _check(spec: TensorSpec, t: Tensor) -> None:
         raise ValueError(
             f"{spec.name}: expected {spec.dtype} {list(spec.shape)}, got {t.dtype} {list(t.shape)}"
         )
+
+
+def manifest_diff(ref: list, other: list, worker: int) -> list[str]:
+    """Human-readable differences between the trainer's manifest summary and a worker's (the
+    rows the two ends exchange when their digests differ: name, tied names, shape, dtype)."""
+    a = {row[0]: row for row in ref}
+    b = {row[0]: row for row in other}
+    out = []
+    for name in sorted(a.keys() - b.keys()):
+        out.append(f"{name}: on the trainer, missing on worker {worker}")
+    for name in sorted(b.keys() - a.keys()):
+        out.append(f"{name}: on worker {worker}, not on the trainer")
+    for name in sorted(a.keys() & b.keys()):
+        (_, ta, sa, da), (_, tb, sb, db) = a[name], b[name]
+        if (sa, da) != (sb, db):
+            out.append(f"{name}: trainer {da} {list(sa)}, worker {worker} {db} {list(sb)}")
+        elif ta != tb:
+            out.append(f"{name}: tied to {list(ta)} on the trainer, {list(tb)} on worker {worker}")
+    return out or [f"worker {worker}: manifests differ in order"]

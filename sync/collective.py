@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from .buckets import (
     Bucket,
     TensorSpec,
+    manifest_diff,
     manifest_digest,
     named_tensors,
     pack,
@@ -197,7 +198,7 @@ class _Endpoint:
         )
         if sizes[0] != sizes[1]:
             details.append(f"worker {worker} uses bucket_bytes={sizes[0]}, trainer {sizes[1]}")
-        details.extend(_diff(json.loads(a), json.loads(b), worker))
+        details.extend(manifest_diff(json.loads(a), json.loads(b), worker))
         raise ManifestMismatchError(
             f"weight manifest mismatch (this is the {self.role}); the trainer and worker "
             f"{worker} would transfer different tensors:\n  "
@@ -483,21 +484,3 @@ def _stats(start: float, manifest: list[TensorSpec], buckets: list[Bucket]) -> T
 def _typed(buf: Tensor, bucket: Bucket) -> Tensor:
     """The first ``bucket.nbytes`` of a byte buffer, viewed as the bucket's dtype."""
     return buf[: bucket.nbytes].view(bucket.dtype)
-
-
-def _diff(ref: list, other: list, worker: int) -> list[str]:
-    """Human-readable differences between the trainer's manifest summary and a worker's."""
-    a = {row[0]: row for row in ref}
-    b = {row[0]: row for row in other}
-    out = []
-    for name in sorted(a.keys() - b.keys()):
-        out.append(f"{name}: on the trainer, missing on worker {worker}")
-    for name in sorted(b.keys() - a.keys()):
-        out.append(f"{name}: on worker {worker}, not on the trainer")
-    for name in sorted(a.keys() & b.keys()):
-        (_, ta, sa, da), (_, tb, sb, db) = a[name], b[name]
-        if (sa, da) != (sb, db):
-            out.append(f"{name}: trainer {da} {list(sa)}, worker {worker} {db} {list(sb)}")
-        elif ta != tb:
-            out.append(f"{name}: tied to {list(ta)} on the trainer, {list(tb)} on worker {worker}")
-    return out or [f"worker {worker}: manifests differ in order"]
