@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,19 +42,10 @@ LAYERS: list[tuple[str, list[str]]] = [
 ]
 """Bottom to top. A module belongs to the layer of its longest matching prefix."""
 
-FOLDERS = {
-    "asyncrl": "asyncrl",
-    "asyncrl.schemas": "schemas",
-    "asyncrl.config": "config",
-    "asyncrl.kafka": "kafka",
-    "asyncrl.telemetry": "telemetry",
-    "asyncrl.sync": "sync",
-    "asyncrl.producers": "producers",
-    "asyncrl.consumers": "consumers",
-    "asyncrl.launch": "launch",
-    "asyncrl.ops": "ops",
-    "asyncrl.bench": "bench",
-}
+FOLDERS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
+    "setuptools"
+]["package-dir"]
+"""``{package: folder}``, as pyproject.toml maps them (a new folder is checked at once)."""
 
 
 def modules() -> dict[str, Path]:
