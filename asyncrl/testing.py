@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 
@@ -21,7 +21,7 @@ from asyncrl.config import RunConfig
 from asyncrl.consumers.io import TrainerIO
 from asyncrl.kafka.record import Decoder, Record
 from asyncrl.schemas import control as ev
-from asyncrl.sync.channel import ControlChannel
+from asyncrl.sync.channel import ControlChannel, highest_version
 from asyncrl.sync.collective import BroadcastResult, TransferStats
 
 T = TypeVar("T")
@@ -53,7 +53,9 @@ class MemoryBroker:
             react(rec)
         return rec
 
-    def control(self, cfg: RunConfig, worker: int = ev.TRAINER, incarnation: str = "") -> Any:
+    def control(
+        self, cfg: RunConfig, worker: int = ev.TRAINER, incarnation: str = ""
+    ) -> ControlChannel:
         """A real ``ControlChannel`` over this broker's ``control`` topic."""
         return ControlChannel(
             cfg,
@@ -202,8 +204,5 @@ def trainer_io(cfg: RunConfig, broker: MemoryBroker, weights: LocalWeights | Non
         publisher=broker.publisher(),
         control=broker.control(cfg),
         weights=lambda _device: weights,
-        last_logged_version=lambda: max(
-            (e.version for e in broker.events(cfg) if isinstance(e, ev.WeightsPublished)),
-            default=-1,
-        ),
+        last_logged_version=lambda: highest_version(broker.events(cfg)),
     )

@@ -23,7 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from opentelemetry import trace
@@ -34,19 +34,11 @@ from asyncrl.consumers import spans
 from asyncrl.consumers.step_stats import mean, param_sync_metrics
 from asyncrl.producers.budget import worker_share
 from asyncrl.schemas import control as ev
+from asyncrl.sync.channel import ControlChannel
 from asyncrl.sync.transport import WeightSource
 from asyncrl.telemetry.metrics import WaitClock
 
 log = logging.getLogger(__name__)
-
-
-class Control(Protocol):
-    """What the coordinator needs of the control channel (``sync.channel.ControlChannel``,
-    or ``asyncrl.testing.MemoryControl`` in tests)."""
-
-    def publish(self, event: ev.ControlEvent, flush: bool = True) -> None: ...
-
-    def poll(self, timeout: float) -> list[ev.ControlEvent]: ...
 
 
 Position = Callable[[], tuple[int, dict[int, int]]]
@@ -57,7 +49,7 @@ class SyncCoordinator:
     def __init__(
         self,
         cfg: RunConfig,
-        control: Control,
+        control: ControlChannel,
         model: torch.nn.Module,
         checksum: Callable[[], str],
         position: Position,
