@@ -65,7 +65,7 @@ def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
     """With the embedded broker, decide what an earlier run in the same directory means.
 
     The embedded broker keeps topics in memory, so the launcher archives the log under
-    ``run_dir/log`` (``ops.log_archive``). A run that did not finish (no ``summary.json``: it
+    ``run_dir/log`` (``launch.log_archive``). A run that did not finish (no ``summary.json``: it
     crashed, was killed, or its broker died) and left an archive is resumed: its log is
     restored into the new broker, offset for offset, and the trainer resumes from its
     checkpoint. A finished run, or one whose log was lost (a checkpoint but no archive: its
