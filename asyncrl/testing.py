@@ -1,16 +1,20 @@
 """An in-process stand-in for the broker and the weight transport, so a test drives a trainer
-step or a sync hand-shake in milliseconds. The broker tests stay the integration layer.
+step or a worker's sync hand-shake in milliseconds. The broker tests stay the integration layer.
 
 ``MemoryBroker`` keeps topics as lists of raw records (one partition each) and hands out
 publishers and readers with the methods the roles use of ``asyncrl.kafka``'s (publish, flush,
 poll; assign, poll, commit, end offsets, watermarks); values go through the real encoders and
-decoders, so the wire format is exercised too. ``LocalWeights`` is a weight transport between
-objects of one process: the trainer's end copies its weights into each connected worker end.
+decoders, so the wire format is exercised too. ``MemoryPromptSource`` is a worker's share of
+the prompts topic. ``LocalWeights`` is a weight transport between objects of one process: the
+trainer's end copies its weights into each connected worker end. ``ScriptedTrainer`` plays the
+trainer's side of the hand-shake for a worker under test (``trainer_io`` and ``worker_io``
+wire a real trainer or worker to all of these).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -20,8 +24,13 @@ import torch
 from asyncrl.config import RunConfig
 from asyncrl.consumers.io import TrainerIO
 from asyncrl.kafka.record import Decoder, Record
+from asyncrl.producers.io import OnAssign, OnRevoke, WorkerIO
+from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
+from asyncrl.schemas.prompt import TAG as PROMPT_TAG
+from asyncrl.schemas.prompt import PromptRecord, decode_prompt, encode_prompt
 from asyncrl.sync.channel import ControlChannel, highest_version
+from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import BroadcastResult, TransferStats
 
 T = TypeVar("T")
@@ -70,6 +79,32 @@ class MemoryBroker:
         return [
             ev.decode_event(r.value, r.headers) for r in self.topics.get(cfg.topic("control"), [])
         ]
+
+    def read(self, cfg: RunConfig, name: str, decode: Decoder[T]) -> list[T]:
+        """Every record of the run's topic ``name`` so far, decoded."""
+        return [decode(r.value, r.headers) for r in self.topics.get(cfg.topic(name), [])]
+
+    def feed(self, cfg: RunConfig, count: int) -> list[PromptRecord]:
+        """The run's first ``count`` training prompts (epoch 0, in order) on ``prompts``."""
+        from asyncrl.producers.feed import train_prompts
+
+        prompts = train_prompts(cfg)[0][:count]
+        for p in prompts:
+            self.append(
+                cfg.topic("prompts"),
+                p.prompt_id,
+                encode_prompt(p),
+                {SCHEMA_HEADER: PROMPT_TAG.encode()},
+            )
+        return prompts
+
+    def scan(self, cfg: RunConfig) -> Callable[[str, dict[int, int] | None], list[Record]]:
+        """A ``LogScan`` of the run's topics (the worker's recovery index reads with it)."""
+
+        def scan(name: str, starts: dict[int, int] | None) -> list[Record[bytes | None]]:
+            return self.topics.get(cfg.topic(name), [])[(starts or {}).get(0, 0) :]
+
+        return scan
 
 
 class MemoryPublisher:
@@ -184,6 +219,9 @@ class LocalSink:
 
     pending: list[dict[str, torch.Tensor]] = field(default_factory=list)
 
+    def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
+        announce()  # the trainer's side connects it (see ScriptedTrainer)
+
     def receive_into(self, model: torch.nn.Module, bucket_bytes: int) -> TransferStats:
         t0 = time.perf_counter()
         state = self.pending.pop(0)
@@ -193,6 +231,115 @@ class LocalSink:
 
     def close(self) -> None:
         pass
+
+
+class MemoryPromptSource:
+    """A worker's share of the prompts topic: all of it (one partition, assigned at once).
+    ``revoke`` moves the partition away, as a rebalance would."""
+
+    def __init__(
+        self, cfg: RunConfig, broker: MemoryBroker, on_assign: OnAssign, on_revoke: OnRevoke
+    ) -> None:
+        self.reader = broker.reader(decode_prompt)
+        self.topic = cfg.topic("prompts")
+        self.reader.assign(self.topic, {0: broker.committed.get((self.topic, 0), 0)})
+        self.on_revoke = on_revoke
+        self.owned = True
+        self.buffer: list[Record[PromptRecord]] = []
+        self.open: set[int] = set()
+        """Offsets taken and not done."""
+        on_assign({0})
+
+    def keep_alive(self) -> None:
+        if self.owned:
+            self.buffer.extend(self.reader.poll(0.0))
+
+    def take(self, timeout: float) -> Record[PromptRecord] | None:
+        return self.take_where(lambda rec: True)
+
+    def take_where(
+        self, wanted: Callable[[Record[PromptRecord]], bool]
+    ) -> Record[PromptRecord] | None:
+        self.keep_alive()
+        for i, rec in enumerate(self.buffer):
+            if wanted(rec):
+                del self.buffer[i]
+                self.open.add(rec.offset)
+                return rec
+        return None
+
+    def done(self, rec: Record[PromptRecord]) -> None:
+        """Commit as far as no earlier prompt is open or buffered (as ``PromptSource``)."""
+        self.open.discard(rec.offset)
+        waiting = self.open | {r.offset for r in self.buffer}
+        high = self.reader.positions[self.topic]
+        self.reader.commit({(self.topic, 0): min(waiting) if waiting else high})
+
+    def revoke(self, lost: bool = False) -> None:
+        """The partition moves to another worker: it hands back what it holds of it."""
+        self.owned = False
+        self.buffer.clear()
+        self.on_revoke({0}, lost)
+        self.open.clear()
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedTrainer:
+    """The trainer's side of the hand-shake, for a worker under test, run by the broker's
+    reactions (so in the worker's own thread): a worker that announces itself (WorkerStarted)
+    is connected and sent the current weights; once every member has paused for a requested
+    sync, the weights of the new version are sent and published. ``model`` is what is sent."""
+
+    def __init__(
+        self, cfg: RunConfig, broker: MemoryBroker, weights: LocalWeights, model: torch.nn.Module
+    ) -> None:
+        self.cfg = cfg
+        self.weights = weights
+        self.model = model
+        self.control = broker.control(cfg)
+        self.version = 0
+        self.requested: int | None = None
+        self.paused: set[int] = set()
+        self.consumed: dict[str, int] = {}
+        broker.reactions.append(self._react)
+
+    def _react(self, rec: Record[bytes | None]) -> None:
+        if rec.topic != self.cfg.topic("control"):
+            return
+        event = ev.decode_event(rec.value, rec.headers)
+        if isinstance(event, ev.WorkerStarted):
+            if self.weights.connect(event.worker, event.incarnation):
+                self._send([event.worker])
+        elif isinstance(event, ev.RolloutPaused) and event.version == self.requested:
+            self.paused.add(event.worker)
+            if self.paused >= set(self.weights.members):
+                self.version, self.requested = event.version, None
+                self._send(sorted(self.weights.members), members=sorted(self.weights.members))
+
+    def _send(self, workers: list[int], members: list[int] | None = None) -> None:
+        result = self.weights.broadcast(self.model, bucket_bytes=1 << 20, workers=workers)
+        self.control.publish(
+            ev.WeightsPublished(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                checksum=weights_checksum(self.model),
+                incarnations=list(result.delivered.values()),
+                consumed=dict(self.consumed),
+                members=members or [],
+            )
+        )
+
+    def request_sync(self) -> None:
+        """SyncRequested for the next version (the workers pause, then it is sent)."""
+        self.requested, self.paused = self.version + 1, set()
+        self.control.publish(
+            ev.SyncRequested(run_id=self.cfg.run_id, version=self.requested, consumed=self.consumed)
+        )
+
+    def finish(self) -> None:
+        self.control.publish(ev.RunFinished(run_id=self.cfg.run_id, version=self.version))
 
 
 def trainer_io(cfg: RunConfig, broker: MemoryBroker, weights: LocalWeights | None) -> TrainerIO:
@@ -205,4 +352,29 @@ def trainer_io(cfg: RunConfig, broker: MemoryBroker, weights: LocalWeights | Non
         control=broker.control(cfg),
         weights=lambda _device: weights,
         last_logged_version=lambda: highest_version(broker.events(cfg)),
+    )
+
+
+def worker_io(
+    cfg: RunConfig,
+    broker: MemoryBroker,
+    weights: LocalWeights,
+    worker: int = 0,
+    prompts: list[MemoryPromptSource] | None = None,
+) -> WorkerIO:
+    """A rollout worker's inputs and outputs over ``broker`` and ``weights``; each prompt
+    source the worker opens is appended to ``prompts`` (a test revokes its partition)."""
+
+    def open_prompts(on_assign: OnAssign, on_revoke: OnRevoke) -> MemoryPromptSource:
+        source = MemoryPromptSource(cfg, broker, on_assign, on_revoke)
+        if prompts is not None:
+            prompts.append(source)
+        return source
+
+    return WorkerIO(
+        publisher=broker.publisher(),
+        control=broker.control(cfg, worker=worker, incarnation=uuid.uuid4().hex[:12]),
+        prompts=open_prompts,
+        weights=lambda _device: weights.sink(worker),
+        scan_log=broker.scan(cfg),
     )

@@ -26,6 +26,14 @@ class Sink(Protocol):
 
     def flush(self, timeout: float = 30.0) -> None: ...
 
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve acknowledgements that arrived (their ``on_acked`` callbacks); how many."""
+        ...
+
+    def check(self) -> None:
+        """Raise a delivery failure reported since the last call."""
+        ...
+
 
 class Source(Protocol[T]):
     """A topic read from a position, decoded."""

@@ -4,11 +4,16 @@ scan, the feed's idempotence check, the audit, inspect and replay all read with.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from asyncrl.config import RunConfig
 from asyncrl.kafka.reader import Reader
 from asyncrl.kafka.record import Record, raw_decode
+
+LogScan = Callable[[str, "dict[int, int] | None"], Iterable[Record[bytes | None]]]
+"""Raw records of a run's topic (by name), from a start offset per partition (None: from the
+start) to its current end: how the worker's recovery scan reads the log, from Kafka
+(``log_scan``) or from ``asyncrl.testing``'s memory broker."""
 
 
 def read_records(
@@ -54,3 +59,12 @@ def read_records(
                     yield rec
                 if rec.offset + 1 >= stops[rec.partition]:
                     remaining.discard(rec.partition)
+
+
+def log_scan(cfg: RunConfig, bootstrap: str) -> LogScan:
+    """``read_records`` of the run's topics on ``bootstrap``, as a ``LogScan``."""
+
+    def scan(name: str, starts: dict[int, int] | None) -> Iterator[Record[bytes | None]]:
+        return read_records(cfg, bootstrap, name, starts=starts)
+
+    return scan

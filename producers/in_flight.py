@@ -1,19 +1,33 @@
-"""A sample being generated on a rollout worker: its prompt, the trajectories finished so far,
-the segments (and their weight versions) each has grown across syncs, and the ones a sync cut
-short, waiting to be continued. It builds the Sample and the partial record the log holds."""
+"""The samples a rollout worker is generating.
+
+``InFlight`` is one sample: its prompt, the trajectories finished so far, the segments (and
+their weight versions) each has grown across syncs, and the ones a sync cut short, waiting to
+be continued. It builds the Sample and the partial record the log holds.
+
+``InFlightSamples`` is all of them, by sample id, with the moves partial rollout makes on them
+(mode d): interrupt trajectories and log their samples to ``partials``, continue them under a
+new version as a new segment, continue a sample a previous incarnation logged.
+"""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from asyncrl.kafka import Record
+from asyncrl.kafka.interfaces import Sink
+from asyncrl.producers.agent.loop import AgentRunner
 from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.reward import Scored
 from asyncrl.producers.spans import SampleTrace
-from asyncrl.schemas.partial import PartialSample
+from asyncrl.schemas import SCHEMA_HEADER
+from asyncrl.schemas.partial import TAG as PARTIAL_TAG
+from asyncrl.schemas.partial import PartialSample, encode_partial
 from asyncrl.schemas.prompt import PromptRecord
-from asyncrl.schemas.sample import Sample, Trajectory
+from asyncrl.schemas.sample import TAG as SAMPLE_TAG
+from asyncrl.schemas.sample import WORKER_HEADER, Sample, Trajectory, encode_sample
 
 
 @dataclass
@@ -125,3 +139,140 @@ class InFlight:
                     response_logprobs=list(t.response_logprobs),
                 )
         return fl
+
+
+class InFlightSamples:
+    """Every sample this worker is generating, by sample id; trajectory ``i`` of sample ``s``
+    runs on the agent runner as request ``s#i``."""
+
+    def __init__(
+        self, runner: AgentRunner, publisher: Sink, topic: Callable[[str], str], n: int
+    ) -> None:
+        self.runner = runner
+        self.publisher = publisher
+        self.samples_topic = topic("samples")
+        self.partials_topic = topic("partials")
+        self.n = n
+        """Trajectories per sample (``rollout.n``)."""
+        self.samples: dict[str, InFlight] = {}
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __contains__(self, sample_id: object) -> bool:
+        return sample_id in self.samples
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.samples)
+
+    def __getitem__(self, sample_id: str) -> InFlight:
+        return self.samples[sample_id]
+
+    def pop(self, sample_id: str) -> InFlight:
+        return self.samples.pop(sample_id)
+
+    def start(self, rec: Record[PromptRecord], prompt_ids: list[int], version: int) -> InFlight:
+        """A new sample: ``n`` trajectories of ``prompt_ids`` under ``version``."""
+        p = rec.value
+        fl = self.samples[p.sample_id] = InFlight(rec, prompt_ids, version, time.time())
+        fl.trace.start(rec.topic, p.sample_id, rec.headers, rec.partition, rec.offset, version)
+        fl.trace.start_segment(version)
+        for i in range(self.n):
+            self.runner.add(f"{p.sample_id}#{i}", AgentState(prompt_ids=list(prompt_ids)))
+        return fl
+
+    def resume_logged(self, rec: Record[PromptRecord], partial: PartialSample, version: int) -> int:
+        """Continue a sample a previous incarnation logged to ``partials`` (crash recovery);
+        returns how many of its trajectories are still to finish."""
+        sample_id = partial.sample.sample_id
+        fl = self.samples[sample_id] = InFlight.from_partial(rec, partial)
+        fl.trace.start(rec.topic, sample_id, rec.headers, rec.partition, rec.offset, version, True)
+        left = len(fl.interrupted)
+        self._continue(sample_id, fl, version)
+        return left
+
+    def interrupt(self, sample_ids: set[str] | None = None) -> None:
+        """Cut the trajectories of ``sample_ids`` (default: all) short before the next token;
+        they wait in ``InFlight.interrupted`` to be logged, continued or dropped."""
+        ids = (
+            None if sample_ids is None else {f"{s}#{i}" for s in sample_ids for i in range(self.n)}
+        )
+        for request_id, state in self.runner.interrupt(ids).items():
+            sample_id, _, index = request_id.rpartition("#")
+            self.samples[sample_id].interrupted[int(index)] = state
+
+    def log_partials(self, sample_ids: list[str], worker_id: int, version: int) -> int:
+        """Publish each of ``sample_ids`` that has interrupted trajectories to ``partials`` and
+        wait for the broker's acknowledgement, so the log holds them before the worker goes on;
+        returns how many were logged."""
+        now = time.time()
+        logged = 0
+        for sample_id in sample_ids:
+            fl = self.samples[sample_id]
+            if not fl.interrupted:
+                continue
+            fl.trace.end_segment(interrupted=True)
+            record = fl.partial(sample_id, worker_id, self.n, version, now)
+            with fl.trace.current():
+                self.publisher.publish(
+                    self.partials_topic,
+                    sample_id,
+                    encode_partial(record),
+                    headers={SCHEMA_HEADER: PARTIAL_TAG},
+                )
+            logged += 1
+        self.publisher.flush()
+        return logged
+
+    def publish(self, sample_id: str, worker_id: int, on_acked: Callable[[], None]) -> None:
+        """Publish a sample whose trajectories are all done; ``on_acked`` runs once the broker
+        has it (the prompt's offset may be committed only then)."""
+        fl = self.samples.pop(sample_id)
+        sample = fl.sample(sample_id, worker_id, [fl.done[i] for i in range(self.n)])
+        fl.trace.end_segment(tokens=sum(len(t.response_ids) for t in sample.trajectories))
+        with fl.trace.current():
+            self.publisher.publish(
+                self.samples_topic,
+                sample_id,
+                encode_sample(sample),
+                headers={SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: str(worker_id)},
+                # Not flushing here keeps the decode loop from stalling a broker round trip
+                # per sample.
+                on_acked=on_acked,
+            )
+        fl.trace.end()
+
+    def hand_back(self, partitions: set[int], log_as: tuple[int, int] | None) -> tuple[int, int]:
+        """Stop generating the samples of prompt ``partitions`` (they move to another worker)
+        and forget them; ``log_as`` (worker id, version): log their partials first. Returns
+        (samples handed back, partials logged)."""
+        moving = [s for s, fl in self.samples.items() if fl.prompt.partition in partitions]
+        if not moving:
+            return 0, 0
+        self.interrupt(set(moving))
+        logged = self.log_partials(moving, *log_as) if log_as is not None else 0
+        for sample_id in moving:
+            self.samples.pop(sample_id).trace.end("its prompt partition moved to another worker")
+        return len(moving), logged
+
+    def continue_all(self, version: int) -> None:
+        """Re-add every interrupted trajectory, continuing its prefix under ``version``."""
+        for sample_id, fl in self.samples.items():
+            self._continue(sample_id, fl, version)
+
+    def _continue(self, sample_id: str, fl: InFlight, version: int) -> None:
+        """Re-add one sample's interrupted trajectories; each starts a segment under ``version``
+        (if its last segment got no token, that segment moves to ``version``; if it was cut
+        under ``version`` itself, its tokens go on in the same segment: a sample handed back
+        or logged at a stop, and continued before the next sync)."""
+        if fl.interrupted:
+            fl.trace.start_segment(version)
+        for i, state in sorted(fl.interrupted.items()):
+            starts, versions = fl.segments_of(i)
+            if starts[-1] == len(state.response_ids):
+                versions[-1] = version
+            elif versions[-1] != version:
+                starts.append(len(state.response_ids))
+                versions.append(version)
+            self.runner.add(f"{sample_id}#{i}", state)  # resumes from its phase
+        fl.interrupted.clear()

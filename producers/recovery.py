@@ -22,15 +22,12 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
-from asyncrl.config import RunConfig
-from asyncrl.kafka.records import read_records
+from asyncrl.kafka.records import LogScan
 from asyncrl.schemas.codec import DecodeError
 from asyncrl.schemas.partial import PartialSample, decode_partial
+from asyncrl.schemas.sample import WORKER_HEADER
 
 log = logging.getLogger(__name__)
-
-WORKER_HEADER = "asyncrl-worker"
-"""On every ``samples`` message: the producing worker id (read without decoding the sample)."""
 
 
 @dataclass
@@ -50,12 +47,12 @@ class RecoveryIndex:
 
     @classmethod
     def from_log(
-        cls, cfg: RunConfig, bootstrap: str, after: dict[str, dict[int, int]] | None = None
+        cls, scan: LogScan, after: dict[str, dict[int, int]] | None = None
     ) -> RecoveryIndex:
         """The index of the log, or of what it holds past ``after`` (an earlier ``positions``)."""
         index = cls()
         after = after or {}
-        for rec in read_records(cfg, bootstrap, "samples", starts=after.get("samples")):
+        for rec in scan("samples", after.get("samples")):
             index._advance("samples", rec.partition, rec.offset)
             if rec.key is None:
                 continue
@@ -63,7 +60,7 @@ class RecoveryIndex:
             worker = rec.headers.get(WORKER_HEADER)
             if worker is not None:
                 index.produced[int(worker)] += 1
-        for rec in read_records(cfg, bootstrap, "partials", starts=after.get("partials")):
+        for rec in scan("partials", after.get("partials")):
             index._advance("partials", rec.partition, rec.offset)
             if rec.key is None or rec.key in index.published:
                 continue
@@ -76,9 +73,9 @@ class RecoveryIndex:
     def _advance(self, topic: str, partition: int, offset: int) -> None:
         self.positions.setdefault(topic, {})[partition] = offset + 1
 
-    def rescan(self, cfg: RunConfig, bootstrap: str) -> None:
+    def rescan(self, scan: LogScan) -> None:
         """Take in what was appended to the log since the last scan."""
-        self.merge(RecoveryIndex.from_log(cfg, bootstrap, after=self.positions))
+        self.merge(RecoveryIndex.from_log(scan, after=self.positions))
 
     def merge(self, newer: RecoveryIndex) -> None:
         """Take in a later scan of the log (other workers' samples and partials): a sample

@@ -23,6 +23,8 @@ from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schem
 NAME = "sample"
 VERSION = 4  # 3: the agent loop's num_turns, tool_calls, tool_errors, tool_s; 4: reward_error, reward_extra
 TAG = schema_tag(NAME, VERSION)
+WORKER_HEADER = "asyncrl-worker"
+"""On every ``samples`` message: the producing worker id (read without decoding the sample)."""
 
 _AGENT_FIELDS = [
     pa.field("num_turns", pa.int32(), nullable=False),

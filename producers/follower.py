@@ -1,0 +1,271 @@
+"""The rollout worker's half of the sync hand-shake (DESIGN.md section 4): it follows the
+trainer's weight versions.
+
+It reads the control events meant for a worker (a sync requested, budget refunded or granted,
+a restarted trainer, the run finished), joins the trainer's weight transport, receives each
+version's weights in place, and publishes the worker's events of the hand-shake: RolloutPaused,
+WeightsLoaded, RolloutResumed with the version's budget. What happens at a sync to the samples
+in flight (finish, or interrupt and continue) is the worker's (``worker.py``); the trainer's
+side of the hand-shake is ``consumers.coordinator``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from asyncrl.config import RunConfig
+from asyncrl.producers.budget import RolloutBudget
+from asyncrl.schemas import control as ev
+from asyncrl.sync.channel import ControlChannel
+from asyncrl.sync.checksum import weights_checksum
+from asyncrl.sync.collective import ManifestMismatchError
+from asyncrl.sync.transport import WeightSink
+from asyncrl.telemetry.metrics import WaitClock
+
+log = logging.getLogger(__name__)
+
+
+class TrainerGone(RuntimeError):
+    """The trainer this worker joined is gone; a restarted one must be joined."""
+
+
+class SyncFollower:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        worker_id: int,
+        incarnation: str,
+        control: ControlChannel,
+        make_sink: Callable[[torch.device], WeightSink],
+        model: torch.nn.Module,
+    ) -> None:
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.incarnation = incarnation
+        self.control = control
+        self.make_sink = make_sink
+        self.model = model
+        """The engine's model: weights are received into it in place."""
+        rollout = cfg.actor_rollout_ref.rollout
+        self.num_workers = rollout.num_workers
+        self.budget = RolloutBudget(
+            cfg.max_samples_per_version, max(1, rollout.num_workers), worker_id
+        )
+        self.version = 0
+        self.pending_sync: ev.SyncRequested | None = None
+        self.sync_seen_at = 0.0
+        self.sync_seen_ns: int | None = None
+        self.trainer_gone: str | None = None
+        """Why the trainer this worker joined is gone (a new one must be joined), or None."""
+        self.trainer_back = False
+        """A new trainer's TrainerResumed has arrived (it hosts the collective by now)."""
+        self.finished = False
+        self.sink: WeightSink | None = None
+        self.idle = WaitClock()
+        """Idle time (nothing to generate) per sync window: rollouter/idle_ratio."""
+        self.keep_alive: Callable[[], None] = lambda: None
+        """Polls the prompts group while the worker waits here (or it would lose its partitions)."""
+
+    # --- control events -----------------------------------------------------------------------
+    def poll(self, timeout: float) -> None:
+        for event in self.control.poll(timeout):
+            self.handle(event)
+
+    def handle(self, event: ev.ControlEvent) -> None:
+        if self._new_trainer(event):
+            self.trainer_gone = f"a new trainer started (version {event.version})"
+            self.trainer_back = True
+        elif isinstance(event, ev.SyncRequested) and event.version > self.version:
+            self.pending_sync = event
+            self.sync_seen_at = time.monotonic()
+            self.sync_seen_ns = time.time_ns()
+        elif isinstance(event, (ev.SamplesDropped, ev.BudgetGranted)) and self._ours(event):
+            self.budget.refund(event.count)
+        elif isinstance(event, ev.RunFinished):
+            self.finished = True
+
+    def _ours(self, event: ev.SamplesDropped | ev.BudgetGranted) -> bool:
+        """Samples the trainer dropped of ours, or a share of this version handed over to us."""
+        if isinstance(event, ev.SamplesDropped):
+            return event.target_worker == self.worker_id
+        return event.target_worker == self.worker_id and event.version == self.version
+
+    def _new_trainer(self, event: ev.ControlEvent) -> bool:
+        """A TrainerResumed of a trainer this worker has not joined: its versions are above
+        every version on the log, so above this worker's, unlike the one it joined."""
+        return isinstance(event, ev.TrainerResumed) and event.version > self.version
+
+    # --- the hand-shake ------------------------------------------------------------------------
+    def join(self) -> ev.WeightsPublished:
+        """Announce this incarnation, form its pair with the trainer and receive its current
+        weights; the WeightsPublished that follows says the version and what it consumed."""
+        self.sink = self.make_sink(next(self.model.parameters()).device)
+        self.sink.join(self.worker_id, self.incarnation, announce=self._announce)
+        return self.receive()
+
+    def _announce(self) -> None:
+        """WorkerStarted, repeated while the trainer has not accepted this worker."""
+        self.control.publish(
+            ev.WorkerStarted(run_id=self.cfg.run_id, version=self.version, worker=self.worker_id)
+        )
+        self.keep_alive()
+
+    def paused(self, request: ev.SyncRequested, n_partial: int, produced: int) -> None:
+        """Step 2's end: nothing of the old version is generating any more."""
+        self.control.publish(
+            ev.RolloutPaused(
+                run_id=self.cfg.run_id,
+                version=request.version,
+                worker=self.worker_id,
+                pause_s=time.monotonic() - self.sync_seen_at,
+                n_partial=n_partial,
+                produced=produced,
+            )
+        )
+
+    def receive(self, version: int | None = None) -> ev.WeightsPublished:
+        """Step 3: weights in place, checksum compared, version taken over, WeightsLoaded.
+
+        The trainer publishes WeightsPublished after the transfer, naming the incarnations it
+        reached, so it is read afterwards; at a join (``version`` None) it also tells which
+        version the trainer is at and how many of this worker's samples it has consumed.
+        """
+        assert self.sink is not None
+        t0 = time.monotonic()
+        try:
+            self.sink.receive_into(self.model, self.cfg.sync.bucket_bytes)
+        except ManifestMismatchError:
+            raise
+        except RuntimeError as err:  # the pair failed: the trainer died mid-transfer
+            raise TrainerGone(f"the weight transfer failed ({err})") from err
+        published = self.control.wait_for(
+            ev.ControlEvent,
+            where=lambda e: (
+                (
+                    isinstance(e, ev.WeightsPublished)
+                    and (version is None or e.version == version)
+                    and self.incarnation in e.incarnations
+                )
+                # During a sync, a trainer restarted after the transfer never publishes it. (At
+                # a join, the new pair's transfer fails instead if this trainer died since.)
+                or (version is not None and self._new_trainer(e))
+            ),
+        )
+        if not isinstance(published, ev.WeightsPublished):
+            self.trainer_back = True
+            raise TrainerGone(f"a new trainer started (version {published.version})")
+        ok = True
+        if self.cfg.sync.verify_checksum:
+            ok = weights_checksum(self.model) == published.checksum
+            if not ok:
+                log.error(
+                    "worker %d: weights of version %d differ from the trainer's",
+                    self.worker_id,
+                    published.version,
+                )
+        self.version = published.version
+        self.control.publish(
+            ev.WeightsLoaded(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                worker=self.worker_id,
+                load_s=time.monotonic() - t0,
+                checksum_ok=ok,
+            )
+        )
+        return published
+
+    def resume(self, stale: int, published: ev.WeightsPublished) -> None:
+        """Step 5: open this version's budget (the members' share, minus ``stale``)."""
+        allowed = self.budget.reset(self.version, stale, self._members(published))
+        self.control.publish(
+            ev.RolloutResumed(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                worker=self.worker_id,
+                budget=allowed,
+                num_stale=stale,
+                idle_ratio=self.idle.close_window()[0],
+            )
+        )
+        log.info(
+            "worker %d: version %d, budget %d (stale %d)",
+            self.worker_id,
+            self.version,
+            allowed,
+            stale,
+        )
+
+    def _members(self, published: ev.WeightsPublished) -> list[int] | None:
+        """Who shares the budget of ``published.version``: the members named at its sync, or
+        (none named: opened at start-up) the configured workers. A worker added beyond those
+        that joins before any sync names it waits for the next one; then it is a member."""
+        if published.members:
+            return published.members
+        return [] if self.worker_id >= self.num_workers else None
+
+    # --- a restarted trainer -------------------------------------------------------------------
+    def rejoin(self) -> ev.WeightsPublished | None:
+        """Wait for the restarted trainer, join it and receive its weights (None: the run
+        finished first). The old trainer's pending sync is superseded by the new weights."""
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+        self.idle.set_waiting(True)
+        self._await_new_trainer()
+        if self.finished:
+            return None
+        welcome = self.join()
+        self.trainer_gone, self.trainer_back = None, False
+        self.pending_sync = None
+        return welcome
+
+    def _await_new_trainer(self) -> None:
+        """Until a restarted trainer announces itself (TrainerResumed) or the run finishes;
+        its collective is up once it has announced."""
+        deadline = time.monotonic() + self.cfg.sync.timeout_s
+        while not self.trainer_back and not self.finished:
+            for event in self.control.poll(0.2):
+                if self._new_trainer(event):
+                    self.trainer_back = True
+                elif isinstance(event, ev.RunFinished):
+                    self.finished = True
+            self.keep_alive()
+            if time.monotonic() > deadline:
+                raise TrainerGone(
+                    f"{self.trainer_gone}, and no trainer started again within "
+                    f"sync.timeout_s={self.cfg.sync.timeout_s:.0f} s"
+                )
+
+    def left(self, reason: str, produced: int, dropped: list[str]) -> None:
+        """The worker leaves the run: ``dropped`` samples (taken, not finished when the run
+        finished) are a logged drop, so every prompt taken is a sample or a drop on the log;
+        WorkerStopped says why it left."""
+        run_id, version, worker = self.cfg.run_id, self.version, self.worker_id
+        if dropped:
+            reason_dropped = "run finished before the sample did"
+            self.control.publish(
+                ev.SamplesDropped(
+                    run_id=run_id,
+                    version=version,
+                    worker=worker,
+                    target_worker=worker,
+                    count=len(dropped),
+                    reason=reason_dropped,
+                    sample_ids=dropped,
+                )
+            )
+        self.control.publish(
+            ev.WorkerStopped(
+                run_id=run_id, version=version, worker=worker, reason=reason, produced=produced
+            )
+        )
+
+    def close(self) -> None:
+        self.control.close()
+        if self.sink is not None:
+            self.sink.close()

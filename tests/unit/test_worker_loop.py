@@ -1,0 +1,268 @@
+"""The rollout worker's loop, broker-free: a real worker (engine, agent runner, budget, in-flight
+bookkeeping) over ``asyncrl.testing``'s in-memory broker and weight transport, with a scripted
+trainer on the other side of the sync hand-shake. The broker tests in tests/integration cover
+the same paths over Kafka and the collective."""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrl.config import load_config
+from asyncrl.models.warm_start import load_policy
+from asyncrl.producers.worker import RolloutWorker
+from asyncrl.schemas import SCHEMA_HEADER
+from asyncrl.schemas import control as ev
+from asyncrl.schemas.partial import TAG as PARTIAL_TAG
+from asyncrl.schemas.partial import PartialSample, decode_partial, encode_partial
+from asyncrl.schemas.prompt import decode_prompt
+from asyncrl.schemas.sample import TAG as SAMPLE_TAG
+from asyncrl.schemas.sample import (
+    WORKER_HEADER,
+    Sample,
+    Trajectory,
+    decode_sample,
+    encode_sample,
+)
+from asyncrl.testing import LocalWeights, MemoryBroker, ScriptedTrainer, worker_io
+from tests.helpers import SMALL
+
+WARM = ["actor_rollout_ref.model.warmup_steps=100"]
+
+
+def _cfg(tmp_path, *overrides):
+    return load_config(
+        overrides=[
+            *SMALL,
+            *WARM,
+            f"output_dir={tmp_path}",
+            "run_id=mem",
+            "actor_rollout_ref.rollout.num_workers=1",
+            "async_training.staleness_threshold=0.5",  # 6 samples per version, 4 at a time
+            *overrides,
+        ]
+    )
+
+
+class Run:
+    """A worker wired to a memory broker, a scripted trainer and a script of what the trainer
+    does as the run goes (``when_published(k, action)``: after the k-th sample)."""
+
+    def __init__(self, cfg, prompts: int = 16) -> None:
+        self.cfg = cfg
+        self.broker = MemoryBroker()
+        self.broker.feed(cfg, prompts)
+        weights = LocalWeights()
+        self.model, _ = load_policy(cfg)
+        self.trainer = ScriptedTrainer(cfg, self.broker, weights, self.model)
+        self.worker = RolloutWorker(cfg, 0, io=worker_io(cfg, self.broker, weights))
+        self.script: dict[int, object] = {}
+        self.broker.reactions.append(self._on_record)
+
+    def when_published(self, k: int, action) -> None:
+        self.script[k] = action
+
+    def _on_record(self, rec) -> None:
+        if rec.topic == self.cfg.topic("samples"):
+            action = self.script.pop(len(self.broker.topics[rec.topic]), None)
+            if action is not None:
+                action()
+
+    def run(self) -> int:
+        return self.worker.run()
+
+    def events(self, worker: int = 0) -> list[ev.ControlEvent]:
+        """The control events of the worker and the trainer's sync requests, in log order."""
+        return [
+            e
+            for e in self.broker.events(self.cfg)
+            if e.worker == worker or isinstance(e, (ev.SyncRequested, ev.RunFinished))
+        ]
+
+    def samples(self) -> list[Sample]:
+        return self.broker.read(self.cfg, "samples", decode_sample)
+
+    def partials(self) -> list[PartialSample]:
+        return self.broker.read(self.cfg, "partials", decode_partial)
+
+
+def _kinds(events) -> list[str]:
+    return [f"{type(e).__name__}({e.version})" for e in events]
+
+
+def _perturb(model: torch.nn.Module) -> None:
+    """New weights for the next version (what a training step would do)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_mode_c_sync_finishes_in_flight_samples_then_loads_the_new_version(tmp_path):
+    run = Run(_cfg(tmp_path))
+
+    def sync() -> None:
+        _perturb(run.model)
+        run.trainer.consumed = {"0": 2}
+        run.trainer.request_sync()
+
+    run.when_published(2, sync)
+    run.when_published(8, run.trainer.finish)
+    assert run.run() >= 8
+
+    kinds = _kinds(run.events())
+    assert kinds[:3] == ["WorkerStarted(0)", "WeightsLoaded(0)", "RolloutResumed(0)"]
+    at = kinds.index("SyncRequested(1)")
+    assert kinds[at : at + 4] == [
+        "SyncRequested(1)",
+        "RolloutPaused(1)",
+        "WeightsLoaded(1)",
+        "RolloutResumed(1)",
+    ]
+    assert kinds[-1] == "WorkerStopped(1)"
+    events = run.events()
+    paused = next(e for e in events if isinstance(e, ev.RolloutPaused))
+    loaded = [e for e in events if isinstance(e, ev.WeightsLoaded)]
+    resumed = [e for e in events if isinstance(e, ev.RolloutResumed)]
+    # Mode (c): the samples in flight at the request finished under version 0 before the
+    # pause, so the worker paused with nothing interrupted.
+    assert paused.n_partial == 0 and not run.partials()
+    assert paused.produced >= 2
+    samples = run.samples()
+    versions = [t.param_version for s in samples for t in s.trajectories]
+    assert versions == sorted(versions) and set(versions) == {0, 1}
+    assert sum(1 for s in samples if s.trajectories[0].param_version == 0) == paused.produced
+    # The budget of version 1 counts what the trainer has not consumed yet as stale.
+    assert resumed[1].num_stale == paused.produced - 2
+    assert resumed[1].budget == run.cfg.max_samples_per_version - resumed[1].num_stale
+    assert all(e.checksum_ok for e in loaded)
+    assert _same_weights(run.worker.engine.model, run.model)
+
+
+def test_a_mode_d_sync_logs_partials_and_continues_them_as_a_new_segment(tmp_path):
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true")
+    run = Run(cfg)
+    # The sync is requested after the first decoding step, so every trajectory in flight is
+    # cut short after its first token.
+    step = run.worker.runner.step
+    decoded = [0]
+
+    def step_then_sync():
+        decoded[0] += 1
+        if decoded[0] == 1:
+            _perturb(run.model)
+            run.trainer.request_sync()
+        return step()
+
+    run.worker.runner.step = step_then_sync
+    run.when_published(4, run.trainer.finish)
+    run.run()
+
+    kinds = _kinds(run.events())
+    at = kinds.index("SyncRequested(1)")
+    assert kinds[at : at + 4] == [
+        "SyncRequested(1)",
+        "RolloutPaused(1)",
+        "WeightsLoaded(1)",
+        "RolloutResumed(1)",
+    ]
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    partials = run.partials()
+    assert paused.n_partial == len(partials) == 4  # all four samples in flight were logged
+    assert paused.produced == 0
+    # Each partial holds the tokens so far (one) of every interrupted trajectory, version 0.
+    for p in partials:
+        assert p.interrupted_at_version == 0
+        for t in p.sample.trajectories:
+            assert t.finish_reason == "abort" and len(t.response_ids) == 1
+            assert t.segment_versions == [0]
+    # Continued under version 1: the first token is version 0's, the rest a new segment.
+    by_id = {s.sample_id: s for s in run.samples()}
+    for p in partials:
+        sample = by_id[p.sample.sample_id]
+        for logged, t in zip(p.sample.trajectories, sample.trajectories, strict=True):
+            assert t.response_ids[:1] == logged.response_ids
+            assert t.response_logprobs[:1] == logged.response_logprobs
+            if len(t.response_ids) > 1:
+                assert (t.segment_starts, t.segment_versions) == ([0, 1], [0, 1])
+            assert t.param_version_start == 0
+    resumed = [e for e in run.events() if isinstance(e, ev.RolloutResumed)]
+    assert resumed[1].num_stale == 4  # the four continued samples, in flight at the sync
+    assert resumed[1].budget == cfg.max_samples_per_version - 4
+
+
+def test_a_restarted_worker_skips_published_prompts_and_continues_logged_partials(tmp_path):
+    cfg = _cfg(tmp_path, "actor_rollout_ref.rollout.n=2", "async_training.partial_rollout=true")
+    run = Run(cfg, prompts=5)
+    ids = [p.sample_id for p in run.broker.read(cfg, "prompts", decode_prompt)]
+    # The previous incarnation published samples 0 and 2 (their offsets were not committed)
+    # and logged sample 3 with one trajectory finished and one cut short after two tokens.
+    pub = run.broker.publisher()
+    for sid in (ids[0], ids[2]):
+        pub.publish(cfg.topic("samples"), sid, encode_sample(_logged(sid, "stop")), _HEADERS)
+    logged = _logged(ids[3], "abort")
+    logged.trajectories[0].finish_reason = "stop"
+    pub.publish(
+        cfg.topic("partials"), ids[3], encode_partial(PartialSample(logged, 0, 0, 3)), _PARTIAL
+    )
+    run.when_published(2 + 3, run.trainer.finish)
+    run.run()
+
+    published = [s.sample_id for s in run.samples()]
+    assert sorted(published[2:]) == sorted([ids[1], ids[3], ids[4]])  # each exactly once
+    assert run.worker.recovery.skipped == 2 and run.worker.recovery.resumed == 1
+    assert run.worker.budget.started == 3 - 1  # skipped prompts cost none; its own partial none
+    continued = next(s for s in run.samples()[2:] if s.sample_id == ids[3])
+    done, cut = continued.trajectories
+    assert done.response_ids == logged.trajectories[0].response_ids  # kept, not regenerated
+    assert cut.response_ids[:2] == logged.trajectories[1].response_ids
+    # Logged and continued under the same version 0: its tokens go on in one segment (a
+    # second segment of the same version is invalid: the sample did not encode, and the
+    # worker failed on it).
+    assert (cut.segment_starts, cut.segment_versions) == ([0], [0])
+    assert run.broker.committed[(cfg.topic("prompts"), 0)] == 5  # every prompt accounted for
+
+
+def test_a_revoked_partition_hands_its_samples_back_logged_and_refunded(tmp_path):
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true")
+    sources: list = []
+    broker = MemoryBroker()
+    broker.feed(cfg, 8)
+    weights = LocalWeights()
+    model, _ = load_policy(cfg)
+    trainer = ScriptedTrainer(cfg, broker, weights, model)
+    worker = RolloutWorker(cfg, 0, io=worker_io(cfg, broker, weights, prompts=sources))
+    step = worker.runner.step
+    decoded = [0]
+
+    def step_then_revoke():  # after one token of each trajectory, the partition moves away
+        decoded[0] += 1
+        if decoded[0] == 2:
+            remaining = worker.budget.remaining
+            sources[0].revoke()
+            assert worker.budget.remaining == remaining + 4  # the four samples' budget refunded
+            assert len(worker.in_flight) == 0 and not worker.runner.busy
+            trainer.finish()
+        return step()
+
+    worker.runner.step = step_then_revoke
+    worker.run()
+    partials = broker.read(cfg, "partials", decode_partial)
+    assert len(partials) == 4 and not broker.topics.get(cfg.topic("samples"))
+    assert all(len(t.response_ids) == 1 for p in partials for t in p.sample.trajectories)
+    stopped = [e for e in broker.events(cfg) if isinstance(e, ev.WorkerStopped)]
+    dropped = [e for e in broker.events(cfg) if isinstance(e, ev.SamplesDropped)]
+    assert stopped[0].reason == "run finished" and not dropped  # nothing left in flight
+
+
+# --- the log a previous incarnation left ------------------------------------------------------
+_HEADERS = {SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: "0"}
+_PARTIAL = {SCHEMA_HEADER: PARTIAL_TAG}
+
+
+def _logged(sample_id: str, finish: str) -> Sample:
+    trajs = [Trajectory([4, 5], [-0.5, -0.4], 0.0, finish_reason=finish) for _ in range(2)]
+    return Sample(sample_id, sample_id.split("@")[0], 0, [1, 5, 14, 6, 17], "11", trajs)
