@@ -13,6 +13,7 @@ wire a real trainer or worker to all of these).
 
 from __future__ import annotations
 
+import queue
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -203,7 +204,7 @@ class LocalWeights:
         targets = sorted(self.members) if workers is None else workers
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         for worker in targets:
-            self.sinks[worker].pending.append(state)
+            self.sinks[worker].put(state)
         self.sent.append(list(targets))
         size = sum(t.numel() * t.element_size() for t in state.values())
         stats = TransferStats(size, time.perf_counter() - t0, 1, len(state))
@@ -215,22 +216,37 @@ class LocalWeights:
 
 @dataclass
 class LocalSink:
-    """A worker's end of ``LocalWeights``: what was broadcast to it, loaded on receive."""
+    """A worker's end of ``LocalWeights``: what was broadcast to it, loaded on receive (which
+    waits for a broadcast, as the collective's does: the in-flight update receives on a
+    thread, ahead of the broadcast)."""
 
-    pending: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    sent: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    """Every state broadcast to this end, in order."""
+    pending: queue.Queue[dict[str, torch.Tensor]] = field(default_factory=queue.Queue)
+    closed: bool = False
+
+    def put(self, state: dict[str, torch.Tensor]) -> None:
+        self.sent.append(state)
+        self.pending.put(state)
 
     def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
         announce()  # the trainer's side connects it (see ScriptedTrainer)
 
     def receive_into(self, model: torch.nn.Module, bucket_bytes: int) -> TransferStats:
         t0 = time.perf_counter()
-        state = self.pending.pop(0)
+        while True:
+            try:
+                state = self.pending.get(timeout=0.05)
+                break
+            except queue.Empty:
+                if self.closed:
+                    raise RuntimeError("the local weight sink was closed") from None
         model.load_state_dict(state)
         size = sum(t.numel() * t.element_size() for t in state.values())
         return TransferStats(size, time.perf_counter() - t0, 1, len(state))
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
 
 class MemoryPromptSource:
@@ -290,7 +306,8 @@ class ScriptedTrainer:
     """The trainer's side of the hand-shake, for a worker under test, run by the broker's
     reactions (so in the worker's own thread): a worker that announces itself (WorkerStarted)
     is connected and sent the current weights; once every member has paused for a requested
-    sync, the weights of the new version are sent and published. ``model`` is what is sent."""
+    sync (with ``in_flight_update``: at once), the weights of the new version are sent and
+    published. ``model`` is what is sent."""
 
     def __init__(
         self, cfg: RunConfig, broker: MemoryBroker, weights: LocalWeights, model: torch.nn.Module
@@ -337,6 +354,9 @@ class ScriptedTrainer:
         self.control.publish(
             ev.SyncRequested(run_id=self.cfg.run_id, version=self.requested, consumed=self.consumed)
         )
+        if self.cfg.async_training.in_flight_update:  # nobody pauses: sent at once
+            self.version, self.requested = self.requested, None
+            self._send(sorted(self.weights.members), members=sorted(self.weights.members))
 
     def finish(self) -> None:
         self.control.publish(ev.RunFinished(run_id=self.cfg.run_id, version=self.version))

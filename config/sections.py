@@ -213,6 +213,11 @@ class AsyncTrainingConfig(Strict):
     """Mini-batches gathered before one update: a step uses require_batches x ppo_mini_batch_size samples."""
     partial_rollout: bool = False
     """Interrupt in-flight samples at a sync and continue them (only with staleness_threshold > 0)."""
+    in_flight_update: bool = False
+    """With partial_rollout: workers receive each version's weights in the background while they
+    keep generating, and swap them in between two tokens (PipelineRL's in-flight weight update):
+    no pause, nothing logged to partials at a sync; the tokens after the swap form a new segment
+    under the new version. The trainer does not wait for the workers to pause."""
     use_rollout_log_probs: bool = True
     """Use the rollout's logprobs as old_log_prob (verl's default); False recomputes with the trainer."""
     max_version_lag: int | None = Field(None, ge=0)
@@ -374,6 +379,11 @@ class RunConfig(Strict):
         if at.partial_rollout and at.staleness_threshold == 0:
             raise ValueError(
                 "async_training.partial_rollout=True needs async_training.staleness_threshold > 0"
+            )
+        if at.in_flight_update and not at.partial_rollout:
+            raise ValueError(
+                "async_training.in_flight_update=True needs async_training.partial_rollout=True "
+                "(samples in flight at a sync go on under the new weights, as segments)"
             )
         multi_turn = self.actor_rollout_ref.rollout.multi_turn
         if self.data.task == "calculator" and not multi_turn.enable:

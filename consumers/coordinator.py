@@ -4,7 +4,9 @@ A sync, in this order (DESIGN.md section 4):
 1. Publish SyncRequested(v+1) with what the trainer has consumed of each worker.
 2. Wait until every member has published RolloutPaused(v+1). A worker that (re)joins meanwhile
    has nothing in flight: it counts as paused and gets this sync's weights. One that does not
-   pause within ``sync.timeout_s`` is dropped from the collective.
+   pause within ``sync.timeout_s`` is dropped from the collective. (Not with
+   ``async_training.in_flight_update``: the workers receive in the background and swap the
+   weights in between two tokens, so the broadcast goes at once.)
 3. The version is v+1: broadcast the weights in buckets, then publish WeightsPublished(v+1,
    checksum, the incarnations reached, the members the new version's budget is split among).
 4. Do not wait for the workers to load and resume: their RolloutResumed events, read later,
@@ -170,8 +172,9 @@ class SyncCoordinator:
         self.requested_ts[new_version] = request.ts
         with trace.use_span(spans.sync_span(new_version, trigger), end_on_exit=True):
             self.control.publish(request)  # carries this span's context to the workers
-            with spans.phase("sync.pause"), self.wait_clock.waiting():
-                self._wait_for_pauses(new_version)
+            if not self.cfg.async_training.in_flight_update:  # in flight: nobody pauses
+                with spans.phase("sync.pause"), self.wait_clock.waiting():
+                    self._wait_for_pauses(new_version)
             self.version = new_version
             with spans.phase("sync.transfer"):
                 self.publish_weights(pause_wait_s=time.monotonic() - t0)

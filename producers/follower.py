@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from asyncrl.config import RunConfig
 from asyncrl.producers.budget import RolloutBudget
 from asyncrl.schemas import control as ev
-from asyncrl.sync.channel import ControlChannel
+from asyncrl.sync.channel import ControlChannel, SyncTimeout
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import ManifestMismatchError
 from asyncrl.sync.transport import WeightSink
@@ -56,7 +57,11 @@ class SyncFollower:
             cfg.max_samples_per_version, max(1, rollout.num_workers), worker_id
         )
         self.version = 0
-        self.pending_sync: ev.SyncRequested | None = None
+        self.requests: deque[ev.SyncRequested] = deque()
+        """Syncs requested above this worker's version, oldest first (in-flight updates may
+        fall behind by a version or two; the hand-shake with pauses holds at most one)."""
+        self.published: dict[int, ev.WeightsPublished] = {}
+        """WeightsPublished naming this incarnation, read before their version was taken."""
         self.sync_seen_at = 0.0
         self.sync_seen_ns: int | None = None
         self.trainer_gone: str | None = None
@@ -70,6 +75,15 @@ class SyncFollower:
         self.keep_alive: Callable[[], None] = lambda: None
         """Polls the prompts group while the worker waits here (or it would lose its partitions)."""
 
+    @property
+    def pending_sync(self) -> ev.SyncRequested | None:
+        """The oldest sync requested and not done yet."""
+        return self.requests[0] if self.requests else None
+
+    def sync_done(self) -> None:
+        request = self.requests.popleft()
+        self.published.pop(request.version, None)
+
     # --- control events -----------------------------------------------------------------------
     def poll(self, timeout: float) -> None:
         for event in self.control.poll(timeout):
@@ -79,14 +93,23 @@ class SyncFollower:
         if self._new_trainer(event):
             self.trainer_gone = f"a new trainer started (version {event.version})"
             self.trainer_back = True
-        elif isinstance(event, ev.SyncRequested) and event.version > self.version:
-            self.pending_sync = event
+        elif isinstance(event, ev.SyncRequested) and event.version > self._last_requested():
+            self.requests.append(event)
             self.sync_seen_at = time.monotonic()
             self.sync_seen_ns = time.time_ns()
+        elif (
+            isinstance(event, ev.WeightsPublished)
+            and event.version > self.version
+            and self.incarnation in event.incarnations
+        ):
+            self.published[event.version] = event
         elif isinstance(event, (ev.SamplesDropped, ev.BudgetGranted)) and self._ours(event):
             self.budget.refund(event.count)
         elif isinstance(event, ev.RunFinished):
             self.finished = True
+
+    def _last_requested(self) -> int:
+        return self.requests[-1].version if self.requests else self.version
 
     def _ours(self, event: ev.SamplesDropped | ev.BudgetGranted) -> bool:
         """Samples the trainer dropped of ours, or a share of this version handed over to us."""
@@ -179,7 +202,7 @@ class SyncFollower:
         )
         return published
 
-    def resume(self, stale: int, published: ev.WeightsPublished) -> None:
+    def resume(self, stale: int, published: ev.WeightsPublished, flush: bool = True) -> None:
         """Step 5: open this version's budget (the members' share, minus ``stale``)."""
         allowed = self.budget.reset(self.version, stale, self._members(published))
         self.control.publish(
@@ -190,7 +213,8 @@ class SyncFollower:
                 budget=allowed,
                 num_stale=stale,
                 idle_ratio=self.idle.close_window()[0],
-            )
+            ),
+            flush=flush,
         )
         log.info(
             "worker %d: version %d, budget %d (stale %d)",
@@ -208,6 +232,66 @@ class SyncFollower:
             return published.members
         return [] if self.worker_id >= self.num_workers else None
 
+    # --- the in-flight update (async_training.in_flight_update) ---------------------------------
+    def ready_to_swap(self, received: bool) -> tuple[ev.SyncRequested, ev.WeightsPublished] | None:
+        """The oldest sync requested, once its weights are received (``received``) and the
+        trainer has announced them (the version, checksum and members come with that)."""
+        request = self.pending_sync
+        if not received or request is None or request.version not in self.published:
+            return None
+        return request, self.published[request.version]
+
+    def swapped(
+        self,
+        request: ev.SyncRequested,
+        published: ev.WeightsPublished,
+        checksum: str,
+        pause_s: float,
+        receive_s: float,
+        produced: int,
+    ) -> None:
+        """The new version is live: RolloutPaused (its pause is the swap's) and WeightsLoaded
+        (checksum compared), not flushed, so the decoding loop does not wait for the broker."""
+        ok = not self.cfg.sync.verify_checksum or checksum == published.checksum
+        if not ok:
+            log.error(
+                "worker %d: weights of version %d differ from the trainer's",
+                self.worker_id,
+                published.version,
+            )
+        self.version = published.version
+        run_id, worker = self.cfg.run_id, self.worker_id
+        self.control.publish(
+            ev.RolloutPaused(
+                run_id=run_id,
+                version=self.version,
+                worker=worker,
+                pause_s=pause_s,
+                produced=produced,
+            ),
+            flush=False,
+        )
+        self.control.publish(
+            ev.WeightsLoaded(
+                run_id=run_id, version=self.version, worker=worker, load_s=receive_s, checksum_ok=ok
+            ),
+            flush=False,
+        )
+        self.sync_done()
+
+    def run_finishing(self, grace_s: float = 2.0) -> bool:
+        """Whether RunFinished arrives within ``grace_s``: the trainer closes its weight pairs
+        right after publishing it, so a worker receiving in the background sees its pair close
+        before it reads the event, and must not take that for a trainer that died."""
+        if self.finished:
+            return True
+        try:
+            self.control.wait_for(ev.RunFinished, timeout_s=grace_s)
+        except SyncTimeout:
+            return False
+        self.finished = True
+        return True
+
     # --- a restarted trainer -------------------------------------------------------------------
     def rejoin(self) -> ev.WeightsPublished | None:
         """Wait for the restarted trainer, join it and receive its weights (None: the run
@@ -221,7 +305,8 @@ class SyncFollower:
             return None
         welcome = self.join()
         self.trainer_gone, self.trainer_back = None, False
-        self.pending_sync = None
+        self.requests.clear()
+        self.published.clear()
         return welcome
 
     def _await_new_trainer(self) -> None:

@@ -89,6 +89,15 @@ class RecoveryIndex:
         for topic, offsets in newer.positions.items():
             self.positions.setdefault(topic, {}).update(offsets)
 
+    def log_found(self, worker_id: int) -> None:
+        """Say what a (re)starting worker found on the log, if anything."""
+        if self.published or self.partials:
+            log.info(
+                "worker %d: the log holds %d samples (%d of this worker) and %d unfinished "
+                "partial samples",
+                *(worker_id, len(self.published), self.produced[worker_id], len(self.partials)),
+            )
+
     def partials_of(self, worker_id: int) -> int:
         """Logged partial samples of ``worker_id`` not yet continued: work its previous
         incarnation admitted under older versions, which the budget counts as stale."""

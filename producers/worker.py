@@ -16,6 +16,11 @@ A sync, on this side (DESIGN.md section 4):
 5. Open the budget of v+1 minus this worker's stale samples (partial ones included); publish
    RolloutResumed(v+1).
 
+With ``async_training.in_flight_update`` (mode d), nothing pauses: the weights of v+1 arrive on
+a thread into a second copy of the policy (``shadow_weights``) while the loop keeps generating
+and admitting under v; once they and WeightsPublished(v+1) are in, the loop swaps them in
+between two tokens, and steps 2-5 happen in that swap (nothing is logged to ``partials``).
+
 The trainer restarts (it died, and ``asyncrl run`` or its operator started it again from its
 checkpoint): its pair fails, or its TrainerResumed arrives. The worker stops admitting prompts,
 finishes (mode c) or interrupts and logs (mode d) what is in flight, as for a sync, then joins
@@ -57,6 +62,7 @@ from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.producers.io import PromptFeed, WorkerIO, kafka_io
 from asyncrl.producers.recovery import RecoveryIndex
 from asyncrl.producers.scoring import TrajectoryScorer
+from asyncrl.producers.shadow_weights import ShadowWeights
 from asyncrl.producers.spans import sync_span
 from asyncrl.schemas import control as ev
 from asyncrl.telemetry import tracing
@@ -111,6 +117,8 @@ class RolloutWorker:
         counted as stale in its budget (num_stale), so continuing one takes no budget."""
         self.stopping = False
         """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
+        self.shadow: ShadowWeights | None = None
+        """The in-flight update's second buffer (async_training.in_flight_update), once joined."""
         self.recovery = RecoveryIndex()
         self.rescan = False
         """Set when the prompts group is rebalanced: re-read the log before the next admission."""
@@ -142,12 +150,21 @@ class RolloutWorker:
         try:
             while not f.finished and not self.stopping:
                 f.poll(0.0)
+                if self.shadow is not None:  # in-flight update: swap, between two tokens
+                    why = self.shadow.failed()
+                    if why and f.trainer_gone is None:
+                        if f.run_finishing():
+                            continue
+                        f.trainer_gone = why
+                    ready = f.ready_to_swap(self.shadow.ready.is_set())
+                    if ready is not None:
+                        self._swap(*ready)
                 # A sync (or a new trainer) goes first once nothing has to finish before it.
                 if self.partial_rollout or not self.in_flight:
                     if f.trainer_gone is not None:
                         self._rejoin()
                         continue
-                    if f.pending_sync is not None:
+                    if f.pending_sync is not None and self.shadow is None:
                         self._sync(f.pending_sync)
                         continue
                 while self._admit(prompts):
@@ -172,13 +189,7 @@ class RolloutWorker:
         self.io.control.start()
         self.recovery = RecoveryIndex.from_log(self.io.scan_log)
         self.produced = self.recovery.produced[self.worker_id]
-        if self.recovery.published or self.recovery.partials:
-            log.info(
-                "worker %d: the log holds %d samples (%d of this worker) and %d unfinished "
-                "partial samples",
-                *(self.worker_id, len(self.recovery.published), self.produced),
-                len(self.recovery.partials),
-            )
+        self.recovery.log_found(self.worker_id)
         welcome = self.follower.join()
         # What a previous incarnation left on the partials log counts as stale, like work in
         # flight at a sync; continuing it takes no budget (_admit).
@@ -186,6 +197,7 @@ class RolloutWorker:
             sid for sid, p in self.recovery.partials.items() if p.sample.worker_id == self.worker_id
         }
         self._open_budget(welcome)
+        self._start_shadow()
 
     def _advance(self, prompts: PromptFeed) -> None:
         """One decoding step of every sequence in flight (if any) and the tool results that
@@ -213,7 +225,7 @@ class RolloutWorker:
                 return
         self.in_flight.continue_all(f.version)  # 4.
         self._open_budget(published, consumed=request.consumed)  # 5.
-        f.pending_sync = None
+        f.sync_done()
 
     def _rejoin(self) -> None:
         """Join the restarted trainer (see the module docstring): in mode (d) in-flight work
@@ -225,14 +237,39 @@ class RolloutWorker:
         )
         if self.partial_rollout and self.runner.busy:
             self._interrupt()
+        if self.shadow is not None:
+            self.shadow.close()
+            self.shadow = None
         welcome = self.follower.rejoin()
         if welcome is None:  # the run finished first
             return
         self.in_flight.continue_all(self.follower.version)
         self._open_budget(welcome)
+        self._start_shadow()
+
+    # --- the in-flight update (async_training.in_flight_update) ---------------------------------
+    def _start_shadow(self) -> None:
+        """After a join: receive the next versions in the background (``shadow_weights``)."""
+        if self.cfg.async_training.in_flight_update:
+            assert self.follower.sink is not None
+            sc = self.cfg.sync
+            sink, model = self.follower.sink, self.engine.model
+            self.shadow = ShadowWeights(sink, model, sc.bucket_bytes, sc.verify_checksum)
+
+    def _swap(self, request: ev.SyncRequested, published: ev.WeightsPublished) -> None:
+        """A sync without a pause: nothing is logged to partials, nothing waits for the broker."""
+        assert self.shadow is not None
+        model, version = self.engine.model, published.version
+        checksum, pause_s = self.shadow.swap(model, self.in_flight, version)
+        receive_s = self.shadow.receive_s
+        self.follower.swapped(request, published, checksum, pause_s, receive_s, self.produced)
+        self._open_budget(published, consumed=request.consumed, flush=False)
 
     def _open_budget(
-        self, published: ev.WeightsPublished, consumed: dict[str, int] | None = None
+        self,
+        published: ev.WeightsPublished,
+        consumed: dict[str, int] | None = None,
+        flush: bool = True,
     ) -> None:
         """This version's budget, minus this worker's stale samples: produced and not consumed
         by the trainer (``consumed``, or at a join the WeightsPublished's), in flight, or
@@ -245,7 +282,7 @@ class RolloutWorker:
             in_flight=len(self.in_flight),
             partial=len(self.stale_partials),
         )
-        self.follower.resume(stale, published)
+        self.follower.resume(stale, published, flush=flush)
 
     def _interrupt(self) -> int:
         """Mode (d): cut every in-flight trajectory short and log each sample to ``partials``
@@ -290,7 +327,7 @@ class RolloutWorker:
         no budget: they were counted as stale when the budget was opened."""
         f = self.follower
         if (
-            f.pending_sync is not None
+            (f.pending_sync is not None and self.shadow is None)  # in-flight: no pause
             or f.trainer_gone is not None
             or len(self.in_flight) >= self.rollout.max_concurrent_samples
         ):
@@ -369,6 +406,8 @@ class RolloutWorker:
         )
         self.publisher.flush()
         prompts.close()
+        if self.shadow is not None:
+            self.shadow.close()
         self.follower.close()
         steps = getattr(self.engine, "steps", 0)
         if steps:  # the sim engine: how full its modelled batches were

@@ -39,7 +39,17 @@ def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) ->
                 return
 
 
-def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(make_run_cfg, quick_policy):
+SYNCS = {
+    "paused": [],  # mode (c): the hand-shake with pauses
+    # The worker receives on a thread: the killed trainer's pair fails there, mid-generation.
+    "in_flight": ["async_training.partial_rollout=true", "async_training.in_flight_update=true"],
+}
+
+
+@pytest.mark.parametrize("sync", sorted(SYNCS))
+def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(
+    make_run_cfg, quick_policy, sync
+):
     steps = 10
     cfg = make_run_cfg(
         *SMALL,
@@ -47,6 +57,7 @@ def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(make_run_
         f"trainer.total_training_steps={steps}",
         "trainer.save_freq=3",
         "async_training.staleness_threshold=0.5",
+        *SYNCS[sync],
     )
     pids: dict[str, int] = {}
     killed: dict = {}

@@ -15,7 +15,7 @@ from asyncrl.launch.launcher import run
 from asyncrl.models.warm_start import load_policy
 from asyncrl.ops.inspect_log import inspect_topic
 from asyncrl.schemas import control as ev
-from tests.helpers import read_topic, token_logprob_errors
+from tests.helpers import check_log_invariants, read_topic, token_logprob_errors
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -80,6 +80,23 @@ def test_interrupted_samples_continue_under_the_new_weights(make_run_cfg, demo_p
                 continued += 1
     assert continued > 0
 
+    _check_segment_logprobs(cfg, samples)
+
+    # `asyncrl inspect samples` shows the chain: a trajectory's segments with their versions.
+    out = io.StringIO()
+    rows = inspect_topic(
+        cfg, cfg.kafka.bootstrap_servers, "samples", Console(file=out), as_json=True
+    )
+    chains = [seg for r in rows if "segments" in r for seg in r["segments"] if len(seg) > 1]
+    assert chains and all(a["version"] < b["version"] for seg in chains for a, b in pairwise(seg))
+    assert all(sum(s["tokens"] for s in seg) > 0 for seg in chains)
+
+    steps = [r.value for r in read_topic(cfg, "steps")]
+    assert sum(x.metrics["fully_async/partial/total_partial_num"] for x in steps) > 0
+    assert max(x.metrics["fully_async/partial/max_partial_span"] for x in steps) >= 1
+
+
+def _check_segment_logprobs(cfg, samples: dict) -> None:
     # Every token's logprob is the one its segment's weights give. To show that the check tells
     # versions apart, tokens are also scored with the weights of the trajectory's other end
     # (taken over all checked tokens: a near-certain token scores alike under both).
@@ -101,15 +118,24 @@ def test_interrupted_samples_continue_under_the_new_weights(make_run_cfg, demo_p
             )
     assert apart > 1e-3
 
-    # `asyncrl inspect samples` shows the chain: a trajectory's segments with their versions.
-    out = io.StringIO()
-    rows = inspect_topic(
-        cfg, cfg.kafka.bootstrap_servers, "samples", Console(file=out), as_json=True
-    )
-    chains = [seg for r in rows if "segments" in r for seg in r["segments"] if len(seg) > 1]
-    assert chains and all(a["version"] < b["version"] for seg in chains for a, b in pairwise(seg))
-    assert all(sum(s["tokens"] for s in seg) > 0 for seg in chains)
 
-    steps = [r.value for r in read_topic(cfg, "steps")]
-    assert sum(x.metrics["fully_async/partial/total_partial_num"] for x in steps) > 0
-    assert max(x.metrics["fully_async/partial/max_partial_span"] for x in steps) >= 1
+def test_an_in_flight_update_swaps_weights_between_tokens_without_pausing(
+    make_run_cfg, demo_policy
+):
+    # No partials, no pause: the worker receives each version on a thread and swaps it in
+    # between two tokens. Each token's logprob must still be its own segment's version's.
+    cfg = make_run_cfg(*demo_policy, *MODE_D, "async_training.in_flight_update=true")
+    run(cfg, Console(file=io.StringIO(), width=120))
+
+    samples = {r.value.sample_id: r.value for r in read_topic(cfg, "samples")}
+    assert not read_topic(cfg, "partials")  # nothing logged at a sync
+    events = [r.value for r in read_topic(cfg, "control")]
+    published = [e for e in events if isinstance(e, ev.WeightsPublished) and e.version > 0]
+    assert len(published) == STEPS - 1 and all(e.pause_wait_s < 0.1 for e in published)
+    paused = [e for e in events if isinstance(e, ev.RolloutPaused)]
+    loaded = [e for e in events if isinstance(e, ev.WeightsLoaded)]
+    assert [e.version for e in paused] == [e.version for e in published]  # one swap per sync
+    assert all(e.n_partial == 0 and e.pause_s < 0.5 for e in paused)
+    assert all(e.checksum_ok for e in loaded)
+    _check_segment_logprobs(cfg, samples)
+    check_log_invariants(cfg)

@@ -111,7 +111,7 @@ def test_a_mode_c_sync_waits_for_the_pause_then_sends_the_weights(tmp_path):
     assert [(e.version, e.incarnations) for e in published] == [(0, ["inc-a"]), (1, ["inc-a"])]
     assert published[1].pause_wait_s < 1.0  # the pause was there at the first poll
     assert weights.sent == [[0], [0]]  # at the join, then at the sync
-    sent = worker.pending[-1]
+    sent = worker.sent[-1]
     trained = trainer.model.state_dict()
     # The sync sent the weights after step 1 (the trainer has done step 2 since).
     assert set(sent) == set(trained) and trainer.step == 2

@@ -266,3 +266,50 @@ _PARTIAL = {SCHEMA_HEADER: PARTIAL_TAG}
 def _logged(sample_id: str, finish: str) -> Sample:
     trajs = [Trajectory([4, 5], [-0.5, -0.4], 0.0, finish_reason=finish) for _ in range(2)]
     return Sample(sample_id, sample_id.split("@")[0], 0, [1, 5, 14, 6, 17], "11", trajs)
+
+
+def test_an_in_flight_update_swaps_weights_between_two_tokens_without_a_pause(tmp_path):
+    cfg = _cfg(
+        tmp_path, "async_training.partial_rollout=true", "async_training.in_flight_update=true"
+    )
+    run = Run(cfg)
+    step = run.worker.runner.step
+    decoded = [0]
+
+    def step_then_sync():  # after the first token of each trajectory
+        decoded[0] += 1
+        if decoded[0] == 2:
+            _perturb(run.model)
+            run.trainer.request_sync()
+        return step()
+
+    run.worker.runner.step = step_then_sync
+    run.when_published(4, run.trainer.finish)
+    run.run()
+
+    kinds = _kinds(run.broker.events(cfg))
+    at = kinds.index("SyncRequested(1)")
+    # The trainer sends at once (nobody pauses); the worker swaps once both the weights and
+    # their announcement are in, and publishes the hand-shake's events for the record.
+    assert kinds[at : at + 5] == [
+        "SyncRequested(1)",
+        "WeightsPublished(1)",
+        "RolloutPaused(1)",
+        "WeightsLoaded(1)",
+        "RolloutResumed(1)",
+    ]
+    events = run.events()
+    paused = next(e for e in events if isinstance(e, ev.RolloutPaused))
+    loaded = [e for e in events if isinstance(e, ev.WeightsLoaded)]
+    assert paused.n_partial == 0 and not run.partials()  # nothing interrupted on the log
+    assert all(e.checksum_ok for e in loaded)
+    assert _same_weights(run.worker.engine.model, run.model)
+    # The samples in flight went on under version 1 as a second segment: the tokens before
+    # the swap are version 0's, the rest version 1's, the logprobs each version's own.
+    samples = run.samples()
+    spanning = [t for s in samples for t in s.trajectories if t.segment_versions == [0, 1]]
+    assert spanning, "no trajectory was generated across the swap"
+    for t in spanning:
+        assert t.segment_starts[1] >= 1 and t.param_version_start == 0 and t.param_version == 1
+    resumed = [e for e in events if isinstance(e, ev.RolloutResumed)]
+    assert resumed[1].num_stale == 4  # the four samples in flight at the swap

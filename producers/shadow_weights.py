@@ -1,0 +1,107 @@
+"""The in-flight weight update's second buffer (``async_training.in_flight_update``).
+
+A thread receives each version's weights into a shadow copy of the policy while the worker
+keeps generating with the live one; the worker copies the shadow into the live model between
+two tokens (``swap_into``), which takes a memory copy, not a transfer. One transfer is held at
+a time: the thread receives the next only after the previous one was swapped in, so the
+trainer's next broadcast waits at most one decoding step for it.
+
+The thread starts after the worker's join (whose transfer is received in place, as before),
+and ends when a transfer fails (the trainer is gone: ``error`` says why, and the worker
+rejoins) or the worker closes it. Memory: one more copy of the weights on the worker's device.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+
+import torch
+
+from asyncrl.producers.in_flight import InFlightSamples
+from asyncrl.sync.checksum import weights_checksum
+from asyncrl.sync.collective import ManifestMismatchError
+from asyncrl.sync.transport import WeightSink
+
+log = logging.getLogger(__name__)
+
+
+class ShadowWeights:
+    def __init__(
+        self, sink: WeightSink, model: torch.nn.Module, bucket_bytes: int, checksum: bool
+    ) -> None:
+        self.sink = sink
+        self.bucket_bytes = bucket_bytes
+        self.checksum = checksum
+        self.shadow = copy.deepcopy(model)  # keeps tied weights tied: the same manifest
+        self.shadow.requires_grad_(False)
+        self.ready = threading.Event()
+        """A transfer is in the shadow, not swapped in yet."""
+        self._free = threading.Event()
+        self._free.set()
+        self._closed = False
+        self.error: Exception | None = None
+        self.received_checksum = ""
+        self.receive_s = 0.0
+        self._thread = threading.Thread(target=self._receive, name="shadow-weights", daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while True:
+            self._free.wait()
+            if self._closed:
+                return
+            self._free.clear()
+            t0 = time.monotonic()
+            try:
+                self.sink.receive_into(self.shadow, self.bucket_bytes)
+            except Exception as err:  # the pair failed (the trainer died), or a mismatch
+                if not self._closed:
+                    self.error = err
+                    self.ready.set()
+                return
+            self.receive_s = time.monotonic() - t0
+            self.received_checksum = weights_checksum(self.shadow) if self.checksum else ""
+            self.ready.set()
+
+    def failed(self) -> str | None:
+        """Why the background transfer failed (the trainer is gone: rejoin), or None. A
+        manifest mismatch is a configuration error: it raises."""
+        if isinstance(self.error, ManifestMismatchError):
+            raise self.error
+        return None if self.error is None else f"the weight transfer failed ({self.error})"
+
+    def swap(
+        self, model: torch.nn.Module, in_flight: InFlightSamples, version: int
+    ) -> tuple[str, float]:
+        """Steps 2-5 of a sync without a pause: the trajectories in flight are cut after their
+        last token, the received weights copied into ``model``, and they go on as a new
+        segment under ``version``. Returns the weights' checksum and the seconds it took."""
+        t0 = time.monotonic()
+        in_flight.interrupt()
+        checksum = self._copy_into(model)
+        in_flight.continue_all(version)
+        return checksum, time.monotonic() - t0
+
+    def _copy_into(self, model: torch.nn.Module) -> str:
+        """Copy the received weights into ``model`` (in place, between two decoding steps) and
+        let the thread receive the next transfer; returns the received weights' checksum."""
+        assert self.ready.is_set() and self.error is None
+        with torch.no_grad():
+            for live, received in zip(model.parameters(), self.shadow.parameters(), strict=True):
+                live.copy_(received)
+            for buf, got in zip(model.buffers(), self.shadow.buffers(), strict=True):
+                buf.copy_(got)
+        checksum = self.received_checksum
+        self.ready.clear()
+        self._free.set()
+        return checksum
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the thread: at once if it waits for a swap; a thread blocked in a receive ends
+        when the transfer ends or fails (it is a daemon: it never holds the process)."""
+        self._closed = True
+        self._free.set()
+        self._thread.join(timeout)
