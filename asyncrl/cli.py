@@ -45,6 +45,7 @@ examples:
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
   asyncrl bench learn --config calculator       the same with the agent loop and its tool calls
+  asyncrl bench offpolicy                       high staleness: decoupled PPO, dynamic sampling
   asyncrl bench transport                       Arrow over Kafka vs raw bytes vs a Ray queue
   asyncrl bench sync                            weight transfer: bucketed, per-tensor, file, memcpy
   asyncrl bench tracing                         samples/s with tracing off vs on
@@ -229,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
         "prints how long syncs waited for the workers to pause, and the throughput of each. "
         "learn: wall time to the target held-out accuracy, colocated sync vs async (c) vs (d), "
         "and the accuracy curves on one plot (PNG). "
+        "offpolicy: the same high-staleness run (staleness 2, trigger 4, partial rollout) "
+        "without correction, with decoupled PPO (proximal log-probs, token importance weights), "
+        "with dynamic sampling (filter_groups) and with both: accuracy curves, staleness, "
+        "mismatch KL, weights and filtered groups side by side. "
         "transport: samples/s, MB/s, encode/decode time and bytes per token of our Arrow samples "
         "through Kafka, next to raw byte strings and a Ray actor queue of pickled tensors. "
         "sync: weight transfer time and GB/s between two processes (bucketed, per-tensor, a "
@@ -239,7 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "name",
-        choices=["modes", "sync-pause", "learn", "transport", "sync", "tracing", "tools"],
+        choices=[
+            "modes",
+            "sync-pause",
+            "learn",
+            "offpolicy",
+            "transport",
+            "sync",
+            "tracing",
+            "tools",
+        ],
         help="which benchmark",
     )
     _config_args(p)

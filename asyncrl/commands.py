@@ -232,6 +232,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from asyncrl.bench.learn import learn
     from asyncrl.bench.modes import modes
+    from asyncrl.bench.offpolicy import offpolicy
     from asyncrl.bench.sync import sync
     from asyncrl.bench.sync_pause import sync_pause
     from asyncrl.bench.tools import tools
@@ -242,6 +243,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "modes": modes,
         "sync-pause": sync_pause,
         "learn": learn,
+        "offpolicy": offpolicy,
         "transport": transport,
         "sync": sync,
         "tracing": tracing_cost,

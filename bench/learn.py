@@ -1,5 +1,6 @@
 """``asyncrl bench learn``: wall time to the target held-out accuracy, colocated sync vs async
-mode (c) vs mode (d), from one invocation (the three curves on one PNG)."""
+mode (c) vs mode (d) vs mode (d) with in-flight weight updates, from one invocation (the curves
+on one PNG)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ from asyncrl.config import RunConfig, load_config
 from asyncrl.ops.plots import line_plot
 
 LEARN_DEFAULTS = ["trainer.total_training_steps=400"]
+ASYNC_SETUPS = {
+    "c": ["async_training.partial_rollout=false"],
+    "d": ["async_training.partial_rollout=true"],
+    # mode (d) without pauses: weights swapped in between two tokens
+    "d in flight": ["async_training.partial_rollout=true", "async_training.in_flight_update=true"],
+}
+"""The async setups run after colocated sync; the config (and overrides) give the rest."""
 LEARN_TARGET = 0.9
 """The target when the config sets none (the demo's is 0.9, the calculator's 0.8)."""
 
@@ -55,11 +63,9 @@ def learn(config: str | None, overrides: list[str], console: Console) -> dict[st
     evals = [(h["time_s"], h["val_acc"]) for h in history if "val_acc" in h]
     results["colocated sync"] = _learn_row(cfg, evals, history[-1]["step"])
 
-    for mode, partial in (("c", "false"), ("d", "true")):
-        cfg = load_config(
-            config,
-            [*base, f"async_training.partial_rollout={partial}", f"run_id=learn-{mode}-{stamp}"],
-        )
+    for mode, settings in ASYNC_SETUPS.items():
+        name = mode.replace(" ", "-").replace("(", "").replace(")", "")
+        cfg = load_config(config, [*base, *settings, f"run_id=learn-{name}-{stamp}"])
         console.rule(f"async mode ({mode})")
         summary = run(cfg, console)
         # From the first worker's join, as colocated starts with its model loaded; the

@@ -16,6 +16,7 @@ from pydantic import (
 
 from asyncrl.config.base import Strict
 from asyncrl.config.kafka import KafkaConfig
+from asyncrl.config.offpolicy import FilterGroupsConfig, RolloutCorrectionConfig
 
 
 class DataConfig(Strict):
@@ -202,6 +203,8 @@ class AlgorithmConfig(Strict):
     """Advantage estimator: GRPO (group-relative, no critic)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide group-relative advantages by the group's std (GRPO) or not (Dr. GRPO)."""
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
 
 
 class AsyncTrainingConfig(Strict):
@@ -220,8 +223,23 @@ class AsyncTrainingConfig(Strict):
     under the new version. The trainer does not wait for the workers to pause."""
     use_rollout_log_probs: bool = True
     """Use the rollout's logprobs as old_log_prob (verl's default); False recomputes with the trainer."""
+    compute_prox_log_prob: bool = False
+    """Decoupled PPO (AReaL; verl's experimental key): before each step's first update the
+    trainer computes every token's log-prob under its current weights (the proximal policy);
+    the PPO ratio is taken against it (use_rollout_log_probs then has no effect), and
+    rollout_corr/* logs its mismatch with the rollout's. With the importance weight
+    behaviour -> proximal (algorithm.rollout_correction.rollout_is=token) this is the seed's
+    mode (d) recipe."""
     max_version_lag: int | None = Field(None, ge=0)
     """Drop samples with current_version - param_version > this (counted, reported). None: keep all."""
+    max_token_version_lag: int | None = Field(None, ge=0)
+    """Per token: response tokens generated more than this many versions before the trainer's
+    (the segments of a partial rollout carry their versions) leave the loss, as
+    stale_token_action says. None: every token is trained."""
+    stale_token_action: Literal["mask", "drop"] = "mask"
+    """What max_token_version_lag does to a trajectory with such tokens: mask (only those
+    tokens leave the loss; the newer segments are trained) or drop (the whole trajectory leaves
+    the loss; it still counts in its group's advantage baseline)."""
 
     @property
     def mode(self) -> str:
@@ -390,6 +408,13 @@ class RunConfig(Strict):
             raise ValueError(
                 "data.task=calculator needs actor_rollout_ref.rollout.multi_turn.enable=true "
                 "(the model answers it by calling the calculator tool)"
+            )
+        correction = self.algorithm.rollout_correction
+        if correction.enabled and not at.compute_prox_log_prob:
+            raise ValueError(
+                "algorithm.rollout_correction.rollout_is/rollout_rs need "
+                "async_training.compute_prox_log_prob=true: they compare the rollout's "
+                "log-probs with the trainer's (verl's bypass_mode is not supported)"
             )
         if multi_turn.enable and self.actor_rollout_ref.rollout.name == "sim":
             raise ValueError(

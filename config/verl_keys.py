@@ -102,10 +102,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     ),
     "ray_kwargs.ray_init.num_cpus": alias("ray.num_cpus"),
     # --- verl's fully async recipe ---------------------------------------------------------
-    "async_training.compute_prox_log_prob": fixed(
-        "proximal log-probs (decoupled PPO): not supported by asyncrl yet: see issue 17",
-        False,
-    ),
     "async_training.use_trainer_do_validate": ignored(
         "asyncrl's trainer always computes the held-out accuracy itself, with its own weights"
     ),
@@ -383,16 +379,13 @@ VERL_KEYS: dict[str, VerlKey] = {
     "algorithm.lam": ignored("GAE only: asyncrl's estimator is GRPO"),
     "algorithm.use_pf_ppo": fixed("no preference-feedback PPO", False),
     "algorithm.pf_ppo.*": ignored("used only with algorithm.use_pf_ppo"),
-    "algorithm.rollout_correction.*": refused(
-        "rollout importance sampling and rejection: not supported by asyncrl yet (see issue 17)"
+    "algorithm.rollout_correction.bypass_mode": fixed(
+        "asyncrl corrects in verl's decoupled mode only (async_training.compute_prox_log_prob); "
+        "its bypass (the rollout's log-probs as old_log_prob) is async_training."
+        "use_rollout_log_probs, without correction",
+        False,
     ),
-    "algorithm.rollout_correction.rollout_is": fixed("no rollout importance sampling", None),
-    "algorithm.rollout_correction.rollout_rs": fixed("no rollout rejection sampling", None),
-    "algorithm.rollout_correction.bypass_mode": fixed("no bypass", False),
-    "algorithm.rollout_correction.rollout_is_threshold": ignored("used only with rollout_is"),
-    "algorithm.rollout_correction.rollout_rs_threshold": ignored("used only with rollout_rs"),
-    "algorithm.rollout_correction.loss_type": ignored("used only with rollout_is/rollout_rs"),
-    "algorithm.rollout_correction.rollout_is_batch_normalize": ignored("used only with rollout_is"),
+    "algorithm.rollout_correction.loss_type": ignored("used only with bypass_mode=true"),
     "global_profiler.*": ignored(PROFILE),
     "transfer_queue.enable": fixed("asyncrl's samples travel over Kafka", False),
     "ray_kwargs.*": ignored(LAYOUT),

@@ -10,13 +10,20 @@ already queued or settled is a duplicate (a copy replayed into the topic, a prod
 after a lost acknowledgement): it is dropped, counted, and not counted as consumed, since its
 worker did not spend budget on it. A record re-read at the same coordinates after a restart
 (a drop settled behind a queued sample) is the same record, skipped without a count.
+
+With ``algorithm.filter_groups.enable`` a group with no signal is settled on arrival, like a
+staleness drop (``consumers/dynamic_sampling.py``), and never queued.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Any
 
+from asyncrl.config.offpolicy import FilterGroupsConfig
+from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
+from asyncrl.consumers.dynamic_sampling import no_signal
 from asyncrl.kafka import Record
 from asyncrl.schemas.sample import Sample
 
@@ -26,12 +33,15 @@ class Dropped:
     record: Record[Sample]
     reason: str
     kind: str = "max_version_lag"
-    """"max_version_lag" (the worker may refill its budget) or "duplicate" (it may not)."""
+    """"max_version_lag" or "filter_groups" (the worker may refill its budget), or "duplicate"
+    (it may not)."""
 
 
 @dataclass
 class SampleBatcher:
     max_version_lag: int | None = None
+    filter_groups: FilterGroupsConfig | None = None
+    """Dynamic sampling (``consumers/dynamic_sampling.py``); None: every group is kept."""
     buffer: deque[Record[Sample]] = field(default_factory=deque)
     read_position: dict[int, int] = field(default_factory=dict)
     """Partition -> offset after the last record offered."""
@@ -41,6 +51,14 @@ class SampleBatcher:
     """Reason -> samples dropped, cumulative."""
     seen: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Sample id -> (partition, offset) of every sample queued or settled."""
+    filtered: int = 0
+    """Groups filtered by filter_groups, cumulative."""
+    taken_filtered: int = 0
+    """Groups filtered on the way to the samples of the last ``take``."""
+    _filtered_before: deque[int] = field(default_factory=deque)
+    """Per queued sample, the groups filtered between it and the queued sample before it."""
+    _filtered_trailing: int = 0
+    """Groups filtered since the last sample queued."""
 
     def offer(self, rec: Record[Sample], current_version: int) -> Dropped | None:
         """Queue a sample for training, or drop it (returned, so the caller can report it)."""
@@ -60,7 +78,16 @@ class SampleBatcher:
             self.consumed[rec.value.worker_id] += 1
             self.dropped["max_version_lag"] += 1
             return Dropped(rec, reason)
+        if self.filter_groups is not None:
+            why = no_signal(rec.value, self.filter_groups)
+            if why is not None:
+                self.consumed[rec.value.worker_id] += 1
+                self.filtered += 1
+                self._filtered_trailing += 1
+                return Dropped(rec, why, kind=FILTERED)
         self.buffer.append(rec)
+        self._filtered_before.append(self._filtered_trailing)
+        self._filtered_trailing = 0
         return None
 
     def __len__(self) -> int:
@@ -71,9 +98,15 @@ class SampleBatcher:
         if len(self.buffer) < n:
             raise ValueError(f"only {len(self.buffer)} samples queued, {n} requested")
         batch = [self.buffer.popleft() for _ in range(n)]
+        self.taken_filtered = sum(self._filtered_before.popleft() for _ in range(n))
         for rec in batch:
             self.consumed[rec.value.worker_id] += 1
         return batch
+
+    def filtered_ahead(self, n: int) -> int:
+        """Groups filtered on the way to the next ``n`` samples (those queued so far)."""
+        ahead = sum(list(self._filtered_before)[:n])
+        return ahead + (self._filtered_trailing if len(self.buffer) < n else 0)
 
     def settled_offsets(self) -> dict[int, int]:
         """Per partition, the first offset not yet settled: where a restart must resume."""
@@ -83,7 +116,7 @@ class SampleBatcher:
         return offsets
 
     def state(self) -> dict:
-        return {
+        state: dict[str, Any] = {
             "offsets": {str(p): o for p, o in self.settled_offsets().items()},
             "consumed": {str(w): c for w, c in self.consumed.items()},
             "dropped": dict(self.dropped),
@@ -91,6 +124,13 @@ class SampleBatcher:
                 sid: list(where) for sid, where in self.seen.items() if sid not in self._queued()
             },
         }
+        if self.filter_groups is not None or self.filtered:
+            # a restart re-reads the queued samples, not the filtered ones between them (those
+            # are settled): their count goes to the first sample queued again
+            state["filtered"] = self.filtered
+            unattributed = sum(self._filtered_before) + self._filtered_trailing
+            state["filtered_unattributed"] = unattributed
+        return state
 
     def _queued(self) -> set[str]:
         return {rec.value.sample_id for rec in self.buffer}
@@ -99,6 +139,9 @@ class SampleBatcher:
         """Load counters from a checkpoint; returns the offsets to seek to."""
         self.consumed = Counter({int(w): c for w, c in state.get("consumed", {}).items()})
         self.dropped = Counter(state.get("dropped", {}))
+        self.filtered = int(state.get("filtered", 0))
+        self._filtered_trailing = int(state.get("filtered_unattributed", 0))
+        self._filtered_before.clear()
         self.seen = {sid: (p, o) for sid, (p, o) in state.get("settled", {}).items()}
         offsets = {int(p): o for p, o in state.get("offsets", {}).items()}
         self.read_position = dict(offsets)

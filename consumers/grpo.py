@@ -159,6 +159,7 @@ def policy_loss(
     response_mask: torch.Tensor,
     clip_ratio: float,
     loss_agg_mode: LossAggMode = "token-mean",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate, to minimise. All per-token tensors are ``[B, R]``.
 
@@ -177,6 +178,11 @@ def policy_loss(
 
     Gradient check, on-policy (rho = 1, no clipping): d l / d logp = -A * rho = -A, so the loss
     is the REINFORCE estimator with the group baseline.
+
+    Decoupled PPO (``consumers/correction.py``): ``old_logprobs`` are the proximal policy's and
+    ``is_weights`` (``[B, R]``, detached) the importance weights behaviour -> proximal:
+    ``l_t = w_t * max(-A rho_t, -A clip(rho_t))``, as verl's ``compute_policy_loss_vanilla``
+    applies ``rollout_is_weights``. None: no weighting (the loss above, unchanged).
     """
     mask = response_mask.to(logprobs.dtype)
     if advantages.dim() == 1:
@@ -187,6 +193,8 @@ def policy_loss(
     pg1 = -advantages * ratio
     pg2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
     per_token = torch.maximum(pg1, pg2)
+    if is_weights is not None:
+        per_token = per_token * is_weights
     loss = aggregate(per_token, mask, loss_agg_mode)
     with torch.no_grad():
         metrics = {

@@ -2,7 +2,8 @@
 
 Per local update (a "step"), in this order:
 1. Wait until ``require_batches x ppo_mini_batch_size`` samples are queued (staleness filter
-   applied on arrival; drops are counted, published as SamplesDropped, never silent).
+   and dynamic sampling applied on arrival; drops are counted, published as SamplesDropped,
+   never silent).
 2. Take them first-in first-out; GRPO advantages per group; one optimizer step per mini-batch.
 3. Publish the step's record to ``steps`` (which samples, which version, metrics) and flush.
 4. Every ``save_freq`` steps: write the checkpoint (model, optimizer, step, version, settled
@@ -38,6 +39,8 @@ from asyncrl.consumers.checkpoint import (
     save_checkpoint,
 )
 from asyncrl.consumers.coordinator import SyncCoordinator
+from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
+from asyncrl.consumers.dynamic_sampling import check_gen_batches, filter_metrics
 from asyncrl.consumers.io import TrainerIO, kafka_io
 from asyncrl.consumers.step_stats import StepStats
 from asyncrl.kafka import Record
@@ -80,7 +83,11 @@ class Trainer:
         self.simulated = cfg.actor_rollout_ref.rollout.name == "sim"
         """The sim engine's runs model the update's time instead of training (benchmarks)."""
         self.step, version = 0, 0
-        self.batcher = SampleBatcher(max_version_lag=cfg.async_training.max_version_lag)
+        fg = cfg.algorithm.filter_groups
+        self.batcher = SampleBatcher(
+            max_version_lag=cfg.async_training.max_version_lag,
+            filter_groups=fg if fg.enable and not self.simulated else None,
+        )
         history: dict[str, Any] = {}
         ckpt = latest_checkpoint(cfg.run_dir)
         offsets = None
@@ -143,7 +150,8 @@ class Trainer:
             if not duplicate:
                 self.coordinator.received[(rec.value.worker_id, rec.value.param_version)] += 1
             if dropped is not None:
-                log.warning("dropped sample %s: %s", rec.value.sample_id, dropped.reason)
+                level = logging.INFO if dropped.kind == FILTERED else logging.WARNING
+                log.log(level, "dropped sample %s: %s", rec.value.sample_id, dropped.reason)
                 self.io.control.publish(
                     ev.SamplesDropped(
                         run_id=self.cfg.run_id,
@@ -162,11 +170,22 @@ class Trainer:
             while len(self.batcher) < n:
                 self.coordinator.handle_control()
                 self._read_samples(0.1)
+                if self.batcher.filter_groups is not None:
+                    filtered = self.batcher.filtered_ahead(n)
+                    fg = self.cfg.algorithm.filter_groups
+                    check_gen_batches(fg, len(self.batcher), filtered, n, self.step + 1)
                 if time.monotonic() > deadline:
+                    why = "are the rollout workers running?"
+                    if self.batcher.filtered:
+                        why = (
+                            f"dynamic sampling has filtered {self.batcher.filtered} groups "
+                            "so far: the prompt feed may have run dry (set "
+                            "algorithm.filter_groups.max_num_gen_batches)"
+                        )
                     raise TimeoutError(
                         f"only {len(self.batcher)} of {n} samples arrived on "
                         f"{self.cfg.topic('samples')} within {self.cfg.sync.timeout_s:.0f} s "
-                        "(sync.timeout_s): are the rollout workers running?"
+                        f"(sync.timeout_s): {why}"
                     )
         return self.batcher.take(n)
 
@@ -179,7 +198,13 @@ class Trainer:
             return simulated_update(samples, self.cfg)
         pad = self.tokenizer.pad_token_id
         return grpo_update(
-            self.model, self.optimizer, samples, self.cfg, self.device, pad_token_id=pad
+            self.model,
+            self.optimizer,
+            samples,
+            self.cfg,
+            self.device,
+            pad_token_id=pad,
+            version=self.version,
         )
 
     def evaluate(self) -> float:
@@ -245,6 +270,7 @@ class Trainer:
         while self.step < tc.total_training_steps:
             t_step = time.monotonic()
             batch = self._wait_for_batch(self.cfg.required_samples)  # 1
+            filtered = self.batcher.taken_filtered
             gen_s = time.monotonic() - t_step
             step_span = spans.start_step(
                 batch, self.step + 1, self.version, self.cfg.topic("samples")
@@ -277,6 +303,8 @@ class Trainer:
                     queued=len(self.batcher),
                 )
             )
+            if self.batcher.filter_groups is not None:
+                metrics.update(filter_metrics(filtered, len(batch), self.batcher.filtered))
             spans.end_step(step_span, metrics)
             with trace.use_span(step_span, end_on_exit=True):
                 self._record_step(batch, metrics, checksum_before)  # 3
@@ -319,6 +347,7 @@ class Trainer:
             else first_join - self.stats.t_start,
             "samples_trained": self.stats.samples_trained,
             "dropped": dict(self.batcher.dropped),
+            **({"filtered": self.batcher.filtered} if self.batcher.filter_groups else {}),
             **self.coordinator.summary(),
         }
         if self.last_val_tool_use is not None:  # the agent loop: how often the policy calls tools

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from asyncrl.config import RunConfig
+from asyncrl.consumers.decoupled import mask_stale, proximal_correction, stale_token_metrics
 from asyncrl.consumers.grpo import (
     Batch,
     aggregate,
@@ -23,28 +24,42 @@ from asyncrl.schemas.sample import Sample
 
 
 def policy_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: RunConfig
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    cfg: RunConfig,
+    prox: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """One optimizer step on one mini-batch: clipped policy loss, backward, clip, step.
 
     ``old_log_prob`` is the rollout's (``use_rollout_log_probs``) or recomputed with the
-    current weights before the update (verl's default for the actor). Metrics, verl's
-    (``verl/workers/actor/dp_actor.py``, ``fsdp_workers.py``): ``pg_loss``, ``pg_clipfrac``,
-    ``ppo_kl``, ``entropy`` (the policy's token entropy on the valid response tokens,
-    aggregated by ``loss_agg_mode``), ``grad_norm`` (before clipping) and ``lr`` (the learning
-    rate this step used).
+    current weights before the update (verl's default for the actor); with ``prox`` (decoupled
+    PPO, ``compute_prox_log_prob``) it is the proximal log-probs, weighted by ``is_weights``.
+    Metrics, verl's (``verl/workers/actor/dp_actor.py``, ``fsdp_workers.py``): ``pg_loss``,
+    ``pg_clipfrac``, ``ppo_kl``, ``entropy`` (the policy's token entropy on the valid response
+    tokens, aggregated by ``loss_agg_mode``), ``grad_norm`` (before clipping) and ``lr`` (the
+    learning rate this step used).
     """
     actor = cfg.actor_rollout_ref.actor
     temperature = cfg.actor_rollout_ref.rollout.temperature
     args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
-    if cfg.async_training.use_rollout_log_probs:
+    if prox is not None:
+        old = prox
+    elif cfg.async_training.use_rollout_log_probs:
         old = batch.old_logprobs
     else:
         with torch.no_grad():
             old = token_logprobs(model, *args, temperature)
     logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature)
     loss, metrics = policy_loss(
-        logprobs, old, batch.advantages, batch.response_mask, actor.clip_ratio, actor.loss_agg_mode
+        logprobs,
+        old,
+        batch.advantages,
+        batch.response_mask,
+        actor.clip_ratio,
+        actor.loss_agg_mode,
+        is_weights=is_weights,
     )
     metrics["entropy"] = float(aggregate(entropy, batch.response_mask, actor.loss_agg_mode))
     optimizer.zero_grad(set_to_none=True)
@@ -63,14 +78,25 @@ def grpo_update(
     cfg: RunConfig,
     device: torch.device,
     pad_token_id: int = 0,
+    version: int | None = None,
 ) -> dict[str, float]:
+    """One step on ``samples``: GRPO advantages per group, then one optimizer step per
+    mini-batch. ``version`` is the trainer's weight version at this step (what
+    ``async_training.max_token_version_lag`` measures token ages against; None: every token
+    is current). The off-policy options (``consumers/decoupled.py``) apply in this order:
+    reward failures and tool tokens leave the mask, then tokens too stale; the proximal
+    log-probs of every mini-batch are computed before the first update; the rollout
+    correction is computed over the whole step (verl: once per batch)."""
     actor = cfg.actor_rollout_ref.actor
+    at = cfg.async_training
     rewards = torch.tensor([s.rewards for s in samples], dtype=torch.float32)
     valid = reward_valid(samples)
     advantages = group_advantages(rewards, cfg.algorithm.norm_adv_by_std_in_grpo, valid=valid)
     size = actor.ppo_mini_batch_size
-    totals: dict[str, float] = {}
-    n_mini = 0
+    stale = at.max_token_version_lag is not None and version is not None
+    batches: list[Batch] = []
+    extra: dict[str, float] = {}
+    stale_counts = [0.0, 0.0, 0.0]  # tokens trainable, of them masked as stale, trajectories hit
     for start in range(0, len(samples), size):
         rows = [
             (s.prompt_ids, t.response_ids, t.response_logprobs, float(advantages[g, i]))
@@ -85,13 +111,30 @@ def grpo_update(
         batch = build_batch(rows, pad_token_id).to(device)
         for i, m in enumerate(masks):  # tool tokens (mask 0) are not trained on, nor failures
             batch.response_mask[i, : len(m)] *= torch.tensor(m, dtype=torch.float32, device=device)
-        if valid is not None and not bool(batch.response_mask.any()):
-            continue  # every trajectory of the mini-batch failed its reward: nothing to learn
-        stats = policy_step(model, optimizer, batch, cfg)
+        if stale:
+            mask_stale(batch, samples[start : start + size], version or 0, cfg, stale_counts)
+        batches.append(batch)
+    if stale:
+        extra.update(stale_token_metrics(*stale_counts))
+    correction = proximal_correction(model, batches, cfg) if at.compute_prox_log_prob else None
+    masked_more = stale or (correction is not None and correction.rejects)
+    totals: dict[str, float] = {}
+    n_mini = 0
+    for i, batch in enumerate(batches):
+        prox = weights = None
+        if correction is not None:
+            prox, weights = correction.prox[i], correction.weights[i]
+            batch.response_mask = correction.masks[i]
+        if (valid is not None or masked_more) and not bool(batch.response_mask.any()):
+            continue  # nothing left to learn from in this mini-batch (failed, stale, rejected)
+        stats = policy_step(model, optimizer, batch, cfg, prox=prox, is_weights=weights)
         for k, v in stats.items():
             totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
         n_mini += 1
     metrics = {k: v / n_mini for k, v in totals.items()}
+    if correction is not None:
+        metrics.update(correction.metrics)
+    metrics.update(extra)
     metrics.update(data_metrics(samples, advantages, cfg))
     metrics.update(reward_metrics(samples))
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:

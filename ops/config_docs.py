@@ -6,6 +6,7 @@ Each field's docstring (the string under it in config/sections.py) is its descri
 from __future__ import annotations
 
 import json
+import types
 import typing
 from typing import Any
 
@@ -27,6 +28,9 @@ def _default(field: Any) -> str:
 def _type_name(ann: Any) -> str:
     if typing.get_origin(ann) is typing.Literal:
         return " or ".join(json.dumps(a) for a in typing.get_args(ann))
+    args = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else ()
+    if any(typing.get_origin(a) is typing.Literal for a in args):  # Literal[...] | None
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
     if isinstance(ann, type):
         return ann.__name__
     return str(ann).replace("typing.", "")

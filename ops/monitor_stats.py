@@ -11,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 
 from asyncrl.config import RunConfig
+from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
 from asyncrl.schemas import DecodeError
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample, decode_sample
@@ -40,6 +41,8 @@ class RunMonitor:
         self.published = 0
         self.trained = 0
         self.dropped = 0
+        self.filtered = 0
+        """Of the drops, groups dynamic sampling filtered (algorithm.filter_groups)."""
         self.dead_letters = 0
         self.undecodable = 0
         self.steps = 0
@@ -84,6 +87,8 @@ class RunMonitor:
             self.left.append(f"worker {e.worker} ({e.reason})")
         elif isinstance(e, ev.SamplesDropped) and e.worker == ev.TRAINER:
             self.dropped += e.count
+            if e.reason.startswith(FILTERED):
+                self.filtered += e.count
         elif isinstance(e, ev.RunFinished):
             self.finished = e.reason
 
@@ -94,7 +99,7 @@ class RunMonitor:
             f"published {self.published}",
             f"trained {self.trained}",
             f"queue lag {self.lag}",
-            f"dropped {self.dropped}",
+            f"dropped {self.dropped}" + (f" (filtered {self.filtered})" if self.filtered else ""),
             f"dead-letter {self.dead_letters}",
             f"workers {len(self.workers)}"
             + (f", left: {'; '.join(self.left)}" if self.left else ""),

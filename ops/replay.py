@@ -24,6 +24,13 @@ from asyncrl.schemas.sample import Sample, decode_sample
 from asyncrl.schemas.step import StepRecord, decode_step
 
 COMPARED = ("actor/pg_loss", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl")
+OFFPOLICY_COMPARED = (
+    "rollout_corr/kl",
+    "rollout_corr/rollout_is_mean",
+    "rollout_corr/rollout_rs_masked_fraction",
+    "fully_async/stale_tokens/masked_ratio",
+)
+"""Compared too when the step recorded them (its off-policy options were on)."""
 
 
 class ReplayError(RuntimeError):
@@ -96,14 +103,20 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
         )
     model.train()
     replayed = grpo_update(
-        model, optimizer, samples, cfg, torch.device("cpu"), tokenizer.pad_token_id
+        model,
+        optimizer,
+        samples,
+        cfg,
+        torch.device("cpu"),
+        tokenizer.pad_token_id,
+        version=record.version,  # the token ages of max_token_version_lag
     )
 
     result: dict[str, Any] = {"step": step, "version": record.version, "metrics": {}}
     table = Table(title=f"replay of step {step} (version {record.version}, {len(samples)} samples)")
     for col in ("metric", "recorded", "replayed", "difference"):
         table.add_column(col, justify="right")
-    for key in COMPARED:
+    for key in (*COMPARED, *(k for k in OFFPOLICY_COMPARED if k in record.metrics)):
         old, new = record.metrics.get(key), replayed.get(key)
         result["metrics"][key] = {"recorded": old, "replayed": new}
         diff = None if old is None or new is None else new - old

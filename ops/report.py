@@ -15,6 +15,9 @@ on a run still going. Writes into
 - ``throughput.png``: samples/s per step and the run's running average;
 - ``tool_use.png`` (agent runs): share of trajectories calling a tool, in rollouts and on the
   held-out set, and tool errors per trajectory;
+- ``offpolicy.png`` (runs with an off-policy option, issue 17): per step, the mismatch KL
+  between rollout and trainer log-probs, the mean importance weight, the shares truncated,
+  rejected and masked as stale, and the share of groups filtered by dynamic sampling;
 - ``report.md``: the figures that matter, with the plots inlined.
 """
 
@@ -183,6 +186,15 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
             xlabel="step",
             ylabel="share / errors per trajectory",
         )
+    series = offpolicy_series(rows)
+    if series:
+        plots["off-policy correction"] = line_plot(
+            series,
+            out / "offpolicy.png",
+            title=f"{run_id}: off-policy correction and dynamic sampling",
+            xlabel="step",
+            ylabel="value per step",
+        )
     rates = _step_rates(rows)
     plots["throughput"] = line_plot(
         {
@@ -197,6 +209,66 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> Path:
     path = out / "report.md"
     path.write_text(_markdown(run_id, rows, summary, counts, windows, plots, out))
     return path
+
+
+OFFPOLICY_SERIES = {
+    "rollout_corr/kl": "KL(rollout || trainer), k1",
+    "rollout_corr/rollout_is_mean": "importance weight, mean",
+    "rollout_corr/rollout_is_ratio_fraction_high": "share of weights truncated",
+    "rollout_corr/rollout_rs_masked_fraction": "share of tokens rejected",
+    "fully_async/stale_tokens/masked_ratio": "share of tokens masked as stale",
+    "filter_groups/filtered_ratio": "share of groups filtered",
+}
+"""The per-step figures of the off-policy options (those a run logged), with their legend."""
+
+
+def offpolicy_series(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    return {
+        label: [(r["step"], r[key]) for r in rows if key in r]
+        for key, label in OFFPOLICY_SERIES.items()
+        if any(key in r for r in rows)
+    }
+
+
+def offpolicy_facts(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The report's lines on the off-policy options, for those the run had on."""
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in rows if key in r]
+        return sum(values) / len(values) if values else None
+
+    facts: list[tuple[str, Any]] = []
+    kl, k3 = mean("rollout_corr/kl"), mean("rollout_corr/k3_kl")
+    if kl is not None and k3 is not None:
+        facts.append(("rollout vs trainer log-probs: KL k1 / k3, mean", f"{kl:.4f} / {k3:.4f}"))
+    w = mean("rollout_corr/rollout_is_mean")
+    if w is not None:
+        top = max(
+            r["rollout_corr/rollout_is_max"] for r in rows if "rollout_corr/rollout_is_max" in r
+        )
+        high = mean("rollout_corr/rollout_is_ratio_fraction_high") or 0.0
+        facts.append(
+            ("importance weight: mean / max / share truncated", f"{w:.3f} / {top:.3g} / {high:.1%}")
+        )
+    for key, what in (
+        ("rollout_corr/rollout_rs_masked_fraction", "tokens rejected (rollout_rs), mean share"),
+        ("fully_async/stale_tokens/masked_ratio", "tokens masked as stale, mean share"),
+    ):
+        value = mean(key)
+        if value is not None:
+            facts.append((what, f"{value:.1%}"))
+    filtered = [
+        r["filter_groups/filtered_groups"] for r in rows if "filter_groups/filtered_groups" in r
+    ]
+    if filtered:
+        total = summary.get("filtered", int(sum(filtered)))
+        facts.append(
+            (
+                "groups filtered (dynamic sampling)",
+                f"{total} ({mean('filter_groups/filtered_ratio'):.0%} of those read)",
+            )
+        )
+    return facts
 
 
 def _rest(w: dict[str, float]) -> float:
@@ -239,6 +311,7 @@ def _markdown(
         ("samples trained", trained or "-"),
         ("of them stale", f"{stale} ({stale / trained:.0%})" if trained else "-"),
         ("dropped", summary.get("dropped", "-")),
+        *offpolicy_facts(rows, summary),
     ]
     if windows:
         mean = {k: sum(w[k] for w in windows) / len(windows) for k in windows[0]}

@@ -36,9 +36,19 @@ partitions may have the smallest share); a tight feed let one worker run dry at 
 prompts waited on another's partitions, and the last version never filled."""
 
 
+FILTER_FEED = 4
+"""With dynamic sampling and no ``max_num_gen_batches``: each step may read this many batches'
+worth of samples (the rest of a step's groups filtered) before the feed runs dry."""
+
+
 def prompts_needed(cfg: RunConfig) -> int:
-    """Prompts to feed: ``FEED_MARGIN`` times every step's, plus a version's budget per partition."""
+    """Prompts to feed: ``FEED_MARGIN`` times every step's, plus a version's budget per
+    partition; with dynamic sampling, every step's times the batches it may read to fill
+    (``algorithm.filter_groups.max_num_gen_batches``, or ``FILTER_FEED`` without a limit)."""
     steps = cfg.trainer.total_training_steps * cfg.required_samples
+    fg = cfg.algorithm.filter_groups
+    if fg.enable:
+        steps *= fg.max_num_gen_batches if fg.max_num_gen_batches > 0 else FILTER_FEED
     partitions = cfg.kafka.topics.partitions["prompts"]
     return FEED_MARGIN * steps + partitions * cfg.max_samples_per_version
 

@@ -115,7 +115,7 @@ def test_learn_smoke(broker, tmp_path, quick_policy):
         ],
         Console(file=out, width=160),
     )
-    assert list(results) == ["colocated sync", "async (c)", "async (d)"]
+    assert list(results) == ["colocated sync", "async (c)", "async (d)", "async (d in flight)"]
     assert all(r["steps"] == 2 and r["curve"] for r in results.values())
     png = next(tmp_path.glob("bench-learn-*.png"))
     assert png.read_bytes()[:4] == b"\x89PNG"
@@ -138,3 +138,29 @@ def test_tools_bench_measures_both_sandboxes(tmp_path):
     assert all(r["burst_calls"] == 8 and r["one_call_ms"] > 0 for r in results.values())
     assert "fresh / fork" in out.getvalue()
     assert next(tmp_path.glob("bench-tools-*.json")).read_text()
+
+
+def test_offpolicy_smoke(broker, tmp_path, demo_policy):
+    from asyncrl.bench.offpolicy import VARIANTS, offpolicy
+
+    out = io.StringIO()
+    results = offpolicy(
+        None,
+        [
+            # The demo's warm start: most groups have a signal. (The quick one's rewards are
+            # nearly all 0, so dynamic sampling filters nearly every group.)
+            *demo_policy,
+            f"kafka.bootstrap_servers='{broker}'",
+            f"output_dir='{tmp_path}'",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=1",
+        ],
+        Console(file=out, width=240),
+    )
+    assert list(results) == list(VARIANTS)
+    assert all(r["steps"] == 2 and r["curve_step"] for r in results.values())
+    assert results["no correction"]["mismatch_kl"] is None
+    assert results["decoupled PPO (IS)"]["is_weight_mean"] > 0
+    assert results["dynamic sampling"]["filtered_groups"] is not None
+    assert "off-policy stress ablation" in out.getvalue()
+    assert len(list(tmp_path.glob("bench-offpolicy-*.png"))) == 2

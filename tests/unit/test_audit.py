@@ -276,6 +276,31 @@ def test_budget_counts_every_opening_and_what_was_given_back():
     assert counts(dup) == {"over_budget_versions": 1}
 
 
+def test_groups_filtered_by_dynamic_sampling_are_accounted_and_their_refills_in_budget():
+    """filter_groups: the trainer settles a group with no signal and logs it as a SamplesDropped
+    naming it (reason filter_groups), refunding its worker. Under version 1 two groups are
+    filtered (p5, p7, never trained), two refills (p8, p9) take their slots and are trained."""
+    log = clean()
+    log.steps[-1] = step(3, 1, 4, 6)
+    log.steps.append(step(4, 1, 8, 9))
+    log.samples += [sample(8, 1), sample(9, 1)]
+    log.committed |= {sid(8), sid(9)}
+    log.control = [e for e in log.control if not isinstance(e, ev.SamplesDropped)]
+    filtered = [
+        ev.SamplesDropped(
+            RUN, 1, target_worker=0, count=1, reason="filter_groups: ...", sample_ids=[sid(i)]
+        )
+        for i in (5, 7)
+    ]
+    before_finish(log, *filtered)
+    report = audit(log, BUDGET, RUN)
+    assert report.ok, report.to_dict()
+    assert report.info["dropped_samples"] == 2
+    # Without the trail on the log, the refills are over version 1's budget.
+    silent = dataclasses.replace(log, control=[e for e in log.control if e not in filtered])
+    assert counts(silent) == {"over_budget_versions": 1}
+
+
 def test_budget_counts_a_partial_rollout_under_its_first_version():
     log = clean()
     log.samples[4] = sample(4, 1, start=0)  # started under 0, finished under 1

@@ -1,5 +1,7 @@
 """The trainer's batcher: FIFO batches, staleness drops, and the offsets a restart resumes at."""
 
+import pytest
+
 from asyncrl.consumers.batcher import SampleBatcher
 from asyncrl.kafka import Record
 from asyncrl.schemas.sample import Sample, Trajectory
@@ -85,3 +87,74 @@ def test_settled_ids_survive_a_restart_and_a_reread_is_not_a_duplicate():
     copy = rec(0)
     copy.offset = 5  # a copy of s0 further on is a duplicate
     assert c.offer(copy, 3).kind == "duplicate"
+
+
+def group(offset: int, rewards: list[float], worker: int = 0, **kw) -> Record[Sample]:
+    trajs = [Trajectory([3], [-0.1], r, **kw) for r in rewards]
+    s = Sample(f"s{offset}", f"p{offset}", worker, [1], "1", trajs)
+    return Record("x.samples", 0, offset, s.sample_id, 0, {}, s)
+
+
+def test_groups_without_signal_are_settled_on_arrival_and_attributed_to_the_next_step():
+    from asyncrl.config.offpolicy import FilterGroupsConfig
+
+    b = SampleBatcher(filter_groups=FilterGroupsConfig(enable=True))
+    log = [[1, 0], [1, 1], [0, 0], [0, 1], [0, 0], [1, 0], [1, 1]]
+    dropped = [b.offer(group(i, r, worker=i % 2), 0) for i, r in enumerate(log)]
+    kinds = [d.kind if d else None for d in dropped]
+    assert kinds == [
+        None,
+        "filter_groups",
+        "filter_groups",
+        None,
+        "filter_groups",
+        None,
+        "filter_groups",
+    ]
+    assert "every trajectory's score is 1" in dropped[1].reason
+    assert len(b) == 3 and b.filtered == 4
+    # filtered groups are settled: consumed (budget spent), their offsets passed
+    assert b.consumed == {1: 1, 0: 3}
+    assert b.filtered_ahead(2) == 2 and b.filtered_ahead(4) == 4
+    assert [r.offset for r in b.take(2)] == [0, 3]
+    assert b.taken_filtered == 2  # offsets 1, 2 came before sample 3
+    assert b.settled_offsets() == {0: 5}
+    # a restart: the unattributed ones (4, 6) go to the first sample queued again
+    c = SampleBatcher(filter_groups=FilterGroupsConfig(enable=True))
+    c.restore(b.state())
+    assert c.filtered == 4
+    assert c.offer(group(5, [1, 0]), 0) is None
+    c.take(1)
+    assert c.taken_filtered == 2
+
+
+def test_dynamic_sampling_keeps_singletons_and_reads_the_named_metric():
+    import json
+
+    from asyncrl.config.offpolicy import FilterGroupsConfig
+    from asyncrl.consumers.dynamic_sampling import filter_metrics, no_signal
+
+    fg = FilterGroupsConfig(enable=True)
+    assert no_signal(group(0, [1.0]).value, fg) is None  # a group of one: kept (DAPO)
+    # a failed reward leaves one scored trajectory of two: advantage 0, filtered
+    failed = group(1, [1.0, 0.0])
+    failed.value.trajectories[1].reward_error = "timeout"
+    assert no_signal(failed.value, fg) is not None
+    acc = FilterGroupsConfig(enable=True, metric="acc")
+    s = group(2, [0.5, 0.7]).value  # rewards differ, accuracies do not
+    for t in s.trajectories:
+        t.reward_extra = json.dumps({"acc": 1.0})
+    assert no_signal(s, fg) is None
+    assert "every trajectory's acc is 1" in (no_signal(s, acc) or "")
+    with pytest.raises(ValueError, match="filter_groups.metric=acc: .* has no 'acc'"):
+        no_signal(group(3, [0.5, 0.7]).value, acc)
+    m = filter_metrics(filtered=3, kept=4, total=10)
+    assert m["train/num_gen_batches"] == 2.0  # 7 read for 4: two generation batches
+    assert m["filter_groups/filtered_ratio"] == pytest.approx(3 / 7)
+    assert m["fully_async/count/filtered_samples"] == 10.0
+
+
+def test_filtering_off_leaves_the_checkpoint_state_as_it_was():
+    b = SampleBatcher()
+    b.offer(group(0, [1, 1]), 0)
+    assert len(b) == 1 and "filtered" not in b.state()

@@ -279,3 +279,59 @@ def test_step_metrics_accumulate_across_steps():
     for key in (STALE_SAMPLES, STALE_TRAJECTORIES):
         assert second[key] == 2 * first[key] > 0
     assert second["training/global_step"] == 2.0
+
+
+VERL_ROLLOUT_CORR_NAMES = {
+    f"rollout_corr/{name}"
+    for name in (
+        # verl/trainer/ppo/rollout_corr_helper.py: compute_is_metrics (rollout_is=token)
+        "rollout_is_mean",
+        "rollout_is_max",
+        "rollout_is_min",
+        "rollout_is_std",
+        "rollout_is_eff_sample_size",
+        "rollout_is_ratio_fraction_high",
+        "rollout_is_ratio_fraction_low",
+        # compute_rollout_rejection_mask (rollout_rs=token_k1) and compute_rs_metrics
+        "rollout_rs_masked_fraction",
+        "rollout_rs_seq_masked_fraction",
+        "rollout_rs_token_k1_masked_fraction",
+        "rollout_rs_token_k1_seq_masked_fraction",
+        "rollout_rs_token_k1_mean",
+        "rollout_rs_token_k1_max",
+        "rollout_rs_token_k1_min",
+        "rollout_rs_token_k1_fraction_high",
+        "rollout_rs_token_k1_fraction_low",
+        # compute_offpolicy_metrics
+        "training_ppl",
+        "training_log_ppl",
+        "kl",
+        "k3_kl",
+        "rollout_ppl",
+        "rollout_log_ppl",
+        "log_ppl_diff",
+        "log_ppl_abs_diff",
+        "log_ppl_diff_max",
+        "log_ppl_diff_min",
+        "ppl_ratio",
+        "chi2_token",
+        "chi2_seq",
+    )
+} | {
+    # verl/trainer/ppo/ray_trainer.py: marked_timer("old_log_prob")
+    "timing_s/old_log_prob",
+}
+
+
+def test_the_rollout_correction_carries_verls_names():
+    cfg = _cfg(
+        "async_training.compute_prox_log_prob=true",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_rs=token_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=2.0",
+    )
+    m = _step(cfg, _batch(), {})
+    assert sorted(VERL_ROLLOUT_CORR_NAMES - m.keys()) == []
+    assert all(math.isfinite(m[k]) for k in VERL_ROLLOUT_CORR_NAMES)
+    # off (the default): none of them
+    assert not VERL_ROLLOUT_CORR_NAMES & _step(_cfg(), _batch(), {}).keys()

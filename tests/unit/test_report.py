@@ -83,3 +83,33 @@ def test_an_agent_run_gets_a_tool_use_plot(tmp_path):
     md = write_report(run).read_text()
     assert "](tool_use.png)" in md
     assert (run / "report" / "tool_use.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_states_the_off_policy_figures_of_a_run_that_has_them(tmp_path):
+    run = _run_dir(tmp_path)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    extra = [
+        {"rollout_corr/kl": 0.02, "rollout_corr/k3_kl": 0.001, "rollout_corr/rollout_is_mean": 1.0,
+         "rollout_corr/rollout_is_max": 3.5, "rollout_corr/rollout_is_ratio_fraction_high": 0.1,
+         "rollout_corr/rollout_rs_masked_fraction": 0.05, "filter_groups/filtered_groups": 2.0,
+         "filter_groups/filtered_ratio": 0.2, "fully_async/stale_tokens/masked_ratio": 0.5},
+        {"rollout_corr/kl": 0.04, "rollout_corr/k3_kl": 0.003, "rollout_corr/rollout_is_mean": 0.9,
+         "rollout_corr/rollout_is_max": 2.0, "rollout_corr/rollout_is_ratio_fraction_high": 0.3,
+         "rollout_corr/rollout_rs_masked_fraction": 0.15, "filter_groups/filtered_groups": 4.0,
+         "filter_groups/filtered_ratio": 0.4, "fully_async/stale_tokens/masked_ratio": 0.25},
+    ]  # fmt: skip
+    steps = [json.loads(line) for line in lines]
+    steps[0].update(extra[0])
+    steps[2].update(extra[1])
+    steps[3]["summary"]["filtered"] = 6
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    md = write_report(run).read_text()
+    assert "| rollout vs trainer log-probs: KL k1 / k3, mean | 0.0300 / 0.0020 |" in md
+    assert "| importance weight: mean / max / share truncated | 0.950 / 3.5 / 20.0% |" in md
+    assert "| tokens rejected (rollout_rs), mean share | 10.0% |" in md
+    assert "| tokens masked as stale, mean share | 37.5% |" in md
+    assert "| groups filtered (dynamic sampling) | 6 (30% of those read) |" in md
+    assert (run / "report" / "offpolicy.png").read_bytes()[:4] == b"\x89PNG"
+    # a run without them: no such line, no such plot
+    plain = write_report(_run_dir(tmp_path / "plain")).read_text()
+    assert "importance weight" not in plain and "offpolicy.png" not in plain

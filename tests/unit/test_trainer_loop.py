@@ -162,3 +162,60 @@ def test_workers_join_and_leave_the_coordinator(tmp_path):
     )
     coordinator.handle_control()
     assert coordinator.members == {1: "i1b"} and weights.sent[-1] == [1]
+
+
+def _publish_sample(broker, cfg, prompt: int, rewards: list[float], worker: int = 0) -> str:
+    """One sample: a prompt's group of len(rewards) trajectories."""
+    trajs = [Trajectory([5, 6, 2], [-0.5, -0.4, -0.3], r) for r in rewards]
+    sample = Sample(f"g{prompt}", f"g{prompt}", worker, [1, 7, 8], "3", trajs)
+    broker.publisher().publish(
+        cfg.topic("samples"), sample.sample_id, encode_sample(sample), {SCHEMA_HEADER: SAMPLE_TAG}
+    )
+    return sample.sample_id
+
+
+def test_dynamic_sampling_fills_the_batch_past_groups_without_signal(tmp_path):
+    """filter_groups: the step is formed of the first 4 groups with a signal; the 3 groups
+    between them whose rewards are all equal are logged as filtered, their worker refunded."""
+    cfg = _cfg(
+        tmp_path,
+        "algorithm.filter_groups.enable=true",
+        "trainer.total_training_steps=1",
+        "actor_rollout_ref.rollout.num_workers=0",
+    )
+    broker = MemoryBroker()
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
+    plan = [[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0], [0, 1, 1, 0], [1, 1, 0, 1], [0, 0, 0, 0]]
+    plan += [[0, 0, 1, 0], [1, 1, 1, 1]]
+    ids = [_publish_sample(broker, cfg, i, [float(r) for r in rw]) for i, rw in enumerate(plan)]
+    summary = trainer.run()
+    trainer.close()
+
+    (step,) = [decode_step(r.value, r.headers) for r in broker.topics[cfg.topic("steps")]]
+    assert step.sample_ids == [ids[1], ids[3], ids[4], ids[6]]
+    assert step.metrics["filter_groups/filtered_groups"] == 3.0  # g0, g2, g5; g7 comes after
+    assert step.metrics["train/num_gen_batches"] == 2.0  # 7 read for a step of 4
+    dropped = [e for e in broker.events(cfg) if isinstance(e, ev.SamplesDropped)]
+    assert [i for e in dropped for i in e.sample_ids] == [ids[0], ids[2], ids[5], ids[7]]
+    assert all(e.target_worker == 0 and e.reason.startswith("filter_groups") for e in dropped)
+    assert summary["filtered"] == 4 and summary["dropped"] == {}
+
+
+def test_dynamic_sampling_fails_as_dapo_past_max_num_gen_batches(tmp_path):
+    import pytest
+
+    cfg = _cfg(
+        tmp_path,
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=2",
+        "trainer.total_training_steps=1",
+        "actor_rollout_ref.rollout.num_workers=0",
+    )
+    broker = MemoryBroker()
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
+    _publish_sample(broker, cfg, 0, [1.0, 0.0])
+    for i in range(1, 8):  # 1 kept + 7 filtered = 8 read = 2 batches of 4, still short
+        _publish_sample(broker, cfg, i, [1.0, 1.0])
+    with pytest.raises(RuntimeError, match="max_num_gen_batches=2: step 1 read 8 samples"):
+        trainer.run()
+    trainer.close()

@@ -102,7 +102,7 @@ def test_verls_fully_async_yaml_loads_as_it_is(
     loaded = load(FULLY_ASYNC_YAML)
     counts = _counts(loaded.report.decisions)
     print(f"\nverl fully_async_ppo_trainer.yaml, {len(loaded.report.decisions)} keys: {counts}")
-    assert counts == {"accepted": 5, "aliased": 5, "ignored": 13, "refused": 0, "unknown": 0}
+    assert counts == {"accepted": 6, "aliased": 5, "ignored": 12, "refused": 0, "unknown": 0}
     with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
         cfg = load_config(FULLY_ASYNC_YAML)
     assert cfg.async_training.staleness_threshold == 0.1
@@ -121,8 +121,8 @@ def test_verls_fully_async_yaml_loads_as_it_is(
 
 
 def test_the_fully_async_keys_the_issue_names(empty_config: Path) -> None:
-    with pytest.raises(ConfigError, match="compute_prox_log_prob=true.*see issue 17"):
-        load_config(empty_config, ["async_training.compute_prox_log_prob=true"])
+    cfg = load_config(empty_config, ["async_training.compute_prox_log_prob=true"])
+    assert cfg.async_training.compute_prox_log_prob
     cfg = load_config(
         empty_config,
         [
@@ -133,6 +133,33 @@ def test_the_fully_async_keys_the_issue_names(empty_config: Path) -> None:
         ],
     )
     assert cfg.sync.bucket_size_mb == 128
+
+
+def test_verls_rollout_correction_and_dapo_keys_are_asyncrls_own(empty_config: Path) -> None:
+    """Issue 17: verl's decoupled-mode rollout correction and DAPO's filter_groups, as a verl
+    launch script sets them (the mode (d) recipe of verl's fully async README); verl's bypass
+    mode is the one thing refused."""
+    overrides = [
+        "async_training.compute_prox_log_prob=True",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=2.0",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=False",
+        "algorithm.rollout_correction.rollout_rs=seq_mean_k3",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.01",
+        "algorithm.rollout_correction.bypass_mode=False",
+        "algorithm.rollout_correction.loss_type=ppo_clip",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc",
+        "algorithm.filter_groups.max_num_gen_batches=10",
+    ]
+    loaded = load(empty_config, overrides)
+    assert _counts(loaded.report.decisions)["accepted"] == 9
+    cfg = load_config(empty_config, overrides)
+    rc, fg = cfg.algorithm.rollout_correction, cfg.algorithm.filter_groups
+    assert (rc.rollout_is, rc.rollout_rs, rc.rollout_rs_threshold) == ("token", "seq_mean_k3", 0.01)
+    assert (fg.enable, fg.metric, fg.max_num_gen_batches) == (True, "acc", 10)
+    with pytest.raises(ConfigError, match="bypass_mode=true"):
+        load_config(empty_config, [*overrides, "algorithm.rollout_correction.bypass_mode=true"])
 
 
 def test_an_unknown_key_names_the_nearest_key_and_its_file(
