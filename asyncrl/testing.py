@@ -317,6 +317,8 @@ class ScriptedTrainer:
         self.model = model
         self.control = broker.control(cfg)
         self.version = 0
+        self.step = 0
+        """The trainer step its weights are at (WeightsPublished.step)."""
         self.requested: int | None = None
         self.paused: set[int] = set()
         self.consumed: dict[str, int] = {}
@@ -342,6 +344,7 @@ class ScriptedTrainer:
                 run_id=self.cfg.run_id,
                 version=self.version,
                 checksum=weights_checksum(self.model),
+                step=self.step,
                 incarnations=list(result.delivered.values()),
                 consumed=dict(self.consumed),
                 members=members or [],

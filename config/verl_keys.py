@@ -102,9 +102,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     ),
     "ray_kwargs.ray_init.num_cpus": alias("ray.num_cpus"),
     # --- verl's fully async recipe ---------------------------------------------------------
-    "async_training.use_trainer_do_validate": ignored(
-        "asyncrl's trainer always computes the held-out accuracy itself, with its own weights"
-    ),
     "async_training.checkpoint_engine.enable": ignored(
         "asyncrl always syncs weights with its bucketed broadcast (sync.*)"
     ),

@@ -88,6 +88,8 @@ class SyncCoordinator:
         self.trainer_side: dict[int, dict[str, float]] = {}
         """Per version: the trainer's side of its sync (pause wait, transfer)."""
         self.pauses: list[float] = []
+        self.validations: list[ev.Validated] = []
+        """Rollout-side held-out evaluations read and not yet taken by the trainer's loop."""
         self.rollouter_idle: dict[int, float] = {}
         self.first_join: float | None = None
         """When the first worker got its weights: rollout could start (benchmarks time from it)."""
@@ -285,6 +287,8 @@ class SyncCoordinator:
                 took = event.ts - requested
                 self.resumed_s[event.version] = max(took, self.resumed_s.get(event.version, 0.0))
                 self._resumed_by(event.version, event.worker)
+        elif isinstance(event, ev.Validated):
+            self.validations.append(event)
         elif isinstance(event, ev.WeightsLoaded) and not event.checksum_ok:
             raise RuntimeError(
                 f"worker {event.worker} loaded weights of version {event.version} that "

@@ -12,6 +12,7 @@ import numpy as np
 from confluent_kafka import KafkaException
 
 from asyncrl.kafka.interfaces import Source
+from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample
 from asyncrl.telemetry.metrics import throughput_metrics, timing_metrics
 
@@ -39,6 +40,23 @@ class StepStats:
         self.generated = 0
         self.last_sync: dict[str, float] = {}
         """The last sync's timing_s/param_sync*, logged once, with the step after it."""
+
+    def validated(self, events: list[ev.Validated], metrics: dict[str, float]) -> float | None:
+        """Rollout-side evaluations (use_trainer_do_validate=false) that arrived since the last
+        step: step 0's is the initial accuracy, the others go into this step's ``metrics``
+        (with the version they measured). Returns the latest accuracy, or None."""
+        accuracy = None
+        for e in events:
+            suffix = "_initial" if e.step == 0 else ""
+            target = self.history if e.step == 0 else metrics
+            target[f"val/accuracy{suffix}"] = accuracy = e.accuracy
+            if e.tool_use >= 0:
+                target[f"val/tool_use{suffix}"] = e.tool_use
+            if e.step:
+                metrics["val/version"] = float(e.version)
+                self.history["val/accuracy"] = e.accuracy
+        events.clear()
+        return accuracy
 
     def of_step(
         self,

@@ -260,6 +260,8 @@ class Trainer:
         if self.resumed is not None:
             self.io.control.publish(self.resumed)
         test_freq = 0 if self.simulated else tc.test_freq  # sim: nothing is learnt
+        if not at.use_trainer_do_validate:
+            test_freq = 0  # rollout worker 0 evaluates (Validated events), the trainer at the end
         accuracy = self.history.get("val/accuracy")
         if accuracy is None and test_freq:
             accuracy = self.history["val/accuracy_initial"] = self.evaluate()
@@ -287,6 +289,8 @@ class Trainer:
                 accuracy = metrics["val/accuracy"] = self.evaluate()
                 if self.last_val_tool_use is not None:
                     metrics["val/tool_use"] = self.last_val_tool_use
+            rollout_side = self.stats.validated(self.coordinator.validations, metrics)
+            accuracy = accuracy if rollout_side is None else rollout_side
             synced = self.step % at.trigger_parameter_sync_step == 0
             if synced:
                 idle, _window = self.wait_clock.close_window()

@@ -64,6 +64,7 @@ from asyncrl.producers.recovery import RecoveryIndex
 from asyncrl.producers.scoring import TrajectoryScorer
 from asyncrl.producers.shadow_weights import ShadowWeights
 from asyncrl.producers.spans import sync_span
+from asyncrl.producers.validation import RolloutValidator
 from asyncrl.schemas import control as ev
 from asyncrl.telemetry import tracing
 
@@ -111,6 +112,8 @@ class RolloutWorker:
         )
         """Versions, budget and the sync hand-shake with the trainer (producers.follower)."""
         self.in_flight = InFlightSamples(self.runner, self.publisher, cfg.topic, self.rollout.n)
+        self.validator = RolloutValidator(cfg, worker_id, io.control, self.tokenizer)
+        """Held-out evaluation on this side (use_trainer_do_validate=false, worker 0)."""
         self.produced = 0
         self.stale_partials: set[str] = set()
         """This worker's partial samples, logged by its previous incarnation, not continued yet:
@@ -283,6 +286,7 @@ class RolloutWorker:
             partial=len(self.stale_partials),
         )
         self.follower.resume(stale, published, flush=flush)
+        self.validator.after_load(published, self.engine.model)
 
     def _interrupt(self) -> int:
         """Mode (d): cut every in-flight trajectory short and log each sample to ``partials``

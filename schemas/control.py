@@ -186,6 +186,18 @@ class TrainerResumed(ControlEvent):
 
 
 @dataclass
+class Validated(ControlEvent):
+    """A rollout worker's held-out evaluation of ``version`` (async_training.
+    use_trainer_do_validate=false): the weights of trainer step ``step``."""
+
+    step: int = 0
+    accuracy: float = 0.0
+    tool_use: float = -1.0
+    """The agent loop's tool-use rate; -1 without the agent loop."""
+    eval_s: float = 0.0
+
+
+@dataclass
 class RunFinished(ControlEvent):
     step: int = 0
     reason: str = ""

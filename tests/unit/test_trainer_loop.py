@@ -219,3 +219,29 @@ def test_dynamic_sampling_fails_as_dapo_past_max_num_gen_batches(tmp_path):
     with pytest.raises(RuntimeError, match="max_num_gen_batches=2: step 1 read 8 samples"):
         trainer.run()
     trainer.close()
+
+
+def test_rollout_side_evaluations_reach_the_step_rows_and_stop_the_run_at_the_target(tmp_path):
+    cfg = _cfg(
+        tmp_path,
+        "async_training.use_trainer_do_validate=false",
+        "trainer.test_freq=1",
+        "trainer.target_accuracy=0.8",
+        "trainer.total_training_steps=3",
+        "actor_rollout_ref.rollout.num_workers=0",
+    )
+    broker = MemoryBroker()
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
+    control = broker.control(cfg, worker=0)
+    # Worker 0 evaluated version 0 (step 0: the initial accuracy) and the weights of step 1.
+    control.publish(ev.Validated(run_id=cfg.run_id, version=0, step=0, accuracy=0.4))
+    control.publish(ev.Validated(run_id=cfg.run_id, version=1, step=1, accuracy=0.85))
+    for prompt in range(3):
+        _publish_group(broker, cfg, prompt=prompt, version=0)
+    summary = trainer.run()
+    trainer.close()
+
+    (step,) = [decode_step(r.value, r.headers) for r in broker.topics[cfg.topic("steps")]]
+    assert step.metrics["val/accuracy"] == 0.85 and step.metrics["val/version"] == 1.0
+    assert summary["reason"] == "target accuracy 0.80 reached" and summary["step"] == 1
+    assert summary["val/accuracy_initial"] == 0.4 and summary["val/accuracy"] == 0.85

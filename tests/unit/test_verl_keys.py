@@ -102,11 +102,12 @@ def test_verls_fully_async_yaml_loads_as_it_is(
     loaded = load(FULLY_ASYNC_YAML)
     counts = _counts(loaded.report.decisions)
     print(f"\nverl fully_async_ppo_trainer.yaml, {len(loaded.report.decisions)} keys: {counts}")
-    assert counts == {"accepted": 6, "aliased": 5, "ignored": 12, "refused": 0, "unknown": 0}
+    assert counts == {"accepted": 7, "aliased": 5, "ignored": 11, "refused": 0, "unknown": 0}
     with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
         cfg = load_config(FULLY_ASYNC_YAML)
     assert cfg.async_training.staleness_threshold == 0.1
     assert cfg.async_training.trigger_parameter_sync_step == 4
+    assert cfg.async_training.use_trainer_do_validate is False  # the rollout side validates
     assert cfg.sync.bucket_size_mb == 4096  # checkpoint_engine.device_buffer_size_M
     assert cfg.trainer.total_training_steps == 100 // 8  # total_rollout_steps // (8 x 1)
     assert cfg.trainer.test_freq == 4  # every version = 4 steps

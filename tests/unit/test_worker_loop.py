@@ -313,3 +313,28 @@ def test_an_in_flight_update_swaps_weights_between_two_tokens_without_a_pause(tm
         assert t.segment_starts[1] >= 1 and t.param_version_start == 0 and t.param_version == 1
     resumed = [e for e in events if isinstance(e, ev.RolloutResumed)]
     assert resumed[1].num_stale == 4  # the four samples in flight at the swap
+
+
+def test_worker_0_evaluates_the_weights_of_each_test_freq_step_when_the_trainer_does_not(
+    tmp_path,
+):
+    cfg = _cfg(tmp_path, "async_training.use_trainer_do_validate=false", "trainer.test_freq=5")
+    run = Run(cfg)
+
+    def sync(step: int):
+        def request() -> None:  # the trainer has consumed every sample so far
+            run.trainer.step = step
+            run.trainer.consumed = {"0": len(run.broker.topics[cfg.topic("samples")])}
+            run.trainer.request_sync()
+
+        return request
+
+    run.when_published(2, sync(4))  # not a multiple of test_freq: no evaluation
+    run.when_published(8, sync(5))
+    run.when_published(14, run.trainer.finish)
+    run.run()
+
+    validated = [e for e in run.broker.events(cfg) if isinstance(e, ev.Validated)]
+    assert [(e.version, e.step) for e in validated] == [(0, 0), (2, 5)]
+    assert all(0.0 <= e.accuracy <= 1.0 and e.eval_s > 0 for e in validated)
+    assert validated[0].worker == 0 and validated[0].tool_use == -1.0

@@ -1,0 +1,77 @@
+"""Held-out evaluation on the rollout side (``async_training.use_trainer_do_validate=false``,
+verl's fully async default: its Rollouter validates after a parameter update).
+
+Worker 0 evaluates the weights it has just taken when they are those of a trainer step that is
+a multiple of ``trainer.test_freq`` (step 0: the initial accuracy), with the same evaluation the
+trainer runs (``held_out_accuracy``), and publishes the result as a Validated event. The
+evaluation holds up this worker's generation for its duration (verl: "it occupies Rollouter
+resources"), not the trainer's updates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from asyncrl.config import RunConfig
+from asyncrl.schemas import control as ev
+from asyncrl.sync.channel import ControlChannel
+
+log = logging.getLogger(__name__)
+
+
+class RolloutValidator:
+    def __init__(
+        self, cfg: RunConfig, worker_id: int, control: ControlChannel, tokenizer: Any
+    ) -> None:
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.control = control
+        self.tokenizer = tokenizer
+        freq = cfg.trainer.test_freq
+        self.enabled = (
+            not cfg.async_training.use_trainer_do_validate
+            and worker_id == 0
+            and freq > 0
+            and cfg.actor_rollout_ref.rollout.name != "sim"  # the sim engine learns nothing
+        )
+        self.problems: list | None = None
+        self.done: set[int] = set()
+        """Versions evaluated already (a rejoin may take the same version again)."""
+
+    def after_load(self, published: ev.WeightsPublished, model: torch.nn.Module) -> None:
+        """Evaluate ``model`` (the weights of ``published``) if its step is due."""
+        if not self.enabled or published.step % self.cfg.trainer.test_freq != 0:
+            return
+        if published.version in self.done:
+            return
+        from asyncrl.producers.agent.factory import held_out_accuracy, held_out_set
+
+        self.done.add(published.version)
+        if self.problems is None:
+            self.problems = held_out_set(self.cfg, self.tokenizer)
+        t0 = time.monotonic()
+        measured = held_out_accuracy(self.cfg, model, self.tokenizer, self.problems)
+        took = time.monotonic() - t0
+        self.control.publish(
+            ev.Validated(
+                run_id=self.cfg.run_id,
+                version=published.version,
+                worker=self.worker_id,
+                step=published.step,
+                accuracy=measured["accuracy"],
+                tool_use=measured.get("tool_use", -1.0),
+                eval_s=took,
+            ),
+            flush=False,
+        )
+        log.info(
+            "held-out accuracy of version %d (step %d): %.3f (%.2f s)",
+            published.version,
+            published.step,
+            measured["accuracy"],
+            took,
+        )
