@@ -58,6 +58,39 @@ class StepStats:
         events.clear()
         return accuracy
 
+    def summary(
+        self,
+        *,
+        step: int,
+        version: int,
+        reason: str,
+        accuracy: float | None,
+        first_join: float | None,
+        dropped: dict[str, int],
+        filtered: int | None,
+        tool_use: bool,
+        **sync: Any,
+    ) -> dict[str, Any]:
+        """The run's summary (``summary.json``, the last line of ``metrics.jsonl``): where and
+        why it ended, its accuracy, counts, and the coordinator's ``sync`` figures."""
+        out: dict[str, Any] = {
+            "step": step,
+            "version": version,
+            "reason": reason,
+            "val/accuracy": accuracy,
+            "val/accuracy_initial": self.history.get("val/accuracy_initial"),
+            "elapsed_s": time.monotonic() - self.t_start,
+            "first_worker_joined_s": None if first_join is None else first_join - self.t_start,
+            "samples_trained": self.samples_trained,
+            "dropped": dropped,
+            **({} if filtered is None else {"filtered": filtered}),
+            **sync,
+        }
+        if tool_use:  # the agent loop: how often the policy calls tools
+            out["val/tool_use"] = self.history.get("val/tool_use")
+            out["val/tool_use_initial"] = self.history.get("val/tool_use_initial")
+        return out
+
     def of_step(
         self,
         samples: list[Sample],

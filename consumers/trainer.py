@@ -10,8 +10,9 @@ Per local update (a "step"), in this order:
    offsets), then commit those offsets to the trainer's group (for lag monitoring only; the
    checkpoint is the source of truth).
 5. Every ``trigger_parameter_sync_step`` steps: SyncRequested(v+1) -> wait for every worker's
-   RolloutPaused -> broadcast the weights in buckets -> WeightsPublished(v+1, checksum).
-   The trainer then goes on without waiting for the workers to load and resume.
+   RolloutPaused (not with ``in_flight_update``) -> broadcast the weights in buckets ->
+   WeightsPublished(v+1, checksum). The trainer then goes on without waiting for the workers
+   to load and resume.
 
 Workers come and go between steps and during a sync's wait: the coordinator
 (``consumers/coordinator.py``) keeps the membership of the weight collective and runs the sync
@@ -333,30 +334,18 @@ class Trainer:
             )
         )
         self.io.publisher.flush()
-        summary = self._summary(reason, accuracy)
-        self.metrics_file.write({"summary": summary})
-        return summary
-
-    def _summary(self, reason: str, accuracy: float | None) -> dict[str, Any]:
-        first_join = self.coordinator.first_join
-        summary = {
-            "step": self.step,
-            "version": self.version,
-            "reason": reason,
-            "val/accuracy": accuracy,
-            "val/accuracy_initial": self.history.get("val/accuracy_initial"),
-            "elapsed_s": time.monotonic() - self.stats.t_start,
-            "first_worker_joined_s": None
-            if first_join is None
-            else first_join - self.stats.t_start,
-            "samples_trained": self.stats.samples_trained,
-            "dropped": dict(self.batcher.dropped),
-            **({"filtered": self.batcher.filtered} if self.batcher.filter_groups else {}),
+        summary = self.stats.summary(
+            step=self.step,
+            version=self.version,
+            reason=reason,
+            accuracy=accuracy,
+            first_join=self.coordinator.first_join,
+            dropped=dict(self.batcher.dropped),
+            filtered=self.batcher.filtered if self.batcher.filter_groups else None,
+            tool_use=self.last_val_tool_use is not None,
             **self.coordinator.summary(),
-        }
-        if self.last_val_tool_use is not None:  # the agent loop: how often the policy calls tools
-            summary["val/tool_use"] = self.history.get("val/tool_use")
-            summary["val/tool_use_initial"] = self.history.get("val/tool_use_initial")
+        )
+        self.metrics_file.write({"summary": summary})
         return summary
 
     def close(self) -> None:
