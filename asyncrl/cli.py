@@ -41,7 +41,7 @@ examples:
   asyncrl monitor demo kafka.bootstrap_servers=127.0.0.1:9092   live per-version health
   asyncrl report demo                           plots and a summary of runs/demo (report/)
   asyncrl export-data --out data/arithmetic     the task as verl-format parquet (data.train_files)
-  asyncrl bench modes                           colocated sync vs modes (a)-(d), sim workload
+  asyncrl bench modes                           colocated sync vs modes (a)-(d), seed-shaped sim
   asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
   asyncrl bench learn --config calculator       the same with the agent loop and its tool calls
@@ -223,10 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="measurements printed side by side from one invocation",
-        description="modes: verl's mode table on the sim engine's long-tail workload: colocated "
-        "sync vs (a) on-policy pipeline, (b) stream off-policy, (c) stale samples, (d) partial "
-        "rollout, and a staleness ablation; time, idle ratios, speedup, efficiency. "
-        "sync-pause: the same long-tail workload in mode (c) and mode (d, partial rollout); "
+        description="modes: verl's mode table on the sim engine (--workload seed, the seed's "
+        "128-GPU figures time-scaled, or long-tail): colocated sync vs (a) on-policy pipeline, (b) "
+        "stream off-policy, (c) stale samples, (d) partial rollout, and a staleness ablation; "
+        "time, idle ratios, speedup next to the seed's, efficiency. "
+        "sync-pause: the sim engine's long-tail workload in mode (c) and mode (d, partial "
+        "rollout); "
         "prints how long syncs waited for the workers to pause, and the throughput of each. "
         "learn: wall time to the target held-out accuracy, colocated sync vs async (c) vs (d) "
         "vs (d) with in-flight weight updates, and the accuracy curves on one plot (PNG). "
@@ -255,6 +257,19 @@ def build_parser() -> argparse.ArgumentParser:
             "tools",
         ],
         help="which benchmark",
+    )
+    p.add_argument(
+        "--workload",
+        choices=["seed", "long-tail"],
+        default="seed",
+        help="modes only: the sim workload; seed (default): the seed's 128-GPU Qwen2.5-7B "
+        "figures, time-scaled; long-tail: round numbers (bench/workloads.py)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.01,
+        help="modes --workload seed: seconds here per second of the seed (default 0.01)",
     )
     _config_args(p)
 

@@ -240,7 +240,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from asyncrl.bench.transport import transport
 
     benchmarks = {
-        "modes": modes,
         "sync-pause": sync_pause,
         "learn": learn,
         "offpolicy": offpolicy,
@@ -249,6 +248,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "tracing": tracing_cost,
         "tools": tools,
     }
+    if args.name == "modes":
+        modes(
+            args.config,
+            args.overrides,
+            Console(),
+            workload=args.workload,
+            time_scale=args.time_scale,
+        )
+        return 0
+    if args.workload != "seed":
+        print(f"asyncrl bench: --workload applies to modes, not {args.name}", file=sys.stderr)
+        return 2
     benchmarks[args.name](args.config, args.overrides, Console())
     return 0
 

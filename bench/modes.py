@@ -1,18 +1,21 @@
-"""``asyncrl bench modes``: the structure of verl's 128-GPU mode table (seeds ``001``) on one machine.
+"""``asyncrl bench modes``: verl's 128-GPU mode table (seeds ``001``) on one machine.
 
-Every setup runs the ``sim`` engine's long-tail workload (see ``producers/engines/sim.py``) for
+Every setup runs the ``sim`` engine (see ``producers/engines/sim.py``) on one workload
+(``bench/workloads.py``: ``long-tail``, or ``seed``, the seed's own figures time-scaled) for
 the same number of *steps*, a step being what the seed's table counts: one colocated training
 step of ``B`` samples, or one sync window of the async trainer (``trigger x required = B``
 samples, in ``trigger`` local updates). Resources follow the seed's "128 colocated vs 64:64":
 two units in all. Colocated sync uses both units for each phase in turn: rollout with twice a
-replica's capacity, then training at half the per-sample time. The async setups give one unit to
-a rollout worker (one replica) and one to the trainer, and run through the whole real system
-(broker, control events, budget, staleness, interrupts).
+replica's capacity, then training (the workload's colocated time per sample). The async setups
+give one unit to a rollout worker (one replica) and one to the trainer, and run through the
+whole real system (broker, control events, budget, staleness, interrupts).
 
-Efficiency is the ideal time over the measured one. Ideal: the modelled work of the samples
-that were trained on, each kind over its resources: for the async setups the slower of rollout
-(tokens x decode_step_s / capacity) and training (samples x train_s_per_sample); for colocated
-sync the two phases add up, since they cannot overlap.
+Steady state: the first step of every setup is a warm-up, not counted (the async pipeline
+fills, as it does once in the seed's 400 steps); times, speedups and efficiency are over the
+other steps. Efficiency is the ideal time over the measured one. Ideal: the modelled work of
+the samples trained on in those steps, each kind over its resources: for the async setups the
+slower of rollout (tokens x decode_step_s / capacity) and training (samples x
+train_s_per_sample); for colocated sync the two phases add up, since they cannot overlap.
 """
 
 from __future__ import annotations
@@ -26,41 +29,17 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.bench.sync_pause import partial_totals, step_rows
+from asyncrl.bench.workloads import SEED_ROWS, Setup, Workload, long_tail, seed, seed_speedup
 from asyncrl.config import RunConfig, load_config
 from asyncrl.telemetry.metrics import stale_in_step
 
-BATCH = 32  # samples per step (the colocated train_batch_size)
-TRIGGER = 4  # local updates per sync window in modes (b)-(d)
-
-MODES_DEFAULTS = [
-    "actor_rollout_ref.rollout.name=sim",
-    "data.max_response_length=256",
-    "actor_rollout_ref.rollout.n=4",
-    # 32 samples x 4 = 128 sequences may be in flight for a replica of 64: the engine queues
-    # the rest, as vLLM does, so the budget, not this limit, decides how full it runs.
-    "actor_rollout_ref.rollout.max_concurrent_samples=32",
-    "sim.capacity=64",
-    "sim.decode_step_s=0.004",
-    "sim.train_s_per_sample=0.015",
-    "trainer.target_accuracy=null",
-    "trainer.test_freq=0",
-    "trainer.save_freq=0",
-    "output_dir=runs/bench",
-]
-
-# name -> (trigger, require_batches, staleness, partial); mini-batch 8, B = 32 per step.
-SETUPS: dict[str, tuple[int, int, float, bool]] = {
-    "(a) on-policy pipeline": (1, BATCH // 8, 0.0, False),
-    "(b) stream off-policy": (TRIGGER, BATCH // (8 * TRIGGER), 0.0, False),
-    "(c) stale samples": (TRIGGER, BATCH // (8 * TRIGGER), 0.5, False),
-    "(d) partial rollout": (TRIGGER, BATCH // (8 * TRIGGER), 0.5, True),
-}
-ABLATION = (0.1, 0.3)  # staleness 0 is (b), 0.5 is (d)
+WORKLOADS = ("seed", "long-tail")
 
 
-def _setup_overrides(trigger: int, require: int, staleness: float, partial: bool) -> list[str]:
+def _setup_overrides(w: Workload, setup: Setup) -> list[str]:
+    trigger, require, staleness, partial = setup
     return [
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={w.mini_batch}",
         f"async_training.require_batches={require}",
         f"async_training.trigger_parameter_sync_step={trigger}",
         f"async_training.staleness_threshold={staleness}",
@@ -68,62 +47,88 @@ def _setup_overrides(trigger: int, require: int, staleness: float, partial: bool
     ]
 
 
-def colocated_sim(cfg: RunConfig, steps: int, batch: int) -> dict[str, Any]:
+def colocated_sim(cfg: RunConfig, steps: int, batch: int, train_s: float) -> dict[str, Any]:
     """Colocated sync on the same latency model: generate a whole batch (both units: twice
-    the capacity), then train on it (both units: half the time per sample); no Kafka."""
+    the capacity), then train on it (``train_s`` per sample); no Kafka. The first step is the
+    warm-up (when there are two or more)."""
     from asyncrl.producers.engines.base import GenRequest
     from asyncrl.producers.engines.sim import SimEngine
 
     sim = cfg.sim.model_copy(update={"capacity": 2 * cfg.sim.capacity})
     engine = SimEngine(None, sim, vocab_size=30, eos_token_id=2)  # type: ignore[arg-type]
     n, max_len = cfg.actor_rollout_ref.rollout.n, cfg.data.max_response_length
-    gen_s = train_s = 0.0
+    warmup = 1 if steps > 1 else 0
+    gen_s = train_s_total = total = 0.0
     tokens = 0
-    t0 = time.monotonic()
+    t_all = time.monotonic()
     for k in range(steps):
-        t = time.monotonic()
+        t0 = time.monotonic()
         reqs = [
             GenRequest(f"colocated-{k}-{i}#{j}", [1], max_new_tokens=max_len)
             for i in range(batch)
             for j in range(n)
         ]
-        tokens += sum(len(r.response_ids) for r in engine.generate(reqs))
-        gen_s += time.monotonic() - t
-        t = time.monotonic()
-        time.sleep(cfg.sim.train_s_per_sample / 2 * batch)
-        train_s += time.monotonic() - t
-    total = time.monotonic() - t0
-    ideal = (
-        tokens * sim.decode_step_s / sim.capacity + steps * batch * cfg.sim.train_s_per_sample / 2
-    )
+        step_tokens = sum(len(r.response_ids) for r in engine.generate(reqs))
+        t1 = time.monotonic()
+        time.sleep(train_s * batch)
+        t2 = time.monotonic()
+        if k >= warmup:
+            tokens += step_tokens
+            gen_s, train_s_total, total = gen_s + t1 - t0, train_s_total + t2 - t1, total + t2 - t0
+    counted = steps - warmup
+    gen_ideal = tokens * sim.decode_step_s / sim.capacity
     return {
-        "total_s": total,
+        "total_s": time.monotonic() - t_all,
+        "steady_s": total,
+        "steps": counted,
         "local_updates": steps,
         "trainer_idle": gen_s / total,
-        "rollouter_idle": train_s / total,
+        "rollouter_idle": train_s_total / total,
         "stale_samples": 0,
         "partial_ratio": 0.0,
-        "ideal_s": ideal,
+        "ideal_s": gen_ideal + counted * batch * train_s,
+        "per_step": {"gen": gen_s / counted, "train": train_s_total / counted},
+        "rollout_util": gen_ideal / total,
+        "train_util": counted * batch * train_s / total,
     }
 
 
-def _async_row(cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
-    """The row of an async run, from its metrics file."""
+def _async_row(cfg: RunConfig, summary: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The row of an async run, from its metrics file: the steps after the first sync window."""
+    trigger = cfg.async_training.trigger_parameter_sync_step
+    warmup = trigger if steps > 1 else 0
     rows = step_rows(cfg)
+    start = rows[warmup - 1]["perf/elapsed_s"] if warmup else summary.get("first_worker_joined_s")
+    rows = rows[warmup:]
+    counted = len(rows) // trigger
 
     def mean(key: str) -> float:
         vals = [r[key] for r in rows if key in r]
         return sum(vals) / len(vals) if vals else float("nan")
 
+    def per_step(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in rows) / max(counted, 1)
+
     partial, _span = partial_totals(rows)
-    samples = summary["samples_trained"]
     n = cfg.actor_rollout_ref.rollout.n
+    samples = len(rows) * cfg.required_samples
     tokens = sum(r["response_length/mean"] * n * cfg.required_samples for r in rows)
     rollout_ideal = tokens * cfg.sim.decode_step_s / cfg.sim.capacity
     train_ideal = samples * cfg.sim.train_s_per_sample
+    steady = rows[-1]["perf/elapsed_s"] - (start or 0.0)
+    where = {
+        "update": per_step("timing_s/update_actor"),
+        "wait for samples": per_step("timing_s/gen"),
+        "sync": per_step("timing_s/param_sync"),
+        "sync pause": per_step("timing_s/param_sync_pause"),
+    }
+    where["other"] = steady / max(counted, 1) - where["update"] - where["wait for samples"]
+    where["other"] -= where["sync"]
     return {
         # from the first worker's join: process start-up is not part of a step's cost
         "total_s": summary["elapsed_s"] - (summary.get("first_worker_joined_s") or 0.0),
+        "steady_s": steady,
+        "steps": counted,
         "local_updates": summary["step"],
         "trainer_idle": mean("trainer/idle_ratio"),
         "rollouter_idle": mean("rollouter/idle_ratio"),
@@ -131,21 +136,39 @@ def _async_row(cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
         "stale_samples": sum(stale_in_step(r) for r in rows),
         "partial_ratio": partial / max(samples * n, 1),  # of the trajectories
         "ideal_s": max(rollout_ideal, train_ideal),
+        "per_step": where,
+        "rollout_util": rollout_ideal / steady,
+        "train_util": train_ideal / steady,
     }
+
+
+def make_workload(
+    name: str, config: str | None, overrides: list[str], time_scale: float
+) -> Workload:
+    if name == "seed":
+        return seed(config, overrides, time_scale)
+    if name == "long-tail":
+        return long_tail(overrides)
+    raise ValueError(f"unknown workload {name!r}: one of {', '.join(WORKLOADS)}")
 
 
 def modes(
     config: str | None,
     overrides: list[str],
     console: Console,
-    steps: int = 20,
+    steps: int | None = None,
     ablation: bool = True,
+    workload: str = "seed",
+    time_scale: float = 0.01,
+    only: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Colocated sync vs modes (a)-(d), plus the staleness ablation; print and return the table.
 
     ``trainer.total_training_steps=N`` among the overrides sets ``steps`` (sync windows per
-    run; each async run then trains N x its trigger_parameter_sync_step local updates), so a
-    smoke run is ``asyncrl bench modes trainer.total_training_steps=2``.
+    run, the first a warm-up; each async run trains N x its trigger_parameter_sync_step local
+    updates), so a smoke run is ``asyncrl bench modes trainer.total_training_steps=2``.
+    ``time_scale``: seconds here per second of the seed, for ``workload="seed"``. ``only``:
+    run these async setups alone (by the start of their names, e.g. ``("(d)",)``).
     """
     from asyncrl.launch.launcher import prepare_policy, run
 
@@ -157,75 +180,100 @@ def modes(
         steps = int(given[-1].partition("=")[2])
         overrides = [o for o in overrides if o not in given]
         console.log(f"{steps} steps (sync windows) per setup, from trainer.total_training_steps")
-    base = [*MODES_DEFAULTS, *overrides]
+    w = make_workload(workload, config, overrides, time_scale)
+    steps = steps or w.default_steps
     results: dict[str, dict[str, Any]] = {}
 
-    cfg = load_config(config, [*base, f"run_id=modes-colocated-{stamp}"])
+    cfg = load_config(config, [*w.overrides, f"run_id=modes-colocated-{stamp}"])
     prepare_policy(cfg, console)  # once, before the async runs start their processes
     console.rule("colocated sync (modelled in one process, both units)")
-    results["colocated sync"] = colocated_sim(cfg, steps, BATCH)
+    results["colocated sync"] = colocated_sim(cfg, steps, w.batch, w.colocated_train_s_per_sample)
 
-    setups = dict(SETUPS)
-    if ablation:
-        for s in ABLATION:
-            setups[f"(d) staleness {s}"] = (TRIGGER, BATCH // (8 * TRIGGER), s, True)
+    setups = {**w.setups, **(w.ablation if ablation else {})}
+    if only is not None:
+        setups = {k: v for k, v in setups.items() if k.startswith(only)}
     for name, setup in setups.items():
         trigger = setup[0]
         run_id = "modes-" + name.split(")")[0].strip("(") + f"-{setup[2]}-{stamp}"
         cfg = load_config(
             config,
             [
-                *base,
-                *_setup_overrides(*setup),
+                *w.overrides,
+                *_setup_overrides(w, setup),
                 f"trainer.total_training_steps={steps * trigger}",  # a step: one sync window
                 f"run_id={run_id.replace('.', '_')}",
             ],
         )
-        assert cfg.samples_per_version == BATCH, (name, cfg.samples_per_version)
+        assert cfg.samples_per_version == w.batch, (name, cfg.samples_per_version)
         console.rule(name)
-        results[name] = _async_row(cfg, run(cfg, console))
+        results[name] = _async_row(cfg, run(cfg, console), steps)
 
-    table = _table(results, steps)
-    console.print(table)
-    ref = results["colocated sync"]["total_s"]
+    console.print(_table(results, w, steps))
+    console.print(_where_table(results, w))
+    for note in w.notes:
+        console.print(note)
+    ref = results["colocated sync"]["steady_s"]
     console.print(
-        "speedup over colocated sync: "
-        + ", ".join(f"{k.split(' ')[0]} {ref / r['total_s']:.2f}x" for k, r in results.items())
-        + "  (seed, 128 GPUs: stream 1.6x, + staleness + partial 2.35x)"
+        "speedup over colocated sync (steady state): "
+        + ", ".join(f"{k.split(' ')[0]} {ref / r['steady_s']:.2f}x" for k, r in results.items())
+        + "  (seed, 128 GPUs: stream 1.58x, + staleness + partial 2.35x)"
     )
     out = Path(cfg.output_dir) / f"bench-modes-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"steps": steps, "batch": BATCH, "results": results}, indent=1))
+    record = {"workload": w.name, "time_scale": w.time_scale, "steps": steps, "batch": w.batch}
+    out.write_text(json.dumps({**record, "notes": w.notes, "results": results}, indent=1))
     console.print(f"figures: {out}")
     return results
 
 
-def _table(results: dict[str, dict[str, Any]], steps: int) -> Table:
-    table = Table(title=f"modes: {steps} steps of {BATCH} samples, sim long-tail workload")
-    cols = (
-        "setup",
-        "total s",
-        "s/step",
-        "trainer idle",
-        "rollouter idle",
-        "stale samples",
-        "partial ratio",
-        "speedup",
-        "efficiency",
+def _table(results: dict[str, dict[str, Any]], w: Workload, steps: int) -> Table:
+    scale = w.time_scale
+    table = Table(
+        title=f"modes, {w.name} workload: {steps} steps of {w.batch} samples "
+        f"(first one a warm-up, not counted)"
     )
+    cols = ["setup", "total s", "s/step"]
+    cols += ["seed-s/step", "seed s/step"] if scale else []
+    cols += ["trainer idle", "rollouter idle", "stale samples", "partial ratio"]
+    cols += ["speedup", "seed speedup", "efficiency"]
     for col in cols:
         table.add_column(col, justify="right")
-    ref = results["colocated sync"]["total_s"]
+    ref = results["colocated sync"]["steady_s"]
     for name, r in results.items():
-        table.add_row(
-            name,
-            f"{r['total_s']:.1f}",
-            f"{r['total_s'] / steps:.2f}",
+        per_step = r["steady_s"] / max(r["steps"], 1)
+        seed_x = seed_speedup(name)
+        cells = [name, f"{r['total_s']:.1f}", f"{per_step:.2f}"]
+        if scale:
+            seed_step = SEED_ROWS.get(name, (None, None))[0]
+            cells += [f"{per_step / scale:.1f}", f"{seed_step:.2f}" if seed_step else "-"]
+        cells += [
             f"{r['trainer_idle']:.2f}",
             f"{r['rollouter_idle']:.2f}",
             str(r["stale_samples"]),
             f"{r['partial_ratio']:.2f}",
-            f"{ref / r['total_s']:.2f}x",
-            f"{r['ideal_s'] / r['total_s']:.2f}",
-        )
+            f"{ref / r['steady_s']:.2f}x",
+            f"{seed_x:.2f}x" if seed_x else "-",
+            f"{r['ideal_s'] / r['steady_s']:.2f}",
+        ]
+        table.add_row(*cells)
+    return table
+
+
+def _where_table(results: dict[str, dict[str, Any]], w: Workload) -> Table:
+    """Per step, where the trainer's time goes, and how busy each side is (its ideal share)."""
+    unit = 1 / w.time_scale if w.time_scale else 1.0
+    table = Table(title=f"per step, {'seed seconds' if w.time_scale else 'seconds'}")
+    cols = ("setup", "update", "wait for samples", "sync", "of it: pause", "other")
+    for col in (*cols, "rollout busy", "trainer busy"):
+        table.add_column(col, justify="right")
+    digits = 1 if w.time_scale else 3
+    for name, r in results.items():
+        p = r["per_step"]
+        if name == "colocated sync":
+            cells = [f"{p[k] * unit:.{digits}f}" for k in ("train", "gen")] + ["-"] * 3
+        else:
+            keys = ("update", "wait for samples", "sync", "sync pause", "other")
+            cells = [f"{p[k] * unit:.{digits}f}" for k in keys]
+        busy = [f"{r['rollout_util']:.2f}", f"{r['train_util']:.2f}"]
+        table.add_row(name, *cells, *busy)
     return table

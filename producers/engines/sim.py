@@ -12,8 +12,12 @@ The model, per replica (one rollout worker):
   chains of thought), otherwise its length is exponential with mean
   ``short_mean_fraction x max_new_tokens``. The draw is seeded by the request id, so a
   continued request (partial rollout) stops where the uninterrupted one would have;
-- one decoding step takes ``decode_step_s`` and advances up to ``capacity`` sequences by one
-  token each (the rest wait their turn, first come first served), as a batch on one GPU does;
+- one decoding step gives active sequences one token each. ``scheduling="fcfs"``: a step
+  takes ``decode_step_s`` and advances the first ``capacity`` sequences (the rest wait their
+  turn, first come first served). ``scheduling="shared"``: a step advances every active
+  sequence and takes ``decode_step_s x max(1, active / capacity)`` (continuous batching as in
+  vLLM: memory-bound, so flat, up to ``capacity`` sequences; compute-bound, so growing, above).
+  Either way a saturated replica makes ``capacity`` tokens per ``decode_step_s``;
 - the engine's clock runs on while the worker does host work (publishing, scoring), as a GPU
   engine in its own process does: ``step()`` performs every modelled step that has come due
   since the last one (at least one, waiting for it if need be), up to ``_MAX_CATCH_UP``.
@@ -77,30 +81,38 @@ class SimEngine(StepwiseEngine):
         target = target_length(req.request_id, req.max_new_tokens, self.sim)
         return _SimActive(base.req, base.ids, base.logprobs, target=target)
 
+    def step_s(self) -> float:
+        """The modelled duration of the next decoding step (see module doc)."""
+        if self.sim.scheduling == "fcfs":
+            return self.sim.decode_step_s
+        return self.sim.decode_step_s * max(1.0, len(self._active) / self.sim.capacity)
+
     def step(self) -> list[GenResult]:
         finished = self._take_complete()
         if not self._active:
             return finished
-        step_s = self.sim.decode_step_s
         now = time.monotonic()
-        if now - self._clock > _MAX_CATCH_UP * step_s:  # idle or stalled: no banked time
-            self._clock = now - step_s
-        due = int((now - self._clock) / step_s)
-        if due == 0:
-            time.sleep(self._clock + step_s - now)
-            due = 1
-        self._clock += due * step_s
-        for _ in range(due):
+        if now - self._clock > _MAX_CATCH_UP * self.step_s():  # idle or stalled: no banked time
+            self._clock = now - self.step_s()
+        for done in range(_MAX_CATCH_UP):
+            step_s = self.step_s()
+            if self._clock + step_s > now:
+                if done:
+                    break
+                time.sleep(self._clock + step_s - now)
+            self._clock += step_s
+            finished.extend(self.decode_step())
             if not self._active:
                 break
-            finished.extend(self._decode_step())
         return finished
 
-    def _decode_step(self) -> list[GenResult]:
-        """One modelled decoding step: the first ``capacity`` active sequences get a token."""
+    def decode_step(self) -> list[GenResult]:
+        """One modelled decoding step, without its wait: the first ``capacity`` active
+        sequences (``fcfs``) or all of them (``shared``) get a token."""
         finished = []
         self.steps += 1
-        for a in list(self._active.values())[: self.sim.capacity]:
+        active = list(self._active.values())
+        for a in active[: self.sim.capacity] if self.sim.scheduling == "fcfs" else active:
             assert isinstance(a, _SimActive)
             last = len(a.ids) + 1 >= a.target
             token = self.eos_token_id if last else self._rng.choice(self._ids)

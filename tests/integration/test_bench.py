@@ -42,6 +42,7 @@ def test_modes_smoke(broker, tmp_path, quick_policy):
         ],
         Console(file=out, width=200),
         ablation=False,
+        workload="long-tail",
     )
     assert list(results) == [
         "colocated sync",
@@ -56,6 +57,33 @@ def test_modes_smoke(broker, tmp_path, quick_policy):
     assert results["(b) stream off-policy"]["stale_samples"] == 0  # staleness 0: none
     assert "speedup over colocated sync" in out.getvalue()
     assert list(tmp_path.glob("bench-modes-*.json"))
+
+
+def test_modes_seed_workload_smoke(broker, tmp_path, quick_policy):
+    """The seed-shaped workload at a tiny time scale: colocated sync and mode (d), 2 steps."""
+    from asyncrl.bench.modes import modes
+
+    out = io.StringIO()
+    results = modes(
+        None,
+        [
+            *quick_policy,
+            f"kafka.bootstrap_servers='{broker}'",
+            f"output_dir='{tmp_path}'",
+            "trainer.total_training_steps=2",
+        ],
+        Console(file=out, width=220),
+        workload="seed",
+        time_scale=0.002,
+        only=("(d) partial",),
+    )
+    assert list(results) == ["colocated sync", "(d) partial rollout"]
+    d = results["(d) partial rollout"]
+    assert d["local_updates"] == 8 and d["steps"] == 1  # 2 windows of 4 updates, 1 warm-up
+    assert all(r["ideal_s"] > 0 and r["steady_s"] > 0 for r in results.values())
+    text = out.getvalue()
+    assert "2.35x" in text  # the seed's speedup of mode (d), beside ours
+    assert "seed-shaped" in text and "150.72" in text  # how the model was derived
 
 
 def test_transport_smoke(broker, tmp_path):

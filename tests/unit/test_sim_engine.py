@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from asyncrl.config import SimConfig
@@ -13,7 +14,7 @@ from asyncrl.producers.engines.sim import SimEngine, target_length
 EOS = 2
 
 
-def _engine(**sim: float) -> SimEngine:
+def _engine(**sim: float | str) -> SimEngine:
     return SimEngine(torch.nn.Linear(2, 2), SimConfig(**sim), vocab_size=30, eos_token_id=EOS)
 
 
@@ -74,3 +75,14 @@ def test_a_step_takes_the_modelled_time():
     for _ in range(10):
         engine.step()
     assert time.monotonic() - t0 >= 10 * 0.02 * 0.95
+
+
+def test_shared_scheduling_advances_every_sequence_and_slows_above_capacity():
+    engine = _engine(capacity=2, decode_step_s=0.01, scheduling="shared")
+    for i in range(5):
+        engine.add(GenRequest(f"r{i}", [1, 5], max_new_tokens=500))
+    assert engine.step_s() == pytest.approx(0.025)  # 5 sequences on a capacity of 2
+    engine.decode_step()
+    assert engine.tokens == 5
+    engine.abort(["r0", "r1", "r2", "r3"])
+    assert engine.step_s() == pytest.approx(0.01)  # below capacity: memory-bound, flat
