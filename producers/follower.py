@@ -181,26 +181,31 @@ class SyncFollower:
         if not isinstance(published, ev.WeightsPublished):
             self.trainer_back = True
             raise TrainerGone(f"a new trainer started (version {published.version})")
-        ok = True
-        if self.cfg.sync.verify_checksum:
-            ok = weights_checksum(self.model) == published.checksum
-            if not ok:
-                log.error(
-                    "worker %d: weights of version %d differ from the trainer's",
-                    self.worker_id,
-                    published.version,
-                )
-        self.version = published.version
-        self.control.publish(
-            ev.WeightsLoaded(
-                run_id=self.cfg.run_id,
-                version=self.version,
-                worker=self.worker_id,
-                load_s=time.monotonic() - t0,
-                checksum_ok=ok,
-            )
-        )
+        checksum = weights_checksum(self.model) if self.cfg.sync.verify_checksum else ""
+        self._loaded(published, checksum, time.monotonic() - t0)
         return published
+
+    def _loaded(
+        self, published: ev.WeightsPublished, checksum: str, load_s: float, flush: bool = True
+    ) -> None:
+        """The weights of ``published`` are in: compare ``checksum`` (if verified), take the
+        version over, publish WeightsLoaded."""
+        ok = not self.cfg.sync.verify_checksum or checksum == published.checksum
+        if not ok:
+            log.error(
+                "worker %d: weights of version %d differ from the trainer's",
+                self.worker_id,
+                published.version,
+            )
+        self.version = published.version
+        loaded = ev.WeightsLoaded(
+            run_id=self.cfg.run_id,
+            version=self.version,
+            worker=self.worker_id,
+            load_s=load_s,
+            checksum_ok=ok,
+        )
+        self.control.publish(loaded, flush=flush)
 
     def resume(self, stale: int, published: ev.WeightsPublished, flush: bool = True) -> None:
         """Step 5: open this version's budget (the members' share, minus ``stale``)."""
@@ -252,31 +257,15 @@ class SyncFollower:
     ) -> None:
         """The new version is live: RolloutPaused (its pause is the swap's) and WeightsLoaded
         (checksum compared), not flushed, so the decoding loop does not wait for the broker."""
-        ok = not self.cfg.sync.verify_checksum or checksum == published.checksum
-        if not ok:
-            log.error(
-                "worker %d: weights of version %d differ from the trainer's",
-                self.worker_id,
-                published.version,
-            )
-        self.version = published.version
-        run_id, worker = self.cfg.run_id, self.worker_id
-        self.control.publish(
-            ev.RolloutPaused(
-                run_id=run_id,
-                version=self.version,
-                worker=worker,
-                pause_s=pause_s,
-                produced=produced,
-            ),
-            flush=False,
+        paused = ev.RolloutPaused(
+            run_id=self.cfg.run_id,
+            version=published.version,
+            worker=self.worker_id,
+            pause_s=pause_s,
+            produced=produced,
         )
-        self.control.publish(
-            ev.WeightsLoaded(
-                run_id=run_id, version=self.version, worker=worker, load_s=receive_s, checksum_ok=ok
-            ),
-            flush=False,
-        )
+        self.control.publish(paused, flush=False)
+        self._loaded(published, checksum, receive_s, flush=False)
         self.sync_done()
 
     def run_finishing(self, grace_s: float = 2.0) -> bool:
