@@ -25,6 +25,7 @@ import torch
 from asyncrl.config import RunConfig
 from asyncrl.consumers.io import TrainerIO
 from asyncrl.kafka.record import Decoder, Record
+from asyncrl.kafka.records import LogScan
 from asyncrl.producers.io import OnAssign, OnRevoke, WorkerIO
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
@@ -99,7 +100,7 @@ class MemoryBroker:
             )
         return prompts
 
-    def scan(self, cfg: RunConfig) -> Callable[[str, dict[int, int] | None], list[Record]]:
+    def scan(self, cfg: RunConfig) -> LogScan:
         """A ``LogScan`` of the run's topics (the worker's recovery index reads with it)."""
 
         def scan(name: str, starts: dict[int, int] | None) -> list[Record[bytes | None]]:

@@ -137,17 +137,26 @@ class SyncFollower:
         )
         self.keep_alive()
 
-    def paused(self, request: ev.SyncRequested, n_partial: int, produced: int) -> None:
-        """Step 2's end: nothing of the old version is generating any more."""
+    def paused(
+        self,
+        request: ev.SyncRequested,
+        n_partial: int,
+        produced: int,
+        pause_s: float | None = None,
+        flush: bool = True,
+    ) -> None:
+        """Step 2's end: nothing of the old version is generating any more. ``pause_s``: how
+        long generation stopped (default: since SyncRequested arrived)."""
         self.control.publish(
             ev.RolloutPaused(
                 run_id=self.cfg.run_id,
                 version=request.version,
                 worker=self.worker_id,
-                pause_s=time.monotonic() - self.sync_seen_at,
+                pause_s=time.monotonic() - self.sync_seen_at if pause_s is None else pause_s,
                 n_partial=n_partial,
                 produced=produced,
-            )
+            ),
+            flush=flush,
         )
 
     def receive(self, version: int | None = None) -> ev.WeightsPublished:
@@ -257,14 +266,7 @@ class SyncFollower:
     ) -> None:
         """The new version is live: RolloutPaused (its pause is the swap's) and WeightsLoaded
         (checksum compared), not flushed, so the decoding loop does not wait for the broker."""
-        paused = ev.RolloutPaused(
-            run_id=self.cfg.run_id,
-            version=published.version,
-            worker=self.worker_id,
-            pause_s=pause_s,
-            produced=produced,
-        )
-        self.control.publish(paused, flush=False)
+        self.paused(request, 0, produced, pause_s=pause_s, flush=False)
         self._loaded(published, checksum, receive_s, flush=False)
         self.sync_done()
 

@@ -44,8 +44,9 @@ def _cfg(tmp_path, *overrides):
 
 
 class Run:
-    """A worker wired to a memory broker, a scripted trainer and a script of what the trainer
-    does as the run goes (``when_published(k, action)``: after the k-th sample)."""
+    """A worker wired to a memory broker, a scripted trainer and a script of what happens as
+    the run goes (``when_published(k, action)``: after the k-th sample;
+    ``before_decoding_step(k, action)``: before the worker's k-th decoding step)."""
 
     def __init__(self, cfg, prompts: int = 16) -> None:
         self.cfg = cfg
@@ -54,12 +55,31 @@ class Run:
         weights = LocalWeights()
         self.model, _ = load_policy(cfg)
         self.trainer = ScriptedTrainer(cfg, self.broker, weights, self.model)
-        self.worker = RolloutWorker(cfg, 0, io=worker_io(cfg, self.broker, weights))
+        self.sources: list = []
+        """The worker's prompt sources (a test revokes their partition)."""
+        io = worker_io(cfg, self.broker, weights, prompts=self.sources)
+        self.worker = RolloutWorker(cfg, 0, io=io)
         self.script: dict[int, object] = {}
         self.broker.reactions.append(self._on_record)
 
     def when_published(self, k: int, action) -> None:
         self.script[k] = action
+
+    def before_decoding_step(self, k: int, action) -> None:
+        step, decoded = self.worker.runner.step, [0]
+
+        def counted():
+            decoded[0] += 1
+            if decoded[0] == k:
+                action()
+            return step()
+
+        self.worker.runner.step = counted
+
+    def sync_new_weights(self) -> None:
+        """The trainer's next version: new weights (what a training step would do), a sync."""
+        _perturb(self.model)
+        self.trainer.request_sync()
 
     def _on_record(self, rec) -> None:
         if rec.topic == self.cfg.topic("samples"):
@@ -145,19 +165,9 @@ def test_a_mode_c_sync_finishes_in_flight_samples_then_loads_the_new_version(tmp
 def test_a_mode_d_sync_logs_partials_and_continues_them_as_a_new_segment(tmp_path):
     cfg = _cfg(tmp_path, "async_training.partial_rollout=true")
     run = Run(cfg)
-    # The sync is requested after the first decoding step, so every trajectory in flight is
+    # The sync is requested during the first decoding step, so every trajectory in flight is
     # cut short after its first token.
-    step = run.worker.runner.step
-    decoded = [0]
-
-    def step_then_sync():
-        decoded[0] += 1
-        if decoded[0] == 1:
-            _perturb(run.model)
-            run.trainer.request_sync()
-        return step()
-
-    run.worker.runner.step = step_then_sync
+    run.before_decoding_step(1, run.sync_new_weights)
     run.when_published(4, run.trainer.finish)
     run.run()
 
@@ -228,28 +238,18 @@ def test_a_restarted_worker_skips_published_prompts_and_continues_logged_partial
 
 def test_a_revoked_partition_hands_its_samples_back_logged_and_refunded(tmp_path):
     cfg = _cfg(tmp_path, "async_training.partial_rollout=true")
-    sources: list = []
-    broker = MemoryBroker()
-    broker.feed(cfg, 8)
-    weights = LocalWeights()
-    model, _ = load_policy(cfg)
-    trainer = ScriptedTrainer(cfg, broker, weights, model)
-    worker = RolloutWorker(cfg, 0, io=worker_io(cfg, broker, weights, prompts=sources))
-    step = worker.runner.step
-    decoded = [0]
+    run = Run(cfg, prompts=8)
+    broker, worker = run.broker, run.worker
 
-    def step_then_revoke():  # after one token of each trajectory, the partition moves away
-        decoded[0] += 1
-        if decoded[0] == 2:
-            remaining = worker.budget.remaining
-            sources[0].revoke()
-            assert worker.budget.remaining == remaining + 4  # the four samples' budget refunded
-            assert len(worker.in_flight) == 0 and not worker.runner.busy
-            trainer.finish()
-        return step()
+    def revoke():  # after one token of each trajectory, the partition moves away
+        remaining = worker.budget.remaining
+        run.sources[0].revoke()
+        assert worker.budget.remaining == remaining + 4  # the four samples' budget refunded
+        assert len(worker.in_flight) == 0 and not worker.runner.busy
+        run.trainer.finish()
 
-    worker.runner.step = step_then_revoke
-    worker.run()
+    run.before_decoding_step(2, revoke)
+    run.run()
     partials = broker.read(cfg, "partials", decode_partial)
     assert len(partials) == 4 and not broker.topics.get(cfg.topic("samples"))
     assert all(len(t.response_ids) == 1 for p in partials for t in p.sample.trajectories)
@@ -273,17 +273,7 @@ def test_an_in_flight_update_swaps_weights_between_two_tokens_without_a_pause(tm
         tmp_path, "async_training.partial_rollout=true", "async_training.in_flight_update=true"
     )
     run = Run(cfg)
-    step = run.worker.runner.step
-    decoded = [0]
-
-    def step_then_sync():  # after the first token of each trajectory
-        decoded[0] += 1
-        if decoded[0] == 2:
-            _perturb(run.model)
-            run.trainer.request_sync()
-        return step()
-
-    run.worker.runner.step = step_then_sync
+    run.before_decoding_step(2, run.sync_new_weights)  # after the first token of each trajectory
     run.when_published(4, run.trainer.finish)
     run.run()
 
