@@ -2,7 +2,8 @@
 
 faust needs a consumer group (a fresh one per monitor, reading from the beginning) and creates
 its assignor topic ``<app id>-__assignor-__leader`` on the cluster; it holds no tables, so no
-changelog topic. The group's rebalance and session timeouts are set low (5 s / 6 s): with
+changelog topic, and its data directory is a temporary one (faust's default is
+``<app id>-data`` in the working directory). The group's rebalance and session timeouts are set low (5 s / 6 s): with
 faust's defaults, Tansu holds the first join for 30 s. Values are read raw and decoded with
 the project's Arrow decoders, never with pickle.
 """
@@ -13,6 +14,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -43,9 +45,11 @@ def read(
     logging.getLogger("faust").setLevel(logging.WARNING)
     logging.getLogger("mode").setLevel(logging.WARNING)
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    datadir = tempfile.TemporaryDirectory(prefix="asyncrl-monitor-")
     app = faust.App(
         f"asyncrl-monitor-{cfg.run_id}-{uuid.uuid4().hex[:8]}",
         broker=f"kafka://{bootstrap}",
+        datadir=datadir.name,
         store="memory://",
         web_enabled=False,
         autodiscover=False,
@@ -82,7 +86,7 @@ def read(
             state["done"] = True
             asyncio.ensure_future(worker.stop())  # from a timer: inside the agent it deadlocks
 
-    with contextlib.suppress(SystemExit):  # the worker exits when stopped
+    with datadir, contextlib.suppress(SystemExit):  # the worker exits when stopped
         worker.execute_from_commandline()
     from faust.utils.terminal.spinners import Spinner
 

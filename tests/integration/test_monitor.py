@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("engine", ["faust", "kafka"])
-def test_monitor_agrees_with_the_log(make_run_cfg, quick_policy, engine):
+def test_monitor_agrees_with_the_log(make_run_cfg, quick_policy, engine, tmp_path, monkeypatch):
     cfg = make_run_cfg(
         *quick_policy,
         "actor_rollout_ref.rollout.name=sim",
@@ -31,6 +31,9 @@ def test_monitor_agrees_with_the_log(make_run_cfg, quick_policy, engine):
     )
     run(cfg, Console(file=io.StringIO()))
     out = io.StringIO()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # the monitor must leave nothing in the working directory
     # follow=True: returns by itself, having seen RunFinished and read everything
     mon = monitor(
         cfg,
@@ -70,3 +73,4 @@ def test_monitor_agrees_with_the_log(make_run_cfg, quick_policy, engine):
     }
     assert mon.workers and mon.dead_letters == 0
     assert "per weight version" in out.getvalue()
+    assert list(cwd.iterdir()) == []  # faust's data directory was a temporary one
