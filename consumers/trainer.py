@@ -42,6 +42,7 @@ from asyncrl.consumers.checkpoint import (
 from asyncrl.consumers.coordinator import SyncCoordinator
 from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
 from asyncrl.consumers.dynamic_sampling import check_gen_batches, filter_metrics
+from asyncrl.consumers.evaluation import TrainerEvaluation
 from asyncrl.consumers.io import TrainerIO, kafka_io
 from asyncrl.consumers.step_stats import StepStats
 from asyncrl.kafka import Record
@@ -66,7 +67,6 @@ class Trainer:
         io: TrainerIO | None = None,
     ):
         from asyncrl.models.warm_start import load_policy
-        from asyncrl.producers.agent.factory import held_out_set
 
         self.cfg = cfg
         tracing.init_tracing(cfg, "asyncrl-trainer")
@@ -79,8 +79,6 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay
         )
-        self.val_problems = held_out_set(cfg, self.tokenizer)
-        self.last_val_tool_use: float | None = None
         self.simulated = cfg.actor_rollout_ref.rollout.name == "sim"
         """The sim engine's runs model the update's time instead of training (benchmarks)."""
         self.step, version = 0, 0
@@ -106,6 +104,7 @@ class Trainer:
         self.io.samples.assign(cfg.topic("samples"), offsets)
         self.io.control.start()
         self.stats = StepStats(history, n_devices=1 + cfg.actor_rollout_ref.rollout.num_workers)
+        self.evaluation = TrainerEvaluation(cfg, self.tokenizer, self.history, self.simulated)
         self.metrics_file = JsonlWriter(cfg.run_dir / "metrics.jsonl")
         self.tensorboard = (
             TensorBoardWriter(cfg.run_dir / "tensorboard")
@@ -208,20 +207,6 @@ class Trainer:
             version=self.version,
         )
 
-    def evaluate(self) -> float:
-        """Held-out accuracy (the agent loop with its tools when multi_turn is on; its
-        tool-use rate too), kept in ``history`` as the latest."""
-        from asyncrl.producers.agent.factory import held_out_accuracy
-
-        self.model.eval()
-        measured = held_out_accuracy(self.cfg, self.model, self.tokenizer, self.val_problems)
-        self.model.train()
-        self.last_val_tool_use = measured.get("tool_use", self.last_val_tool_use)
-        self.history["val/accuracy"] = measured["accuracy"]
-        if self.last_val_tool_use is not None:
-            self.history["val/tool_use"] = self.last_val_tool_use
-        return measured["accuracy"]
-
     def _record_step(
         self, batch: list[Record[Sample]], metrics: dict[str, float], checksum_before: str
     ) -> None:
@@ -260,14 +245,8 @@ class Trainer:
         self.coordinator.sender = self.io.weights(self.device)
         if self.resumed is not None:
             self.io.control.publish(self.resumed)
-        test_freq = 0 if self.simulated else tc.test_freq  # sim: nothing is learnt
-        if not at.use_trainer_do_validate:
-            test_freq = 0  # rollout worker 0 evaluates (Validated events), the trainer at the end
-        accuracy = self.history.get("val/accuracy")
-        if accuracy is None and test_freq:
-            accuracy = self.history["val/accuracy_initial"] = self.evaluate()
-            if self.last_val_tool_use is not None:
-                self.history["val/tool_use_initial"] = self.last_val_tool_use
+        evaluation = self.evaluation
+        accuracy = evaluation.initial(self.model)
         reason = "total_training_steps reached"
         metrics: dict[str, float] = {}
         while self.step < tc.total_training_steps:
@@ -286,12 +265,9 @@ class Trainer:
             self.step += 1
             self.stats.count_generated(self.io.samples, self.cfg.topic("samples"))
             timing = {"gen": gen_s, "update_actor": t_end - t_update, "step": t_end - t_step}
-            if test_freq and self.step % test_freq == 0:
-                accuracy = metrics["val/accuracy"] = self.evaluate()
-                if self.last_val_tool_use is not None:
-                    metrics["val/tool_use"] = self.last_val_tool_use
+            measured = evaluation.after_step(self.step, self.model, metrics)
             rollout_side = self.stats.validated(self.coordinator.validations, metrics)
-            accuracy = accuracy if rollout_side is None else rollout_side
+            accuracy = next((a for a in (rollout_side, measured) if a is not None), accuracy)
             synced = self.step % at.trigger_parameter_sync_step == 0
             if synced:
                 idle, _window = self.wait_clock.close_window()
@@ -323,7 +299,7 @@ class Trainer:
             if synced and self.step < tc.total_training_steps:
                 self.stats.last_sync = self.coordinator.sync(trigger=step_span)  # 5
         if not self.simulated and (accuracy is None or "val/accuracy" not in metrics):
-            accuracy = self.evaluate()
+            accuracy = evaluation.measure(self.model)
         self.checkpoint()
         # Only a run that ended publishes RunFinished: a trainer that dies (an exception, a
         # kill) leaves the run open, and a restarted trainer resumes it from its checkpoint
@@ -342,7 +318,7 @@ class Trainer:
             first_join=self.coordinator.first_join,
             dropped=dict(self.batcher.dropped),
             filtered=self.batcher.filtered if self.batcher.filter_groups else None,
-            tool_use=self.last_val_tool_use is not None,
+            tool_use=evaluation.tool_use is not None,
             **self.coordinator.summary(),
         )
         self.metrics_file.write({"summary": summary})

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from asyncrl.config import RunConfig
 from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import ManifestMismatchError
@@ -47,6 +48,17 @@ class ShadowWeights:
         self.receive_s = 0.0
         self._thread = threading.Thread(target=self._receive, name="shadow-weights", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def after_join(
+        cls, cfg: RunConfig, sink: WeightSink | None, model: torch.nn.Module
+    ) -> ShadowWeights | None:
+        """The shadow of a worker that has joined the collective (``sink``), if the run
+        updates in flight; None if it does not."""
+        if not cfg.async_training.in_flight_update:
+            return None
+        assert sink is not None, "join the weight collective first"
+        return cls(sink, model, cfg.sync.bucket_bytes, cfg.sync.verify_checksum)
 
     def _receive(self) -> None:
         while True:

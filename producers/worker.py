@@ -53,14 +53,13 @@ import time
 import torch
 
 from asyncrl.config import RunConfig
-from asyncrl.models.policy import encode_prompt
+from asyncrl.producers.admission import PromptAdmission
 from asyncrl.producers.agent.factory import make_runner
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
 from asyncrl.producers.follower import SyncFollower, TrainerGone
 from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.producers.io import PromptFeed, WorkerIO, kafka_io
-from asyncrl.producers.recovery import RecoveryIndex
 from asyncrl.producers.scoring import TrajectoryScorer
 from asyncrl.producers.shadow_weights import ShadowWeights
 from asyncrl.producers.spans import sync_span
@@ -114,17 +113,15 @@ class RolloutWorker:
         self.in_flight = InFlightSamples(self.runner, self.publisher, cfg.topic, self.rollout.n)
         self.validator = RolloutValidator(cfg, worker_id, io.control, self.tokenizer)
         """Held-out evaluation on this side (use_trainer_do_validate=false, worker 0)."""
+        self.admission = PromptAdmission(
+            cfg, worker_id, self.in_flight, self.tokenizer, io.scan_log
+        )
+        """Which prompt starts next: new, continued from the log, or already published."""
         self.produced = 0
-        self.stale_partials: set[str] = set()
-        """This worker's partial samples, logged by its previous incarnation, not continued yet:
-        counted as stale in its budget (num_stale), so continuing one takes no budget."""
         self.stopping = False
         """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
         self.shadow: ShadowWeights | None = None
         """The in-flight update's second buffer (async_training.in_flight_update), once joined."""
-        self.recovery = RecoveryIndex()
-        self.rescan = False
-        """Set when the prompts group is rebalanced: re-read the log before the next admission."""
 
     @property
     def version(self) -> int:
@@ -148,7 +145,7 @@ class RolloutWorker:
         """Serve until the trainer publishes RunFinished; returns the number of samples produced."""
         f = self.follower
         self._start()
-        prompts = self.io.prompts(self._on_prompts_assigned, self._on_prompts_revoked)
+        prompts = self.io.prompts(self.admission.on_assigned, self._on_prompts_revoked)
         f.keep_alive = prompts.keep_alive
         try:
             while not f.finished and not self.stopping:
@@ -190,16 +187,10 @@ class RolloutWorker:
         """Read the log (what a previous incarnation left), join the collective, receive the
         trainer's weights and open this version's budget."""
         self.io.control.start()
-        self.recovery = RecoveryIndex.from_log(self.io.scan_log)
-        self.produced = self.recovery.produced[self.worker_id]
-        self.recovery.log_found(self.worker_id)
-        welcome = self.follower.join()
         # What a previous incarnation left on the partials log counts as stale, like work in
-        # flight at a sync; continuing it takes no budget (_admit).
-        self.stale_partials = {
-            sid for sid, p in self.recovery.partials.items() if p.sample.worker_id == self.worker_id
-        }
-        self._open_budget(welcome)
+        # flight at a sync; continuing it takes no budget (producers.admission).
+        self.produced = self.admission.read_log()
+        self._open_budget(self.follower.join())
         self._start_shadow()
 
     def _advance(self, prompts: PromptFeed) -> None:
@@ -253,11 +244,7 @@ class RolloutWorker:
     # --- the in-flight update (async_training.in_flight_update) ---------------------------------
     def _start_shadow(self) -> None:
         """After a join: receive the next versions in the background (``shadow_weights``)."""
-        if self.cfg.async_training.in_flight_update:
-            assert self.follower.sink is not None
-            sc = self.cfg.sync
-            sink, model = self.follower.sink, self.engine.model
-            self.shadow = ShadowWeights(sink, model, sc.bucket_bytes, sc.verify_checksum)
+        self.shadow = ShadowWeights.after_join(self.cfg, self.follower.sink, self.engine.model)
 
     def _swap(self, request: ev.SyncRequested, published: ev.WeightsPublished) -> None:
         """A sync without a pause: nothing is logged to partials, nothing waits for the broker."""
@@ -278,12 +265,11 @@ class RolloutWorker:
         by the trainer (``consumed``, or at a join the WeightsPublished's), in flight, or
         logged partials of its previous incarnation."""
         consumed = published.consumed if consumed is None else consumed
-        self.stale_partials &= set(self.recovery.partials)  # others may have continued some
         stale = num_stale_at_sync(
             self.produced,
             consumed.get(str(self.worker_id), 0),
             in_flight=len(self.in_flight),
-            partial=len(self.stale_partials),
+            partial=self.admission.num_stale_partials(),
         )
         self.follower.resume(stale, published, flush=flush)
         self.validator.after_load(published, self.engine.model)
@@ -294,88 +280,24 @@ class RolloutWorker:
         self.in_flight.interrupt()
         return self.in_flight.log_partials(list(self.in_flight), self.worker_id, self.version)
 
-    # --- prompt partitions moving between workers ----------------------------------------------
-    def _on_prompts_assigned(self, partitions: set[int]) -> None:
-        """Partitions may come from another worker (even the first ones of a worker added
-        mid-run): some of their redelivered prompts may be published or logged as partials
-        by it since this worker last read the log. Re-read it before the next admission."""
-        self.rescan = True
-
+    # --- admission -----------------------------------------------------------------------------
     def _on_prompts_revoked(self, partitions: set[int], lost: bool) -> None:
-        """Partitions move to another worker, which gets their uncommitted prompts again: stop
-        generating those, or they would be generated twice.
-
-        Mode (d) logs their partials first (unless the partitions are lost already, when the
-        new owner may have started them), so the new owner continues rather than restarts
-        them; mode (c) drops their tokens. Either way the budget they took is refunded, and
-        the publisher is flushed, so the new owner's log scan sees every sample and partial
-        of those partitions before it admits one of their prompts.
-        """
+        """Partitions move to another worker (producers.admission.hand_back), then the
+        publisher is flushed, so the new owner's log scan sees every sample and partial of
+        those partitions before it admits one of their prompts."""
         if self.follower.finished or self.stopping:
             return  # run() is ending; its clean-up hands everything back
         log_as = (self.worker_id, self.version) if self.partial_rollout and not lost else None
-        moved, logged = self.in_flight.hand_back(partitions, log_as)
-        if moved:
-            self.budget.refund(moved)
-            log.info(
-                "worker %d: handed %d samples in flight back to the group (%d logged as partials)",
-                *(self.worker_id, moved, logged),
-            )
+        self.admission.hand_back(partitions, self.budget, log_as)
         self.publisher.flush()
 
-    # --- generation -----------------------------------------------------------------------------
     def _admit(self, prompts: PromptFeed) -> bool:
-        """Start one sample if the budget and the concurrency limit allow; True if one started.
-
-        This worker's own logged partials (``stale_partials``) go first, out of order, and take
-        no budget: they were counted as stale when the budget was opened."""
+        """Start one sample unless a sync (that pauses) or a new trainer is awaited."""
         f = self.follower
-        if (
-            (f.pending_sync is not None and self.shadow is None)  # in-flight: no pause
-            or f.trainer_gone is not None
-            or len(self.in_flight) >= self.rollout.max_concurrent_samples
-        ):
+        if (f.pending_sync is not None and self.shadow is None) or f.trainer_gone is not None:
             prompts.keep_alive()
             return False
-        rec = None
-        if self.stale_partials:
-            rec = prompts.take_where(lambda r: r.value.sample_id in self.stale_partials)
-        if rec is None and self.budget.remaining == 0:
-            prompts.keep_alive()
-            return False
-        if rec is None:
-            rec = prompts.take(timeout=0.0 if self.in_flight else 0.05)
-        if rec is None:
-            return False
-        p = rec.value
-        if self.rescan:
-            self.rescan = False
-            self.recovery.rescan(self.io.scan_log)
-        if self.recovery.already_published(p.sample_id):
-            # Redelivered after a crash, but its sample is on the log: only the commit was lost.
-            log.info(
-                "worker %d: %s already published, not generated again", self.worker_id, p.sample_id
-            )
-            prompts.done(rec)
-            self.stale_partials.discard(p.sample_id)
-            return True
-        if p.sample_id in self.stale_partials:
-            self.stale_partials.discard(p.sample_id)  # counted as stale: no budget taken
-        else:
-            self.budget.take()
-        partial = self.recovery.take_partial(p.sample_id)
-        if partial is not None:
-            left = self.in_flight.resume_logged(rec, partial, self.version)
-            log.info(
-                "worker %d: continuing %s from the partials log (%d of %d trajectories to finish)",
-                *(self.worker_id, p.sample_id, left, self.rollout.n),
-            )
-            return True
-        # chat messages through the chat template; a built-in task's text: <bos> + characters
-        prompt_ids = encode_prompt(self.tokenizer, p.chat() or p.prompt)
-        prompt_ids = prompt_ids[-self.cfg.data.max_prompt_length :]  # verl truncation="left"
-        self.in_flight.start(rec, prompt_ids, self.version)
-        return True
+        return self.admission.admit(prompts, self.budget, self.version)
 
     def _on_finished(self, request_id: str, state: AgentState, prompts: PromptFeed) -> None:
         """Score a finished trajectory; publish its sample once all ``n`` are done."""
@@ -421,8 +343,6 @@ class RolloutWorker:
                 self.cfg.sim.capacity,
             )
         log.info(
-            "worker %d: %d redelivered prompts were already published, %d logged partial "
-            "samples continued, %d reward failures",
-            *(self.worker_id, self.recovery.skipped, self.recovery.resumed),
-            self.score.failures,
+            "worker %d: %s, %d reward failures",
+            *(self.worker_id, self.admission.summary(), self.score.failures),
         )

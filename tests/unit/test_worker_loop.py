@@ -223,7 +223,7 @@ def test_a_restarted_worker_skips_published_prompts_and_continues_logged_partial
 
     published = [s.sample_id for s in run.samples()]
     assert sorted(published[2:]) == sorted([ids[1], ids[3], ids[4]])  # each exactly once
-    assert run.worker.recovery.skipped == 2 and run.worker.recovery.resumed == 1
+    assert run.worker.admission.recovery.skipped == 2 and run.worker.admission.recovery.resumed == 1
     assert run.worker.budget.started == 3 - 1  # skipped prompts cost none; its own partial none
     continued = next(s for s in run.samples()[2:] if s.sample_id == ids[3])
     done, cut = continued.trajectories
