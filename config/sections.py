@@ -170,7 +170,8 @@ class MultiTurnConfig(Strict):
 class RolloutConfig(Strict):
     name: Literal["hf", "sim"] = "hf"
     """Inference engine: hf (transformers on CPU/GPU), or sim (a latency model for benchmarks,
-    no real generation; see the `sim` section). vllm/sglang come later."""
+    no real generation; see the `sim` section). vllm/sglang fit the same request-level
+    contract (docs/design.md, "The engine contract"), but are not here yet."""
     n: int = Field(8, ge=1)
     """Trajectories per prompt (the GRPO group size)."""
     temperature: float = Field(1.0, gt=0)
@@ -185,6 +186,11 @@ class RolloutConfig(Strict):
     0: a worker's death fails the run."""
     torch_threads: int = Field(1, ge=1)
     """CPU threads of each rollout worker process."""
+    engine_thread: bool = True
+    """Run the engine on a thread of its own, served by request (as a vLLM or SGLang server
+    is): the worker reacts to control events while it decodes. false: the worker steps it
+    between two turns of its loop, one token at a time (tests that script a sync at a given
+    decoding step)."""
     emulated_decode_latency_s: float = Field(0.0, ge=0)
     """Seconds the hf engine sleeps after each decoding step, to emulate a bigger model's
     decode time on CPU (benchmarks and tests of partial rollout). 0: off."""

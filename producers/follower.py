@@ -20,6 +20,7 @@ import torch
 
 from asyncrl.config import RunConfig
 from asyncrl.producers.budget import RolloutBudget
+from asyncrl.producers.engines.base import Engine
 from asyncrl.schemas import control as ev
 from asyncrl.sync.channel import ControlChannel, SyncTimeout
 from asyncrl.sync.checksum import weights_checksum
@@ -42,15 +43,16 @@ class SyncFollower:
         incarnation: str,
         control: ControlChannel,
         make_sink: Callable[[torch.device], WeightSink],
-        model: torch.nn.Module,
+        engine: Engine,
     ) -> None:
         self.cfg = cfg
         self.worker_id = worker_id
         self.incarnation = incarnation
         self.control = control
         self.make_sink = make_sink
-        self.model = model
-        """The engine's model: weights are received into it in place."""
+        self.engine = engine
+        self.model = engine.model
+        """The engine's model: weights are received into it in place (``engine.update_weights``)."""
         rollout = cfg.actor_rollout_ref.rollout
         self.num_workers = rollout.num_workers
         self.budget = RolloutBudget(
@@ -169,7 +171,8 @@ class SyncFollower:
         assert self.sink is not None
         t0 = time.monotonic()
         try:
-            self.sink.receive_into(self.model, self.cfg.sync.bucket_bytes)
+            sink, bucket_bytes = self.sink, self.cfg.sync.bucket_bytes
+            self.engine.update_weights(lambda model: sink.receive_into(model, bucket_bytes))
         except ManifestMismatchError:
             raise
         except RuntimeError as err:  # the pair failed: the trainer died mid-transfer

@@ -61,6 +61,11 @@ class InFlight:
         (``scored``: its reward's failure and extra numbers, if it has been scored)."""
         starts, versions = self.segments_of(index)
         done = state.phase == Phase.TERMINATED
+        while done and len(starts) > 1 and starts[-1] == len(state.response_ids):
+            # Continued, it added no token (it had finished before the abort reached the
+            # engine): the tokens are all the earlier version's, and so is the trajectory.
+            starts.pop()
+            versions.pop()
         return Trajectory(
             response_ids=list(state.response_ids),
             response_logprobs=list(state.response_logprobs),

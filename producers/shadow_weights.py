@@ -21,6 +21,7 @@ import time
 import torch
 
 from asyncrl.config import RunConfig
+from asyncrl.producers.engines.base import Engine
 from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import ManifestMismatchError
@@ -85,15 +86,13 @@ class ShadowWeights:
             raise self.error
         return None if self.error is None else f"the weight transfer failed ({self.error})"
 
-    def swap(
-        self, model: torch.nn.Module, in_flight: InFlightSamples, version: int
-    ) -> tuple[str, float]:
+    def swap(self, engine: Engine, in_flight: InFlightSamples, version: int) -> tuple[str, float]:
         """Steps 2-5 of a sync without a pause: the trajectories in flight are cut after their
         last token, the received weights copied into ``model``, and they go on as a new
         segment under ``version``. Returns the weights' checksum and the seconds it took."""
         t0 = time.monotonic()
         in_flight.interrupt()
-        checksum = self._copy_into(model)
+        checksum = engine.update_weights(self._copy_into)
         in_flight.continue_all(version)
         return checksum, time.monotonic() - t0
 

@@ -71,6 +71,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RolloutWorker", "TrainerGone"]
 
+COLLECT_S = 0.005
+"""How long the loop waits for a finished result of an engine on its own thread before it
+reads control events and admits prompts again."""
+
 
 class RolloutWorker:
     def __init__(
@@ -91,8 +95,9 @@ class RolloutWorker:
         self.partial_rollout = cfg.async_training.mode == "d"
         model, self.tokenizer = load_policy(cfg)
         model.eval()
+        seed = cfg.trainer.seed + 1000 * (worker_id + 1)
         self.engine = make_engine(
-            cfg, model, self.tokenizer, seed=cfg.trainer.seed + 1000 * (worker_id + 1)
+            cfg, model, self.tokenizer, seed, thread=self.rollout.engine_thread
         )
         self.runner = make_runner(cfg, self.tokenizer, self.engine)
         """Every trajectory runs as an agent (one turn unless multi_turn.enable)."""
@@ -107,7 +112,7 @@ class RolloutWorker:
         """This process's lifetime; a restarted worker gets a new one (WorkerStarted says it)."""
         self.publisher = io.publisher
         self.follower = SyncFollower(
-            cfg, worker_id, self.incarnation, io.control, io.weights, self.engine.model
+            cfg, worker_id, self.incarnation, io.control, io.weights, self.engine
         )
         """Versions, budget and the sync hand-shake with the trainer (producers.follower)."""
         self.in_flight = InFlightSamples(self.runner, self.publisher, cfg.topic, self.rollout.n)
@@ -198,7 +203,7 @@ class RolloutWorker:
         came back; finished trajectories are scored, finished samples published."""
         decoding = self.engine.num_active > 0
         with torch.no_grad():
-            for request_id, state in self.runner.step():
+            for request_id, state in self.runner.step(timeout=COLLECT_S):
                 self._on_finished(request_id, state, prompts)
         if not decoding:  # only tool calls (or user replies) under way
             self.follower.poll(0.002)
@@ -249,8 +254,7 @@ class RolloutWorker:
     def _swap(self, request: ev.SyncRequested, published: ev.WeightsPublished) -> None:
         """A sync without a pause: nothing is logged to partials, nothing waits for the broker."""
         assert self.shadow is not None
-        model, version = self.engine.model, published.version
-        checksum, pause_s = self.shadow.swap(model, self.in_flight, version)
+        checksum, pause_s = self.shadow.swap(self.engine, self.in_flight, published.version)
         receive_s = self.shadow.receive_s
         self.follower.swapped(request, published, checksum, pause_s, receive_s, self.produced)
         self._open_budget(published, consumed=request.consumed, flush=False)
@@ -321,6 +325,7 @@ class RolloutWorker:
         finished) or handed back to the group (stopped, or an error); WorkerStopped says why."""
         finished = self.follower.finished
         self.runner.close()
+        self.engine.close()
         self.score.close()
         for sid in self.in_flight:
             self.in_flight[sid].trace.end(
@@ -335,11 +340,12 @@ class RolloutWorker:
         if self.shadow is not None:
             self.shadow.close()
         self.follower.close()
-        steps = getattr(self.engine, "steps", 0)
+        stepwise = getattr(self.engine, "engine", self.engine)  # BackgroundEngine's
+        steps = getattr(stepwise, "steps", 0)
         if steps:  # the sim engine: how full its modelled batches were
             log.info(
                 "worker %d: %d decoding steps, %.1f sequences per step (capacity %d)",
-                *(self.worker_id, steps, getattr(self.engine, "tokens", 0) / steps),
+                *(self.worker_id, steps, getattr(stepwise, "tokens", 0) / steps),
                 self.cfg.sim.capacity,
             )
         log.info(

@@ -248,11 +248,13 @@ class AgentRunner:
         else:
             self._done.append((rid, self.states.pop(rid)))
 
-    def step(self) -> list[tuple[str, AgentState]]:
-        """One decoding step, then the tool results and user replies that arrived (with
-        ``wait_for_tools``: all of them, waited for); returns trajectories that ended."""
+    def step(self, timeout: float = 0.0) -> list[tuple[str, AgentState]]:
+        """The engine's finished turns (an inline engine: one decoding step; one on its own
+        thread: what finished, waiting up to ``timeout`` for one), then the tool results and
+        user replies that arrived (with ``wait_for_tools``: all of them, waited for); returns
+        trajectories that ended."""
         if self.engine.num_active:
-            for result in self.engine.step():
+            for result in self.engine.collect(timeout):
                 state = self.states[result.request_id]
                 self.loop.on_turn(state, result)
                 self._dispatch(result.request_id, state)

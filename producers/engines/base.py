@@ -1,9 +1,18 @@
-"""The inference-engine contract: stepwise, token-at-a-time generation with exact logprobs.
+"""The inference-engine contract: requests in, results out, exact logprobs.
 
-Why stepwise: a weight sync must be able to interrupt generation *between two tokens*. The
-rollout worker drives ``step()`` itself, so at a sync it calls ``abort_all()``, swaps the weights
-in ``engine.model``, and (with partial rollout) re-adds each aborted request with
-``prefix_ids``/``prefix_logprobs`` set to what it had so far, to continue under the new weights.
+A rollout worker drives an engine through request-level calls, the ones verl, slime and
+prime-rl make of vLLM and SGLang (docs/design.md maps each onto them): ``add`` a request,
+``collect`` finished results, ``abort`` some or all (an aborted request returns its tokens and
+logprobs so far), ``update_weights`` between two decoding steps, ``num_active``. At a sync the
+worker aborts what is in flight, loads the new weights and (with partial rollout) re-adds each
+aborted request with ``prefix_ids``/``prefix_logprobs`` set to what it had so far, to continue
+under the new weights.
+
+The engines here are stepwise (``StepwiseEngine``: one token for every active request per
+``step()``); the worker runs one on a thread of its own (``background.BackgroundEngine``), so
+it reacts to control events while the engine decodes, or, with
+``actor_rollout_ref.rollout.engine_thread=false``, steps it itself: ``collect`` is then one
+decoding step.
 
 Length convention: ``max_new_tokens`` caps the whole *response*, prefix included, so a continued
 request stops exactly where the uninterrupted one would have.
@@ -11,13 +20,14 @@ request stops exactly where the uninterrupted one would have.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import torch
 
 FinishReason = Literal["stop", "length", "abort"]
+T = TypeVar("T")
 
 
 @dataclass
@@ -62,34 +72,42 @@ class GenResult:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What a rollout worker needs from an inference engine."""
+    """What a rollout worker needs from an inference engine (see the module doc)."""
 
     model: torch.nn.Module
-    """The live torch module; a weight sync copies new tensors into it in place."""
+    """The live torch module; weights change only through ``update_weights``."""
 
     @property
     def num_active(self) -> int:
-        """Requests added and neither finished nor aborted."""
+        """Requests added whose results have not been collected (or aborted) yet."""
         ...
 
     def add(self, req: GenRequest) -> None:
-        """Queue ``req``; it takes part from the next ``step()`` on."""
+        """Queue ``req``; it is generated from the next decoding step on."""
         ...
 
-    def step(self) -> list[GenResult]:
-        """Advance every active request by one token; return (and drop) those that finished."""
+    def collect(self, timeout: float = 0.0) -> list[GenResult]:
+        """Results finished since the last call (and forgotten by the engine); waits up to
+        ``timeout`` for the first. A stepwise engine driven inline runs one decoding step."""
         ...
 
-    def abort_all(self) -> list[GenResult]:
-        """Drop every active request, returning what each had so far (finish_reason 'abort')."""
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[GenResult]:
+        """Stop the named requests (default: all; unknown ids are ignored) between two
+        decoding steps, returning what each had so far (finish_reason 'abort'; one that had
+        finished but was not collected yet comes back whole, with its own reason)."""
         ...
 
-    def abort(self, request_ids: Iterable[str]) -> list[GenResult]:
-        """Drop the named active requests (unknown ids are ignored), as ``abort_all`` does."""
+    def update_weights(self, apply: Callable[[torch.nn.Module], T]) -> T:
+        """Run ``apply(model)`` (receive or copy new weights into it in place) between two
+        decoding steps, and drop whatever the engine derived from the old weights."""
         ...
 
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
-        """Add ``reqs``, step until all are done; results in the order of ``reqs``."""
+        """Add ``reqs``, wait until all are done; results in the order of ``reqs``."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine (its thread, if it has one)."""
         ...
 
 
@@ -103,7 +121,7 @@ def generate_all(engine: Engine, reqs: list[GenRequest]) -> list[GenResult]:
         engine.add(req)
     done: dict[str, GenResult] = {}
     while engine.num_active:
-        for res in engine.step():
+        for res in engine.collect(timeout=1.0):
             done[res.request_id] = res
     return [done[req.request_id] for req in reqs]
 
@@ -172,16 +190,39 @@ class StepwiseEngine:
         del self._active[a.req.request_id]
         return self._result(a, reason)
 
-    def abort_all(self) -> list[GenResult]:
-        return self.abort(list(self._active))
+    def active_ids(self) -> list[str]:
+        return list(self._active)
 
-    def abort(self, request_ids: Iterable[str]) -> list[GenResult]:
+    def collect(self, timeout: float = 0.0) -> list[GenResult]:
+        """Driven inline: one decoding step (none if nothing is active)."""
+        return self.step() if self._active else []
+
+    def step(self) -> list[GenResult]:
+        """Advance every active request by one token; return (and drop) those that finished."""
+        raise NotImplementedError
+
+    def abort_all(self) -> list[GenResult]:
+        return self.abort()
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[GenResult]:
         out = []
-        for rid in request_ids:
+        for rid in self.active_ids() if request_ids is None else request_ids:
             a = self._active.pop(rid, None)
             if a is not None:
                 out.append(self._result(a, "abort"))
         return out
 
+    def update_weights(self, apply: Callable[[torch.nn.Module], T]) -> T:
+        with torch.no_grad():
+            out = apply(self.model)
+        self.weights_changed()
+        return out
+
+    def weights_changed(self) -> None:
+        """Drop what was derived from the old weights (none here: no cache)."""
+
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
-        return generate_all(self, reqs)  # type: ignore[arg-type]
+        return generate_all(self, reqs)
+
+    def close(self) -> None:
+        pass

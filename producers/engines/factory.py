@@ -7,10 +7,25 @@ from typing import Any
 import torch
 
 from asyncrl.config import RunConfig
-from asyncrl.producers.engines.base import Engine
+from asyncrl.producers.engines.base import Engine, StepwiseEngine
 
 
-def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, seed: int) -> Engine:
+def make_engine(
+    cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, seed: int, thread: bool = False
+) -> Engine:
+    """The engine ``rollout.name`` names; ``thread``: served on a thread of its own
+    (``background.BackgroundEngine``), else stepped by its caller."""
+    engine = _stepwise_engine(cfg, model, tokenizer, seed)
+    if thread:
+        from asyncrl.producers.engines.background import BackgroundEngine
+
+        return BackgroundEngine(engine)
+    return engine
+
+
+def _stepwise_engine(
+    cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, seed: int
+) -> StepwiseEngine:
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.name == "hf":
         from asyncrl.producers.engines.hf import HFEngine

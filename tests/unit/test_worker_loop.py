@@ -27,6 +27,10 @@ from asyncrl.testing import LocalWeights, MemoryBroker, ScriptedTrainer, worker_
 from tests.helpers import SMALL
 
 WARM = ["actor_rollout_ref.model.warmup_steps=100"]
+STEPPED = "actor_rollout_ref.rollout.engine_thread=false"
+"""The worker steps its engine between two turns of its loop, so a test can act before the
+k-th decoding step (``Run.before_decoding_step``); the other tests serve the engine from its
+own thread, the default."""
 
 
 def _cfg(tmp_path, *overrides):
@@ -66,13 +70,16 @@ class Run:
         self.script[k] = action
 
     def before_decoding_step(self, k: int, action) -> None:
+        """Needs a worker that steps its engine itself (``STEPPED``): one on its own thread
+        decodes at its own pace."""
+        assert not self.cfg.actor_rollout_ref.rollout.engine_thread, "use STEPPED"
         step, decoded = self.worker.runner.step, [0]
 
-        def counted():
+        def counted(timeout: float = 0.0):
             decoded[0] += 1
             if decoded[0] == k:
                 action()
-            return step()
+            return step(timeout)
 
         self.worker.runner.step = counted
 
@@ -163,7 +170,7 @@ def test_a_mode_c_sync_finishes_in_flight_samples_then_loads_the_new_version(tmp
 
 
 def test_a_mode_d_sync_logs_partials_and_continues_them_as_a_new_segment(tmp_path):
-    cfg = _cfg(tmp_path, "async_training.partial_rollout=true")
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED)
     run = Run(cfg)
     # The sync is requested during the first decoding step, so every trajectory in flight is
     # cut short after its first token.
@@ -237,7 +244,7 @@ def test_a_restarted_worker_skips_published_prompts_and_continues_logged_partial
 
 
 def test_a_revoked_partition_hands_its_samples_back_logged_and_refunded(tmp_path):
-    cfg = _cfg(tmp_path, "async_training.partial_rollout=true")
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED)
     run = Run(cfg, prompts=8)
     broker, worker = run.broker, run.worker
 
@@ -258,6 +265,112 @@ def test_a_revoked_partition_hands_its_samples_back_logged_and_refunded(tmp_path
     assert stopped[0].reason == "run finished" and not dropped  # nothing left in flight
 
 
+def _after_admission(run: Run, k: int, action, steps: int = 0) -> None:
+    """``action`` (on the worker's loop) once the k-th sample has started and, after that,
+    the engine's thread has made ``steps`` decoding steps: with steps >= 2 the sample's
+    requests have a token at least (the first step may have begun before they were added)."""
+    admit, started = run.worker.admission.admit, [0]
+    stepwise = run.worker.engine.engine
+    step, runner_step, since = stepwise.step, run.worker.runner.step, [-1]
+
+    def counted_admit(*args):
+        took = admit(*args)
+        started[0] += took
+        if took and started[0] == k:
+            since[0] = 0
+        return took
+
+    def counted_step():
+        if since[0] >= 0:
+            since[0] += 1
+        return step()
+
+    def act_when_due(timeout: float = 0.0):
+        if since[0] >= steps:
+            since[0] = -(10**9)  # once
+            action()
+        return runner_step(timeout)
+
+    run.worker.admission.admit = counted_admit
+    stepwise.step = counted_step
+    run.worker.runner.step = act_when_due
+
+
+def _honest_segments(t: Trajectory) -> bool:
+    """Every segment holds a token (a trajectory's version is its last token's)."""
+    ends = [*t.segment_starts[1:], len(t.response_ids)]
+    nonempty = all(a < b for a, b in zip(t.segment_starts, ends, strict=True))
+    return nonempty or len(t.segment_starts) == 1
+
+
+SLOW_STEPS = "actor_rollout_ref.rollout.emulated_decode_latency_s=0.02"
+
+
+def test_a_mode_d_sync_aborts_the_engine_threads_requests_and_continues_them(tmp_path):
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", SLOW_STEPS)
+    run = Run(cfg)
+    _after_admission(run, 5, run.sync_new_weights)  # the first admitted after a sample
+    # Versions 0 and 1 admit 6 samples in all (v1's budget is 6 minus those of v0 that
+    # were in flight or not consumed at the sync): the last one ends the run.
+    run.when_published(6, run.trainer.finish)
+    run.run()
+
+    kinds = _kinds(run.events())
+    at = kinds.index("SyncRequested(1)")
+    assert kinds[at : at + 4] == [
+        "SyncRequested(1)",
+        "RolloutPaused(1)",
+        "WeightsLoaded(1)",
+        "RolloutResumed(1)",
+    ]
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    partials = run.partials()
+    assert paused.n_partial == len(partials) >= 1
+    # Each sample goes on from exactly the tokens its partial logged; an interrupted
+    # trajectory's next tokens are a segment of version 1.
+    by_id = {s.sample_id: s for s in run.samples()}
+    cut = 0
+    for p in partials:
+        sample = by_id[p.sample.sample_id]
+        for logged, t in zip(p.sample.trajectories, sample.trajectories, strict=True):
+            n = len(logged.response_ids)
+            assert t.response_ids[:n] == logged.response_ids
+            assert t.response_logprobs[:n] == logged.response_logprobs
+            if logged.finish_reason == "abort" and len(t.response_ids) > n:
+                segments = ([0], [1]) if n == 0 else ([0, n], [0, 1])
+                assert (t.segment_starts, t.segment_versions) == segments
+                cut += 1
+            elif logged.finish_reason != "abort":
+                assert t == logged  # finished before the sync: published as it was logged
+    assert cut >= 1
+    # A request that finished before the abort reached the engine's thread came back whole
+    # and was continued with no token: it is its version's, with no empty segment.
+    assert all(_honest_segments(t) for s in run.samples() for t in s.trajectories)
+    assert _same_weights(run.worker.engine.model, run.model)
+
+
+def test_an_in_flight_update_swaps_the_engine_threads_weights_between_two_tokens(tmp_path):
+    cfg = _cfg(
+        tmp_path,
+        "async_training.partial_rollout=true",
+        "async_training.in_flight_update=true",
+        SLOW_STEPS,
+    )
+    run = Run(cfg)
+    _after_admission(run, 5, run.sync_new_weights, steps=2)
+    # Versions 0 and 1 admit 6 samples in all (v1's budget is 6 minus those of v0 that
+    # were in flight or not consumed at the sync): the last one ends the run.
+    run.when_published(6, run.trainer.finish)
+    run.run()
+
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    assert paused.n_partial == 0 and not run.partials()
+    assert _same_weights(run.worker.engine.model, run.model)
+    spanning = [t for s in run.samples() for t in s.trajectories if t.segment_versions == [0, 1]]
+    assert spanning, "no trajectory was generated across the swap"
+    assert all(_honest_segments(t) for s in run.samples() for t in s.trajectories)
+
+
 # --- the log a previous incarnation left ------------------------------------------------------
 _HEADERS = {SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: "0"}
 _PARTIAL = {SCHEMA_HEADER: PARTIAL_TAG}
@@ -270,7 +383,10 @@ def _logged(sample_id: str, finish: str) -> Sample:
 
 def test_an_in_flight_update_swaps_weights_between_two_tokens_without_a_pause(tmp_path):
     cfg = _cfg(
-        tmp_path, "async_training.partial_rollout=true", "async_training.in_flight_update=true"
+        tmp_path,
+        "async_training.partial_rollout=true",
+        "async_training.in_flight_update=true",
+        STEPPED,
     )
     run = Run(cfg)
     run.before_decoding_step(2, run.sync_new_weights)  # after the first token of each trajectory
