@@ -50,6 +50,7 @@ examples:
   asyncrl bench sync                            weight transfer: bucketed, per-tensor, file, memcpy
   asyncrl bench tracing                         samples/s with tracing off vs on
   asyncrl bench tools --config calculator       a calculator call: sandbox server vs fresh interpreter
+  asyncrl bench engine --shapes demo --new-tokens 128   tokens/s: hf vs hf_cached (KV cache)
 
 A bad config, an unreachable broker or a failed run ends in a one-line error (exit 1 or 2);
 set ASYNCRL_DEBUG=1 for the Python traceback.
@@ -69,6 +70,33 @@ def _config_args(p: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="key.path=value",
         help="dotted overrides, e.g. trainer.total_training_steps=50",
+    )
+
+
+def engine_args(p: argparse.ArgumentParser) -> None:
+    """``bench engine``'s sizes; unset, each shape's smoke default (bench/engine.py)."""
+    p.add_argument(
+        "--shapes",
+        default="demo,500M",
+        help="engine only: comma-separated model shapes among demo (the config's policy), 5M, "
+        "50M, 500M (Qwen2.5-0.5B's); random weights (default: demo,500M)",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        help="engine only: requests generated at once (default: the demo's rollout.n x "
+        "max_concurrent_samples, 2-8 for the other shapes)",
+    )
+    p.add_argument("--prompt-len", type=int, help="engine only: the longest prompt, in tokens")
+    p.add_argument("--new-tokens", type=int, help="engine only: tokens generated per request")
+    p.add_argument(
+        "--device", default="auto", help="engine only: cpu, cuda, cuda:N (default: auto)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="engine only: the model's dtype (default: bfloat16 on a GPU, float32 on a CPU)",
     )
 
 
@@ -242,7 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
         "safetensors file) next to an in-memory copy of the same bytes. "
         "tracing: samples/s of the sim workload with OpenTelemetry tracing off, then on. "
         "tools: latency of a calculator call, one at a time and a step's burst, with the "
-        "sandbox server forking a child per call vs a fresh interpreter per call.",
+        "sandbox server forking a child per call vs a fresh interpreter per call. "
+        "engine: tokens/s of the hf engine (no KV cache) and hf_cached on the same requests, "
+        "at the demo model's shape and Qwen2 shapes (random weights), the ratio, and each "
+        "one's largest logprob difference from the trainer's recomputation.",
     )
     p.add_argument(
         "name",
@@ -255,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
             "sync",
             "tracing",
             "tools",
+            "engine",
         ],
         help="which benchmark",
     )
@@ -271,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.01,
         help="modes --workload seed: seconds here per second of the seed (default 0.01)",
     )
+    engine_args(p)
     _config_args(p)
 
     p = sub.add_parser(

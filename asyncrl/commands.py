@@ -257,6 +257,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
             time_scale=args.time_scale,
         )
         return 0
+    if args.name == "engine":
+        from asyncrl.bench.engine import engine
+
+        engine(
+            args.config,
+            args.overrides,
+            Console(),
+            shapes=tuple(args.shapes.split(",")),
+            batch=args.batch,
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            device=args.device,
+            dtype=args.dtype,
+        )
+        return 0
     if args.workload != "seed":
         print(f"asyncrl bench: --workload applies to modes, not {args.name}", file=sys.stderr)
         return 2

@@ -168,10 +168,12 @@ class MultiTurnConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    name: Literal["hf", "sim"] = "hf"
-    """Inference engine: hf (transformers on CPU/GPU), or sim (a latency model for benchmarks,
-    no real generation; see the `sim` section). vllm/sglang fit the same request-level
-    contract (docs/design.md, "The engine contract"), but are not here yet."""
+    name: Literal["hf", "hf_cached", "sim"] = "hf_cached"
+    """Inference engine: hf_cached (transformers on CPU/GPU with a KV cache and continuous
+    batching), hf (the same without a cache: recomputes every sequence at each token; 4-40x
+    slower: asyncrl bench engine), or sim (a latency model for benchmarks, no real generation;
+    see the `sim` section). vllm/sglang fit the same request-level contract (docs/design.md,
+    "The engine contract"), but are not here yet."""
     n: int = Field(8, ge=1)
     """Trajectories per prompt (the GRPO group size)."""
     temperature: float = Field(1.0, gt=0)
@@ -192,8 +194,8 @@ class RolloutConfig(Strict):
     between two turns of its loop, one token at a time (tests that script a sync at a given
     decoding step)."""
     emulated_decode_latency_s: float = Field(0.0, ge=0)
-    """Seconds the hf engine sleeps after each decoding step, to emulate a bigger model's
-    decode time on CPU (benchmarks and tests of partial rollout). 0: off."""
+    """Seconds the hf and hf_cached engines sleep after each decoding step, to emulate a bigger
+    model's decode time on CPU (benchmarks and tests of partial rollout). 0: off."""
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     val_kwargs: ValKwargsConfig = Field(default_factory=ValKwargsConfig)
 
@@ -434,7 +436,7 @@ class RunConfig(Strict):
             )
         if multi_turn.enable and self.actor_rollout_ref.rollout.name == "sim":
             raise ValueError(
-                "actor_rollout_ref.rollout.multi_turn.enable=true needs rollout.name=hf "
+                "actor_rollout_ref.rollout.multi_turn.enable=true needs rollout.name=hf or hf_cached "
                 "(the sim engine models latency, it writes no text to call tools with)"
             )
         return self

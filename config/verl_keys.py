@@ -44,7 +44,7 @@ FSDP = (
 )
 ENGINE = (
     "vLLM/SGLang engine setting: asyncrl's rollout engine is its own (actor_rollout_ref.rollout."
-    "name: hf or sim), with no such knob"
+    "name: hf, hf_cached or sim), with no such knob"
 )
 MICRO = (
     "micro-batching for GPU memory: asyncrl's trainer computes each mini-batch whole, so the "

@@ -33,7 +33,7 @@ def _engine(value: Any, _get: Get) -> Any:
     if value in ("vllm", "sglang", "trtllm"):
         raise Refused(
             f"{value} engine: asyncrl has no vLLM/SGLang engine yet; its engines are hf "
-            "(transformers) and sim (a latency model)"
+            "(transformers), hf_cached (transformers with a KV cache) and sim (a latency model)"
         )
     return value
 

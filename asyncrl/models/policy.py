@@ -104,7 +104,7 @@ def load_policy(cfg: RunConfig, build: Builder | None = None) -> tuple[torch.nn.
         dtype=torch.float32,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
     )
-    model.config.use_cache = False  # the hf engine recomputes each step: no cache to keep
+    model.config.use_cache = False  # the trainer and hf keep no cache (hf_cached asks for one)
     return model.eval(), tokenizer
 
 

@@ -8,12 +8,15 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
 from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
 from asyncrl.producers.agent.parser import SingleTurn, ToolParser, make_parser
 from asyncrl.producers.agent.state import AgentState
+
+if TYPE_CHECKING:
+    from asyncrl.producers.engines.hf import HFEngine
 from asyncrl.producers.engines.base import Engine
 from asyncrl.producers.tools.registry import ToolExecutor, load_tools
 from asyncrl.tasks.arithmetic import Problem, score
@@ -60,10 +63,8 @@ def _eval_runner(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
     """The agent runner of a held-out evaluation: the policy on an hf engine, greedy or
     sampled with a fixed seed (``rollout.val_kwargs.do_sample``), waiting for each step's tool
     calls so that the same weights always score the same (``AgentRunner.wait_for_tools``)."""
-    from asyncrl.producers.engines.hf import HFEngine
-
     rollout = cfg.actor_rollout_ref.rollout
-    engine = HFEngine(
+    engine = eval_engine(rollout.name)(
         model,
         tokenizer,
         rollout.temperature,
@@ -203,7 +204,11 @@ def held_out_accuracy(
                 del measured["tool_use"]
             return measured
         acc = greedy_accuracy(
-            model, tokenizer, problems, max_new_tokens=cfg.data.max_response_length
+            model,
+            tokenizer,
+            problems,
+            max_new_tokens=cfg.data.max_response_length,
+            engine=rollout.name,
         )
     return {"accuracy": acc}
 
@@ -214,14 +219,15 @@ def greedy_accuracy(
     problems: list[Problem],
     max_new_tokens: int = 8,
     batch_size: int = 256,
+    engine: str = "hf_cached",
 ) -> float:
-    """Share of ``problems`` whose greedy completion scores 1.0 (the demo's held-out metric)."""
+    """Share of ``problems`` whose greedy completion scores 1.0 (the demo's held-out metric),
+    generated on ``engine`` (a rollout.name)."""
     import torch
 
     from asyncrl.producers.engines.base import GenRequest
-    from asyncrl.producers.engines.hf import HFEngine
 
-    engine = HFEngine(model, tokenizer, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    gen = eval_engine(engine)(model, tokenizer, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id)
     correct = 0.0
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
@@ -230,7 +236,16 @@ def greedy_accuracy(
             for i, p in enumerate(chunk)
         ]
         with torch.no_grad():
-            results = engine.generate(reqs)
+            results = gen.generate(reqs)
         for p, res in zip(chunk, results, strict=True):
             correct += score(p.answer, tokenizer.decode(res.response_ids, skip_special_tokens=True))
     return correct / max(len(problems), 1)
+
+
+def eval_engine(name: str) -> type[HFEngine]:
+    """The engine class a held-out evaluation generates with: the rollout's (``rollout.name``),
+    or hf_cached for the sim engine's runs (which model no weights)."""
+    from asyncrl.producers.engines.cached import CachedHFEngine
+    from asyncrl.producers.engines.hf import HFEngine
+
+    return HFEngine if name == "hf" else CachedHFEngine

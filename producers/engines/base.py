@@ -219,7 +219,9 @@ class StepwiseEngine:
         return out
 
     def weights_changed(self) -> None:
-        """Drop what was derived from the old weights (none here: no cache)."""
+        """``model``'s weights were replaced in place (``update_weights`` calls it): drop
+        anything computed with the old ones, so the next tokens are scored under the new
+        weights alone. Nothing here; an engine with a KV cache drops it."""
 
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         return generate_all(self, reqs)

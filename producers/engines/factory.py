@@ -27,10 +27,12 @@ def _stepwise_engine(
     cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, seed: int
 ) -> StepwiseEngine:
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name == "hf":
+    if rollout.name in ("hf", "hf_cached"):
+        from asyncrl.producers.engines.cached import CachedHFEngine
         from asyncrl.producers.engines.hf import HFEngine
 
-        return HFEngine(
+        engine = CachedHFEngine if rollout.name == "hf_cached" else HFEngine
+        return engine(
             model,
             tokenizer,
             temperature=rollout.temperature,

@@ -3,6 +3,7 @@
 No KV cache: each step recomputes the full (left-padded) sequences. The demo's sequences are
 ~12 tokens, so this costs little, and it keeps the engine trivially correct across weight swaps
 and continuations (there is no cache that could go stale when ``model`` changes under it).
+``hf_cached`` (:mod:`asyncrl.producers.engines.cached`) is this engine with a KV cache.
 The logprob of each chosen token is ``log_softmax(logits / T)[token]``, the same quantity the
 trainer recomputes with :func:`asyncrl.consumers.grpo.token_logprobs`.
 """
@@ -14,7 +15,7 @@ import time
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from asyncrl.producers.engines.base import GenResult, StepwiseEngine
+from asyncrl.producers.engines.base import ActiveRequest, GenResult, StepwiseEngine
 
 
 def left_pad(
@@ -69,13 +70,19 @@ class HFEngine(StepwiseEngine):
             [a.req.prompt_ids + a.ids for a in actives], self.pad_token_id, device
         )
         logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        return finished + self._choose(actives, logits[:, -1, :])
+
+    def _choose(self, actives: list[ActiveRequest], logits: torch.Tensor) -> list[GenResult]:
+        """Sample (or take the argmax of) each active request's next token from its row of
+        ``logits`` ``[B, V]``, record its logprob; returns the requests that finished."""
         if self.emulated_decode_latency_s:
             time.sleep(self.emulated_decode_latency_s)
-        logp = torch.log_softmax(logits[:, -1, :].float() / self.temperature, dim=-1).cpu()
+        logp = torch.log_softmax(logits.float() / self.temperature, dim=-1).cpu()
         sampled = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
         greedy = torch.tensor([a.req.greedy for a in actives])
         chosen = torch.where(greedy, logp.argmax(-1), sampled)
         chosen_logp = logp.gather(-1, chosen[:, None]).squeeze(-1)
+        finished = []
         for a, tok, lp in zip(actives, chosen.tolist(), chosen_logp.tolist(), strict=True):
             result = self._append(a, tok, lp)
             if result is not None:

@@ -1,4 +1,5 @@
-"""The hf engine's contract: interruptible between tokens, continuable from a prefix."""
+"""The hf engines' contract: interruptible between tokens, continuable from a prefix (the hf
+engine and hf_cached, its KV-cached twin, alike)."""
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ import torch
 from asyncrl.config import ModelConfig
 from asyncrl.models.tiny import build_model, build_tokenizer
 from asyncrl.producers.engines.base import GenRequest
+from asyncrl.producers.engines.cached import CachedHFEngine
 from asyncrl.producers.engines.hf import HFEngine
 
 PROMPTS = ["07+35=", "99+99=", "1+2=", "45+54="]
@@ -16,9 +18,14 @@ def tok():
     return build_tokenizer()
 
 
-def _engine(tok, seed: int = 0, model_seed: int = 0) -> HFEngine:
+@pytest.fixture(params=[HFEngine, CachedHFEngine], ids=["hf", "hf_cached"])
+def engine_cls(request):
+    return request.param
+
+
+def _engine(tok, cls=HFEngine, seed: int = 0, model_seed: int = 0) -> HFEngine:
     model = build_model(ModelConfig(hidden_size=32, intermediate_size=64), len(tok), model_seed)
-    return HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=seed)
+    return cls(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=seed)
 
 
 def _requests(tok, greedy: bool) -> list[GenRequest]:
@@ -27,8 +34,8 @@ def _requests(tok, greedy: bool) -> list[GenRequest]:
     ]
 
 
-def test_interrupted_greedy_generation_continues_to_the_same_tokens(tok):
-    engine = _engine(tok)
+def test_interrupted_greedy_generation_continues_to_the_same_tokens(tok, engine_cls):
+    engine = _engine(tok, engine_cls)
     full = engine.generate(_requests(tok, greedy=True))
 
     for req in _requests(tok, greedy=True):
@@ -57,8 +64,8 @@ def test_interrupted_greedy_generation_continues_to_the_same_tokens(tok):
         assert got.finish_reason == want.finish_reason
 
 
-def test_a_continuation_scores_new_tokens_with_the_new_weights(tok):
-    engine = _engine(tok)
+def test_a_continuation_scores_new_tokens_with_the_new_weights(tok, engine_cls):
+    engine = _engine(tok, engine_cls)
     for req in _requests(tok, greedy=False):
         engine.add(req)
     engine.step()
@@ -89,8 +96,8 @@ def test_a_continuation_scores_new_tokens_with_the_new_weights(tok):
         assert r.response_logprobs[0] == before[r.request_id]  # the prefix is kept
 
 
-def test_a_finished_prefix_is_returned_as_it_is(tok):
-    engine = _engine(tok)
+def test_a_finished_prefix_is_returned_as_it_is(tok, engine_cls):
+    engine = _engine(tok, engine_cls)
     prompt = tok("1+2=")["input_ids"]
     eos = tok.eos_token_id
     [res] = engine.generate(
@@ -99,8 +106,8 @@ def test_a_finished_prefix_is_returned_as_it_is(tok):
     assert (res.response_ids, res.finish_reason) == ([7, eos], "stop")
 
 
-def test_abort_drops_only_the_named_requests_and_the_rest_go_on(tok):
-    engine = _engine(tok)
+def test_abort_drops_only_the_named_requests_and_the_rest_go_on(tok, engine_cls):
+    engine = _engine(tok, engine_cls)
     full = {r.request_id: r for r in engine.generate(_requests(tok, greedy=True))}
     for req in _requests(tok, greedy=True):
         engine.add(req)

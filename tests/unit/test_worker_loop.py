@@ -5,6 +5,7 @@ the same paths over Kafka and the collective."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from asyncrl.config import load_config
@@ -24,7 +25,7 @@ from asyncrl.schemas.sample import (
     encode_sample,
 )
 from asyncrl.testing import LocalWeights, MemoryBroker, ScriptedTrainer, worker_io
-from tests.helpers import SMALL
+from tests.helpers import SMALL, token_logprob_errors
 
 WARM = ["actor_rollout_ref.model.warmup_steps=100"]
 STEPPED = "actor_rollout_ref.rollout.engine_thread=false"
@@ -381,14 +382,20 @@ def _logged(sample_id: str, finish: str) -> Sample:
     return Sample(sample_id, sample_id.split("@")[0], 0, [1, 5, 14, 6, 17], "11", trajs)
 
 
-def test_an_in_flight_update_swaps_weights_between_two_tokens_without_a_pause(tmp_path):
+@pytest.mark.parametrize("engine", ["hf", "hf_cached"])
+def test_an_in_flight_update_swaps_weights_between_two_tokens_without_a_pause(tmp_path, engine):
     cfg = _cfg(
         tmp_path,
         "async_training.partial_rollout=true",
         "async_training.in_flight_update=true",
+        f"actor_rollout_ref.rollout.name={engine}",
         STEPPED,
     )
     run = Run(cfg)
+    old = {k: v.clone() for k, v in run.model.state_dict().items()}
+    told = []  # the engine hears of every load: the join's and the swap's
+    changed = run.worker.engine.weights_changed
+    run.worker.engine.weights_changed = lambda: told.append(changed())  # type: ignore[method-assign]
     run.before_decoding_step(2, run.sync_new_weights)  # after the first token of each trajectory
     run.when_published(4, run.trainer.finish)
     run.run()
@@ -419,6 +426,14 @@ def test_an_in_flight_update_swaps_weights_between_two_tokens_without_a_pause(tm
         assert t.segment_starts[1] >= 1 and t.param_version_start == 0 and t.param_version == 1
     resumed = [e for e in events if isinstance(e, ev.RolloutResumed)]
     assert resumed[1].num_stale == 4  # the four samples in flight at the swap
+    assert len(told) == len(loaded) == 2
+    weights = {0: old, 1: run.model.state_dict()}
+    for s in samples:  # each token's logprob is the one its version's weights give it
+        for t in s.trajectories:
+            ends = [*t.segment_starts[1:], len(t.response_ids)]
+            for start, end, v in zip(t.segment_starts, ends, t.segment_versions, strict=True):
+                errors = token_logprob_errors(cfg, weights[v], s.prompt_ids, t)[start:end]
+                assert max(errors, default=0.0) < 1e-4, (v, errors)
 
 
 def test_worker_0_evaluates_the_weights_of_each_test_freq_step_when_the_trainer_does_not(

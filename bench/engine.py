@@ -1,0 +1,244 @@
+"""``asyncrl bench engine``: tokens/s of the hf engine (no cache) and hf_cached, side by side.
+
+For each model shape, both engines generate the same requests, one engine after the other in
+this process, from the same weights and seed: ``batch`` prompts of random ids (lengths between
+half of ``prompt_len`` and ``prompt_len``), each sampled at the rollout temperature for exactly
+``new_tokens`` tokens (EOS does not stop them, so both engines make the same number). A warm-up
+generation at a tiny size comes first (allocators, kernels); each timed one (the median of
+``repeats``) runs from ``add`` to the last token, prefill included. Printed per shape: seconds
+and tokens/s of each, the ratio hf_cached / hf, and the largest |recorded logprob - the
+trainer's recomputation| (:func:`asyncrl.consumers.grpo.token_logprobs`, one trajectory at a
+time, the first ``LOGPROB_ROWS``) over each engine's tokens.
+
+Shapes: ``demo`` is the run config's policy (the built-in model's shape, or the config.json of
+``actor_rollout_ref.model.path``), the others Qwen2 shapes of ``asyncrl bench sync`` (``500M``
+is Qwen2.5-0.5B's), all randomly initialised: throughput does not depend on the weights' values.
+Unset sizes take each shape's default (``SMOKE``: a run of about a minute on a 2-core CPU; the
+demo's batch is ``rollout.n x max_concurrent_samples``, what one worker generates at once). On
+a CPU, ``rollout.torch_threads`` threads, as a rollout worker has; on a GPU, bf16 by default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from asyncrl.bench.sync import SHAPES
+from asyncrl.config import ConfigError, RunConfig, load_config
+
+ENGINES = ("hf", "hf_cached")
+LOGPROB_ROWS = 8
+"""Trajectories per engine whose logprobs are recomputed (a 0.5B recomputation is slow on CPU)."""
+SMOKE: dict[str, tuple[int | None, int, int]] = {
+    "demo": (None, 8, 12),
+    "5M": (8, 32, 32),
+    "50M": (4, 32, 16),
+    "500M": (2, 16, 8),
+}
+"""Each shape's default (batch, prompt_len, new_tokens); batch None: rollout.n x
+max_concurrent_samples."""
+DEFAULT_SHAPES = ("demo", "500M")
+
+
+def _model(cfg: RunConfig, shape: str, device: str, dtype: Any) -> tuple[Any, int]:
+    """A randomly initialised causal LM of ``shape`` on ``device``, and its vocabulary size."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
+    model_cfg = cfg.actor_rollout_ref.model
+    if shape != "demo":
+        hidden, layers, inter, vocab, heads, kv_heads = SHAPES[shape]
+        config = Qwen2Config(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=inter,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            tie_word_embeddings=True,
+        )
+    elif model_cfg.path is not None:
+        config = AutoConfig.from_pretrained(model_cfg.path)
+    else:
+        from asyncrl.models.tiny import build_model, task_tokenizer
+
+        vocab = len(task_tokenizer(cfg.data))
+        tiny: Any = build_model(model_cfg, vocab, seed=0)
+        return tiny.to(device=device, dtype=dtype), vocab
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval(), config.vocab_size
+
+
+def _requests(batch: int, prompt_len: int, new_tokens: int, vocab: int) -> list[Any]:
+    import random
+
+    from asyncrl.producers.engines.base import GenRequest
+
+    rng = random.Random(0)
+    lengths = [rng.randint(max(1, prompt_len // 2), prompt_len) for _ in range(batch)]
+    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+    return [GenRequest(str(i), p, new_tokens) for i, p in enumerate(prompts)]
+
+
+def _generate(cfg: RunConfig, name: str, model: Any, reqs: list[Any]) -> tuple[list[Any], float]:
+    """``reqs`` through a fresh engine ``name``; (results, seconds)."""
+    import torch
+
+    from asyncrl.producers.engines.cached import CachedHFEngine
+    from asyncrl.producers.engines.hf import HFEngine
+
+    engine = (CachedHFEngine if name == "hf_cached" else HFEngine)(
+        model,
+        None,
+        temperature=cfg.actor_rollout_ref.rollout.temperature,
+        eos_token_id=-1,  # never produced: every request makes new_tokens tokens
+        pad_token_id=0,
+        seed=cfg.trainer.seed,
+    )
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        results = engine.generate(reqs)
+    return results, time.perf_counter() - t0
+
+
+def logprob_error(model: Any, results: list[Any], temperature: float) -> float:
+    """Max |recorded logprob - token_logprobs'| over the first LOGPROB_ROWS trajectories."""
+    import torch
+
+    from asyncrl.consumers.grpo import build_batch, token_logprobs
+
+    worst = 0.0
+    device = next(model.parameters()).device
+    for r in results[:LOGPROB_ROWS]:
+        b = build_batch([(r.prompt_ids, r.response_ids, r.response_logprobs, 0.0)], 0)
+        with torch.no_grad():
+            lp = token_logprobs(
+                model,
+                b.input_ids.to(device),
+                b.attention_mask.to(device),
+                b.position_ids.to(device),
+                b.response_mask.to(device),
+                temperature,
+            )
+        worst = max(worst, float((lp.float().cpu() - b.old_logprobs).abs().max()))
+    return worst
+
+
+def engine(
+    config: str | None,
+    overrides: list[str],
+    console: Console,
+    shapes: tuple[str, ...] = DEFAULT_SHAPES,
+    batch: int | None = None,
+    prompt_len: int | None = None,
+    new_tokens: int | None = None,
+    device: str = "auto",
+    dtype: str | None = None,
+    repeats: int = 3,
+) -> dict[str, Any]:
+    """Measure both engines at each shape; print one table and return the figures."""
+    import torch
+
+    unknown = [s for s in shapes if s not in SMOKE]
+    if unknown:
+        raise ConfigError(f"--shapes: no shape {', '.join(unknown)} (known: {', '.join(SMOKE)})")
+    cfg = load_config(config, overrides)
+    rollout = cfg.actor_rollout_ref.rollout
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(rollout.torch_threads)
+    sizes = (batch, prompt_len, new_tokens)
+    try:
+        results = {s: _measure(cfg, s, sizes, device, dtype, repeats, console) for s in shapes}
+    finally:
+        torch.set_num_threads(threads)
+    _table(results, console)
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"bench-engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=1))
+    console.print(f"figures: {path}")
+    return results
+
+
+def _measure(
+    cfg: RunConfig,
+    shape: str,
+    sizes: tuple[int | None, int | None, int | None],
+    device: str,
+    dtype: str,
+    repeats: int,
+    console: Console,
+) -> dict[str, Any]:
+    """Both engines at one shape; ``sizes`` (batch, prompt_len, new_tokens), None: SMOKE's."""
+    import torch
+
+    rollout = cfg.actor_rollout_ref.rollout
+    batch, prompt_len, new_tokens = sizes
+    default_batch, default_prompt, default_new = SMOKE[shape]
+    b = batch or default_batch or rollout.n * rollout.max_concurrent_samples
+    p, n = prompt_len or default_prompt, new_tokens or default_new
+    console.rule(f"{shape}: batch {b}, prompts of <= {p} tokens, {n} new tokens, {dtype}")
+    model, vocab = _model(cfg, shape, device, getattr(torch, dtype))
+    row: dict[str, Any] = {
+        "params": sum(t.numel() for t in model.parameters()),
+        "batch": b,
+        "prompt_len": p,
+        "new_tokens": n,
+        "device": device,
+        "dtype": dtype,
+    }
+    for name in ENGINES:
+        _generate(cfg, name, model, _requests(2, p, 2, vocab))  # warm-up
+        runs = [_generate(cfg, name, model, _requests(b, p, n, vocab)) for _ in range(repeats)]
+        out, seconds = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median
+        tokens = sum(len(r.response_ids) for r in out)
+        row[name] = {
+            "s": seconds,
+            "tokens": tokens,
+            "tokens_per_s": tokens / seconds,
+            "logprob_max_abs_diff": logprob_error(model, out, rollout.temperature),
+        }
+        console.log(f"{shape} {name}: {tokens} tokens in {seconds:.2f} s")
+    row["ratio"] = row["hf_cached"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+    return row
+
+
+def _table(results: dict[str, dict[str, Any]], console: Console) -> None:
+    first = next(iter(results.values()))
+    table = Table(
+        title=f"tokens/s, hf (no cache) vs hf_cached, {first['dtype']} on {first['device']}"
+    )
+    for col in ("shape", "params", "batch", "prompt+new", "engine", "s", "tokens/s"):
+        table.add_column(col, justify="right")
+    table.add_column("max |Δ logprob|", justify="right")
+    for shape, r in results.items():
+        for name in ENGINES:
+            e = r[name]
+            table.add_row(
+                shape,
+                f"{r['params'] / 1e6:.1f}M",
+                str(r["batch"]),
+                f"<={r['prompt_len']}+{r['new_tokens']}",
+                name,
+                f"{e['s']:.3f}",
+                f"{e['tokens_per_s']:.{0 if e['tokens_per_s'] >= 100 else 1}f}",
+                f"{e['logprob_max_abs_diff']:.1e}",
+            )
+    console.print(table)
+    for shape, r in results.items():
+        ratio = r["ratio"]
+        shown = f"{ratio:.2f}x" if math.isfinite(ratio) else "-"
+        console.print(f"{shape}: hf_cached / hf tokens/s = {shown}")
