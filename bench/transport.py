@@ -5,7 +5,10 @@ A sample is one prompt's group of 16 trajectories (GRPO's n), each with L respon
 trainer consumes. For each size, measured one after the other in this process:
 
 - ``arrow + kafka``: our path: ``encode_sample`` (Arrow IPC) -> ``Publisher`` -> broker ->
-  ``Reader`` with ``decode_sample``.
+  ``Reader`` with ``decode_sample``. The samples' token fields are numpy arrays, as a worker's
+  trajectories hold them (it copies the engine's token lists into arrays once, when a
+  trajectory finishes); ``decode_sample`` gives the trainer read-only numpy views of the
+  message, which ``build_batch`` copies into the step's padded tensors.
 - ``raw bytes + kafka``: confluent-kafka producing and consuming byte strings of exactly the
   Arrow messages' sizes, no encoding at all: the broker and client's own limit.
 - ``ray queue + pickle``: verl's fully-async transport: a Ray actor queue to which the producer
@@ -13,7 +16,10 @@ trainer consumes. For each size, measured one after the other in this process:
   the consumer gets it. Left out, with a note, when ray is not installed (``asyncrl[ray]``).
 
 Each variant writes all N samples, then reads all N back (a trainer catching up with a burst),
-timed end to end. Encode/decode microseconds per sample are measured separately, without I/O;
+timed end to end, its clients started before the clock: a Kafka variant first sends one message
+through (the connections, the idempotent producer's id and the topic's metadata took 0.5-1 s on
+Tansu: a long-lived worker's start-up, not its throughput), the Ray queue one group.
+Encode/decode microseconds per sample are measured separately, without I/O;
 bytes per token is the serialized size over the group's response tokens (raw payload: 4-byte
 id + 4-byte logprob + 1-byte mask = 9 bytes per token).
 """
@@ -22,13 +28,14 @@ from __future__ import annotations
 
 import json
 import pickle
-import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -36,21 +43,23 @@ from asyncrl.config import RunConfig, load_config
 
 GROUP = 16
 SIZES = (1024, 8192, 32768)
-SAMPLES = {1024: 200, 8192: 40, 32768: 12}
-"""Samples per size: a few seconds of each variant on a 2-core machine."""
+SAMPLES = {1024: 1000, 8192: 160, 32768: 40}
+"""Samples per size: about a second of each Kafka variant on a 2-core machine (more of Ray's),
+about 190 MB of messages at 8K and 32K tokens."""
 VARIANTS = ("arrow + kafka", "raw bytes + kafka", "ray queue + pickle")
 
 
-def make_sample(tokens: int, index: int, rng: random.Random) -> Any:
-    """A finished sample of GROUP trajectories of ``tokens`` response tokens each."""
+def make_sample(tokens: int, index: int, rng: np.random.Generator) -> Any:
+    """A finished sample of GROUP trajectories of ``tokens`` response tokens each, its token
+    fields numpy arrays as a worker's trajectories hold them."""
     from asyncrl.schemas.sample import Sample, Trajectory
 
     trajectories = [
         Trajectory(
-            response_ids=[rng.randrange(32_000) for _ in range(tokens)],
-            response_logprobs=[-rng.random() * 4 for _ in range(tokens)],
+            response_ids=rng.integers(0, 32_000, tokens, dtype=np.int32),
+            response_logprobs=(rng.random(tokens, dtype=np.float32) * -4),
             reward=float(rng.random() < 0.5),
-            response_mask=[1] * tokens,
+            response_mask=np.ones(tokens, np.int8),
             segment_starts=[0],
             segment_versions=[0],
         )
@@ -60,7 +69,7 @@ def make_sample(tokens: int, index: int, rng: random.Random) -> Any:
         sample_id=f"bench-{tokens}-{index}",
         prompt_id=f"p{index}",
         worker_id=0,
-        prompt_ids=[rng.randrange(32_000) for _ in range(64)],
+        prompt_ids=rng.integers(0, 32_000, 64, dtype=np.int32),
         ground_truth="42",
         trajectories=trajectories,
     )
@@ -70,16 +79,13 @@ def as_tensors(sample: Any) -> dict[str, Any]:
     """The group as a verl-style dict of padded tensors (what a Ray queue would carry)."""
     import torch
 
+    trajs = sample.trajectories
     return {
-        "prompt_ids": torch.tensor(sample.prompt_ids, dtype=torch.int32),
-        "response_ids": torch.tensor(
-            [t.response_ids for t in sample.trajectories], dtype=torch.int32
-        ),
-        "logprobs": torch.tensor(
-            [t.response_logprobs for t in sample.trajectories], dtype=torch.float32
-        ),
-        "mask": torch.tensor([t.response_mask for t in sample.trajectories], dtype=torch.int8),
-        "rewards": torch.tensor([t.reward for t in sample.trajectories], dtype=torch.float32),
+        "prompt_ids": torch.from_numpy(sample.prompt_ids.copy()),
+        "response_ids": torch.from_numpy(np.stack([t.response_ids for t in trajs])),
+        "logprobs": torch.from_numpy(np.stack([t.response_logprobs for t in trajs])),
+        "mask": torch.from_numpy(np.stack([t.response_mask for t in trajs])),
+        "rewards": torch.tensor([t.reward for t in trajs], dtype=torch.float32),
         "sample_id": sample.sample_id,
     }
 
@@ -96,64 +102,89 @@ def _arrow_kafka(cfg: RunConfig, bootstrap: str, topic: str, samples: list[Any])
     from asyncrl.schemas import SCHEMA_HEADER
     from asyncrl.schemas.sample import TAG, decode_sample, encode_sample
 
-    with Reader(cfg.kafka, bootstrap, decode_sample) as reader:
-        reader.assign(topic, {0: 0})
-        reader.poll(0.5)  # connected and fetching before the clock starts
-        t0 = time.perf_counter()
-        with Publisher(cfg.kafka, bootstrap) as pub:
-            for s in samples:
-                pub.publish(topic, s.sample_id, encode_sample(s), headers={SCHEMA_HEADER: TAG})
-        got = 0
-        while got < len(samples):
-            for rec in reader.poll(1.0):
-                if len(rec.value.trajectories[0].response_ids) != len(
-                    samples[0].trajectories[0].response_ids
-                ):
+    tokens = len(samples[0].trajectories[0].response_ids)
+    headers = {SCHEMA_HEADER: TAG}
+    with (
+        Reader(cfg.kafka, bootstrap, decode_sample) as reader,
+        Publisher(cfg.kafka, bootstrap) as pub,
+    ):
+
+        def read() -> list[Any]:
+            records = reader.poll(1.0)
+            for rec in records:
+                if len(rec.value.trajectories[0].response_ids) != tokens:
                     raise RuntimeError(f"{topic}: sample {rec.key} came back changed")
-                got += 1
-            _deadline(t0, topic)
+            return records
+
+        reader.assign(topic, {0: 0})
+        pub.publish(topic, "warm-up", encode_sample(samples[0]), headers=headers)
+        pub.flush()
+        _until(1, read, topic)  # started: see the module doc
+        t0 = time.perf_counter()
+        for s in samples:
+            pub.publish(topic, s.sample_id, encode_sample(s), headers=headers)
+        pub.flush()
+        _until(len(samples), read, topic)
     return time.perf_counter() - t0
 
 
 def _raw_kafka(cfg: RunConfig, bootstrap: str, topic: str, payloads: list[bytes]) -> float:
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
     from asyncrl.kafka import consumer_config, producer_config
 
     consumer = Consumer(consumer_config(cfg.kafka, bootstrap, None))
     consumer.assign([TopicPartition(topic, 0, 0)])
-    consumer.consume(num_messages=1, timeout=0.5)  # connected before the clock starts
     producer = Producer(producer_config(cfg.kafka, bootstrap))
-    t0 = time.perf_counter()
-    for i, payload in enumerate(payloads):
+
+    def produce(key: bytes, payload: bytes) -> None:
         while True:
             try:
-                producer.produce(topic, value=payload, key=str(i).encode())
+                producer.produce(topic, value=payload, key=key)
                 break
             except BufferError:
                 producer.poll(0.1)
         producer.poll(0)
-    if producer.flush(60):
-        raise RuntimeError(f"{topic}: messages left undelivered")
-    got = 0
+
+    def flush() -> None:
+        if producer.flush(60):
+            raise RuntimeError(f"{topic}: messages left undelivered")
+
+    def consume() -> list[Message]:
+        first = consumer.poll(1.0)  # consume(n, t) alone would wait all of t for n
+        if first is None:
+            return []
+        more = consumer.consume(num_messages=499, timeout=0)
+        return [m for m in (first, *more) if m.error() is None and len(m.value() or b"") > 0]
+
     try:
-        while got < len(payloads):
-            first = consumer.poll(1.0)  # consume(n, t) alone would wait all of t for n
-            more = consumer.consume(num_messages=499, timeout=0) if first is not None else []
-            for msg in [first, *more] if first is not None else []:
-                if msg.error() is None and len(msg.value() or b"") > 0:
-                    got += 1
-            _deadline(t0, topic)
+        produce(b"warm-up", payloads[0])
+        flush()
+        _until(1, consume, topic)  # started: see the module doc
+        t0 = time.perf_counter()
+        for i, payload in enumerate(payloads):
+            produce(str(i).encode(), payload)
+        flush()
+        _until(len(payloads), consume, topic)
     finally:
         consumer.close()
     return time.perf_counter() - t0
+
+
+def _until(n: int, read: Callable[[], list[Any]], what: str, limit_s: float = 300.0) -> None:
+    """Call ``read`` until it has returned ``n`` items in all."""
+    t0, got = time.perf_counter(), 0
+    while got < n:
+        got += len(read())
+        if time.perf_counter() - t0 > limit_s:
+            raise TimeoutError(f"{what}: not done within {limit_s:.0f} s")
 
 
 def _ray_queue(groups: list[dict[str, Any]]) -> float:
     from ray.util.queue import Queue
 
     queue = Queue(maxsize=0)
-    queue.put(0)  # the queue actor is up before the clock starts
+    queue.put(groups[0])  # started: see the module doc
     queue.get(timeout=60)
     t0 = time.perf_counter()
     for g in groups:
@@ -165,11 +196,6 @@ def _ray_queue(groups: list[dict[str, Any]]) -> float:
     elapsed = time.perf_counter() - t0
     queue.shutdown()
     return elapsed
-
-
-def _deadline(t0: float, what: str, limit_s: float = 300.0) -> None:
-    if time.perf_counter() - t0 > limit_s:
-        raise TimeoutError(f"{what}: not done within {limit_s:.0f} s")
 
 
 def transport(
@@ -201,7 +227,7 @@ def transport(
         for tokens in sizes:
             n = counts[tokens]
             console.rule(f"{GROUP} x {tokens} tokens, {n} samples")
-            rng = random.Random(tokens)
+            rng = np.random.default_rng(tokens)
             batch = [make_sample(tokens, i, rng) for i in range(n)]
             encoded = [encode_sample(s) for s in batch]
             group_tokens = GROUP * tokens

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from asyncrl.config import RunConfig, load_config
@@ -70,9 +71,9 @@ def rollout(
         states = [finished[f"{i}/{j}"] for j in range(n)]
         trajectories = [
             Trajectory(
-                response_ids=s.response_ids,
-                response_logprobs=s.response_logprobs,
-                response_mask=s.response_mask,
+                response_ids=np.array(s.response_ids, np.int32),
+                response_logprobs=np.array(s.response_logprobs, np.float32),
+                response_mask=np.array(s.response_mask, np.int8),
                 reward=score(task, p.answer, s.messages),
                 finish_reason=s.finish_reason,
                 num_turns=s.num_turns,
@@ -82,7 +83,8 @@ def rollout(
             )
             for s in states
         ]
-        samples.append(Sample(p.prompt_id, p.prompt_id, 0, ids, p.answer, trajectories))
+        prompt = np.array(ids, np.int32)
+        samples.append(Sample(p.prompt_id, p.prompt_id, 0, prompt, p.answer, trajectories))
     return samples
 
 

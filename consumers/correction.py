@@ -23,8 +23,11 @@ one trained token (verl's count every row; here a reward failure's row is all ma
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from asyncrl.config.offpolicy import RolloutCorrectionConfig
@@ -252,17 +255,22 @@ def rollout_correction(
 
 
 def stale_token_mask(
-    token_versions: list[list[int]], width: int, version: int, max_lag: int, action: str
+    token_versions: Sequence[Sequence[int] | npt.NDArray[np.int64]],
+    width: int,
+    version: int,
+    max_lag: int,
+    action: str,
 ) -> torch.Tensor:
     """``[B, width]`` 1 where a response token may be trained: generated at most ``max_lag``
     versions before ``version`` (``version - v_t <= max_lag``). ``drop``: a trajectory with
     any older token is 0 everywhere. Rows are each trajectory's per-token versions
     (``Trajectory.token_versions``)."""
     out = torch.ones((len(token_versions), width), dtype=torch.float32)
-    for i, versions in enumerate(token_versions):
-        if not versions:
+    for i, row in enumerate(token_versions):
+        versions = np.asarray(row, dtype=np.int64)
+        if not len(versions):
             continue
-        fresh = torch.tensor([version - v <= max_lag for v in versions], dtype=torch.float32)
+        fresh = torch.from_numpy((version - versions <= max_lag).astype(np.float32))
         if action == "drop" and not bool(fresh.all()):
             fresh = torch.zeros_like(fresh)
         out[i, : len(versions)] = fresh

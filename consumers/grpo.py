@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean"]
@@ -205,12 +207,17 @@ def policy_loss(
     return loss, metrics
 
 
+Tokens = Sequence[int] | npt.NDArray[Any]
+"""A row's token ids: a sample's numpy array, or a list."""
+Logprobs = Sequence[float] | npt.NDArray[Any]
+
+
 class Trajectory(NamedTuple):
     """One sampled response with what the update needs; a plain 4-tuple works as well."""
 
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_logprobs: list[float]
+    prompt_ids: Tokens
+    response_ids: Tokens
+    response_logprobs: Logprobs
     advantage: float
 
 
@@ -236,10 +243,14 @@ class Batch:
 
 
 def build_batch(
-    trajectories: Sequence[Trajectory | tuple[list[int], list[int], list[float], float]],
+    trajectories: Sequence[Trajectory | tuple[Tokens, Tokens, Logprobs, float]],
     pad_token_id: int,
 ) -> Batch:
-    """Pad ``(prompt_ids, response_ids, response_logprobs, advantage)`` rows into a :class:`Batch`."""
+    """Pad ``(prompt_ids, response_ids, response_logprobs, advantage)`` rows into a :class:`Batch`.
+
+    The padded arrays are filled in numpy straight from each row's arrays (one copy, converted
+    to the batch's types: int64 ids, float32 logprobs), then become tensors without a copy.
+    """
     if not trajectories:
         raise ValueError("empty batch")
     rows = [Trajectory(*t) for t in trajectories]
@@ -249,18 +260,25 @@ def build_batch(
     bsz = len(rows)
     pw = max(len(t.prompt_ids) for t in rows)
     rw = max(max(len(t.response_ids) for t in rows), 1)
-    input_ids = torch.full((bsz, pw + rw), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((bsz, pw + rw), dtype=torch.long)
-    response_mask = torch.zeros((bsz, rw), dtype=torch.float32)
-    old_logprobs = torch.zeros((bsz, rw), dtype=torch.float32)
+    input_ids = np.full((bsz, pw + rw), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros((bsz, pw + rw), dtype=np.int64)
+    response_mask = np.zeros((bsz, rw), dtype=np.float32)
+    old_logprobs = np.zeros((bsz, rw), dtype=np.float32)
     for i, t in enumerate(rows):
         p, r = len(t.prompt_ids), len(t.response_ids)
-        input_ids[i, pw - p : pw] = torch.tensor(t.prompt_ids, dtype=torch.long)
+        input_ids[i, pw - p : pw] = t.prompt_ids
         attention_mask[i, pw - p : pw + r] = 1
-        if r:
-            input_ids[i, pw : pw + r] = torch.tensor(t.response_ids, dtype=torch.long)
-            response_mask[i, :r] = 1.0
-            old_logprobs[i, :r] = torch.tensor(t.response_logprobs, dtype=torch.float32)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        input_ids[i, pw : pw + r] = t.response_ids
+        response_mask[i, :r] = 1.0
+        old_logprobs[i, :r] = t.response_logprobs
+    attention = torch.from_numpy(attention_mask)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.tensor([float(t.advantage) for t in rows], dtype=torch.float32)
-    return Batch(input_ids, attention_mask, position_ids, response_mask, old_logprobs, advantages)
+    return Batch(
+        torch.from_numpy(input_ids),
+        attention,
+        position_ids,
+        torch.from_numpy(response_mask),
+        torch.from_numpy(old_logprobs),
+        advantages,
+    )

@@ -7,6 +7,7 @@ sample (group-relative over its ``rollout.n`` trajectories) before the split.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from asyncrl.config import RunConfig
@@ -104,7 +105,7 @@ def grpo_update(
             for i, t in enumerate(s.trajectories)
         ]
         masks = [
-            [0] * len(t.response_mask) if t.reward_failed else t.response_mask
+            np.zeros_like(t.response_mask) if t.reward_failed else t.response_mask
             for s in samples[start : start + size]
             for t in s.trajectories
         ]
@@ -173,7 +174,7 @@ def data_metrics(
     kept = [r for r, n in zip(rows, lengths, strict=True) if n > 0 and not r[1].reward_failed]
     kept = kept or rows
     scores = [t.reward for _, t, _ in kept]
-    tokens = [(a, float(sum(t.response_mask))) for _, t, a in rows]
+    tokens = [(a, float(np.sum(t.response_mask))) for _, t, a in rows]
     valid = [a for a, n in tokens if n > 0] or [0.0]
     n_valid = sum(n for _, n in tokens)
     adv_mean = sum(a * n for a, n in tokens) / n_valid if n_valid else 0.0

@@ -26,7 +26,7 @@ from asyncrl.kafka.records import read_records
 from asyncrl.schemas import DecodeError
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.partial import decode_partial
-from asyncrl.schemas.sample import decode_sample
+from asyncrl.schemas.sample import TokenIds, decode_sample
 from asyncrl.schemas.step import decode_step
 from asyncrl.telemetry.metrics import stale_in_step
 
@@ -69,7 +69,7 @@ def _segments(t) -> list[dict[str, int]]:
     return [{"version": v, "tokens": end - start} for start, end, v in t.segments()]
 
 
-def _sample_row(rec, text: Callable[[list[int]], str] | None, consumed) -> dict[str, Any]:
+def _sample_row(rec, text: Callable[[TokenIds], str] | None, consumed) -> dict[str, Any]:
     s = decode_sample(rec.value, rec.headers)
     trajs = s.trajectories
     row: dict[str, Any] = {
@@ -99,7 +99,7 @@ def _sample_row(rec, text: Callable[[list[int]], str] | None, consumed) -> dict[
     return row
 
 
-def _partial_row(rec, text: Callable[[list[int]], str] | None, _consumed) -> dict[str, Any]:
+def _partial_row(rec, text: Callable[[TokenIds], str] | None, _consumed) -> dict[str, Any]:
     p = decode_partial(rec.value, rec.headers)
     trajs = p.sample.trajectories
     row: dict[str, Any] = {
@@ -200,8 +200,8 @@ def inspect_topic(
 
         tok = load_tokenizer(cfg)
 
-        def decode_text(ids: list[int]) -> str:
-            return tok.decode(ids, skip_special_tokens=True)
+        def decode_text(ids: TokenIds) -> str:
+            return tok.decode(ids.tolist(), skip_special_tokens=True)
 
     consumed = _consumed_at(cfg, bootstrap) if name == "samples" else {}
     rows = []

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from asyncrl.kafka import Record
 from asyncrl.kafka.interfaces import Sink
 from asyncrl.producers.agent.loop import AgentRunner
@@ -66,10 +68,10 @@ class InFlight:
             # engine): the tokens are all the earlier version's, and so is the trajectory.
             starts.pop()
             versions.pop()
-        return Trajectory(
-            response_ids=list(state.response_ids),
-            response_logprobs=list(state.response_logprobs),
-            response_mask=list(state.response_mask),
+        return Trajectory(  # copies: a cut trajectory's lists grow on when it continues
+            response_ids=np.array(state.response_ids, np.int32),
+            response_logprobs=np.array(state.response_logprobs, np.float32),
+            response_mask=np.array(state.response_mask, np.int8),
             reward=reward,
             finish_reason=state.finish_reason if done else "abort",
             num_turns=state.num_turns,
@@ -93,7 +95,7 @@ class InFlight:
             sample_id=sample_id,
             prompt_id=p.prompt_id,
             worker_id=worker_id,
-            prompt_ids=self.prompt_ids,
+            prompt_ids=np.array(self.prompt_ids, np.int32),
             ground_truth=p.ground_truth,
             trajectories=trajectories,
         )
@@ -124,7 +126,7 @@ class InFlight:
         s = partial.sample
         fl = cls(
             rec,
-            list(s.prompt_ids),
+            s.prompt_ids.tolist(),
             version_start=min(t.param_version_start for t in s.trajectories),
             t_start=min(t.t_start for t in s.trajectories),
         )
@@ -137,11 +139,11 @@ class InFlight:
                 fl.interrupted[i] = AgentState.from_json(partial.agent_state[i])
             else:  # logged before agent states were: one turn, cut while generating
                 fl.interrupted[i] = AgentState(
-                    prompt_ids=list(s.prompt_ids),
+                    prompt_ids=s.prompt_ids.tolist(),
                     phase=Phase.GENERATING,
-                    response_ids=list(t.response_ids),
-                    response_mask=list(t.response_mask),
-                    response_logprobs=list(t.response_logprobs),
+                    response_ids=t.response_ids.tolist(),
+                    response_mask=t.response_mask.tolist(),
+                    response_logprobs=t.response_logprobs.tolist(),
                 )
         return fl
 

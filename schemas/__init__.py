@@ -1,7 +1,7 @@
 """The wire contract between producers and consumers: Arrow schemas and event types.
 
-Depends on pyarrow only (a test asserts torch is not imported), so any process or tool can
-decode the log. One module per message type; each exports its schema, tag and codec.
+Depends on pyarrow and numpy only (a test asserts torch is not imported), so any process or
+tool can decode the log. One module per message type; each exports its schema, tag and codec.
 """
 
 from asyncrl.schemas import control, partial, prompt, sample, step

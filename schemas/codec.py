@@ -69,4 +69,12 @@ def decode_batch(
         )
     if not batch.schema.equals(expected, check_metadata=False):
         raise DecodeError(f"{tag}: fields differ from the schema: {batch.schema.names}")
+    try:  # offsets within their values, valid UTF-8: what readers index without checking
+        batch.validate(full=True)
+    except pa.ArrowInvalid as err:
+        raise DecodeError(f"{tag}: invalid Arrow data ({err})") from None
+    columns = zip(batch.schema, batch.columns, strict=True)
+    nulls = [f.name for f, c in columns if not f.nullable and c.null_count]
+    if nulls:
+        raise DecodeError(f"{tag}: null values in non-nullable column(s) {nulls}")
     return batch

@@ -19,7 +19,7 @@ from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schem
 from asyncrl.schemas.sample import SCHEMA as SAMPLE_SCHEMA
 from asyncrl.schemas.sample import SCHEMA_V2 as SAMPLE_SCHEMA_V2
 from asyncrl.schemas.sample import SCHEMA_V3 as SAMPLE_SCHEMA_V3
-from asyncrl.schemas.sample import Sample, sample_columns, sample_from_columns, validate
+from asyncrl.schemas.sample import Sample, sample_columns, sample_from_batch, validate
 
 NAME = "partial"
 VERSION = 3  # 2: the sample's agent columns (sample/3); 3: its reward columns (sample/4)
@@ -80,8 +80,9 @@ def encode_partial(p: PartialSample) -> bytes:
 
 
 def decode_partial(data: bytes | None, headers: dict[str, bytes] | None = None) -> PartialSample:
-    cols = decode_batch(data, SCHEMA, TAG, OLDER, headers).to_pydict()
-    sample = sample_from_columns(cols, TAG)
+    batch = decode_batch(data, SCHEMA, TAG, OLDER, headers)
+    sample = sample_from_batch(batch, TAG)
+    cols = batch.select([f.name for f in _EXTRA]).to_pydict()
     return PartialSample(
         sample=sample,
         interrupted_at_version=cols["interrupted_at_version"][0],

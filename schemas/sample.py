@@ -1,7 +1,11 @@
 """A finished sample: one prompt's group of ``rollout.n`` trajectories, one Kafka message.
 
 The group travels together because GRPO's advantage is relative within the group. One row per
-trajectory; token columns are Arrow lists so a reader can hand them to numpy without copying.
+trajectory. The token columns (``prompt_ids``, ``response_ids``, ``response_logprobs``,
+``response_mask``) are Arrow lists, held in memory as numpy arrays of the column's type
+(``TOKEN_DTYPES``) from the worker to the trainer's tensors: encoding builds the Arrow lists
+from the arrays (one concatenation per column), decoding hands out read-only numpy views of the
+message's own buffer, without a Python list on either side.
 ``param_version`` is the weight version the last token was generated under;
 ``param_version_start`` the version of the first token (they differ for partial rollouts).
 ``segment_starts``/``segment_versions`` list every segment of a trajectory interrupted by
@@ -13,9 +17,13 @@ trajectory. ``reward_extra`` holds the other numbers a reward function's dict re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from itertools import pairwise
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
@@ -71,16 +79,54 @@ SCHEMA_V3 = with_tag(pa.schema([*SCHEMA_V2.remove_metadata(), *_AGENT_FIELDS]), 
 SCHEMA = with_tag(pa.schema([*SCHEMA_V3.remove_metadata(), *_REWARD_FIELDS]), NAME, VERSION)
 OLDER = {schema_tag(NAME, 2): SCHEMA_V2, schema_tag(NAME, 3): SCHEMA_V3}
 
+TokenIds = npt.NDArray[np.int32]
+Logprobs = npt.NDArray[np.float32]
+Mask = npt.NDArray[np.int8]
+TOKEN_DTYPES: dict[str, type[np.generic]] = {
+    "prompt_ids": np.int32,
+    "response_ids": np.int32,
+    "response_logprobs": np.float32,
+    "response_mask": np.int8,
+}
+"""The token columns and the numpy type of each (its Arrow list's value type)."""
 
-@dataclass
+
+def as_tokens(values: Any, name: str) -> np.ndarray:
+    """``values`` (a list or an array) as a 1-D array of token column ``name``'s type, without
+    a copy if it already is one. Python ints out of the type's range raise (OverflowError)."""
+    out = np.asarray(values, dtype=TOKEN_DTYPES[name])
+    if out.ndim != 1:
+        raise ValueError(f"{name}: expected one dimension, got shape {out.shape}")
+    return out
+
+
+def _fields_equal(a: Trajectory | Sample, b: object) -> bool:
+    """Dataclass equality with arrays compared by value (``==`` on arrays is elementwise)."""
+    return type(a) is type(b) and all(
+        _equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(a)
+    )
+
+
+def _equal(x: Any, y: Any) -> bool:
+    if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+        return bool(np.array_equal(x, y))
+    return bool(x == y)
+
+
+@dataclass(eq=False)
 class Trajectory:
-    """One response to the prompt, with what the trainer needs to use it off-policy."""
+    """One response to the prompt, with what the trainer needs to use it off-policy.
 
-    response_ids: list[int]
-    response_logprobs: list[float]
+    The token fields are numpy arrays (``TOKEN_DTYPES``); lists given to the constructor are
+    converted. A decoded trajectory's arrays are read-only views of the message.
+    """
+
+    response_ids: TokenIds
+    response_logprobs: Logprobs
     reward: float
     finish_reason: str = "stop"
-    response_mask: list[int] = field(default_factory=list)
+    response_mask: Mask = field(default_factory=lambda: np.zeros(0, np.int8))
+    """1 where the token is the model's own (trained on), 0 for a tool's; empty: all 1."""
     param_version: int = 0
     param_version_start: int = 0
     t_start: float = 0.0
@@ -106,8 +152,11 @@ class Trajectory:
         return bool(self.reward_error)
 
     def __post_init__(self) -> None:
-        if not self.response_mask:
-            self.response_mask = [1] * len(self.response_ids)
+        self.response_ids = as_tokens(self.response_ids, "response_ids")
+        self.response_logprobs = as_tokens(self.response_logprobs, "response_logprobs")
+        self.response_mask = as_tokens(self.response_mask, "response_mask")
+        if len(self.response_mask) == 0:
+            self.response_mask = np.ones(len(self.response_ids), np.int8)
         if not self.segment_starts:
             self.segment_starts = [0]
             self.segment_versions = [self.param_version_start]
@@ -125,21 +174,34 @@ class Trajectory:
         bounds = [*self.segment_starts[1:], len(self.response_ids)]
         return list(zip(self.segment_starts, bounds, self.segment_versions, strict=True))
 
-    def token_versions(self) -> list[int]:
+    def token_versions(self) -> npt.NDArray[np.int64]:
         """The weight version of every response token."""
-        return [version for start, end, version in self.segments() for _ in range(end - start)]
+        segs = self.segments()
+        return np.repeat(
+            np.array([v for _, _, v in segs], np.int64), [end - start for start, end, _ in segs]
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return _fields_equal(self, other)
 
 
-@dataclass
+@dataclass(eq=False)
 class Sample:
     """A prompt and its group of trajectories: the unit the rollout budget counts."""
 
     sample_id: str
     prompt_id: str
     worker_id: int
-    prompt_ids: list[int]
+    prompt_ids: TokenIds
+    """A numpy array (a list given is converted), as the trajectories' token fields."""
     ground_truth: str
     trajectories: list[Trajectory]
+
+    def __post_init__(self) -> None:
+        self.prompt_ids = as_tokens(self.prompt_ids, "prompt_ids")
+
+    def __eq__(self, other: object) -> bool:
+        return _fields_equal(self, other)
 
     @property
     def param_version(self) -> int:
@@ -194,8 +256,9 @@ def validate_segments(t: Trajectory, where: str) -> None:
         )
 
 
-def sample_columns(sample: Sample) -> dict[str, list]:
-    """One column per SCHEMA field, one row per trajectory (shared by the partials schema)."""
+def sample_columns(sample: Sample) -> dict[str, Any]:
+    """One column per SCHEMA field, one row per trajectory (shared by the partials schema):
+    the token columns as Arrow list arrays built from the numpy arrays, the others as lists."""
     trajs = sample.trajectories
     n = len(trajs)
     return {
@@ -203,10 +266,12 @@ def sample_columns(sample: Sample) -> dict[str, list]:
         "prompt_id": [sample.prompt_id] * n,
         "traj_index": list(range(n)),
         "worker_id": [sample.worker_id] * n,
-        "prompt_ids": [sample.prompt_ids] * n,
-        "response_ids": [t.response_ids for t in trajs],
-        "response_logprobs": [t.response_logprobs for t in trajs],
-        "response_mask": [t.response_mask for t in trajs],
+        "prompt_ids": token_column([sample.prompt_ids] * n, "prompt_ids"),
+        "response_ids": token_column([t.response_ids for t in trajs], "response_ids"),
+        "response_logprobs": token_column(
+            [t.response_logprobs for t in trajs], "response_logprobs"
+        ),
+        "response_mask": token_column([t.response_mask for t in trajs], "response_mask"),
         "reward": [t.reward for t in trajs],
         "finish_reason": [t.finish_reason for t in trajs],
         "param_version": [t.param_version for t in trajs],
@@ -226,16 +291,39 @@ def sample_columns(sample: Sample) -> dict[str, list]:
     }
 
 
+def token_column(rows: Sequence[Any], name: str) -> pa.ListArray:
+    """Token column ``name`` from one array (or list) per row: the rows concatenated once
+    into the values and their lengths into the offsets, no Python list of tokens."""
+    arrays = [as_tokens(row, name) for row in rows]
+    offsets = np.zeros(len(arrays) + 1, np.int64)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays) if arrays else np.zeros(0, TOKEN_DTYPES[name])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values))
+
+
+def token_rows(column: pa.ListArray, name: str, tag: str) -> list[np.ndarray]:
+    """The rows of a decoded token column: read-only numpy views of its values, no copy
+    (rows themselves null were refused by ``decode_batch``; a null token is refused here)."""
+    values = column.values
+    if values.null_count:
+        raise DecodeError(f"{tag}: {name} holds {values.null_count} null value(s)")
+    flat = values.to_numpy(zero_copy_only=True)
+    return [flat[a:b] for a, b in pairwise(column.offsets.to_numpy().tolist())]
+
+
 def encode_sample(sample: Sample) -> bytes:
     validate(sample)
     return encode_batch(pa.RecordBatch.from_pydict(sample_columns(sample), schema=SCHEMA))
 
 
-def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
-    """Inverse of :func:`sample_columns`; checks the rows form one sample, then validates."""
-    n = len(cols["sample_id"])
+def sample_from_batch(batch: pa.RecordBatch, tag: str) -> Sample:
+    """Inverse of :func:`sample_columns` (token columns as numpy views of ``batch``, the others
+    as Python values); checks the rows form one sample, then validates."""
+    n = batch.num_rows
     if n == 0:
         raise DecodeError(f"{tag}: no rows")
+    tokens = {name: token_rows(batch.column(name), name, tag) for name in TOKEN_DTYPES}
+    cols = batch.select([c for c in batch.schema.names if c not in TOKEN_DTYPES]).to_pydict()
     if len(set(cols["sample_id"])) != 1:
         raise DecodeError(f"{tag}: rows of one message must share a sample_id")
     if cols["traj_index"] != list(range(n)):
@@ -244,9 +332,9 @@ def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
         cols.setdefault(key, [default] * n)
     trajs = [
         Trajectory(
-            response_ids=cols["response_ids"][i],
-            response_logprobs=cols["response_logprobs"][i],
-            response_mask=cols["response_mask"][i],
+            response_ids=tokens["response_ids"][i],
+            response_logprobs=tokens["response_logprobs"][i],
+            response_mask=tokens["response_mask"][i],
             reward=cols["reward"][i],
             finish_reason=cols["finish_reason"][i],
             param_version=cols["param_version"][i],
@@ -269,7 +357,7 @@ def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
         sample_id=cols["sample_id"][0],
         prompt_id=cols["prompt_id"][0],
         worker_id=cols["worker_id"][0],
-        prompt_ids=cols["prompt_ids"][0],
+        prompt_ids=tokens["prompt_ids"][0],
         ground_truth=cols["ground_truth"][0],
         trajectories=trajs,
     )
@@ -278,4 +366,4 @@ def sample_from_columns(cols: dict[str, list], tag: str) -> Sample:
 
 
 def decode_sample(data: bytes | None, headers: dict[str, bytes] | None = None) -> Sample:
-    return sample_from_columns(decode_batch(data, SCHEMA, TAG, OLDER, headers).to_pydict(), TAG)
+    return sample_from_batch(decode_batch(data, SCHEMA, TAG, OLDER, headers), TAG)

@@ -55,14 +55,14 @@ def test_a_calculator_run_calls_the_tool_and_trains_on_the_models_tokens_only(
         # Tool responses are in the response with mask 0 and logprob 0; the rest is the model's.
         zeros = [i for i, m in enumerate(t.response_mask) if m == 0]
         assert zeros and all(t.response_logprobs[i] == 0.0 for i in zeros)
-        tool_text = tok.decode([t.response_ids[i] for i in zeros])
+        tool_text = tok.decode([int(t.response_ids[i]) for i in zeros])
         assert tool_text.startswith("=")  # the calculator's answer as the compact format writes it
         assert t.num_turns >= 2 and 0 <= t.tool_errors <= t.tool_calls
         if t.tool_errors < t.tool_calls:  # a call that ran takes time; a malformed one never ran
             assert t.tool_s > 0
         assert all(lp <= 0 for lp in t.response_logprobs)
     direct = [t for t in trajs if not t.tool_calls]
-    assert all(t.response_mask == [1] * len(t.response_ids) for t in direct)
+    assert all(t.response_mask.tolist() == [1] * len(t.response_ids) for t in direct)
 
     # Syncs interrupted agents: their state is in the log, and each such sample was finished.
     partials = [r.value for r in read_topic(cfg, "partials")]

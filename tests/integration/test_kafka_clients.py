@@ -156,6 +156,53 @@ def test_undecodable_messages_go_to_dead_letter(run_cfg: RunConfig, broker: str)
         assert rec.headers["asyncrl-schema"] == b"sample/1"
 
 
+def test_a_sample_with_a_null_token_is_dead_lettered_and_the_good_ones_decode_as_arrays(
+    run_cfg: RunConfig, broker: str
+) -> None:
+    """Token columns decode as numpy views; a message that is valid Arrow but holds a null
+    token (once decoded with a None inside) goes to the dead-letter topic, saying so."""
+    import numpy as np
+    import pyarrow as pa
+
+    from asyncrl.schemas import SCHEMA_HEADER
+    from asyncrl.schemas.codec import encode_batch
+    from asyncrl.schemas.sample import (
+        SCHEMA,
+        TAG,
+        Sample,
+        Trajectory,
+        decode_sample,
+        encode_sample,
+        sample_columns,
+    )
+
+    topic, dlq = run_cfg.topic("samples"), run_cfg.topic("dead-letter")
+    good = Sample("g@0", "g", 0, [1, 2], "3", [Trajectory([5, 6, 2], [-0.5] * 3, 1.0)])
+    cols = sample_columns(good)
+    cols["response_ids"] = pa.array([[5, None, 2]], pa.list_(pa.int32()))
+    bad = encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA))
+    with Publisher(run_cfg.kafka, broker) as pub:
+        for key, value in (("good", encode_sample(good)), ("bad", bad)):
+            pub.publish(topic, key, value, headers={SCHEMA_HEADER: TAG})
+    with (
+        Publisher(run_cfg.kafka, broker) as dl_pub,
+        Reader(run_cfg.kafka, broker, decode_sample, dead_letter=(dl_pub, dlq)) as reader,
+    ):
+        reader.assign(topic)
+        got: list[Record] = []
+        deadline = time.monotonic() + 10.0
+        while (not got or not reader.dead_lettered) and time.monotonic() < deadline:
+            got += reader.poll(0.1)
+        [rec] = got
+        assert reader.dead_lettered == 1
+    assert rec.value == good and rec.value.trajectories[0].response_ids.dtype == np.int32
+    with Reader(run_cfg.kafka, broker, raw_decode) as dl_reader:
+        dl_reader.assign(dlq)
+        [dead] = _poll_n(dl_reader, 1)
+    assert dead.key == "bad" and dead.value == bad
+    assert dead.headers["error"] == b"sample/4: response_ids holds 1 null value(s)"
+
+
 def test_consumer_group_gets_messages_quickly(run_cfg: RunConfig, broker: str) -> None:
     topic = run_cfg.topic("prompts")
     n_parts = run_cfg.kafka.topics.partitions["prompts"]

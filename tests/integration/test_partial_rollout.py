@@ -72,8 +72,9 @@ def test_interrupted_samples_continue_under_the_new_weights(make_run_cfg, demo_p
         for p in chain:
             for i in p.interrupted:
                 cut, done = p.sample.trajectories[i], final.trajectories[i]
-                assert done.response_ids[: len(cut.response_ids)] == cut.response_ids
-                assert done.response_logprobs[: len(cut.response_logprobs)] == cut.response_logprobs
+                n = len(cut.response_ids)
+                assert done.response_ids[:n].tolist() == cut.response_ids.tolist()
+                assert done.response_logprobs[:n].tolist() == cut.response_logprobs.tolist()
                 assert done.param_version > p.interrupted_at_version or (
                     done.segment_starts[-1] == 0  # nothing had been generated before the cut
                 )
@@ -104,7 +105,7 @@ def _check_segment_logprobs(cfg, samples: dict) -> None:
     assert spanning, "no finished trajectory spans two weight versions"
     apart = 0.0
     for s, t in spanning[:32]:  # enough that some token is not near-certain (see apart)
-        versions = t.token_versions()
+        versions = t.token_versions().tolist()
         for v in sorted(set(versions)):
             errors = token_logprob_errors(cfg, _weights(cfg, v), s.prompt_ids, t)
             mine = [e for e, tv in zip(errors, versions, strict=True) if tv == v]

@@ -123,10 +123,9 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
         assert final.timestamp_ms >= killed["killed_at_ms"]
         for i in cut.interrupted:
             done, prefix = final.value.trajectories[i], cut.sample.trajectories[i]
-            assert done.response_ids[: len(prefix.response_ids)] == prefix.response_ids
-            assert done.response_logprobs[: len(prefix.response_logprobs)] == (
-                prefix.response_logprobs
-            )
+            n = len(prefix.response_ids)
+            assert done.response_ids[:n].tolist() == prefix.response_ids.tolist()
+            assert done.response_logprobs[:n].tolist() == prefix.response_logprobs.tolist()
             continued += 1
     assert continued > 0
 

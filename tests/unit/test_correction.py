@@ -215,7 +215,7 @@ def test_stale_tokens_are_masked_per_segment_or_the_trajectory_dropped():
         segment_starts=[0, 2],
         segment_versions=[1, 3],
     )
-    assert t.token_versions() == [1, 1, 3, 3]
+    assert t.token_versions().tolist() == [1, 1, 3, 3]
     rows = [t.token_versions(), [4, 4]]  # a fresh 2-token trajectory beside it
     assert stale_token_mask(rows, 5, 4, 1, "mask").tolist() == [
         [0.0, 0.0, 1.0, 1.0, 1.0],

@@ -35,7 +35,7 @@ def test_sample_round_trip_keeps_every_field():
     back = decode_sample(encode_sample(s))
     assert back == s
     assert back.param_version == 1 and back.param_version_end == 2
-    assert back.trajectories[0].response_mask == [1, 1, 1]
+    assert back.trajectories[0].response_mask.tolist() == [1, 1, 1]
 
 
 def test_sample_metadata_carries_schema_tag():
@@ -54,7 +54,7 @@ def test_a_sample_written_before_the_agent_columns_still_decodes():
     old = encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA_V2))
     back = decode_sample(old)
     assert back.trajectories[0].num_turns == 0 and back.trajectories[0].tool_s == 0.0
-    assert back.trajectories[1].response_ids == s.trajectories[1].response_ids
+    assert back.trajectories[1].response_ids.tolist() == [6, 6, 2]
 
 
 def test_a_sample_written_before_the_reward_columns_still_decodes():
@@ -141,7 +141,7 @@ def test_segments_of_a_partial_trajectory_round_trip():
     t.segment_starts, t.segment_versions = [0, 1, 3], [3, 4, 5]
     back = decode_sample(encode_sample(s)).trajectories[0]
     assert (back.segment_starts, back.segment_versions) == ([0, 1, 3], [3, 4, 5])
-    assert back.token_versions() == [3, 4, 4, 5]
+    assert back.token_versions().tolist() == [3, 4, 4, 5]
     assert back.span == 2
 
 

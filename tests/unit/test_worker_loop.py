@@ -202,8 +202,8 @@ def test_a_mode_d_sync_logs_partials_and_continues_them_as_a_new_segment(tmp_pat
     for p in partials:
         sample = by_id[p.sample.sample_id]
         for logged, t in zip(p.sample.trajectories, sample.trajectories, strict=True):
-            assert t.response_ids[:1] == logged.response_ids
-            assert t.response_logprobs[:1] == logged.response_logprobs
+            assert t.response_ids[:1].tolist() == logged.response_ids.tolist()
+            assert t.response_logprobs[:1].tolist() == logged.response_logprobs.tolist()
             if len(t.response_ids) > 1:
                 assert (t.segment_starts, t.segment_versions) == ([0, 1], [0, 1])
             assert t.param_version_start == 0
@@ -235,8 +235,8 @@ def test_a_restarted_worker_skips_published_prompts_and_continues_logged_partial
     assert run.worker.budget.started == 3 - 1  # skipped prompts cost none; its own partial none
     continued = next(s for s in run.samples()[2:] if s.sample_id == ids[3])
     done, cut = continued.trajectories
-    assert done.response_ids == logged.trajectories[0].response_ids  # kept, not regenerated
-    assert cut.response_ids[:2] == logged.trajectories[1].response_ids
+    assert done.response_ids.tolist() == logged.trajectories[0].response_ids.tolist()  # kept
+    assert cut.response_ids[:2].tolist() == logged.trajectories[1].response_ids.tolist()
     # Logged and continued under the same version 0: its tokens go on in one segment (a
     # second segment of the same version is invalid: the sample did not encode, and the
     # worker failed on it).
@@ -335,8 +335,8 @@ def test_a_mode_d_sync_aborts_the_engine_threads_requests_and_continues_them(tmp
         sample = by_id[p.sample.sample_id]
         for logged, t in zip(p.sample.trajectories, sample.trajectories, strict=True):
             n = len(logged.response_ids)
-            assert t.response_ids[:n] == logged.response_ids
-            assert t.response_logprobs[:n] == logged.response_logprobs
+            assert t.response_ids[:n].tolist() == logged.response_ids.tolist()
+            assert t.response_logprobs[:n].tolist() == logged.response_logprobs.tolist()
             if logged.finish_reason == "abort" and len(t.response_ids) > n:
                 segments = ([0], [1]) if n == 0 else ([0, n], [0, 1])
                 assert (t.segment_starts, t.segment_versions) == segments
