@@ -42,7 +42,7 @@ examples:
   asyncrl report demo                           plots and a summary of runs/demo (report/)
   asyncrl export-data --out data/arithmetic     the task as verl-format parquet (data.train_files)
   asyncrl bench modes                           colocated sync vs modes (a)-(d), seed-shaped sim
-  asyncrl bench sync-pause                      sync pause of mode (c) vs mode (d)
+  asyncrl bench sync-pause                      sync pause and its hops: (c), (d), (d) in flight
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
   asyncrl bench learn --config calculator       the same with the agent loop and its tool calls
   asyncrl bench offpolicy                       high staleness: decoupled PPO, dynamic sampling
@@ -255,9 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
         "128-GPU figures time-scaled, or long-tail): colocated sync vs (a) on-policy pipeline, (b) "
         "stream off-policy, (c) stale samples, (d) partial rollout, and a staleness ablation; "
         "time, idle ratios, speedup next to the seed's, efficiency. "
-        "sync-pause: the sim engine's long-tail workload in mode (c) and mode (d, partial "
-        "rollout); "
-        "prints how long syncs waited for the workers to pause, and the throughput of each. "
+        "sync-pause: the sim engine's long-tail workload in mode (c), mode (d, partial "
+        "rollout) and mode (d) with in-flight weight updates; prints how long syncs waited for "
+        "the workers to pause, the throughput of each, and where a sync's time goes, hop by hop "
+        "(from the control events on the log). "
         "learn: wall time to the target held-out accuracy, colocated sync vs async (c) vs (d) "
         "vs (d) with in-flight weight updates, and the accuracy curves on one plot (PNG). "
         "offpolicy: the same high-staleness run (staleness 2, trigger 4, partial rollout) "

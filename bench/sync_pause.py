@@ -1,8 +1,12 @@
-"""``asyncrl bench sync-pause``: the same workload in mode (c) and mode (d), one after the other.
+"""``asyncrl bench sync-pause``: the same workload in mode (c), mode (d) and mode (d) with
+in-flight weight updates, one after the other.
 
-In mode (c) a sync waits for every in-flight sample to finish; in mode (d) it interrupts them between two
-tokens and logs them to ``partials``. The figure of merit is the time the trainer waits from
-SyncRequested until every worker has paused. The workload is the ``sim`` engine's long-tail
+In mode (c) a sync waits for every in-flight sample to finish; in mode (d) it interrupts them
+between two tokens and logs them to ``partials``; with ``in_flight_update`` nobody pauses (the
+weights are received beside the live ones and swapped in between two tokens). The figures of
+merit are the time the trainer waits from SyncRequested until every worker has paused, and the
+time from SyncRequested until the workers have resumed, split hop by hop from the control
+events on the run's log (``ops/sync_hops.py``). The workload is the ``sim`` engine's long-tail
 response lengths (most responses short, one in ten near ``max_response_length``), the case
 partial rollout exists for: in mode (c) nearly every sync waits for some long response.
 """
@@ -17,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import RunConfig, load_config
+from asyncrl.ops.sync_hops import HOPS, hop_medians, run_control_events, sync_hops
 
 SYNC_PAUSE_DEFAULTS = [
     "async_training.staleness_threshold=0.5",
@@ -29,6 +34,8 @@ SYNC_PAUSE_DEFAULTS = [
     "trainer.test_freq=0",
     "output_dir=runs/bench",
 ]
+MODES = (("c", "false", "false"), ("d", "true", "false"), ("d in flight", "true", "true"))
+"""(mode, partial_rollout, in_flight_update)."""
 
 
 def step_rows(cfg: RunConfig) -> list[dict[str, Any]]:
@@ -54,14 +61,16 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results: dict[str, dict[str, Any]] = {}
-    for mode, partial in (("c", "false"), ("d", "true")):
+    hops: dict[str, dict[str, float]] = {}
+    for mode, partial, in_flight in MODES:
         cfg = load_config(
             config,
             [
                 *SYNC_PAUSE_DEFAULTS,
                 *overrides,
                 f"async_training.partial_rollout={partial}",
-                f"run_id=sync-pause-{mode}-{stamp}",
+                f"async_training.in_flight_update={in_flight}",
+                f"run_id=sync-pause-{mode.replace(' ', '-')}-{stamp}",
             ],
         )
         console.rule(f"mode ({mode})")
@@ -73,6 +82,7 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
             "max_partial_span": span,
             "samples_per_s": summary["samples_trained"] / summary["elapsed_s"],
         }
+        hops[mode] = hop_medians(sync_hops(run_control_events(cfg)))
     table = Table(title="sync pause: mode (c) vs mode (d), same workload")
     cols = ("mode", "syncs", "pause mean s", "pause max s", "pause->resumed s", "samples/s")
     for col in (*cols, "partial trajectories"):
@@ -88,6 +98,7 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
             str(r["partial_trajectories"]),
         )
     console.print(table)
+    console.print(hop_table(hops))
     c, d = results["c"], results["d"]
     ratio = c["sync_pause_s_mean"] / max(d["sync_pause_s_mean"], 1e-9)
     console.print(
@@ -97,4 +108,18 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
         f"(c) {c['sync_resumed_s_mean'] * 1e3:.0f} ms, (d) {d['sync_resumed_s_mean'] * 1e3:.0f} ms; "
         f"throughput (d)/(c) = {d['samples_per_s'] / c['samples_per_s']:.2f}x"
     )
-    return {"c": c, "d": d, "pause_ratio_c_over_d": ratio}
+    return {**results, "pause_ratio_c_over_d": ratio, "hops": hops}
+
+
+def hop_table(hops: dict[str, dict[str, float]]) -> Table:
+    """Median milliseconds of each hop of a sync (rows) in each mode (columns)."""
+    table = Table(title="where a sync's time goes: median ms per hop (from the control events)")
+    table.add_column("hop")
+    for mode in hops:
+        table.add_column(mode, justify="right")
+    for label, key in HOPS:
+        if any(key in h for h in hops.values()):
+            table.add_row(
+                label, *(f"{h[key] * 1e3:.1f}" if key in h else "" for h in hops.values())
+            )
+    return table

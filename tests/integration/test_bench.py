@@ -22,10 +22,19 @@ def test_sync_pause_smoke(broker, tmp_path, quick_policy):
         ],
         Console(file=out, width=160),
     )
-    assert set(result) == {"c", "d", "pause_ratio_c_over_d"}
-    assert result["c"]["syncs"] == result["d"]["syncs"] == 2
+    assert set(result) == {"c", "d", "d in flight", "pause_ratio_c_over_d", "hops"}
+    assert result["c"]["syncs"] == result["d"]["syncs"] == result["d in flight"]["syncs"] == 2
     assert result["c"]["partial_trajectories"] == 0  # mode (c) never interrupts
     assert "mean sync pause" in out.getvalue()
+    # Each sync split hop by hop from the log: a paused one through RolloutPaused, an
+    # in-flight one without it; the phases add up to at most the whole.
+    hops = result["hops"]
+    assert {"request_to_paused", "paused_to_send", "published_to_loaded"} <= set(hops["c"])
+    assert "request_to_published" in hops["d in flight"]
+    assert "request_to_paused" not in hops["d in flight"]
+    for h in hops.values():
+        assert 0 < h["transfer"] < h["total"]
+    assert "where a sync's time goes" in out.getvalue()
 
 
 def test_modes_smoke(broker, tmp_path, quick_policy):
