@@ -83,7 +83,7 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
             "samples_per_s": summary["samples_trained"] / summary["elapsed_s"],
         }
         hops[mode] = hop_medians(sync_hops(run_control_events(cfg)))
-    table = Table(title="sync pause: mode (c) vs mode (d), same workload")
+    table = Table(title="sync pause: modes (c), (d) and (d) in flight, same workload")
     cols = ("mode", "syncs", "pause mean s", "pause max s", "pause->resumed s", "samples/s")
     for col in (*cols, "partial trajectories"):
         table.add_column(col, justify="right")
