@@ -170,11 +170,12 @@ def _inject_at(cfg, at_step: int, out: dict) -> None:
 
     deadline = time.monotonic() + 240
     metrics = cfg.run_dir / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if metrics.exists() and f'"step": {at_step},' in metrics.read_text():
-            break
-        time.sleep(0.05)
+    # Connected first: a producer's start-up on Tansu takes 0.5-1 s, a step ~0.1 s.
     with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        while time.monotonic() < deadline:
+            if metrics.exists() and f'"step": {at_step},' in metrics.read_text():
+                break
+            time.sleep(0.02)
         for name in ("control", "partials", "steps", "dead-letter"):
             for i, (value, headers) in enumerate(_bad_records(name)):
                 pub.publish(cfg.topic(name), f"bad-{name}-{i}", value, headers)
@@ -187,7 +188,7 @@ def test_bad_records_on_every_topic_are_dead_lettered_once_and_the_run_goes_on(
 ):
     from asyncrl.kafka import HEADER_SOURCE_TOPIC
 
-    steps = 12
+    steps = 20  # long enough to read the control records injected after step 1
     cfg = make_run_cfg(
         *SMALL,
         *quick_policy,

@@ -273,3 +273,35 @@ def test_a_worker_stalled_by_a_sigstopped_broker_goes_on_after_it_resumes(
             assert {b"b0", b"b1", b"b2", b"b3"} <= {r.value for r in again}
     finally:
         own.stop()
+
+
+def test_a_full_prompt_buffer_resumes_only_at_half(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    """Fetching after a resume is slow on Tansu (0.4-1 s): resuming as soon as one prompt was
+    taken from a full buffer made every refetch start with the buffer nearly drained (the
+    demo's worker starved ~0.5 s every 5 steps). Paused at full, it resumes at half."""
+    cfg = make_run_cfg("kafka.topics.partitions.prompts=1")
+    with Publisher(cfg.kafka, broker) as feed:
+        for i in range(40):
+            feed.publish(
+                cfg.topic("prompts"), f"p{i}", encode_prompt(PromptRecord(f"p{i}", "", ""))
+            )
+    source = PromptSource(cfg, broker, prefetch=8)
+    try:
+        deadline = time.monotonic() + 20
+        while not source.paused and time.monotonic() < deadline:
+            source.keep_alive()
+            time.sleep(0.05)
+        assert source.paused and len(source._buffer) >= 8
+        taken = []
+        while len(source._buffer) > 5:
+            taken.append(source.take(0.0))
+            source.keep_alive()
+            assert source.paused, f"resumed with {len(source._buffer)} of 8 buffered"
+        taken.append(source.take(0.0))
+        source.keep_alive()  # down to half: fetch again
+        assert not source.paused
+        assert [r.offset for r in taken] == list(range(len(taken)))  # in order, none lost
+    finally:
+        source.close()
