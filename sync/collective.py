@@ -94,10 +94,14 @@ class BroadcastResult:
 
 
 def _resolve_backend(backend: Backend, device: torch.device) -> str:
+    """The backend one end uses. ``auto`` is gloo whatever this end's device, as
+    ``SyncConfig.transport_backend`` reads it: an end cannot see the other's device, and two
+    ends that resolved auto by their own devices (a GPU worker to nccl, a trainer sending
+    from CPU buckets to gloo) would never pair. nccl only when set, on a CUDA device."""
     if backend not in ("auto", "gloo", "nccl"):
         raise ValueError(f"sync.backend must be auto, gloo or nccl, got {backend!r}")
     if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = "gloo"
     if backend == "nccl" and device.type != "cuda":
         raise ValueError(f"sync.backend=nccl needs a CUDA device, got {device}")
     return backend
