@@ -111,26 +111,18 @@ def _generate(cfg: RunConfig, name: str, model: Any, reqs: list[Any]) -> tuple[l
 
 
 def logprob_error(model: Any, results: list[Any], temperature: float) -> float:
-    """Max |recorded logprob - token_logprobs'| over the first LOGPROB_ROWS trajectories."""
-    import torch
+    """Max |recorded logprob - token_logprobs'| over the first LOGPROB_ROWS trajectories,
+    each recomputed alone (no batch mates)."""
+    from asyncrl.consumers.grpo import rollout_logprob_errors
 
-    from asyncrl.consumers.grpo import build_batch, token_logprobs
-
-    worst = 0.0
-    device = next(model.parameters()).device
-    for r in results[:LOGPROB_ROWS]:
-        b = build_batch([(r.prompt_ids, r.response_ids, r.response_logprobs, 0.0)], 0)
-        with torch.no_grad():
-            lp = token_logprobs(
-                model,
-                b.input_ids.to(device),
-                b.attention_mask.to(device),
-                b.position_ids.to(device),
-                b.response_mask.to(device),
-                temperature,
-            )
-        worst = max(worst, float((lp.float().cpu() - b.old_logprobs).abs().max()))
-    return worst
+    rows = [(r.prompt_ids, r.response_ids, r.response_logprobs, 0.0) for r in results]
+    return max(
+        (
+            float(rollout_logprob_errors(model, [row], 0, temperature).max())
+            for row in rows[:LOGPROB_ROWS]
+        ),
+        default=0.0,
+    )
 
 
 def engine(

@@ -282,3 +282,26 @@ def build_batch(
         torch.from_numpy(old_logprobs),
         advantages,
     )
+
+
+def rollout_logprob_errors(
+    model: torch.nn.Module,
+    rows: Sequence[Trajectory | tuple[Tokens, Tokens, Logprobs, float]],
+    pad_token_id: int,
+    temperature: float,
+) -> torch.Tensor:
+    """``[B, R]`` |recorded - recomputed| logprob of each response token of ``rows`` (0 beyond
+    a response), recomputed by :func:`token_logprobs` on ``model``'s device: how far a rollout
+    engine's logprobs are from the trainer's (engine tests, ``bench engine``)."""
+    batch = build_batch(rows, pad_token_id)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        lp = token_logprobs(
+            model,
+            batch.input_ids.to(device),
+            batch.attention_mask.to(device),
+            batch.position_ids.to(device),
+            batch.response_mask.to(device),
+            temperature,
+        )
+    return (lp.float().cpu() - batch.old_logprobs).abs() * batch.response_mask

@@ -45,33 +45,21 @@ def read_topic(cfg: RunConfig, name: str, timeout_s: float = 20.0) -> list[Recor
     return out
 
 
-def _rescore(cfg: RunConfig, state_dict: dict, rows: list[tuple]) -> tuple[Any, Any]:
-    """(logprobs recomputed with ``state_dict``, the padded batch of ``rows``)."""
-    import torch
-
-    from asyncrl.consumers.grpo import build_batch, token_logprobs
+def _errors(cfg: RunConfig, state_dict: dict, rows: list[tuple]) -> Any:
+    """|rollout logprob - logprob recomputed with ``state_dict``|, ``[B, R]``, of ``rows``."""
+    from asyncrl.consumers.grpo import rollout_logprob_errors
     from asyncrl.models.warm_start import load_policy
 
     model, tokenizer = load_policy(cfg)
     model.load_state_dict(state_dict)
-    batch = build_batch(rows, tokenizer.pad_token_id)
-    with torch.no_grad():
-        lp = token_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.position_ids,
-            batch.response_mask,
-            cfg.actor_rollout_ref.rollout.temperature,
-        )
-    return lp, batch
+    temperature = cfg.actor_rollout_ref.rollout.temperature
+    return rollout_logprob_errors(model, rows, tokenizer.pad_token_id, temperature)
 
 
 def sample_logprob_error(cfg: RunConfig, state_dict: dict, s: sample.Sample) -> float:
     """Max |rollout logprob - logprob recomputed with ``state_dict``| over a sample's tokens."""
     rows = [(s.prompt_ids, t.response_ids, t.response_logprobs, 0.0) for t in s.trajectories]
-    lp, batch = _rescore(cfg, state_dict, rows)
-    return float(((lp - batch.old_logprobs).abs() * batch.response_mask).max())
+    return float(_errors(cfg, state_dict, rows).max())
 
 
 def token_logprob_errors(
@@ -79,8 +67,7 @@ def token_logprob_errors(
 ) -> list[float]:
     """|rollout logprob - logprob recomputed with ``state_dict``| for each response token."""
     rows = [(prompt_ids, traj.response_ids, traj.response_logprobs, 0.0)]
-    lp, batch = _rescore(cfg, state_dict, rows)
-    return (lp - batch.old_logprobs).abs()[0, : len(traj.response_ids)].tolist()
+    return _errors(cfg, state_dict, rows)[0, : len(traj.response_ids)].tolist()
 
 
 def committed_prompt_ids(cfg: RunConfig) -> set[str]:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from asyncrl.producers.engines.base import GenRequest, GenResult, StepwiseEngine
+from asyncrl.producers.engines.base import GenRequest, GenResult, StepwiseEngine, generate_all
 
 T = TypeVar("T")
 
@@ -91,24 +91,13 @@ class BackgroundEngine:
 
         return self._on_engine_thread(abort)
 
-    def abort_all(self) -> list[GenResult]:
-        return self.abort()
-
     def update_weights(self, apply: Callable[[torch.nn.Module], T]) -> T:
         """Run ``apply(model)`` (a receive into it, a copy from a second buffer) between two
         decoding steps; what it returns or raises, the caller gets."""
         return self._on_engine_thread(lambda: self.engine.update_weights(apply))
 
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
-        """Add ``reqs`` and wait for all of them; results in the order of ``reqs``."""
-        for req in reqs:
-            self.add(req)
-        done: dict[str, GenResult] = {}
-        wanted = {r.request_id for r in reqs}
-        while not wanted <= done.keys():
-            for res in self.collect(timeout=1.0):
-                done[res.request_id] = res
-        return [done[r.request_id] for r in reqs]
+        return generate_all(self, reqs)
 
     def close(self) -> None:
         """Stop the thread after its current step; requests still active are dropped."""

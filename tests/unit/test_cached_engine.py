@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from asyncrl.config import ModelConfig, load_config
-from asyncrl.consumers.grpo import build_batch, token_logprobs
+from asyncrl.consumers.grpo import rollout_logprob_errors
 from asyncrl.models.tiny import build_model, build_tokenizer
 from asyncrl.models.warm_start import load_policy
 from asyncrl.producers.engines.base import GenRequest, GenResult
@@ -34,19 +34,9 @@ def _prompts(tok, n: int) -> list[list[int]]:
 
 
 def _recomputed(model, results: list[GenResult], temperature: float = 1.0) -> torch.Tensor:
-    """The trainer's logprobs of every response token, ``[B, R]`` (0 beyond a response)."""
+    """|recorded - the trainer's logprob| of every response token, ``[B, R]``."""
     rows = [(r.prompt_ids, r.response_ids, r.response_logprobs, 0.0) for r in results]
-    batch = build_batch(rows, pad_token_id=0)
-    with torch.no_grad():
-        lp = token_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.position_ids,
-            batch.response_mask,
-            temperature,
-        )
-    return (lp - batch.old_logprobs).abs() * batch.response_mask
+    return rollout_logprob_errors(model, rows, pad_token_id=0, temperature=temperature)
 
 
 def test_greedy_tokens_are_the_hf_engines_and_logprobs_the_trainers(policy):

@@ -117,6 +117,13 @@ def _kinds(events) -> list[str]:
     return [f"{type(e).__name__}({e.version})" for e in events]
 
 
+def _assert_paused_sync(kinds: list[str], version: int) -> None:
+    """The worker's hand-shake of a paused sync, in order, from the trainer's request on."""
+    at = kinds.index(f"SyncRequested({version})")
+    want = ("SyncRequested", "RolloutPaused", "WeightsLoaded", "RolloutResumed")
+    assert kinds[at : at + 4] == [f"{k}({version})" for k in want]
+
+
 def _perturb(model: torch.nn.Module) -> None:
     """New weights for the next version (what a training step would do)."""
     with torch.no_grad():
@@ -143,13 +150,7 @@ def test_a_mode_c_sync_finishes_in_flight_samples_then_loads_the_new_version(tmp
 
     kinds = _kinds(run.events())
     assert kinds[:3] == ["WorkerStarted(0)", "WeightsLoaded(0)", "RolloutResumed(0)"]
-    at = kinds.index("SyncRequested(1)")
-    assert kinds[at : at + 4] == [
-        "SyncRequested(1)",
-        "RolloutPaused(1)",
-        "WeightsLoaded(1)",
-        "RolloutResumed(1)",
-    ]
+    _assert_paused_sync(kinds, 1)
     assert kinds[-1] == "WorkerStopped(1)"
     events = run.events()
     paused = next(e for e in events if isinstance(e, ev.RolloutPaused))
@@ -180,13 +181,7 @@ def test_a_mode_d_sync_logs_partials_and_continues_them_as_a_new_segment(tmp_pat
     run.run()
 
     kinds = _kinds(run.events())
-    at = kinds.index("SyncRequested(1)")
-    assert kinds[at : at + 4] == [
-        "SyncRequested(1)",
-        "RolloutPaused(1)",
-        "WeightsLoaded(1)",
-        "RolloutResumed(1)",
-    ]
+    _assert_paused_sync(kinds, 1)
     paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
     partials = run.partials()
     assert paused.n_partial == len(partials) == 4  # all four samples in flight were logged
@@ -317,13 +312,7 @@ def test_a_mode_d_sync_aborts_the_engine_threads_requests_and_continues_them(tmp
     run.run()
 
     kinds = _kinds(run.events())
-    at = kinds.index("SyncRequested(1)")
-    assert kinds[at : at + 4] == [
-        "SyncRequested(1)",
-        "RolloutPaused(1)",
-        "WeightsLoaded(1)",
-        "RolloutResumed(1)",
-    ]
+    _assert_paused_sync(kinds, 1)
     paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
     partials = run.partials()
     assert paused.n_partial == len(partials) >= 1
