@@ -13,6 +13,8 @@ overrides in asyncrl's names or verl's (``verl_keys`` says how each verl key is 
 from asyncrl.config.base import DEFAULT_CONFIG, ConfigError, Strict
 from asyncrl.config.kafka import (
     DEFAULT_PARTITIONS,
+    EMBEDDED_SESSION_TIMEOUT_MS,
+    EXTERNAL_SESSION_TIMEOUT_MS,
     SECRET_HINTS,
     KafkaConfig,
     KafkaSecurityConfig,
@@ -41,6 +43,8 @@ from asyncrl.config.sections import (
 )
 
 __all__ = [
+    "EMBEDDED_SESSION_TIMEOUT_MS",
+    "EXTERNAL_SESSION_TIMEOUT_MS",
     "DEFAULT_CONFIG",
     "DEFAULT_PARTITIONS",
     "DELETE",

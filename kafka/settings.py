@@ -7,6 +7,8 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.config.kafka import EXTERNAL_SESSION_TIMEOUT_MS
+
 if TYPE_CHECKING:
     from asyncrl.config import KafkaConfig
 
@@ -108,11 +110,12 @@ def producer_config(kafka_cfg: KafkaConfig, bootstrap: str) -> dict[str, Any]:
 
 
 def consumer_config(kafka_cfg: KafkaConfig, bootstrap: str, group_id: str | None) -> dict[str, Any]:
-    """Manual commits, classic group protocol with short timeouts (Tansu joins in ~3 s)."""
+    """Manual commits, classic group protocol with short timeouts (Tansu joins in about half
+    the session timeout: see ``KafkaConfig.session_timeout_ms``)."""
     fetch_max = _fetch_max_bytes(kafka_cfg)
     conf = {
         "group.id": group_id or f"asyncrl-assign-{uuid.uuid4().hex[:12]}",
-        "session.timeout.ms": kafka_cfg.session_timeout_ms,
+        "session.timeout.ms": kafka_cfg.session_timeout_ms or EXTERNAL_SESSION_TIMEOUT_MS,
         "heartbeat.interval.ms": kafka_cfg.heartbeat_interval_ms,
         "max.poll.interval.ms": kafka_cfg.max_poll_interval_ms,
         "enable.auto.commit": False,

@@ -149,10 +149,12 @@ class RolloutWorker:
     def run(self) -> int:
         """Serve until the trainer publishes RunFinished; returns the number of samples produced."""
         f = self.follower
-        self._start()
+        # Subscribe first: the prompts group's join (~3 s on Tansu) then overlaps reading the
+        # log, joining the collective and receiving the weights, instead of following them.
         prompts = self.io.prompts(self.admission.on_assigned, self._on_prompts_revoked)
         f.keep_alive = prompts.keep_alive
         try:
+            self._start()
             while not f.finished and not self.stopping:
                 f.poll(0.0)
                 if self.shadow is not None:  # in-flight update: swap, between two tokens

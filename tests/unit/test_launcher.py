@@ -7,7 +7,8 @@ from rich.console import Console
 
 from asyncrl.config import load_config
 from asyncrl.consumers.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
-from asyncrl.launch.launcher import resume_or_set_aside
+from asyncrl.kafka.settings import consumer_config
+from asyncrl.launch.launcher import for_embedded_broker, resume_or_set_aside
 from asyncrl.launch.log_archive import ArchivedRecord, PartitionFile, log_dir
 
 
@@ -64,3 +65,16 @@ def test_run_dir_without_checkpoint_is_left_alone(tmp_path):
     (cfg.run_dir / "logs").mkdir(parents=True)
     assert resume_or_set_aside(cfg, Console(file=io.StringIO())) is False
     assert (cfg.run_dir / "logs").exists()
+
+
+def test_the_group_session_is_short_on_the_embedded_broker_only(tmp_path):
+    """Tansu answers a group join after about half the session timeout: the embedded broker
+    gets 2 s (a worker's first prompt ~1 s after it subscribes, not ~3 s); a cluster gets
+    Apache Kafka's minimum, 6 s, unless the config says otherwise."""
+    cfg = _cfg(tmp_path)
+    assert consumer_config(cfg.kafka, "k:9092", "g")["session.timeout.ms"] == 6000
+    embedded = for_embedded_broker(cfg)
+    assert consumer_config(embedded.kafka, "k:9092", "g")["session.timeout.ms"] == 2000
+    assert cfg.kafka.session_timeout_ms is None, "the caller's config is not changed"
+    chosen = load_config(overrides=["kafka.session_timeout_ms=9000"])
+    assert for_embedded_broker(chosen).kafka.session_timeout_ms == 9000
