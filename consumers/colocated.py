@@ -30,7 +30,7 @@ from asyncrl.models.warm_start import load_policy
 from asyncrl.producers.agent.factory import held_out_accuracy, make_runner
 from asyncrl.producers.agent.loop import AgentRunner
 from asyncrl.producers.agent.state import AgentState
-from asyncrl.producers.engines.hf import HFEngine
+from asyncrl.producers.engines import factory as engines
 from asyncrl.schemas.sample import Sample, Trajectory
 from asyncrl.tasks import score, splits
 from asyncrl.tasks.arithmetic import Problem
@@ -110,9 +110,8 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     model.to(device)
     train, val = splits(cfg.data)
     prompts = prompt_stream(train, cfg.trainer.seed)
-    engine = HFEngine(
-        model, tok, arr.rollout.temperature, tok.eos_token_id, tok.pad_token_id, cfg.trainer.seed
-    )
+    # The engine rollout.name names (hf_cached by default), as the rollout workers generate.
+    engine = engines.make_engine(cfg, model, tok, cfg.trainer.seed)
     # Waiting for each step's tool calls (no overlap with decoding, which a synchronous
     # baseline does not claim anyway) makes a run repeat exactly: see AgentRunner.
     runner = make_runner(cfg, tok, engine, wait_for_tools=True)

@@ -85,3 +85,21 @@ def test_the_colocated_baseline_repeats_exactly_with_the_same_seed(calculator_cf
     ]
     assert sum(h["agent/tool_calls/mean"] for h in runs[0][1:]) > 0
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("name", ["hf", "hf_cached"])
+def test_the_baseline_generates_with_the_engine_the_config_names(calculator_cfg, name, monkeypatch):
+    """As the rollout workers do (rollout.name, hf_cached by default): a baseline on another
+    engine would not be the same workload."""
+    from asyncrl.producers.engines import factory
+
+    made = []
+    make = factory.make_engine
+    monkeypatch.setattr(
+        factory, "make_engine", lambda *a, **k: made.append(make(*a, **k)) or made[-1]
+    )
+    cfg = calculator_cfg.model_copy(deep=True)
+    cfg.actor_rollout_ref.rollout.name = name
+    cfg.trainer.total_training_steps = 1
+    colocated(cfg, log=lambda _: None)
+    assert [type(e).__name__ for e in made] == [{"hf": "HFEngine"}.get(name, "CachedHFEngine")]
