@@ -45,6 +45,8 @@ examples:
   asyncrl bench sync-pause                      sync pause and its hops: (c), (d), (d) in flight
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
   asyncrl bench learn --config calculator       the same with the agent loop and its tool calls
+  asyncrl bench learn --seeds 3                 the same, medians over three trainer seeds
+  asyncrl bench tuning async_training.in_flight_update=true   staleness x sync cadence grid
   asyncrl bench offpolicy                       high staleness: decoupled PPO, dynamic sampling
   asyncrl bench transport                       Arrow over Kafka vs raw bytes vs a Ray queue
   asyncrl bench sync                            weight transfer: bucketed, per-tensor, file, memcpy
@@ -274,7 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
         "sandbox server forking a child per call vs a fresh interpreter per call. "
         "engine: tokens/s of the hf engine (no KV cache) and hf_cached on the same requests, "
         "at the demo model's shape and Qwen2 shapes (random weights), the ratio, and each "
-        "one's largest logprob difference from the trainer's recomputation.",
+        "one's largest logprob difference from the trainer's recomputation. "
+        "tuning: time to the target accuracy over a grid of staleness_threshold x "
+        "trigger_parameter_sync_step (the config's async setup), next to colocated sync.",
     )
     p.add_argument(
         "name",
@@ -288,8 +292,26 @@ def build_parser() -> argparse.ArgumentParser:
             "tracing",
             "tools",
             "engine",
+            "tuning",
         ],
         help="which benchmark",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="learn and tuning: run every setup with this many trainer.seed values (from the "
+        "config's, one more each) and compare medians (default 1)",
+    )
+    p.add_argument(
+        "--staleness",
+        default="0.5,1,2",
+        help="tuning only: comma-separated async_training.staleness_threshold values",
+    )
+    p.add_argument(
+        "--trigger",
+        default="1,2,4",
+        help="tuning only: comma-separated async_training.trigger_parameter_sync_step values",
     )
     p.add_argument(
         "--workload",

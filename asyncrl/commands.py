@@ -272,6 +272,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
             dtype=args.dtype,
         )
         return 0
+    if args.name in ("learn", "tuning"):
+        if args.seeds < 1:
+            print("asyncrl bench: --seeds must be at least 1", file=sys.stderr)
+            return 2
+        if args.name == "learn":
+            learn(args.config, args.overrides, Console(), seeds=args.seeds)
+            return 0
+        from asyncrl.bench.tuning import tuning
+
+        try:
+            staleness = tuple(float(v) for v in args.staleness.split(","))
+            trigger = tuple(int(v) for v in args.trigger.split(","))
+        except ValueError as err:
+            print(f"asyncrl bench tuning: --staleness/--trigger: {err}", file=sys.stderr)
+            return 2
+        tuning(args.config, args.overrides, Console(), args.seeds, staleness, trigger)
+        return 0
+    if args.seeds != 1:
+        print(
+            f"asyncrl bench: --seeds applies to learn and tuning, not {args.name}", file=sys.stderr
+        )
+        return 2
     if args.workload != "seed":
         print(f"asyncrl bench: --workload applies to modes, not {args.name}", file=sys.stderr)
         return 2

@@ -1,10 +1,18 @@
 """``asyncrl bench learn``: wall time to the target held-out accuracy, colocated sync vs async
 mode (c) vs mode (d) vs mode (d) with in-flight weight updates, from one invocation (the curves
-on one PNG)."""
+on one PNG).
+
+One run of a setup says little: with another ``trainer.seed`` (the order of the prompts and
+the sampling draws) the demo's colocated baseline reaches 0.9 in 90-120 steps and an async
+run in 70-180. ``--seeds N`` runs every setup with N seeds, one seed at a time through all the
+setups (so a drift in the machine's load touches each alike), and compares medians.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -26,92 +34,180 @@ ASYNC_SETUPS = {
 """The async setups run after colocated sync; the config (and overrides) give the rest."""
 LEARN_TARGET = 0.9
 """The target when the config sets none (the demo's is 0.9, the calculator's 0.8)."""
+COLOCATED = "colocated sync"
 
 
-def _async_curve(cfg: RunConfig) -> list[tuple[float, float]]:
-    """(seconds since the trainer started, held-out accuracy) at each evaluation."""
-    return [(r["perf/elapsed_s"], r["val/accuracy"]) for r in step_rows(cfg) if "val/accuracy" in r]
-
-
-def learn(config: str | None, overrides: list[str], console: Console) -> dict[str, Any]:
+def learn(
+    config: str | None, overrides: list[str], console: Console, seeds: int = 1
+) -> dict[str, Any]:
     """Wall time to the target accuracy: colocated sync vs async mode (c) vs mode (d).
 
-    All three start from the same cached warm start and run the same GRPO settings; times
-    exclude the warm start and, for the async modes, process start-up (they count from the
-    first worker's join). Colocated sync generates and trains in one process with all the
+    All start from the same cached warm start and run the same GRPO settings; times exclude
+    the warm start and, for the async modes, process start-up (they count from the first
+    worker's join). Colocated sync generates and trains in one process with all the
     machine's cores; the async modes run a trainer and a worker process (one core each).
-    Any task: with ``--config calculator`` all three run the agent loop and its tool calls.
+    Any task: with ``--config calculator`` all run the agent loop and its tool calls.
+    Returns setup -> the median row over the seeds (``runs``: each seed's row).
     """
-    import os
-
-    import torch
-
-    from asyncrl.consumers.colocated import main as colocated
-    from asyncrl.launch.launcher import prepare_policy, run
-
+    setups = {COLOCATED: [], **{f"async ({m})": s for m, s in ASYNC_SETUPS.items()}}
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = [*LEARN_DEFAULTS, *overrides]
-    if load_config(config, base).trainer.target_accuracy is None:
-        base.append(f"trainer.target_accuracy={LEARN_TARGET}")
-    results: dict[str, dict[str, Any]] = {}
-
-    cfg = load_config(config, [*base, f"run_id=learn-sync-{stamp}"])
-    prepare_policy(cfg, console)
-    console.rule("colocated sync (one process)")
-    torch.set_num_threads(os.cpu_count() or 1)
-    history = colocated(cfg, log=console.log)
-    evals = [(h["time_s"], h["val_acc"]) for h in history if "val_acc" in h]
-    results["colocated sync"] = _learn_row(cfg, evals, history[-1]["step"])
-
-    for mode, settings in ASYNC_SETUPS.items():
-        name = mode.replace(" ", "-").replace("(", "").replace(")", "")
-        cfg = load_config(config, [*base, *settings, f"run_id=learn-{name}-{stamp}"])
-        console.rule(f"async mode ({mode})")
-        summary = run(cfg, console)
-        # From the first worker's join, as colocated starts with its model loaded; the
-        # initial accuracy (measured before) at 0.
-        t0 = summary.get("first_worker_joined_s") or 0.0
-        curve = [(t - t0, acc) for t, acc in _async_curve(cfg)]
-        if summary.get("val/accuracy_initial") is not None:
-            curve.insert(0, (0.0, summary["val/accuracy_initial"]))
-        results[f"async ({mode})"] = _learn_row(cfg, curve, summary["step"])
-
-    table = Table(title=f"time to held-out accuracy {cfg.trainer.target_accuracy}")
-    for col in ("setup", "steps", "time to target s", "final accuracy", "speedup"):
-        table.add_column(col, justify="right")
-    ref = results["colocated sync"]["time_to_target_s"]
-    for name, r in results.items():
-        t = r["time_to_target_s"]
-        table.add_row(
-            name,
-            str(r["steps"]),
-            "-" if t is None else f"{t:.1f}",
-            f"{r['final_accuracy']:.3f}",
-            "-" if t is None or ref is None else f"{ref / t:.2f}x",
-        )
-    console.print(table)
-    out = Path(cfg.output_dir) / f"bench-learn-{stamp}.json"
+    runs = run_setups(config, overrides, console, setups, seeds, stamp)
+    results = {name: median_row(rows) for name, rows in runs.items()}
+    target = results[COLOCATED]["target"]
+    print_table(console, f"time to held-out accuracy {target} ({seeds_note(seeds)})", results)
+    out = output_dir(config, overrides) / f"bench-learn-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     plot = line_plot(
-        {name: r["curve"] for name, r in results.items()},
+        {name: r["runs"][0]["curve"] for name, r in results.items()},
         out.with_suffix(".png"),
-        title="held-out accuracy of the tiny model (warm start excluded)",
+        title="held-out accuracy of the tiny model (warm start excluded; first seed)",
         xlabel="wall time, s",
         ylabel="held-out accuracy",
-        hline=cfg.trainer.target_accuracy,
+        hline=target,
         hline_label="target",
     )
     console.print(f"figures: {out}; accuracy curves: {plot}")
     return results
 
 
-def _learn_row(cfg: RunConfig, curve: list[tuple[float, float]], steps: int) -> dict[str, Any]:
+def run_setups(
+    config: str | None,
+    overrides: list[str],
+    console: Console,
+    setups: dict[str, list[str]],
+    seeds: int,
+    stamp: str,
+) -> dict[str, list[dict[str, Any]]]:
+    """Every setup once per seed (``trainer.seed`` + 0, 1, ...), seed by seed; the one named
+    ``colocated sync`` runs the single-process baseline, the others ``asyncrl run``."""
+    base = [*LEARN_DEFAULTS, *overrides]
+    if load_config(config, base).trainer.target_accuracy is None:
+        base.append(f"trainer.target_accuracy={LEARN_TARGET}")
+    first_seed = load_config(config, base).trainer.seed
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
+    for i in range(seeds):
+        seed = first_seed + i
+        for name, settings in setups.items():
+            slug = name.replace(" ", "-").replace("(", "").replace(")", "").replace("=", "")
+            cfg = load_config(
+                config,
+                [*base, *settings, f"trainer.seed={seed}", f"run_id=learn-{slug}-{seed}-{stamp}"],
+            )
+            console.rule(f"{name}, trainer.seed={seed}")
+            row = _colocated(cfg, console) if name == COLOCATED else _async(cfg, console)
+            runs[name].append({"seed": seed, **row})
+    return runs
+
+
+def _colocated(cfg: RunConfig, console: Console) -> dict[str, Any]:
+    import torch
+
+    from asyncrl.consumers.colocated import main as colocated
+    from asyncrl.launch.launcher import prepare_policy
+
+    prepare_policy(cfg, console)
+    torch.set_num_threads(os.cpu_count() or 1)
+    history = colocated(cfg, log=console.log)
+    evals = [(h["time_s"], h["val_acc"]) for h in history if "val_acc" in h]
+    return _row(cfg, evals, history[-1]["step"])
+
+
+def _async(cfg: RunConfig, console: Console) -> dict[str, Any]:
+    from asyncrl.launch.launcher import run
+
+    summary = run(cfg, console)
+    # From the first worker's join, as colocated starts with its model loaded; the initial
+    # accuracy (measured before) at 0.
+    t0 = summary.get("first_worker_joined_s") or 0.0
+    rows = step_rows(cfg)
+    curve = [(r["perf/elapsed_s"] - t0, r["val/accuracy"]) for r in rows if "val/accuracy" in r]
+    if summary.get("val/accuracy_initial") is not None:
+        curve.insert(0, (0.0, summary["val/accuracy_initial"]))
+    row = _row(cfg, curve, summary["step"])
+    updates = [r["timing_s/update_actor"] for r in rows if "timing_s/update_actor" in r]
+    if updates and row["time_to_target_s"]:
+        # The trainer's own compute over the steps to the target: what the run would take if
+        # it never waited for samples, syncs or evaluations.
+        row["update_share"] = statistics.median(updates) * row["steps"] / row["time_to_target_s"]
+    return row
+
+
+def _row(cfg: RunConfig, curve: list[tuple[float, float]], steps: int) -> dict[str, Any]:
     target = cfg.trainer.target_accuracy or 1.0
     reached = [t for t, acc in curve if acc >= target]
     return {
         "steps": steps,
+        "target": target,
         "time_to_target_s": reached[0] if reached else None,
         "final_accuracy": curve[-1][1] if curve else float("nan"),
         "curve": curve,
     }
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One setup over its seeds: medians of the runs that reached the target (steps, time,
+    final accuracy), how many did, the fastest and slowest, and every run."""
+    reached = [r for r in rows if r["time_to_target_s"] is not None]
+    times = [r["time_to_target_s"] for r in reached]
+
+    def med(key: str, of: list[dict[str, Any]]) -> float | None:
+        values = [r[key] for r in of if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    return {
+        "target": rows[0]["target"],
+        "reached": len(reached),
+        "runs_n": len(rows),
+        "steps": med("steps", reached or rows),
+        "time_to_target_s": statistics.median(times) if times else None,
+        "fastest_s": min(times, default=None),
+        "slowest_s": max(times, default=None),
+        "final_accuracy": med("final_accuracy", rows),
+        "update_share": med("update_share", reached),
+        "runs": rows,
+    }
+
+
+def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]) -> None:
+    """Medians side by side; speedup = the colocated median over the setup's. ``update
+    share``: of an async run's time to the target, the part its trainer spent updating (the
+    rest it waited for samples, synced or evaluated)."""
+    table = Table(title=title)
+    cols = (
+        "setup",
+        "at target",
+        "steps",
+        "time to target s",
+        "s/step",
+        "update share",
+        "final acc",
+        "speedup",
+    )
+    for col in cols:
+        table.add_column(col, justify="right")
+    ref = results[COLOCATED]["time_to_target_s"] if COLOCATED in results else None
+    for name, r in results.items():
+        t, steps = r["time_to_target_s"], r["steps"]
+        spread = ""
+        if r["runs_n"] > 1 and t is not None:
+            spread = f" ({r['fastest_s']:.1f}-{r['slowest_s']:.1f})"
+        table.add_row(
+            name,
+            f"{r['reached']}/{r['runs_n']}",
+            "-" if steps is None else f"{steps:g}",
+            "-" if t is None else f"{t:.1f}{spread}",
+            "-" if t is None or not steps else f"{t / steps:.3f}",
+            "-" if r.get("update_share") is None else f"{r['update_share']:.2f}",
+            f"{r['final_accuracy']:.3f}",
+            "-" if t is None or ref is None else f"{ref / t:.2f}x",
+        )
+    console.print(table)
+
+
+def seeds_note(n: int) -> str:
+    return "one seed" if n == 1 else f"medians of {n} seeds"
+
+
+def output_dir(config: str | None, overrides: list[str]) -> Path:
+    return Path(load_config(config, overrides).output_dir)

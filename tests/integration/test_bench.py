@@ -153,9 +153,38 @@ def test_learn_smoke(broker, tmp_path, quick_policy):
         Console(file=out, width=160),
     )
     assert list(results) == ["colocated sync", "async (c)", "async (d)", "async (d in flight)"]
-    assert all(r["steps"] == 2 and r["curve"] for r in results.values())
+    assert all(r["steps"] == 2 and r["runs"][0]["curve"] for r in results.values())
     png = next(tmp_path.glob("bench-learn-*.png"))
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_tuning_runs_each_cell_of_the_grid_once_per_seed(broker, tmp_path, quick_policy):
+    from asyncrl.bench.tuning import tuning
+
+    out = io.StringIO()
+    results = tuning(
+        None,
+        [
+            *quick_policy,
+            f"kafka.bootstrap_servers='{broker}'",
+            f"output_dir='{tmp_path}'",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=1",
+        ],
+        Console(file=out, width=200),
+        seeds=2,
+        staleness=(1.0,),
+        trigger=(2,),
+    )
+    assert list(results) == ["colocated sync", "staleness=1 trigger=2"]
+    cell = results["staleness=1 trigger=2"]
+    assert [r["seed"] for r in cell["runs"]] == [0, 1]
+    assert cell["runs_n"] == 2 and all(r["steps"] == 2 for r in cell["runs"])
+    configs = sorted(tmp_path.glob("learn-staleness1-trigger2-*/config.yaml"))
+    assert len(configs) == 2
+    assert "trigger_parameter_sync_step: 2" in configs[0].read_text()
+    assert "staleness_threshold: 1.0" in configs[0].read_text()
+    assert "medians of 2 seeds" in out.getvalue()
 
 
 def test_tools_bench_measures_both_sandboxes(tmp_path):

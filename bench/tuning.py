@@ -1,0 +1,55 @@
+"""``asyncrl bench tuning``: time to the target accuracy over a grid of
+``async_training.staleness_threshold`` x ``trigger_parameter_sync_step``, next to colocated
+sync, medians over ``--seeds`` (docs/tuning.md shows the curve).
+
+The async setup is the config's (plus the overrides): say ``async_training.in_flight_update=
+true`` to sweep mode (d) without pauses. ``require_batches`` stays the config's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+
+from asyncrl.bench.learn import (
+    COLOCATED,
+    median_row,
+    output_dir,
+    print_table,
+    run_setups,
+    seeds_note,
+)
+
+STALENESS = (0.5, 1.0, 2.0)
+TRIGGER = (1, 2, 4)
+
+
+def tuning(
+    config: str | None,
+    overrides: list[str],
+    console: Console,
+    seeds: int = 1,
+    staleness: tuple[float, ...] = STALENESS,
+    trigger: tuple[int, ...] = TRIGGER,
+) -> dict[str, Any]:
+    """Returns setup name (``staleness=S trigger=T``) -> its median row (bench.learn)."""
+    setups: dict[str, list[str]] = {COLOCATED: []}
+    for s in staleness:
+        for t in trigger:
+            setups[f"staleness={s:g} trigger={t}"] = [
+                f"async_training.staleness_threshold={s}",
+                f"async_training.trigger_parameter_sync_step={t}",
+            ]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    runs = run_setups(config, overrides, console, setups, seeds, stamp)
+    results = {name: median_row(rows) for name, rows in runs.items()}
+    target = results[COLOCATED]["target"]
+    print_table(console, f"time to held-out accuracy {target} ({seeds_note(seeds)})", results)
+    out = output_dir(config, overrides) / f"bench-tuning-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    console.print(f"figures: {out}")
+    return results
