@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import time
 from pathlib import Path
@@ -89,7 +90,7 @@ def run_setups(
     for i in range(seeds):
         seed = first_seed + i
         for name, settings in setups.items():
-            slug = name.replace(" ", "-").replace("(", "").replace(")", "").replace("=", "")
+            slug = re.sub(r"[^A-Za-z0-9_-]", "", name.replace(" ", "-"))  # a valid run_id
             cfg = load_config(
                 config,
                 [*base, *settings, f"trainer.seed={seed}", f"run_id=learn-{slug}-{seed}-{stamp}"],
