@@ -25,6 +25,7 @@ from asyncrl.ops.sync_hops import HOPS, hop_medians, run_control_events, sync_ho
 
 SYNC_PAUSE_DEFAULTS = [
     "async_training.staleness_threshold=0.5",
+    "async_training.trigger_parameter_sync_step=1",  # a sync after every step: many to time
     "actor_rollout_ref.rollout.name=sim",
     "data.max_response_length=256",
     "actor_rollout_ref.rollout.n=4",

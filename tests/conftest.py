@@ -77,10 +77,13 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def quick_policy(policy_dir: Path) -> tuple[str, ...]:
-    """Overrides for runs that test the protocol, not learning: a 100-step warm start (~5 s)."""
+    """Overrides for runs that test the protocol, not learning: a 100-step warm start (~5 s)
+    and a sync after every step (the shipped configs sync every 4: a short run would see
+    few syncs or none)."""
     return (
         f"actor_rollout_ref.model.cache_dir='{policy_dir}'",
         "actor_rollout_ref.model.warmup_steps=100",
+        "async_training.trigger_parameter_sync_step=1",
     )
 
 

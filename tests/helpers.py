@@ -15,8 +15,10 @@ SMALL = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",
     "actor_rollout_ref.rollout.max_concurrent_samples=4",
     "trainer.test_freq=0",
+    "async_training.trigger_parameter_sync_step=1",
 ]
-"""A run small enough for protocol tests: groups of 4, 4 samples a step, no evaluation."""
+"""A run small enough for protocol tests: groups of 4, 4 samples a step, no evaluation, a
+sync after every step."""
 
 DECODERS = {
     "samples": sample.decode_sample,

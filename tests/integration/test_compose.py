@@ -78,7 +78,9 @@ def test_compose_services_run_natively(broker, tmp_path, policy_dir):
     sink = ThreadingHTTPServer(("127.0.0.1", 0), OtlpSink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     run_id = f"t{uuid.uuid4().hex[:8]}"
-    variables = {"RUN_ID": run_id, "TOTAL_TRAINING_STEPS": "3"}
+    # 4 steps of 8 samples: more than one worker's share of version 0 (1.5 x 4 x 8 / 2 = 24,
+    # with the shipped sync every 4 steps), so both workers must take part.
+    variables = {"RUN_ID": run_id, "TOTAL_TRAINING_STEPS": "4"}
     world = {
         "kafka:9092": broker,
         "http://jaeger:4318": f"http://127.0.0.1:{sink.server_address[1]}",
@@ -122,7 +124,7 @@ def test_compose_services_run_natively(broker, tmp_path, policy_dir):
 
     run_dir = tmp_path / "runs" / run_id
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["step"] == 3 and summary["reason"] == "total_training_steps reached"
+    assert summary["step"] == 4 and summary["reason"] == "total_training_steps reached"
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["actor_rollout_ref"]["rollout"]["num_workers"] == 2
     produced = {

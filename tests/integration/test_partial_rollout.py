@@ -24,6 +24,7 @@ STEPS = 6
 # worker in the middle of a group, so generations really are interrupted.
 MODE_D = [
     "async_training.staleness_threshold=0.5",
+    "async_training.trigger_parameter_sync_step=1",
     "async_training.partial_rollout=true",
     "actor_rollout_ref.rollout.n=4",
     "actor_rollout_ref.rollout.max_concurrent_samples=2",

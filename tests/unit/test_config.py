@@ -53,7 +53,10 @@ def test_modes():
     def mode(*o):
         return load_config(overrides=list(o)).async_training.mode
 
-    assert mode("async_training.staleness_threshold=0") == "a"
+    assert (
+        mode("async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1")
+        == "a"
+    )
     assert (
         mode("async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=4")
         == "b"
