@@ -51,14 +51,8 @@ def learn(
     Returns setup -> the median row over the seeds (``runs``: each seed's row).
     """
     setups = {COLOCATED: [], **{f"async ({m})": s for m, s in ASYNC_SETUPS.items()}}
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    runs = run_setups(config, overrides, console, setups, seeds, stamp)
-    results = {name: median_row(rows) for name, rows in runs.items()}
+    results, out = compare(config, overrides, console, setups, seeds, "learn")
     target = results[COLOCATED]["target"]
-    print_table(console, f"time to held-out accuracy {target} ({seeds_note(seeds)})", results)
-    out = output_dir(config, overrides) / f"bench-learn-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
     plot = line_plot(
         {name: r["runs"][0]["curve"] for name, r in results.items()},
         out.with_suffix(".png"),
@@ -70,6 +64,27 @@ def learn(
     )
     console.print(f"figures: {out}; accuracy curves: {plot}")
     return results
+
+
+def compare(
+    config: str | None,
+    overrides: list[str],
+    console: Console,
+    setups: dict[str, list[str]],
+    seeds: int,
+    bench: str,
+) -> tuple[dict[str, dict[str, Any]], Path]:
+    """Run ``setups`` (``run_setups``), print the medians side by side and write them to
+    ``bench-<bench>-<stamp>.json`` in the output dir; returns them and that path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    runs = run_setups(config, overrides, console, setups, seeds, stamp)
+    results = {name: median_row(rows) for name, rows in runs.items()}
+    target = results[COLOCATED]["target"]
+    print_table(console, f"time to held-out accuracy {target} ({seeds_note(seeds)})", results)
+    out = output_dir(config, overrides) / f"bench-{bench}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    return results, out
 
 
 def run_setups(

@@ -8,20 +8,11 @@ true`` to sweep mode (d) without pauses. ``require_batches`` stays the config's.
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 from rich.console import Console
 
-from asyncrl.bench.learn import (
-    COLOCATED,
-    median_row,
-    output_dir,
-    print_table,
-    run_setups,
-    seeds_note,
-)
+from asyncrl.bench.learn import COLOCATED, compare
 
 STALENESS = (0.5, 1.0, 2.0)
 TRIGGER = (1, 2, 4)
@@ -43,13 +34,6 @@ def tuning(
                 f"async_training.staleness_threshold={s}",
                 f"async_training.trigger_parameter_sync_step={t}",
             ]
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    runs = run_setups(config, overrides, console, setups, seeds, stamp)
-    results = {name: median_row(rows) for name, rows in runs.items()}
-    target = results[COLOCATED]["target"]
-    print_table(console, f"time to held-out accuracy {target} ({seeds_note(seeds)})", results)
-    out = output_dir(config, overrides) / f"bench-tuning-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    results, out = compare(config, overrides, console, setups, seeds, "tuning")
     console.print(f"figures: {out}")
     return results
