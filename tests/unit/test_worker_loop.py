@@ -385,7 +385,16 @@ def test_an_in_flight_update_swaps_weights_between_two_tokens_without_a_pause(tm
     told = []  # the engine hears of every load: the join's and the swap's
     changed = run.worker.engine.weights_changed
     run.worker.engine.weights_changed = lambda: told.append(changed())  # type: ignore[method-assign]
-    run.before_decoding_step(2, run.sync_new_weights)  # after the first token of each trajectory
+
+    def sync_and_receive() -> None:
+        """The sync, and its weights in the shadow before the next decoding step (its thread
+        takes them from the local transport at its own pace: the samples could all finish
+        first, and nothing would span the swap)."""
+        run.sync_new_weights()
+        shadow = run.worker.shadow
+        assert shadow is not None and shadow.ready.wait(10)
+
+    run.before_decoding_step(2, sync_and_receive)  # after the first token of each trajectory
     run.when_published(4, run.trainer.finish)
     run.run()
 
