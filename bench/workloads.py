@@ -97,8 +97,9 @@ COMMON = [
     # The worker steps the sim engine itself. A GPU engine serves from its own process (vLLM,
     # SGLang) and shares no interpreter with the worker's loop; the sim on a thread of the
     # worker does, and measured slower: mode (b) 256-273 seed-s per step threaded against 231
-    # stepwise (the seed's 231.34), mode (d) 204 vs 198 (cause not pinned down; likely its
-    # steps waiting for the interpreter while the loop encodes 16 x ~4.6K-token samples).
+    # stepwise (the seed's 231.34), mode (d) 204 vs 198. Cause not pinned down: not the
+    # interpreter lock (py-spy: the worker's threads hold it <2% of the run), and the thread
+    # steps the sim ~83% of the time, as busy as stepwise.
     "actor_rollout_ref.rollout.engine_thread=false",
     "trainer.target_accuracy=null",
     "trainer.test_freq=0",
