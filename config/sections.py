@@ -226,9 +226,10 @@ class AsyncTrainingConfig(Strict):
     """Interrupt in-flight samples at a sync and continue them (only with staleness_threshold > 0)."""
     use_trainer_do_validate: bool = True
     """Who runs the held-out evaluation every trainer.test_freq steps: the trainer (True), or
-    rollout worker 0 once it has loaded the weights of such a step (False, verl's default: the
-    trainer never stops for it; each result reaches it as a Validated event and lands in the
-    metrics row of the step it is at then). The final evaluation is the trainer's either way."""
+    rollout worker 0 once it has loaded the first weights at or past such a step (False,
+    verl's default: the trainer never stops for it; each result reaches it as a Validated event
+    and lands in the metrics row of the step it is at then). The final evaluation is the
+    trainer's either way."""
     in_flight_update: bool = False
     """With partial_rollout: workers receive each version's weights in the background while they
     keep generating, and swap them in between two tokens (PipelineRL's in-flight weight update):

@@ -1,9 +1,10 @@
 """Held-out evaluation on the rollout side (``async_training.use_trainer_do_validate=false``,
 verl's fully async default: its Rollouter validates after a parameter update).
 
-Worker 0 evaluates the weights it has just taken when they are those of a trainer step that is
-a multiple of ``trainer.test_freq`` (step 0: the initial accuracy), with the same evaluation the
-trainer runs (``held_out_accuracy``), and publishes the result as a Validated event. The
+Worker 0 evaluates the weights it has just taken when they are the first of a new multiple of
+``trainer.test_freq`` steps (step 0: the initial accuracy; with a sync every 4 steps and
+test_freq 5, the weights of steps 0, 8, 12, 16, 20, ...: a sync cadence that does not divide
+test_freq skips no evaluation), with the same evaluation the trainer runs (``held_out_accuracy``), and publishes the result as a Validated event. The
 evaluation holds up this worker's generation for its duration (verl: "it occupies Rollouter
 resources"), not the trainer's updates.
 """
@@ -39,18 +40,20 @@ class RolloutValidator:
             and cfg.actor_rollout_ref.rollout.name != "sim"  # the sim engine learns nothing
         )
         self.problems: list | None = None
-        self.done: set[int] = set()
-        """Versions evaluated already (a rejoin may take the same version again)."""
+        self.evaluated = -1
+        """``step // test_freq`` of the weights evaluated last (a rejoin may take them again)."""
 
     def after_load(self, published: ev.WeightsPublished, model: torch.nn.Module) -> None:
-        """Evaluate ``model`` (the weights of ``published``) if its step is due."""
-        if not self.enabled or published.step % self.cfg.trainer.test_freq != 0:
+        """Evaluate ``model`` (the weights of ``published``) if its step is due: the first
+        weights at or past a multiple of test_freq not evaluated yet."""
+        if not self.enabled:
             return
-        if published.version in self.done:
+        due = published.step // self.cfg.trainer.test_freq
+        if due <= self.evaluated:
             return
         from asyncrl.producers.agent.factory import held_out_accuracy, held_out_set
 
-        self.done.add(published.version)
+        self.evaluated = due
         if self.problems is None:
             self.problems = held_out_set(self.cfg, self.tokenizer)
         t0 = time.monotonic()

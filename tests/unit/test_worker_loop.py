@@ -457,3 +457,27 @@ def test_worker_0_evaluates_the_weights_of_each_test_freq_step_when_the_trainer_
     assert [(e.version, e.step) for e in validated] == [(0, 0), (2, 5)]
     assert all(0.0 <= e.accuracy <= 1.0 and e.eval_s > 0 for e in validated)
     assert validated[0].worker == 0 and validated[0].tool_use == -1.0
+
+
+def test_a_sync_cadence_that_does_not_divide_test_freq_skips_no_evaluation(tmp_path):
+    """A sync every 4 steps (the shipped configs) and test_freq 5: the weights of step 8 are
+    the first past step 5, so worker 0 evaluates them (and not again until past step 10)."""
+    cfg = _cfg(tmp_path, "async_training.use_trainer_do_validate=false", "trainer.test_freq=5")
+    run = Run(cfg)
+
+    def sync(step: int):
+        def request() -> None:
+            run.trainer.step = step
+            run.trainer.consumed = {"0": len(run.broker.topics[cfg.topic("samples")])}
+            run.trainer.request_sync()
+
+        return request
+
+    run.when_published(2, sync(4))
+    run.when_published(8, sync(8))
+    run.when_published(12, sync(9))  # still in the 5-9 window: evaluated already
+    run.when_published(16, run.trainer.finish)
+    run.run()
+
+    validated = [e for e in run.broker.events(cfg) if isinstance(e, ev.Validated)]
+    assert [(e.version, e.step) for e in validated] == [(0, 0), (2, 8)]
