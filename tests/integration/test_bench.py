@@ -10,14 +10,18 @@ from asyncrl.bench.sync_pause import sync_pause
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-def test_sync_pause_smoke(broker, tmp_path, quick_policy):
+@pytest.fixture
+def smoke(broker, tmp_path, quick_policy) -> list[str]:
+    """A protocol-test policy on the session broker, writing under the test's tmp_path."""
+    return [*quick_policy, f"kafka.bootstrap_servers='{broker}'", f"output_dir='{tmp_path}'"]
+
+
+def test_sync_pause_smoke(smoke):
     out = io.StringIO()
     result = sync_pause(
         None,
         [
-            *quick_policy,
-            f"kafka.bootstrap_servers='{broker}'",
-            f"output_dir='{tmp_path}'",
+            *smoke,
             "trainer.total_training_steps=3",
         ],
         Console(file=out, width=160),
@@ -37,16 +41,14 @@ def test_sync_pause_smoke(broker, tmp_path, quick_policy):
     assert "where a sync's time goes" in out.getvalue()
 
 
-def test_modes_smoke(broker, tmp_path, quick_policy):
+def test_modes_smoke(tmp_path, smoke):
     from asyncrl.bench.modes import modes
 
     out = io.StringIO()
     results = modes(
         None,
         [
-            *quick_policy,
-            f"kafka.bootstrap_servers='{broker}'",
-            f"output_dir='{tmp_path}'",
+            *smoke,
             "trainer.total_training_steps=2",  # a user's smoke size (was replaced by 20)
         ],
         Console(file=out, width=200),
@@ -68,7 +70,7 @@ def test_modes_smoke(broker, tmp_path, quick_policy):
     assert list(tmp_path.glob("bench-modes-*.json"))
 
 
-def test_modes_seed_workload_smoke(broker, tmp_path, quick_policy):
+def test_modes_seed_workload_smoke(smoke):
     """The seed-shaped workload at a tiny time scale: colocated sync and mode (d), 2 steps."""
     from asyncrl.bench.modes import modes
 
@@ -76,9 +78,7 @@ def test_modes_seed_workload_smoke(broker, tmp_path, quick_policy):
     results = modes(
         None,
         [
-            *quick_policy,
-            f"kafka.bootstrap_servers='{broker}'",
-            f"output_dir='{tmp_path}'",
+            *smoke,
             "trainer.total_training_steps=2",
         ],
         Console(file=out, width=220),
@@ -117,16 +117,14 @@ def test_transport_smoke(broker, tmp_path):
     assert list(tmp_path.glob("bench-transport-*.json"))
 
 
-def test_tracing_cost_smoke(broker, tmp_path, quick_policy):
+def test_tracing_cost_smoke(smoke):
     from asyncrl.bench.tracing import tracing_cost
 
     out = io.StringIO()
     result = tracing_cost(
         None,
         [
-            *quick_policy,
-            f"kafka.bootstrap_servers='{broker}'",
-            f"output_dir='{tmp_path}'",
+            *smoke,
             "trainer.total_training_steps=2",
         ],
         Console(file=out, width=160),
@@ -137,16 +135,14 @@ def test_tracing_cost_smoke(broker, tmp_path, quick_policy):
     assert "on/off" in out.getvalue()
 
 
-def test_learn_smoke(broker, tmp_path, quick_policy):
+def test_learn_smoke(tmp_path, smoke):
     from asyncrl.bench.learn import learn
 
     out = io.StringIO()
     results = learn(
         None,
         [
-            *quick_policy,
-            f"kafka.bootstrap_servers='{broker}'",
-            f"output_dir='{tmp_path}'",
+            *smoke,
             "trainer.total_training_steps=2",
             "trainer.test_freq=1",
         ],
@@ -158,16 +154,14 @@ def test_learn_smoke(broker, tmp_path, quick_policy):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_tuning_runs_each_cell_of_the_grid_once_per_seed(broker, tmp_path, quick_policy):
+def test_tuning_runs_each_cell_of_the_grid_once_per_seed(tmp_path, smoke):
     from asyncrl.bench.tuning import tuning
 
     out = io.StringIO()
     results = tuning(
         None,
         [
-            *quick_policy,
-            f"kafka.bootstrap_servers='{broker}'",
-            f"output_dir='{tmp_path}'",
+            *smoke,
             "trainer.total_training_steps=2",
             "trainer.test_freq=1",
         ],
