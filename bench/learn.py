@@ -80,8 +80,8 @@ def compare(
     runs = run_setups(config, overrides, console, setups, seeds, stamp)
     results = {name: median_row(rows) for name, rows in runs.items()}
     target = results[COLOCATED]["target"]
-    print_table(console, f"time to held-out accuracy {target} ({seeds_note(seeds)})", results)
-    out = output_dir(config, overrides) / f"bench-{bench}-{stamp}.json"
+    print_table(console, f"time to held-out accuracy {target} ({_seeds_note(seeds)})", results)
+    out = Path(load_config(config, overrides).output_dir) / f"bench-{bench}-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     return results, out
@@ -98,12 +98,12 @@ def run_setups(
     """Every setup once per seed (``trainer.seed`` + 0, 1, ...), seed by seed; the one named
     ``colocated sync`` runs the single-process baseline, the others ``asyncrl run``."""
     base = [*LEARN_DEFAULTS, *overrides]
-    if load_config(config, base).trainer.target_accuracy is None:
+    given = load_config(config, base).trainer
+    if given.target_accuracy is None:
         base.append(f"trainer.target_accuracy={LEARN_TARGET}")
-    first_seed = load_config(config, base).trainer.seed
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
     for i in range(seeds):
-        seed = first_seed + i
+        seed = given.seed + i
         for name, settings in setups.items():
             slug = re.sub(r"[^A-Za-z0-9_-]", "", name.replace(" ", "-"))  # a valid run_id
             cfg = load_config(
@@ -221,9 +221,5 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
     console.print(table)
 
 
-def seeds_note(n: int) -> str:
+def _seeds_note(n: int) -> str:
     return "one seed" if n == 1 else f"medians of {n} seeds"
-
-
-def output_dir(config: str | None, overrides: list[str]) -> Path:
-    return Path(load_config(config, overrides).output_dir)

@@ -43,11 +43,11 @@ from asyncrl.config.sections import (
 )
 
 __all__ = [
-    "EMBEDDED_SESSION_TIMEOUT_MS",
-    "EXTERNAL_SESSION_TIMEOUT_MS",
     "DEFAULT_CONFIG",
     "DEFAULT_PARTITIONS",
     "DELETE",
+    "EMBEDDED_SESSION_TIMEOUT_MS",
+    "EXTERNAL_SESSION_TIMEOUT_MS",
     "SECRET_HINTS",
     "ActorConfig",
     "ActorRolloutRefConfig",

@@ -4,9 +4,10 @@ verl's fully async default: its Rollouter validates after a parameter update).
 Worker 0 evaluates the weights it has just taken when they are the first of a new multiple of
 ``trainer.test_freq`` steps (step 0: the initial accuracy; with a sync every 4 steps and
 test_freq 5, the weights of steps 0, 8, 12, 16, 20, ...: a sync cadence that does not divide
-test_freq skips no evaluation), with the same evaluation the trainer runs (``held_out_accuracy``), and publishes the result as a Validated event. The
-evaluation holds up this worker's generation for its duration (verl: "it occupies Rollouter
-resources"), not the trainer's updates.
+test_freq skips no evaluation), with the same evaluation the trainer runs
+(``held_out_accuracy``), and publishes the result as a Validated event. The evaluation holds
+up this worker's generation for its duration (verl: "it occupies Rollouter resources"), not
+the trainer's updates.
 """
 
 from __future__ import annotations
