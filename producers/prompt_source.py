@@ -1,8 +1,7 @@
 """Prompts from the ``prompts`` topic for one rollout worker, as a member of the workers' group.
 
-Why the pausing: the group's ``max.poll.interval.ms`` is also its rebalance timeout, kept
-small so Tansu's join takes ~3 s. A worker that is not taking prompts (budget spent, or all
-slots busy) must keep polling to stay in the group. It tops up a local buffer of
+Why the pausing: the group's ``max.poll.interval.ms`` is kept short (7 s), so a worker that
+is not taking prompts (budget spent, or all slots busy) must keep polling to stay in the group. It tops up a local buffer of
 ``prefetch`` prompts, pauses its partitions once the buffer is full and resumes them only
 when it is down to half. Pausing is not free: librdkafka drops its fetched queue on pause,
 and on Tansu the first records after a resume take 0.4-1 s to arrive. Pausing at every busy
