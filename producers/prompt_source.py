@@ -1,9 +1,9 @@
 """Prompts from the ``prompts`` topic for one rollout worker, as a member of the workers' group.
 
 Why the pausing: the group's ``max.poll.interval.ms`` is kept short (7 s), so a worker that
-is not taking prompts (budget spent, or all slots busy) must keep polling to stay in the group. It tops up a local buffer of
-``prefetch`` prompts, pauses its partitions once the buffer is full and resumes them only
-when it is down to half. Pausing is not free: librdkafka drops its fetched queue on pause,
+is not taking prompts (budget spent, or all slots busy) must keep polling to stay in the
+group. It tops up a local buffer of ``prefetch`` prompts, pauses its partitions once the
+buffer is full and resumes them only when it is down to half. Pausing is not free: librdkafka drops its fetched queue on pause,
 and on Tansu the first records after a resume take 0.4-1 s to arrive. Pausing at every busy
 moment (the first version did) starved the worker of prompts for ~40% of its time; resuming
 as soon as one prompt was taken (the second) made every resume wait out that delay with the
