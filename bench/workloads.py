@@ -22,7 +22,9 @@ seed; nothing is fitted to the speedups it reports:
    two units (75.36 s): the batch waits for its longest responses. The sim engine runs
    ``scheduling=shared`` (continuous batching: every sequence advances each step, a step
    slows above ``capacity``), and ``decode_step_s`` is set so that a whole step's batch on two
-   units (all submitted at once, as colocated verl does) takes 177.85 s.
+   units (all submitted at once, as colocated verl does) takes 177.85 s. With
+   ``sim.scheduling=fcfs`` (at most ``capacity`` sequences decode, the rest queue) the same two
+   times are solved for that engine.
 5. Lengths: 28K tokens -> ``max_response_length=128``, the sim's long-tail shape with 2% of
    the responses at 80-100% of the maximum (a DAPO-like clip ratio: the long chains of
    thought), the rest exponential with mean 15% (4.3K of 28K tokens): 4.6K on average, and
@@ -38,6 +40,7 @@ seed; nothing is fitted to the speedups it reports:
 
 from __future__ import annotations
 
+import heapq
 import statistics
 from dataclasses import dataclass, field
 
@@ -167,6 +170,22 @@ def shared_batch_steps(active: list[int], capacity: int) -> float:
     return sum(max(1.0, a / capacity) for a in active)
 
 
+def fcfs_batch_steps(lengths: list[int], capacity: int) -> float:
+    """A batch's time in units of ``decode_step_s`` under ``scheduling=fcfs``: ``capacity``
+    slots, each sequence (in submission order) taking the first slot that frees up."""
+    slots = [0] * min(capacity, len(lengths))
+    for length in lengths:
+        heapq.heappush(slots, heapq.heappop(slots) + length)
+    return float(max(slots))
+
+
+def batch_steps(lengths: list[int], capacity: int, scheduling: str) -> float:
+    """A batch submitted at once, in units of ``decode_step_s``, under ``scheduling``."""
+    if scheduling == "fcfs":
+        return fcfs_batch_steps(lengths, capacity)
+    return shared_batch_steps(active_per_step(lengths), capacity)
+
+
 @dataclass(frozen=True)
 class SeedFit:
     capacity: int
@@ -192,20 +211,22 @@ def fit_rollout(cfg: RunConfig, batch: int, time_scale: float, draws: int = 16) 
         ]
         for k in range(draws)
     ]
-    actives = [active_per_step(b) for b in batches]
     tokens = statistics.mean(sum(b) for b in batches)
     target = COLOCATED_GEN_S / UNIT_GEN_S
+    scheduling = cfg.sim.scheduling
+
+    def two_units(capacity: int) -> float:  # a batch on two units, in decoding steps
+        return statistics.mean(batch_steps(b, 2 * capacity, scheduling) for b in batches)
 
     def ratio(capacity: int) -> float:  # colocated gen / unit throughput time: grows with it
-        steps = statistics.mean(shared_batch_steps(a, 2 * capacity) for a in actives)
-        return steps * capacity / tokens
+        return two_units(capacity) * capacity / tokens
 
     lo, hi = 1, batch * n
     while lo < hi:  # the smallest capacity whose ratio reaches the seed's
         mid = (lo + hi) // 2
         lo, hi = (mid + 1, hi) if ratio(mid) < target else (lo, mid)
     capacity = min((lo, max(lo - 1, 1)), key=lambda c: abs(ratio(c) - target))
-    steps = statistics.mean(shared_batch_steps(a, 2 * capacity) for a in actives)
+    steps = two_units(capacity)
     step_s = COLOCATED_GEN_S * time_scale / steps
     return SeedFit(
         capacity=capacity,
@@ -220,7 +241,9 @@ def seed(config: str | None, overrides: list[str], time_scale: float = 0.01) -> 
     """The seed-shaped workload (module doc), fitted to the configured length distribution."""
     b = SEED_BATCH
     base = [*SEED_BASE, *overrides]
-    fit = fit_rollout(load_config(config, base), b, time_scale)
+    cfg = load_config(config, base)
+    fit = fit_rollout(cfg, b, time_scale)
+    scheduling = cfg.sim.scheduling
     async_train = (SEED_ROWS["(d) partial rollout"][0] - ASYNC_GEN_S) * time_scale / b
     colocated_train = (SEED_ROWS["colocated sync"][0] - COLOCATED_GEN_S) * time_scale / b
     fitted = [
@@ -233,7 +256,7 @@ def seed(config: str | None, overrides: list[str], time_scale: float = 0.01) -> 
         f"seed-shaped: 1 s of the seed = {s:g} s here; {b} samples x n=16 per step "
         f"(512 x 16 in the seed), max_response_length 128 (28K)",
         f"rollout: capacity {fit.capacity} per unit, {fit.decode_step_s * 1e3:.2f} ms per "
-        f"decoding step (shared): a step's {fit.step_tokens:.0f} tokens take "
+        f"decoding step ({scheduling}): a step's {fit.step_tokens:.0f} tokens take "
         f"{fit.unit_gen_s / s:.1f} s on one unit at full throughput (seed: {UNIT_GEN_S}), "
         f"{fit.colocated_gen_s / s:.1f} s as one colocated batch on two (seed: {COLOCATED_GEN_S})",
         f"trainer: {async_train * b / s:.2f} s per step async (seed: 150.63 - {ASYNC_GEN_S}), "

@@ -8,6 +8,7 @@ import torch
 from asyncrl.bench.workloads import (
     SEED_BASE,
     active_per_step,
+    batch_steps,
     fit_rollout,
     seed,
     seed_speedup,
@@ -45,10 +46,11 @@ def test_the_seeds_speedups_come_from_its_400_step_totals():
     assert seed_speedup("(c) stale samples") is None  # the seed's row is empty
 
 
-def test_the_fits_batch_time_is_the_engines():
-    """The closed form the fit uses equals the shared-scheduling engine, stepped in virtual
-    time (each step's modelled duration summed, nothing slept)."""
-    sim = SimConfig(scheduling="shared", capacity=10, decode_step_s=0.5)
+@pytest.mark.parametrize("scheduling", ["shared", "fcfs"])
+def test_the_fits_batch_time_is_the_engines(scheduling):
+    """The closed form the fit uses equals the engine under either scheduling, stepped in
+    virtual time (each step's modelled duration summed, nothing slept)."""
+    sim = SimConfig(scheduling=scheduling, capacity=10, decode_step_s=0.5)
     ids = [f"q{i}#{j}" for i in range(6) for j in range(8)]
     lengths = [target_length(rid, 40, sim) for rid in ids]
     engine = SimEngine(torch.nn.Linear(2, 2), sim, vocab_size=30, eos_token_id=2)
@@ -59,4 +61,19 @@ def test_the_fits_batch_time_is_the_engines():
         modelled += engine.step_s()
         engine.decode_step()
     assert engine.tokens == sum(lengths)
-    assert modelled == pytest.approx(shared_batch_steps(active_per_step(lengths), 10) * 0.5)
+    assert modelled == pytest.approx(batch_steps(lengths, 10, scheduling) * 0.5)
+    if scheduling == "shared":
+        assert batch_steps(lengths, 10, scheduling) == shared_batch_steps(
+            active_per_step(lengths), 10
+        )
+
+
+def test_the_fit_follows_the_configured_scheduling():
+    """With sim.scheduling=fcfs the fit solves for that engine: the same seed times, another
+    capacity (before, the shared closed form was fitted whatever the engine ran)."""
+    shared = fit_rollout(load_config(None, SEED_BASE), batch=32, time_scale=0.01)
+    fcfs_cfg = load_config(None, [*SEED_BASE, "sim.scheduling=fcfs"])
+    fcfs = fit_rollout(fcfs_cfg, batch=32, time_scale=0.01)
+    assert fcfs.colocated_gen_s / 0.01 == pytest.approx(177.85)
+    assert fcfs.unit_gen_s / 0.01 == pytest.approx(150.72, rel=0.01)
+    assert fcfs.capacity != shared.capacity
