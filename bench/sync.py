@@ -7,8 +7,11 @@ a GPU trainer would send them. Ways to move the bytes, each timed from "go" on t
 "loaded" on the receiver; a warm-up round (buffers allocated, pages faulted in) then several
 timed rounds, median reported:
 
-- ``bucketed``: the weight collective as the trainer uses it (``sync.bucket_size_mb`` buckets,
-  two buffers each side, packing overlapped with the wire).
+- ``shared memory``: what a worker on the trainer's host gets (``sync.shared_memory``): the
+  trainer packs each bucket into one of two slots of memory it shares with the worker, which
+  copies it out; only a token and an acknowledgement per bucket cross the pair.
+- ``bucketed``: the weight collective as the trainer uses it for a worker on another host
+  (``sync.bucket_size_mb`` buckets, two buffers each side, packing overlapped with the wire).
 - ``per-tensor``: the same collective with one tensor per message (bucket_bytes=1), what a
   naive loop over ``named_parameters`` costs.
 - ``safetensors``: the fallback path: the trainer writes a snapshot file (fsync'd, atomic
@@ -45,7 +48,7 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
     "50M": (512, 12, 1536, 32000, 8, 2),
     "500M": (896, 24, 4864, 151936, 14, 2),  # Qwen2.5-0.5B's shape
 }
-METHODS = ("bucketed", "per-tensor", "safetensors")
+METHODS = ("shared memory", "bucketed", "per-tensor", "safetensors")
 _WAIT = timedelta(seconds=600)
 
 
@@ -165,15 +168,17 @@ def sync(
                 raise RuntimeError(f"the receiver did not join; see {log_path}")
             expected = weights_checksum(state)
             for method in METHODS:
-                times = []
+                times, shared = [], 0
                 for r in range(rounds + 1):
                     store.wait([f"ready/{method}/{r}"], _WAIT)
                     t0 = time.time()
                     if method == "safetensors":
                         path = save_snapshot(state, snap_dir, r)
                         store.set(f"snapshot/{r}", str(path))
-                    else:
-                        sender.broadcast(state, _method_bucket_bytes(method, bucket_bytes))
+                    else:  # the slots are offered for that way only
+                        sender.shared_memory = method == "shared memory"
+                        sent = sender.broadcast(state, _method_bucket_bytes(method, bucket_bytes))
+                        shared = sent.stats.shared
                     store.wait([f"done/{method}/{r}"], _WAIT)
                     times.append(float(store.get(f"done/{method}/{r}")) - t0)
                     what = "warm-up" if r == 0 else f"round {r}/{rounds}"
@@ -181,7 +186,7 @@ def sync(
                 store.wait([f"checksum/{method}"], _WAIT)
                 if store.get(f"checksum/{method}").decode() != expected:
                     raise RuntimeError(f"{shape} {method}: the receiver's weights differ")
-                row[method] = _figures(times[1:], nbytes)
+                row[method] = {**_figures(times[1:], nbytes), "shared_workers": shared}
             proc.wait(timeout=60)
             row["memcpy"] = _figures([memcpy_seconds(nbytes, rounds)], nbytes)
         finally:
@@ -194,7 +199,7 @@ def sync(
             snap_dir.rmdir()
         results[shape] = row
 
-    table = Table(title="weight transfer between two processes (gloo on CPU), bf16, median")
+    table = Table(title="weight transfer between two processes on one host (CPU), bf16, median")
     for col in ("model", "way", "seconds", "GB/s", "vs memcpy"):
         table.add_column(col, justify="right")
     for shape, row in results.items():
@@ -212,8 +217,10 @@ def sync(
         console.print(
             f"{shape}: per-tensor / bucketed time = "
             f"{row['per-tensor']['s'] / row['bucketed']['s']:.2f}x, safetensors / bucketed = "
-            f"{row['safetensors']['s'] / row['bucketed']['s']:.2f}x; bucketed reaches "
-            f"{row['bucketed']['gbps'] / row['memcpy']['gbps']:.0%} of memcpy"
+            f"{row['safetensors']['s'] / row['bucketed']['s']:.2f}x, bucketed / shared memory = "
+            f"{row['bucketed']['s'] / row['shared memory']['s']:.2f}x; shared memory reaches "
+            f"{row['shared memory']['gbps'] / row['memcpy']['gbps']:.0%} of memcpy, bucketed "
+            f"{row['bucketed']['gbps'] / row['memcpy']['gbps']:.0%}"
         )
     figures: dict[str, Any] = {"transfer": results}
     if pause_resume:

@@ -309,6 +309,13 @@ class SyncConfig(Strict):
     """How long the trainer waits for every worker to pause before failing the sync."""
     verify_checksum: bool = True
     """Workers hash the received weights and compare with the trainer's hash (bit-for-bit check)."""
+    shared_memory: bool = True
+    """A rollout worker on the trainer's host (same host name and boot id) reads each weight
+    bucket from memory the trainer shares with it (Linux memfd) instead of receiving it over the
+    collective: one packed copy serves every local worker (asyncrl bench sync: the "shared
+    memory" row). The trainer offers it when it packs on the CPU (gloo); a worker that cannot
+    map it (another PID namespace, not Linux) falls back to the collective. False: always the
+    collective."""
 
     @property
     def bucket_bytes(self) -> int:

@@ -65,6 +65,7 @@ class SyncCoordinator:
         self.sender = sender
         """The weight transport's sending end (None: a trainer with no workers to feed); set
         when the trainer's loop starts, which is when workers can join."""
+        self._medium: tuple[int, int] | None = None  # workers served (shared memory, collective)
         self.model = model
         self.checksum = checksum
         self.position = position
@@ -135,6 +136,13 @@ class SyncCoordinator:
             sent = self.sender.broadcast(self.model, self.cfg.sync.bucket_bytes, workers)
             stats_bytes, buckets = sent.stats.bytes, sent.stats.buckets
             transfer_s, delivered = sent.stats.seconds, sent.delivered
+            medium = (sent.stats.shared, len(delivered) - sent.stats.shared)
+            if delivered and medium != self._medium:  # said once, and again when it changes
+                self._medium = medium
+                log.info(
+                    "weights reach %d worker(s) through shared memory, %d over the collective",
+                    *medium,
+                )
         checksum = self.checksum() if self.cfg.sync.verify_checksum else ""
         if workers is None and step > 0:  # a sync: the new version is split among these
             self.shared_among[self.version] = sorted(self.members)

@@ -19,11 +19,19 @@ sides rather than a hang or silently scrambled weights. Then each bucket is one 
 pair, posted to every pair at once; the sender packs bucket i+1 while bucket i is on the wire
 and the receiver unpacks bucket i while bucket i+1 arrives (two buffers each side). Buckets
 holding a single contiguous tensor are sent and received in place, without packing.
+
+A worker on the trainer's host (same host name and boot id, ``shared_memory`` on at both ends)
+takes the weights from memory instead (``sync.shared_slots``): the trainer packs each bucket
+into one of two slots it shares with every such worker, and the pair carries only a token per
+bucket and the worker's acknowledgement that the slot may be refilled. One packed copy then
+serves every local worker, and no byte crosses a socket. The medium is agreed per transfer in
+the manifest exchange, so a worker that cannot map the memory keeps the collective.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -47,6 +55,7 @@ from .buckets import (
     unpack,
     weight_manifest,
 )
+from .shared_slots import SharedSlots, SlotsOffer, SlotsView, host_id
 
 __all__ = [
     "BroadcastResult",
@@ -60,6 +69,7 @@ log = logging.getLogger(__name__)
 
 Backend = Literal["auto", "gloo", "nccl"]
 _HEADER_BYTES = 32 + 8  # sha256 digest of the manifest + bucket_bytes as int64 little-endian
+# (then each end's medium, JSON: its host, and the trainer's shared slots when it offers them)
 _ANNOUNCE_EVERY_S = 2.0
 
 
@@ -75,6 +85,9 @@ class TransferStats:
     seconds: float
     buckets: int
     tensors: int
+    shared: int = 0
+    """Workers that read the weights from the trainer's shared memory (the others got them
+    over the collective)."""
 
     @property
     def gbps(self) -> float:
@@ -133,10 +146,15 @@ class _Pair:
         self.pg.set_timeout(timedelta(seconds=op_timeout_s))
         self.device = device
 
-    def broadcast(self, tensor: Tensor) -> dist.Work:
+    def broadcast(self, tensor: Tensor, root: int = 0) -> dist.Work:
         opts = dist.BroadcastOptions()
-        opts.rootRank = 0
+        opts.rootRank = root
         return self.pg.broadcast([tensor], opts)
+
+    def signal(self, root: int, value: int) -> tuple[dist.Work, Tensor]:
+        """A one-number message from ``root`` (a bucket's token or its acknowledgement)."""
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        return self.broadcast(t, root), t
 
     def exchange(self, data: bytes) -> tuple[bytes, bytes]:
         """Both ends' bytes (rank 0's first): lengths first, then the padded payloads."""
@@ -168,9 +186,11 @@ class _Endpoint:
         backend: Backend = "auto",
         device: torch.device | str = "cpu",
         timeout_s: float = 300.0,
+        shared_memory: bool = True,
     ) -> None:
         self.device = torch.device(device)
         self.backend = _resolve_backend(backend, self.device)
+        self.shared_memory = shared_memory
         self.master_addr = master_addr
         self.master_port = master_port
         self.timeout_s = timeout_s
@@ -185,20 +205,28 @@ class _Endpoint:
         return tensors, manifest, plan_buckets(manifest, int(bucket_bytes))
 
     def _verify_manifest(
-        self, pair: _Pair, manifest: list[TensorSpec], bucket_bytes: int, worker: int
-    ) -> None:
-        """Exchange (digest, bucket_bytes) on the pair; on a mismatch both ends raise."""
+        self,
+        pair: _Pair,
+        manifest: list[TensorSpec],
+        bucket_bytes: int,
+        worker: int,
+        medium: dict[str, object],
+    ) -> dict[str, object]:
+        """Exchange (digest, bucket_bytes) on the pair, each end's ``medium`` after them; on
+        a mismatch both ends raise. Returns the other end's medium."""
         header = bytes.fromhex(manifest_digest(manifest)) + int(bucket_bytes).to_bytes(8, "little")
-        trainer_row, worker_row = pair.exchange(header)
-        if trainer_row == worker_row:
-            return
+        trainer_row, worker_row = pair.exchange(header + json.dumps(medium).encode())
+        peer_row = worker_row if self.role == "trainer" else trainer_row
+        if trainer_row[:_HEADER_BYTES] == worker_row[:_HEADER_BYTES]:
+            peer = json.loads(peer_row[_HEADER_BYTES:] or b"{}")
+            return peer if isinstance(peer, dict) else {}
         # Both ends saw the mismatch, so both join this second (rare) exchange of details.
         summary = json.dumps([(s.name, s.aliases, s.shape, str(s.dtype)) for s in manifest])
         a, b = pair.exchange(summary.encode())
         details = []
         sizes = (
-            int.from_bytes(worker_row[32:], "little"),
-            int.from_bytes(trainer_row[32:], "little"),
+            int.from_bytes(worker_row[32:_HEADER_BYTES], "little"),
+            int.from_bytes(trainer_row[32:_HEADER_BYTES], "little"),
         )
         if sizes[0] != sizes[1]:
             details.append(f"worker {worker} uses bucket_bytes={sizes[0]}, trainer {sizes[1]}")
@@ -252,6 +280,7 @@ class WeightSender(_Endpoint):
         super().__init__(*args, **kwargs)
         self.join_timeout_s = min(join_timeout_s, self.timeout_s)
         self._pairs: dict[int, tuple[str, _Pair]] = {}
+        self._slots: SharedSlots | None = None
 
     def start(self) -> None:
         """Listen on master_port (the workers connect to it)."""
@@ -325,21 +354,33 @@ class WeightSender(_Endpoint):
         targets = (
             sorted(self._pairs) if workers is None else sorted(set(workers) & set(self._pairs))
         )
+        slots = self._slots_for(buckets) if targets else None
+        medium: dict[str, object] = {"host": _host()}
+        if slots is not None:
+            medium["slots"] = slots.offer.as_json()
         live: dict[int, _Pair] = {}
+        local: set[int] = set()  # workers reading the shared slots
         failed: dict[int, str] = {}
         for w in targets:
+            pair = self._pairs[w][1]
             try:
-                self._verify_manifest(self._pairs[w][1], manifest, bucket_bytes, w)
-                live[w] = self._pairs[w][1]
+                peer = self._verify_manifest(pair, manifest, bucket_bytes, w, medium)
+                if slots is not None and peer.get("host") == _host():
+                    _, answer = pair.exchange(b"")  # the worker mapped the slots, or not
+                    if answer == b"1":
+                        local.add(w)
+                live[w] = pair
             except ManifestMismatchError:
                 raise
             except Exception as err:
                 failed[w] = f"{type(err).__name__}: {err}"
-        bufs = self._ensure_buffers(buckets, tensors)
-        pending: list[list[tuple[int, dist.Work]]] = [[], []]
+        bufs = [] if local else self._ensure_buffers(buckets, tensors)
+        # per buffer slot: the works that must finish before it is refilled (the collective's
+        # sends, the local workers' tokens and acknowledgements)
+        pending: list[list[tuple[int, dist.Work, Tensor | None]]] = [[], []]
 
         def settle(slot: int) -> None:
-            for w, work in pending[slot]:
+            for w, work, _ in pending[slot]:
                 try:
                     work.wait()
                 except Exception as err:
@@ -352,13 +393,19 @@ class WeightSender(_Endpoint):
                 break
             slot = i % 2
             settle(slot)  # this buffer was sent two buckets ago: free to refill
-            wire = self._direct(bucket, tensors)
-            if wire is None:
-                flat = pack(bucket, tensors, out=_typed(bufs[slot], bucket))
-                wire = flat.view(torch.uint8)
+            direct = None if local else self._direct(bucket, tensors)
+            if direct is not None:
+                wire = direct
+            else:  # packed: into the shared slot when a local worker reads it
+                buf = slots.slot(i) if local and slots is not None else bufs[slot]
+                wire = pack(bucket, tensors, out=_typed(buf, bucket)).view(torch.uint8)
             for w, pair in list(live.items()):
                 try:
-                    pending[slot].append((w, pair.broadcast(wire)))
+                    if w in local:
+                        for root in (0, 1):  # "bucket i is in its slot", then "slot read"
+                            pending[slot].append((w, *pair.signal(root, i)))
+                    else:
+                        pending[slot].append((w, pair.broadcast(wire), None))
                 except Exception as err:
                     failed[w] = f"{type(err).__name__}: {err}"
                     live.pop(w)
@@ -369,12 +416,35 @@ class WeightSender(_Endpoint):
             log.warning("weights not delivered to worker %d (pair closed): %s", w, why)
             self.disconnect(w)
         delivered = {w: self._pairs[w][0] for w in live if w in self._pairs}
-        return BroadcastResult(_stats(start, manifest, buckets), delivered, failed)
+        return BroadcastResult(
+            _stats(start, manifest, buckets, shared=len(local & set(delivered))), delivered, failed
+        )
+
+    def _slots_for(self, buckets: list[Bucket]) -> SharedSlots | None:
+        """The shared slots, grown to the largest bucket; None where they cannot be (off in
+        the config, weights packed on a GPU, not Linux), and from then on after a failure."""
+        if not self.shared_memory or self.device.type != "cpu" or not buckets:
+            return None
+        need = max(b.nbytes for b in buckets)
+        if self._slots is not None and self._slots.fits(need):
+            return self._slots
+        if self._slots is not None:
+            self._slots.close()
+        try:
+            self._slots = SharedSlots(need)
+        except Exception as err:
+            log.warning("no shared weight slots (%s): every worker gets the collective", err)
+            self.shared_memory = False
+            self._slots = None
+        return self._slots
 
     def close(self) -> None:
         for w in list(self._pairs):
             self.disconnect(w)
         self._buffers = []
+        if self._slots is not None:
+            self._slots.close()
+            self._slots = None
         self._store = None
 
     def __enter__(self) -> WeightSender:
@@ -393,6 +463,7 @@ class WeightReceiver(_Endpoint):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._pair: _Pair | None = None
+        self._view: SlotsView | None = None
         self.worker = -1
 
     def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
@@ -443,7 +514,13 @@ class WeightReceiver(_Endpoint):
         pair = self._pair
         start = time.perf_counter()
         tensors, manifest, buckets = self._prepare(model, bucket_bytes)
-        self._verify_manifest(pair, manifest, bucket_bytes, self.worker)
+        peer = self._verify_manifest(pair, manifest, bucket_bytes, self.worker, {"host": _host()})
+        offer = peer.get("slots")
+        if isinstance(offer, dict) and peer.get("host") == _host():
+            view = self._attach(SlotsOffer.from_json(offer))
+            pair.exchange(b"1" if view is not None else b"0")
+            if view is not None:
+                return self._receive_shared(pair, view, tensors, manifest, buckets, start)
         bufs = self._ensure_buffers(buckets, tensors)
         # posted[j] = (bucket, work, flat buffer to unpack or None when received in place)
         posted: list[tuple[Bucket, dist.Work, Tensor | None]] = []
@@ -469,20 +546,67 @@ class WeightReceiver(_Endpoint):
         self._sync_device()
         return _stats(start, manifest, buckets)
 
+    def _attach(self, offer: SlotsOffer) -> SlotsView | None:
+        """The trainer's slots, mapped once per offer; None (the collective) when this end has
+        shared memory off or cannot map them."""
+        if not self.shared_memory:
+            return None
+        if self._view is not None and self._view.offer == offer:
+            return self._view
+        self._view = None
+        try:
+            self._view = SlotsView(offer)
+        except Exception as err:
+            log.warning("cannot map the trainer's weight slots (%s): using the collective", err)
+            self.shared_memory = False
+        return self._view
+
+    def _receive_shared(
+        self,
+        pair: _Pair,
+        view: SlotsView,
+        tensors: Mapping[str, Tensor],
+        manifest: list[TensorSpec],
+        buckets: list[Bucket],
+        start: float,
+    ) -> TransferStats:
+        """Each bucket from the slot the trainer's token names, acknowledged once copied."""
+        acks = []
+        for i, bucket in enumerate(buckets):
+            work, token = pair.signal(0, -1)
+            work.wait()
+            if int(token.item()) != i:
+                raise RuntimeError(f"weight slots out of step: token {int(token)} for bucket {i}")
+            unpack(bucket, _typed(view.slot(i), bucket), tensors)
+            acks.append(pair.signal(1, i))
+        for work, _ in acks:
+            work.wait()
+        self._sync_device()
+        return _stats(start, manifest, buckets, shared=1)
+
     def close(self) -> None:
+        self._view = None
         self._buffers = []
         if self._pair is not None:
             self._pair.close()
             self._pair = None
 
 
-def _stats(start: float, manifest: list[TensorSpec], buckets: list[Bucket]) -> TransferStats:
+def _stats(
+    start: float, manifest: list[TensorSpec], buckets: list[Bucket], shared: int = 0
+) -> TransferStats:
     return TransferStats(
         bytes=sum(s.nbytes for s in manifest),
         seconds=time.perf_counter() - start,
         buckets=len(buckets),
         tensors=len(manifest),
+        shared=shared,
     )
+
+
+@functools.cache
+def _host() -> str:
+    return host_id()
 
 
 def _typed(buf: Tensor, bucket: Bucket) -> Tensor:

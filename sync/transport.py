@@ -3,8 +3,8 @@
 Two ends, each a small interface, and a factory choosing the backend from the config. Today's
 backend is the collective (``sync.collective``: a torch.distributed pair per worker
 incarnation, gloo or NCCL); ``asyncrl.testing.LocalWeights`` moves them between objects of
-one process (tests); a CUDA-IPC or filesystem backend would be one more module behind the same
-two interfaces.
+one process (tests). Workers on the trainer's host read the packed buckets from shared memory
+(``sync.shared_slots``), negotiated per transfer inside the collective's pair.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def make_source(cfg: RunConfig, device: torch.device) -> WeightSource | None:
         # gloo sends from CPU buckets, even with the trainer on a GPU.
         device=device if backend == "nccl" else torch.device("cpu"),
         timeout_s=sc.timeout_s,
+        shared_memory=sc.shared_memory,
     )
     sender.start()
     log.info(
@@ -87,6 +88,7 @@ def make_sink(cfg: RunConfig, device: torch.device) -> WeightSink:
         backend=sc.transport_backend,
         device=device,
         timeout_s=sc.timeout_s,
+        shared_memory=sc.shared_memory,
     )
 
 

@@ -34,6 +34,9 @@ def test_sync_smoke(tmp_path):
         assert row[way]["s"] > 0 and row[way]["gbps"] > 0
     for way in METHODS:  # one timed round after the warm-up, checksum checked by sync()
         assert len(row[way]["rounds_s"]) == 1
+    # the receiver is on this host: it read the slots in that row only
+    assert row["shared memory"]["shared_workers"] == 1
+    assert row["bucketed"]["shared_workers"] == row["per-tensor"]["shared_workers"] == 0
     assert "per-tensor / bucketed time" in out.getvalue()
     saved = json.loads(next(tmp_path.glob("bench-sync-*.json")).read_text())
     assert saved["transfer"]["5M"]["bytes"] == row["bytes"]

@@ -1,4 +1,5 @@
-"""The weight collective between real processes on loopback (gloo; NCCL only with 2 GPUs).
+"""The weight collective between real processes on loopback (gloo; NCCL only with 2 GPUs),
+and the shared-memory slots that serve workers on the trainer's host.
 
 Each rank is a spawned process that writes what it saw (checksums, state dicts, errors) to a
 temp dir; the test compares those files. Every process has a deadline and every collective a
@@ -64,14 +65,21 @@ def _free_port() -> int:
 
 
 def _worker(
-    rank: int, world_size: int, port: int, scenario: str, out: str, device: str, backend: str
+    rank: int,
+    world_size: int,
+    port: int,
+    scenario: str,
+    out: str,
+    device: str,
+    backend: str,
+    shared: bool,
 ) -> None:
     """One process: rank 0 is the trainer (sends), the others are workers (receive); results
-    go to files in ``out``."""
+    go to files in ``out``. ``shared``: this end's shared_memory setting."""
     torch.set_num_threads(1)
     result: dict = {"rank": rank, "checksums": [], "initial": None, "error": None, "stats": []}
     outdir = Path(out)
-    args = ("127.0.0.1", port, backend, torch.device(device), COLLECTIVE_TIMEOUT_S)
+    args = ("127.0.0.1", port, backend, torch.device(device), COLLECTIVE_TIMEOUT_S, shared)
     end = WeightSender(*args) if rank == 0 else WeightReceiver(*args)
     try:
         torch.manual_seed(0 if rank == 0 else 1000 + rank)
@@ -108,11 +116,23 @@ def _worker(
     (outdir / f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def _run(world_size: int, scenario: str, out: Path, device: str = "cpu", backend: str = "gloo"):
+def _run(
+    world_size: int,
+    scenario: str,
+    out: Path,
+    device: str = "cpu",
+    backend: str = "gloo",
+    shared: tuple[bool, ...] | None = None,
+):
+    """``shared``: each rank's shared_memory setting (default: on everywhere)."""
     ctx = mp.get_context("spawn")
     port = _free_port()
+    shared = shared or (True,) * world_size
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, scenario, str(out), device, backend))
+        ctx.Process(
+            target=_worker,
+            args=(r, world_size, port, scenario, str(out), device, backend, shared[r]),
+        )
         for r in range(world_size)
     ]
     for p in procs:
@@ -138,7 +158,9 @@ def _assert_bit_equal(a: dict, b: dict) -> None:
         assert torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)), k
 
 
-def _check_rounds(results: list[dict], out: Path) -> None:
+def _check_rounds(results: list[dict], out: Path, shared: int = 0) -> None:
+    """Every receiver got the sender's weights bit for bit, each round; ``shared`` of them
+    read them from the shared slots."""
     errors = [r["error"] for r in results if r["error"]]
     assert not errors, errors[0]
     sender, receivers = results[0], results[1:]
@@ -155,14 +177,29 @@ def _check_rounds(results: list[dict], out: Path) -> None:
     assert stats[1].buckets == 9  # 1-byte buckets: one per tensor
     assert stats[2].buckets == 3  # fp32, bf16, int64
     assert all(s.gbps > 0 for s in stats)
+    assert [s.shared for s in stats] == [shared] * len(stats)
+    for rec in receivers:
+        assert {s["shared"] for s in rec["stats"]} <= {0, 1}
 
 
-def test_two_processes_three_syncs_bit_exact(tmp_path: Path) -> None:
-    _check_rounds(_run(2, "rounds", tmp_path), tmp_path)
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "collective"])
+def test_two_processes_three_syncs_bit_exact(tmp_path: Path, shared: bool) -> None:
+    results = _run(2, "rounds", tmp_path, shared=(shared, shared))
+    _check_rounds(results, tmp_path, shared=int(shared))
+    assert [s["shared"] for s in results[1]["stats"]] == [int(shared)] * len(ROUND_BUCKET_BYTES)
 
 
-def test_three_processes(tmp_path: Path) -> None:
-    _check_rounds(_run(3, "rounds", tmp_path), tmp_path)
+def test_three_processes_one_reading_shared_memory_one_over_the_collective(tmp_path: Path):
+    """A worker with shared memory off keeps the collective while another on the same host
+    reads the slots, in the same transfers."""
+    results = _run(3, "rounds", tmp_path, shared=(True, True, False))
+    _check_rounds(results, tmp_path, shared=1)
+    assert {s["shared"] for s in results[1]["stats"]} == {1}
+    assert {s["shared"] for s in results[2]["stats"]} == {0}
+
+
+def test_trainer_without_shared_memory_serves_everyone_over_the_collective(tmp_path: Path):
+    _check_rounds(_run(3, "rounds", tmp_path, shared=(False, True, True)), tmp_path, shared=0)
 
 
 def test_manifest_mismatch_fails_on_both_sides(tmp_path: Path) -> None:
@@ -250,7 +287,9 @@ def test_nccl_two_gpus(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, 2, port, "rounds", str(tmp_path), f"cuda:{r}", "nccl"))
+        ctx.Process(
+            target=_worker, args=(r, 2, port, "rounds", str(tmp_path), f"cuda:{r}", "nccl", True)
+        )
         for r in range(2)
     ]
     for p in procs:
