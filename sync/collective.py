@@ -88,6 +88,9 @@ class TransferStats:
     shared: int = 0
     """Workers that read the weights from the trainer's shared memory (the others got them
     over the collective)."""
+    medium: str = "collective"
+    """How the bytes moved: collective, memfd or cuda (a worker's end), or the kinds of slots
+    read, joined by + (the trainer's end)."""
 
     @property
     def gbps(self) -> float:
@@ -189,7 +192,10 @@ class _Endpoint:
         shared_memory: bool = True,
     ) -> None:
         self.device = torch.device(device)
+        """Where this end's weights live (a trainer's or worker's model)."""
         self.backend = _resolve_backend(backend, self.device)
+        self.wire_device = self.device if self.backend == "nccl" else torch.device("cpu")
+        """Where the collective's buffers live: gloo sends from host memory."""
         self.shared_memory = shared_memory
         self.master_addr = master_addr
         self.master_port = master_port
@@ -243,7 +249,8 @@ class _Endpoint:
         need = max((b.nbytes for b in buckets if self._direct(b, tensors) is None), default=0)
         if len(self._buffers) != 2 or self._buffers[0].numel() < need:
             self._buffers = [
-                torch.empty(max(need, 8), dtype=torch.uint8, device=self.device) for _ in range(2)
+                torch.empty(max(need, 8), dtype=torch.uint8, device=self.wire_device)
+                for _ in range(2)
             ]
         return self._buffers
 
@@ -252,7 +259,7 @@ class _Endpoint:
         if len(bucket.specs) != 1:
             return None
         t = tensors[bucket.specs[0].name]
-        if t.device != self.device or not t.is_contiguous() or t.numel() == 0:
+        if t.device != self.wire_device or not t.is_contiguous() or t.numel() == 0:
             return None
         return t.detach().reshape(-1).view(torch.uint8)
 
@@ -280,7 +287,9 @@ class WeightSender(_Endpoint):
         super().__init__(*args, **kwargs)
         self.join_timeout_s = min(join_timeout_s, self.timeout_s)
         self._pairs: dict[int, tuple[str, _Pair]] = {}
-        self._slots: SharedSlots | None = None
+        self._slots: dict[str, SharedSlots] = {}
+        self._gpu_workers = False  # a local worker on a GPU asked for slots in GPU memory
+        self._failed_kinds: set[str] = set()
 
     def start(self) -> None:
         """Listen on master_port (the workers connect to it)."""
@@ -323,7 +332,7 @@ class WeightSender(_Endpoint):
                 key,
                 0,
                 self.backend,
-                self.device,
+                self.wire_device,
                 self.join_timeout_s,
                 self.timeout_s,
             )
@@ -354,27 +363,31 @@ class WeightSender(_Endpoint):
         targets = (
             sorted(self._pairs) if workers is None else sorted(set(workers) & set(self._pairs))
         )
-        slots = self._slots_for(buckets) if targets else None
+        offered = self._offer(buckets) if targets else {}
         medium: dict[str, object] = {"host": _host()}
-        if slots is not None:
-            medium["slots"] = slots.offer.as_json()
+        medium.update({f"slots_{kind}": slots.offer.as_json() for kind, slots in offered.items()})
         live: dict[int, _Pair] = {}
-        local: set[int] = set()  # workers reading the shared slots
+        local: dict[int, str] = {}  # worker -> the kind of slots it reads
         failed: dict[int, str] = {}
         for w in targets:
             pair = self._pairs[w][1]
             try:
                 peer = self._verify_manifest(pair, manifest, bucket_bytes, w, medium)
-                if slots is not None and peer.get("host") == _host():
-                    _, answer = pair.exchange(b"")  # the worker mapped the slots, or not
-                    if answer == b"1":
-                        local.add(w)
+                if peer.get("host") == _host():
+                    self._gpu_workers |= bool(peer.get("gpu"))
+                    if offered:  # the worker mapped one kind of slots, or none
+                        kind = pair.exchange(b"")[1].decode()
+                        if kind in offered:
+                            local[w] = kind
                 live[w] = pair
             except ManifestMismatchError:
                 raise
             except Exception as err:
                 failed[w] = f"{type(err).__name__}: {err}"
-        bufs = [] if local else self._ensure_buffers(buckets, tensors)
+        in_use = {kind: offered[kind] for kind in set(local.values())}
+        host_slots = in_use.get("memfd")  # also the wire of the collective's pairs, if packed
+        remote = any(w not in local for w in live)
+        bufs = self._ensure_buffers(buckets, tensors) if remote and host_slots is None else []
         # per buffer slot: the works that must finish before it is refilled (the collective's
         # sends, the local workers' tokens and acknowledgements)
         pending: list[list[tuple[int, dist.Work, Tensor | None]]] = [[], []]
@@ -393,19 +406,25 @@ class WeightSender(_Endpoint):
                 break
             slot = i % 2
             settle(slot)  # this buffer was sent two buckets ago: free to refill
-            direct = None if local else self._direct(bucket, tensors)
-            if direct is not None:
-                wire = direct
-            else:  # packed: into the shared slot when a local worker reads it
-                buf = slots.slot(i) if local and slots is not None else bufs[slot]
-                wire = pack(bucket, tensors, out=_typed(buf, bucket)).view(torch.uint8)
+            for slots in in_use.values():
+                if slots is not host_slots:  # GPU memory: packed on the GPU, then waited for
+                    pack(bucket, tensors, out=_typed(slots.slot(i), bucket))
+                    slots.synchronize()
+            wire = None
+            if host_slots is not None:  # packed once, for the local and the remote workers
+                wire = pack(bucket, tensors, out=_typed(host_slots.slot(i), bucket))
+            elif remote:
+                wire = self._direct(bucket, tensors)
+                if wire is None:
+                    wire = pack(bucket, tensors, out=_typed(bufs[slot], bucket))
             for w, pair in list(live.items()):
                 try:
                     if w in local:
                         for root in (0, 1):  # "bucket i is in its slot", then "slot read"
                             pending[slot].append((w, *pair.signal(root, i)))
                     else:
-                        pending[slot].append((w, pair.broadcast(wire), None))
+                        assert wire is not None
+                        pending[slot].append((w, pair.broadcast(wire.view(torch.uint8)), None))
                 except Exception as err:
                     failed[w] = f"{type(err).__name__}: {err}"
                     live.pop(w)
@@ -416,35 +435,42 @@ class WeightSender(_Endpoint):
             log.warning("weights not delivered to worker %d (pair closed): %s", w, why)
             self.disconnect(w)
         delivered = {w: self._pairs[w][0] for w in live if w in self._pairs}
-        return BroadcastResult(
-            _stats(start, manifest, buckets, shared=len(local & set(delivered))), delivered, failed
-        )
+        shared = len(set(local) & set(delivered))
+        kinds = "+".join(sorted(in_use)) or "collective"
+        return BroadcastResult(_stats(start, manifest, buckets, shared, kinds), delivered, failed)
 
-    def _slots_for(self, buckets: list[Bucket]) -> SharedSlots | None:
-        """The shared slots, grown to the largest bucket; None where they cannot be (off in
-        the config, weights packed on a GPU, not Linux), and from then on after a failure."""
-        if not self.shared_memory or self.device.type != "cpu" or not buckets:
-            return None
+    def _offer(self, buckets: list[Bucket]) -> dict[str, SharedSlots]:
+        """The shared slots to offer, by kind, grown to the largest bucket: host memory, and
+        GPU memory once a local worker on a GPU asked (a trainer on a GPU). None where they
+        cannot be (off in the config, NCCL pairs, not Linux), and a kind no more after it
+        failed once."""
+        if not self.shared_memory or self.backend == "nccl" or not buckets:
+            return {}
         need = max(b.nbytes for b in buckets)
-        if self._slots is not None and self._slots.fits(need):
-            return self._slots
-        if self._slots is not None:
-            self._slots.close()
-        try:
-            self._slots = SharedSlots(need)
-        except Exception as err:
-            log.warning("no shared weight slots (%s): every worker gets the collective", err)
-            self.shared_memory = False
-            self._slots = None
-        return self._slots
+        kinds = {"memfd": torch.device("cpu")}
+        if self._gpu_workers and self.device.type == "cuda":
+            kinds["cuda"] = self.device
+        for kind, device in kinds.items():
+            slots = self._slots.get(kind)
+            if slots is not None and slots.fits(need) or kind in self._failed_kinds:
+                continue
+            if slots is not None:
+                slots.close()
+            try:
+                self._slots[kind] = SharedSlots(need, device)
+            except Exception as err:
+                log.warning("no shared weight slots in %s memory (%s)", kind, err)
+                self._slots.pop(kind, None)
+                self._failed_kinds.add(kind)
+        return {k: v for k, v in self._slots.items() if k in kinds}
 
     def close(self) -> None:
         for w in list(self._pairs):
             self.disconnect(w)
         self._buffers = []
-        if self._slots is not None:
-            self._slots.close()
-            self._slots = None
+        for slots in self._slots.values():
+            slots.close()
+        self._slots = {}
         self._store = None
 
     def __enter__(self) -> WeightSender:
@@ -464,6 +490,7 @@ class WeightReceiver(_Endpoint):
         super().__init__(*args, **kwargs)
         self._pair: _Pair | None = None
         self._view: SlotsView | None = None
+        self._failed_kinds: set[str] = set()
         self.worker = -1
 
     def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
@@ -500,7 +527,7 @@ class WeightReceiver(_Endpoint):
                     ) from err
         try:
             self._pair = _Pair(
-                store, key, 1, self.backend, self.device, self.timeout_s, self.timeout_s
+                store, key, 1, self.backend, self.wire_device, self.timeout_s, self.timeout_s
             )
         except Exception as err:
             raise self._rendezvous_error(f"worker {worker} forming its pair", err) from err
@@ -514,11 +541,12 @@ class WeightReceiver(_Endpoint):
         pair = self._pair
         start = time.perf_counter()
         tensors, manifest, buckets = self._prepare(model, bucket_bytes)
-        peer = self._verify_manifest(pair, manifest, bucket_bytes, self.worker, {"host": _host()})
-        offer = peer.get("slots")
-        if isinstance(offer, dict) and peer.get("host") == _host():
-            view = self._attach(SlotsOffer.from_json(offer))
-            pair.exchange(b"1" if view is not None else b"0")
+        medium = {"host": _host(), "gpu": self.device.type == "cuda"}
+        peer = self._verify_manifest(pair, manifest, bucket_bytes, self.worker, medium)
+        offers = {k[6:]: v for k, v in peer.items() if k.startswith("slots_")}
+        if offers and peer.get("host") == _host():
+            view = self._attach(offers)
+            pair.exchange(view.offer.kind.encode() if view is not None else b"none")
             if view is not None:
                 return self._receive_shared(pair, view, tensors, manifest, buckets, start)
         bufs = self._ensure_buffers(buckets, tensors)
@@ -546,20 +574,28 @@ class WeightReceiver(_Endpoint):
         self._sync_device()
         return _stats(start, manifest, buckets)
 
-    def _attach(self, offer: SlotsOffer) -> SlotsView | None:
-        """The trainer's slots, mapped once per offer; None (the collective) when this end has
-        shared memory off or cannot map them."""
+    def _attach(self, offers: dict[str, object]) -> SlotsView | None:
+        """The trainer's slots this end reads, mapped once per offer: GPU memory for weights
+        on a GPU, else host memory; None (the collective) when this end has shared memory off
+        or can map neither. A kind that failed to map is not tried again."""
         if not self.shared_memory:
             return None
-        if self._view is not None and self._view.offer == offer:
-            return self._view
+        order = ("cuda", "memfd") if self.device.type == "cuda" else ("memfd",)
+        for kind in order:
+            raw = offers.get(kind)
+            if not isinstance(raw, dict) or kind in self._failed_kinds:
+                continue
+            offer = SlotsOffer.from_json(raw)
+            if self._view is not None and self._view.offer == offer:
+                return self._view
+            try:
+                self._view = SlotsView(offer)
+                return self._view
+            except Exception as err:
+                log.warning("cannot map the trainer's %s weight slots (%s)", kind, err)
+                self._failed_kinds.add(kind)
         self._view = None
-        try:
-            self._view = SlotsView(offer)
-        except Exception as err:
-            log.warning("cannot map the trainer's weight slots (%s): using the collective", err)
-            self.shared_memory = False
-        return self._view
+        return None
 
     def _receive_shared(
         self,
@@ -578,11 +614,13 @@ class WeightReceiver(_Endpoint):
             if int(token.item()) != i:
                 raise RuntimeError(f"weight slots out of step: token {int(token)} for bucket {i}")
             unpack(bucket, _typed(view.slot(i), bucket), tensors)
+            view.synchronize()  # copied out before the slot is handed back
+            self._sync_device()
             acks.append(pair.signal(1, i))
         for work, _ in acks:
             work.wait()
         self._sync_device()
-        return _stats(start, manifest, buckets, shared=1)
+        return _stats(start, manifest, buckets, shared=1, medium=view.offer.kind)
 
     def close(self) -> None:
         self._view = None
@@ -593,7 +631,11 @@ class WeightReceiver(_Endpoint):
 
 
 def _stats(
-    start: float, manifest: list[TensorSpec], buckets: list[Bucket], shared: int = 0
+    start: float,
+    manifest: list[TensorSpec],
+    buckets: list[Bucket],
+    shared: int = 0,
+    medium: str = "collective",
 ) -> TransferStats:
     return TransferStats(
         bytes=sum(s.nbytes for s in manifest),
@@ -601,6 +643,7 @@ def _stats(
         buckets=len(buckets),
         tensors=len(manifest),
         shared=shared,
+        medium=medium,
     )
 
 

@@ -67,14 +67,16 @@ def make_source(cfg: RunConfig, device: torch.device) -> WeightSource | None:
         master_addr=sc.master_addr,
         master_port=_port(cfg),
         backend=backend,
-        # gloo sends from CPU buckets, even with the trainer on a GPU.
-        device=device if backend == "nccl" else torch.device("cpu"),
+        device=device,  # gloo sends from host buffers whatever this device (wire_device)
         timeout_s=sc.timeout_s,
         shared_memory=sc.shared_memory,
     )
     sender.start()
     log.info(
-        "weight sync over %s from %s buffers on port %d", backend, sender.device, sc.master_port
+        "weight sync over %s from %s buffers on port %d",
+        backend,
+        sender.wire_device,
+        sc.master_port,
     )
     return sender
 

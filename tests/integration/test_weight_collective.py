@@ -180,6 +180,8 @@ def _check_rounds(results: list[dict], out: Path, shared: int = 0) -> None:
     assert [s.shared for s in stats] == [shared] * len(stats)
     for rec in receivers:
         assert {s["shared"] for s in rec["stats"]} <= {0, 1}
+        for s in rec["stats"]:
+            assert (s["medium"] == "collective") == (s["shared"] == 0)
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "collective"])
@@ -187,6 +189,8 @@ def test_two_processes_three_syncs_bit_exact(tmp_path: Path, shared: bool) -> No
     results = _run(2, "rounds", tmp_path, shared=(shared, shared))
     _check_rounds(results, tmp_path, shared=int(shared))
     assert [s["shared"] for s in results[1]["stats"]] == [int(shared)] * len(ROUND_BUCKET_BYTES)
+    medium = "memfd" if shared else "collective"
+    assert {s["medium"] for s in results[0]["stats"] + results[1]["stats"]} == {medium}
 
 
 def test_three_processes_one_reading_shared_memory_one_over_the_collective(tmp_path: Path):
@@ -279,6 +283,18 @@ def test_unanswered_join_gives_up_and_backend_is_checked() -> None:
         assert tx.members == {}
     with pytest.raises(ValueError, match="nccl"):
         WeightSender("127.0.0.1", 1, "nccl", torch.device("cpu"), 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_one_gpu_trainer_and_worker_hand_over_through_cuda_ipc(tmp_path: Path) -> None:
+    """Both ends on one GPU (gloo pairs: NCCL cannot put two ranks on one device): the first
+    transfer goes through host memory, where the worker says it is on a GPU; from the next
+    one the trainer offers slots in GPU memory and the buckets go GPU to GPU."""
+    results = _run(2, "rounds", tmp_path, device="cuda:0", backend="gloo")
+    _check_rounds(results, tmp_path, shared=1)
+    kinds = [s["medium"] for s in results[1]["stats"]]
+    assert kinds[0] == "memfd" and set(kinds[1:]) == {"cuda"}, kinds
 
 
 @pytest.mark.gpu

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -40,11 +41,25 @@ def test_slots_are_aligned_for_any_dtype_and_sized_up():
 def test_a_mapping_of_something_else_is_refused():
     slots = SharedSlots(64)
     try:
-        forged = SlotsOffer(slots.offer.pid, slots.offer.fd, "0" * 32, slots.offer.slot_bytes)
+        forged = dataclasses.replace(slots.offer, nonce="0" * 32)
         with pytest.raises(OSError, match="nonce mismatch"):
             SlotsView(forged)
     finally:
         slots.close()
+
+
+def test_a_cuda_offer_travels_as_json_and_needs_a_gpu_to_open():
+    ipc = (0, b"\x01\xff", 4224, 0, b"/torch_1_2", 5, b"\x00" * 4, True)
+    offer = SlotsOffer("cuda", "ab" * 16, 2048, ipc=ipc, device_uuid="GPU-1")
+    wire = json.dumps(offer.as_json())  # plain JSON: hex for the handles, no pickle
+    back = SlotsOffer.from_json(json.loads(wire))
+    assert back.kind == "cuda" and back.device_uuid == "GPU-1" and back.nbytes == 64 + 4096
+    assert [bytes.fromhex(v) if isinstance(v, str) else v for v in back.ipc] == list(ipc)
+    if not torch.cuda.is_available():
+        with pytest.raises(OSError, match="no GPU"):
+            SlotsView(back)
+    with pytest.raises(ValueError, match="kind"):
+        SlotsOffer.from_json({**offer.as_json(), "kind": "pickle"})
 
 
 def test_host_id_names_this_machine():
