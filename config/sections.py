@@ -188,6 +188,11 @@ class RolloutConfig(Strict):
     0: a worker's death fails the run."""
     torch_threads: int = Field(1, ge=1)
     """CPU threads of each rollout worker process."""
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """Where each rollout worker's policy and engine live (auto: cuda when available). On a GPU
+    a worker on the trainer's host reads each sync's weights from the trainer's GPU memory (CUDA
+    IPC: sync.shared_memory). cpu by default until the GPU path has run on a GPU (written
+    without one: docs/design.md)."""
     engine_thread: bool = True
     """Run the engine on a thread of its own, served by request (as a vLLM or SGLang server
     is): the worker reacts to control events while it decodes. false: the worker steps it

@@ -25,6 +25,7 @@ import torch
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.consumers.update import grpo_update
+from asyncrl.models.policy import resolve_device
 from asyncrl.models.tiny import warm_start_metrics
 from asyncrl.models.warm_start import load_policy
 from asyncrl.producers.agent.factory import held_out_accuracy, make_runner
@@ -34,13 +35,6 @@ from asyncrl.producers.engines import factory as engines
 from asyncrl.schemas.sample import Sample, Trajectory
 from asyncrl.tasks import score, splits
 from asyncrl.tasks.arithmetic import Problem
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` means CUDA when available, else CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
 
 
 def prompt_stream(problems: list[Problem], seed: int) -> Iterator[Problem]:

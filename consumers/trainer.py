@@ -46,6 +46,7 @@ from asyncrl.consumers.evaluation import TrainerEvaluation
 from asyncrl.consumers.io import TrainerIO, kafka_io
 from asyncrl.consumers.step_stats import StepStats
 from asyncrl.kafka import Record
+from asyncrl.models.policy import resolve_device
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample
@@ -71,7 +72,7 @@ class Trainer:
         self.cfg = cfg
         tracing.init_tracing(cfg, "asyncrl-trainer")
         self.on_step = on_step or (lambda m: None)
-        self.device = _device(cfg.trainer.device)
+        self.device = resolve_device(cfg.trainer.device)
         torch.manual_seed(cfg.trainer.seed)
         self.model, self.tokenizer = load_policy(cfg)
         self.model.to(self.device).train()
@@ -330,9 +331,3 @@ class Trainer:
             self.tensorboard.close()
         self.io.close()
         self.coordinator.close()
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)

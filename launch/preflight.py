@@ -50,16 +50,22 @@ def _tool_config(cfg: RunConfig) -> Check:
     return Check(key, True, f"{path}: tools {', '.join(sorted(tools))}")
 
 
-def _cuda(cfg: RunConfig, here: bool) -> list[Check]:
-    wants = {
-        "trainer.device": cfg.trainer.device == "cuda",
-        "sync.backend": cfg.sync.backend == "nccl",
-    }
+def _cuda(cfg: RunConfig, role: str, here: bool) -> list[Check]:
+    """The keys that need CUDA in the processes ``role`` starts (a worker does not need the
+    trainer's GPU, nor the trainer a worker's)."""
+    wants: dict[str, bool] = {}
+    if role != "rollout":
+        wants["trainer.device"] = cfg.trainer.device == "cuda"
+        wants["sync.backend"] = cfg.sync.backend == "nccl"
+    if role != "train":
+        wants["actor_rollout_ref.rollout.device"] = cfg.actor_rollout_ref.rollout.device == "cuda"
     if not any(wants.values()):
+        if role == "rollout":
+            return []
         return [Check("trainer.device", True, f"{cfg.trainer.device} (no CUDA needed)")]
     if not here:
         return [
-            Check(k, None, "checked by the trainer's own process (launcher=ray)")
+            Check(k, None, "checked by the trainer's or worker's own process (launcher=ray)")
             for k, want in wants.items()
             if want
         ]
@@ -72,8 +78,10 @@ def _cuda(cfg: RunConfig, here: bool) -> list[Check]:
         else f"CUDA is not available here (torch {torch.__version__}, "
         f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
     )
-    value = {"trainer.device": "cuda", "sync.backend": "nccl"}
-    return [Check(k, available, f"{value[k]}: {why}") for k, want in wants.items() if want]
+    value = {"sync.backend": "nccl"}
+    return [
+        Check(k, available, f"{value.get(k, 'cuda')}: {why}") for k, want in wants.items() if want
+    ]
 
 
 def _package(key: str, module: str, extra: str) -> Check:
@@ -147,15 +155,14 @@ def startup_checks(cfg: RunConfig, role: str) -> list[Check]:
     """Every start-up check for ``role`` (run, train or rollout), passed or not."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-    here = role == "train" or (role == "run" and cfg.launcher == "local")
+    here = role != "run" or cfg.launcher == "local"  # this process starts the one that needs it
     checks = [_tool_config(cfg), _model_path(cfg)]
-    checks.append(_reward_function(cfg, here=role != "run" or cfg.launcher == "local"))
+    checks.append(_reward_function(cfg, here))
     if role != "rollout":
         checks += _data_files(cfg)
-    if role != "rollout":
-        checks += _cuda(cfg, here)
-        if "tensorboard" in cfg.trainer.logger:
-            checks.append(_package("trainer.logger", "tensorboard", "tensorboard"))
+    checks += _cuda(cfg, role, here)
+    if role != "rollout" and "tensorboard" in cfg.trainer.logger:
+        checks.append(_package("trainer.logger", "tensorboard", "tensorboard"))
     if role == "run" and cfg.launcher == "ray":
         checks.append(_package("launcher", "ray", "ray"))
     checks += _kafka_security(cfg)

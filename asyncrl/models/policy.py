@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 
 PATH_KEY = "actor_rollout_ref.model.path"
 
+
+def resolve_device(name: str) -> torch.device:
+    """A ``trainer.device`` / ``rollout.device`` value: ``auto`` means CUDA when available."""
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
 TINY_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
 )

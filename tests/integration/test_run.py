@@ -88,6 +88,26 @@ def test_budget_never_exceeded_per_version(make_run_cfg, quick_policy, mode_over
         assert stale > 0, "mode (c) should train on some samples of the previous version"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_one_gpu_for_both_roles(make_run_cfg, demo_policy):
+    """Trainer and worker on the same GPU: every version reaches the worker bit for bit
+    (from the second sync on through the trainer's GPU memory: docs/design.md)."""
+    cfg = make_run_cfg(
+        *SMALL,
+        *demo_policy,
+        "trainer.device=cuda",
+        "actor_rollout_ref.rollout.device=cuda",
+        "async_training.staleness_threshold=0.5",
+        "trainer.total_training_steps=4",
+    )
+    _run(cfg)
+    loaded = [e for e in _control(cfg) if isinstance(e, ev.WeightsLoaded)]
+    assert sorted(e.version for e in loaded) == [0, 1, 2, 3]
+    assert all(e.checksum_ok for e in loaded)
+    assert _samples_per_version(cfg)
+
+
 def test_versions_match_weights_and_syncs_are_bit_exact(make_run_cfg, demo_policy):
     """Two workers; every sample's logprobs match the weights of its param_version."""
     cfg = make_run_cfg(

@@ -346,6 +346,11 @@ def test_cuda_without_cuda_fails_at_start_up_naming_the_key(
         with pytest.raises(ConfigError, match="trainer.device: cuda: CUDA is not available"):
             check_startable(cfg, role)
     check_startable(cfg, "rollout")  # a worker does not need the trainer's GPU
+    workers = load_config(None, ["actor_rollout_ref.rollout.device=cuda"])
+    for role in ("run", "rollout"):
+        with pytest.raises(ConfigError, match="rollout.device: cuda: CUDA is not available"):
+            check_startable(workers, role)
+    check_startable(workers, "train")  # nor the trainer a worker's
     ray = load_config(None, ["trainer.device=cuda", "launcher=ray"])
     deferred = [c for c in startup_checks(ray, "run") if c.key == "trainer.device"]
     assert deferred[0].ok is None  # the trainer's own `asyncrl train` checks, on its node
