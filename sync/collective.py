@@ -290,6 +290,10 @@ class WeightSender(_Endpoint):
         self._slots: dict[str, SharedSlots] = {}
         self._gpu_workers = False  # a local worker on a GPU asked for slots in GPU memory
         self._failed_kinds: set[str] = set()
+        self._unacked: list[tuple[int, dist.Work, Tensor | None]] = []
+        """The last transfer's final acknowledgements, awaited before the slots are written
+        again (not before the transfer returns: the worker's own next exchange follows its
+        copy anyway, but a transfer to other workers may come first)."""
 
     def start(self) -> None:
         """Listen on master_port (the workers connect to it)."""
@@ -360,6 +364,7 @@ class WeightSender(_Endpoint):
         """
         start = time.perf_counter()
         tensors, manifest, buckets = self._prepare(model, bucket_bytes)
+        self._settle_unacked()
         targets = (
             sorted(self._pairs) if workers is None else sorted(set(workers) & set(self._pairs))
         )
@@ -375,10 +380,12 @@ class WeightSender(_Endpoint):
                 peer = self._verify_manifest(pair, manifest, bucket_bytes, w, medium)
                 if peer.get("host") == _host():
                     self._gpu_workers |= bool(peer.get("gpu"))
-                    if offered:  # the worker mapped one kind of slots, or none
+                    nonces = {k: v.offer.nonce for k, v in offered.items()}
+                    kind = _still_mapped(nonces, bool(peer.get("gpu")), peer.get("mapped"))
+                    if kind is None and offered:  # the worker maps one kind of slots, or none
                         kind = pair.exchange(b"")[1].decode()
-                        if kind in offered:
-                            local[w] = kind
+                    if kind in offered:
+                        local[w] = kind
                 live[w] = pair
             except ManifestMismatchError:
                 raise
@@ -390,10 +397,14 @@ class WeightSender(_Endpoint):
         bufs = self._ensure_buffers(buckets, tensors) if remote and host_slots is None else []
         # per buffer slot: the works that must finish before it is refilled (the collective's
         # sends, the local workers' tokens and acknowledgements)
-        pending: list[list[tuple[int, dist.Work, Tensor | None]]] = [[], []]
+        # (worker, work, its tensor, whether it is an acknowledgement)
+        pending: list[list[tuple[int, dist.Work, Tensor | None, bool]]] = [[], []]
 
-        def settle(slot: int) -> None:
-            for w, work, _ in pending[slot]:
+        def settle(slot: int, defer_acks: bool = False) -> None:
+            for w, work, signal, ack in pending[slot]:
+                if defer_acks and ack:
+                    self._unacked.append((w, work, signal))
+                    continue
                 try:
                     work.wait()
                 except Exception as err:
@@ -419,17 +430,19 @@ class WeightSender(_Endpoint):
                     wire = pack(bucket, tensors, out=_typed(bufs[slot], bucket))
             for w, pair in list(live.items()):
                 try:
-                    if w in local:
-                        for root in (0, 1):  # "bucket i is in its slot", then "slot read"
-                            pending[slot].append((w, *pair.signal(root, i)))
+                    if w in local:  # "bucket i is in its slot", then "slot read"
+                        pending[slot].append((w, *pair.signal(0, i), False))
+                        pending[slot].append((w, *pair.signal(1, i), True))
                     else:
                         assert wire is not None
-                        pending[slot].append((w, pair.broadcast(wire.view(torch.uint8)), None))
+                        pending[slot].append(
+                            (w, pair.broadcast(wire.view(torch.uint8)), None, False)
+                        )
                 except Exception as err:
                     failed[w] = f"{type(err).__name__}: {err}"
                     live.pop(w)
-        settle(0)
-        settle(1)
+        settle(0, defer_acks=True)
+        settle(1, defer_acks=True)
         self._sync_device()
         for w, why in failed.items():
             log.warning("weights not delivered to worker %d (pair closed): %s", w, why)
@@ -438,6 +451,17 @@ class WeightSender(_Endpoint):
         shared = len(set(local) & set(delivered))
         kinds = "+".join(sorted(in_use)) or "collective"
         return BroadcastResult(_stats(start, manifest, buckets, shared, kinds), delivered, failed)
+
+    def _settle_unacked(self) -> None:
+        """Wait until the last transfer's local workers copied its final buckets out; a
+        worker that died meanwhile is dropped (it will rejoin)."""
+        unacked, self._unacked = self._unacked, []
+        for w, work, _ in unacked:
+            try:
+                work.wait()
+            except Exception as err:
+                log.warning("worker %d did not acknowledge its last weights: %s", w, err)
+                self.disconnect(w)
 
     def _offer(self, buckets: list[Bucket]) -> dict[str, SharedSlots]:
         """The shared slots to offer, by kind, grown to the largest bucket: host memory, and
@@ -541,12 +565,17 @@ class WeightReceiver(_Endpoint):
         pair = self._pair
         start = time.perf_counter()
         tensors, manifest, buckets = self._prepare(model, bucket_bytes)
-        medium = {"host": _host(), "gpu": self.device.type == "cuda"}
+        gpu = self.device.type == "cuda"
+        mapped = self._view.offer.nonce if self._view is not None else None
+        medium = {"host": _host(), "gpu": gpu, "mapped": mapped}
         peer = self._verify_manifest(pair, manifest, bucket_bytes, self.worker, medium)
         offers = {k[6:]: v for k, v in peer.items() if k.startswith("slots_")}
         if offers and peer.get("host") == _host():
-            view = self._attach(offers)
-            pair.exchange(view.offer.kind.encode() if view is not None else b"none")
+            nonces = {k: v.get("nonce") for k, v in offers.items() if isinstance(v, dict)}
+            view = self._view if _still_mapped(nonces, gpu, mapped) else None
+            if view is None:  # a new offer: map it (or not) and say which
+                view = self._attach(offers)
+                pair.exchange(view.offer.kind.encode() if view is not None else b"none")
             if view is not None:
                 return self._receive_shared(pair, view, tensors, manifest, buckets, start)
         bufs = self._ensure_buffers(buckets, tensors)
@@ -650,6 +679,14 @@ def _stats(
 @functools.cache
 def _host() -> str:
     return host_id()
+
+
+def _still_mapped(nonces: Mapping[str, object], gpu: bool, mapped: object) -> str | None:
+    """The kind of slots a worker goes on reading without a word, both ends deciding alike:
+    the kind it prefers among those offered (GPU memory for weights on a GPU) when the slots
+    it already maps are those. None: it says which it maps."""
+    kind = "cuda" if gpu and "cuda" in nonces else "memfd"
+    return kind if mapped is not None and nonces.get(kind) == mapped else None
 
 
 def _typed(buf: Tensor, bucket: Bucket) -> Tensor:

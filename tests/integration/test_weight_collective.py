@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -315,3 +316,53 @@ def test_nccl_two_gpus(tmp_path: Path) -> None:
     assert all(p.exitcode == 0 for p in procs)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     _check_rounds(results, tmp_path)
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    """Three tensors, one bucket each at bucket_bytes=1: the big last one lands in slot 0,
+    where the next transfer's first bucket goes, and takes a while to copy out."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = {"a": 1024, "b": 1024, "c": 16 << 20}
+    return {k: torch.randn(n, generator=g) for k, n in sizes.items()}
+
+
+def _targeted_worker(port: int, worker: int, transfers: int, out: str) -> None:
+    torch.set_num_threads(1)
+    state = _state(100 + worker)
+    rx = WeightReceiver("127.0.0.1", port, "gloo", torch.device("cpu"), COLLECTIVE_TIMEOUT_S)
+    rx.join(worker, f"inc{worker}", announce=lambda: None)
+    sums, media = [], []
+    for _ in range(transfers):
+        media.append(rx.receive_into(state, 1).medium)
+        sums.append(weights_checksum(state))
+    rx.close()
+    Path(out, f"w{worker}.json").write_text(json.dumps({"sums": sums, "media": media}))
+
+
+def test_a_transfer_to_other_workers_waits_until_the_slots_were_copied_out(tmp_path: Path):
+    """Weights go to worker 0, then at once to worker 1 alone (as a joining worker gets them)
+    while worker 0 is stopped mid-copy: the second transfer must wait before it refills the
+    slot worker 0 still has to copy from."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_targeted_worker, args=(port, w, 2, str(tmp_path))) for w in (0, 1)]
+    sent = []
+    with WeightSender("127.0.0.1", port, "gloo", "cpu", COLLECTIVE_TIMEOUT_S) as tx:
+        for p in procs:
+            p.start()
+        assert tx.connect(0, "inc0") and tx.connect(1, "inc1")
+        for k, workers in enumerate(([0], [1], [0, 1])):
+            state = _state(k)
+            result = tx.broadcast(state, 1, workers)
+            if k == 0:  # worker 0 has its tokens, the big bucket is still being copied
+                os.kill(procs[0].pid, signal.SIGSTOP)
+                threading.Timer(0.5, os.kill, (procs[0].pid, signal.SIGCONT)).start()
+            assert sorted(result.delivered) == workers and result.stats.shared == len(workers)
+            sent.append(weights_checksum(state))
+        for p in procs:
+            p.join(PROCESS_DEADLINE_S)
+    assert [p.exitcode for p in procs] == [0, 0]
+    w0 = json.loads((tmp_path / "w0.json").read_text())
+    w1 = json.loads((tmp_path / "w1.json").read_text())
+    assert w0["sums"] == [sent[0], sent[2]] and w1["sums"] == [sent[1], sent[2]]
+    assert set(w0["media"]) == set(w1["media"]) == {"memfd"}
