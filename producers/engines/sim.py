@@ -20,7 +20,9 @@ The model, per replica (one rollout worker):
   Either way a saturated replica makes ``capacity`` tokens per ``decode_step_s``;
 - the engine's clock runs on while the worker does host work (publishing, scoring), as a GPU
   engine in its own process does: ``step()`` performs every modelled step that has come due
-  since the last one (at least one, waiting for it if need be), up to ``_MAX_CATCH_UP``.
+  since the last one (at least one, waiting for it if need be), up to ``_MAX_CATCH_UP``. Time
+  with nothing in flight (a sync, a pause) is not decoding time: the clock starts again when
+  work comes back to an empty engine.
 Tokens are random ids (never EOS before the target) with a fixed logprob.
 """
 
@@ -73,10 +75,14 @@ class SimEngine(StepwiseEngine):
         self._ids = [i for i in range(first_token_id, vocab_size) if i != eos_token_id]
         self._rng = random.Random(seed)
         self._clock = 0.0  # when the last modelled step ended
+        self._resumed = True
+        """Work arrived in an empty engine: its clock starts again at the next step."""
         self.steps = 0
         self.tokens = 0
 
     def _start(self, req: GenRequest) -> _SimActive:
+        if not self._active:  # idle until now (a sync, a pause): that time decoded nothing
+            self._resumed = True
         base = super()._start(req)
         target = target_length(req.request_id, req.max_new_tokens, self.sim)
         return _SimActive(base.req, base.ids, base.logprobs, target=target)
@@ -92,8 +98,9 @@ class SimEngine(StepwiseEngine):
         if not self._active:
             return finished
         now = time.monotonic()
-        if now - self._clock > _MAX_CATCH_UP * self.step_s():  # idle or stalled: no banked time
-            self._clock = now - self.step_s()
+        if self._resumed or now - self._clock > _MAX_CATCH_UP * self.step_s():
+            self._clock = now - self.step_s()  # idle or stalled: no banked time
+            self._resumed = False
         for done in range(_MAX_CATCH_UP):
             step_s = self.step_s()
             if self._clock + step_s > now:

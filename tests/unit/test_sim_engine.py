@@ -77,6 +77,23 @@ def test_a_step_takes_the_modelled_time():
     assert time.monotonic() - t0 >= 10 * 0.02 * 0.95
 
 
+def test_time_with_nothing_to_decode_is_not_banked():
+    """After the engine ran empty (a sync, a pause), its clock starts again when work comes
+    back: the idle time is not spent on decoding steps. (It was, when many requests came back
+    at once: the stall threshold scaled with the step time of the new, larger batch.)"""
+    engine = _engine(capacity=1, decode_step_s=0.02, scheduling="shared")
+    engine.add(GenRequest("first", [1], max_new_tokens=1))
+    while engine.num_active:
+        engine.step()
+    time.sleep(0.5)  # idle: nothing in flight
+    for i in range(10):  # a step now models 10 x 0.02 = 0.2 s
+        engine.add(GenRequest(f"r{i}#0", [1], max_new_tokens=1_000))
+    t0, steps = time.monotonic(), engine.steps
+    while engine.steps < steps + 3:
+        engine.step()
+    assert time.monotonic() - t0 >= 2 * 0.2 * 0.95  # the first step is due at once, then 0.2 s
+
+
 def test_shared_scheduling_advances_every_sequence_and_slows_above_capacity():
     engine = _engine(capacity=2, decode_step_s=0.01, scheduling="shared")
     for i in range(5):
