@@ -20,11 +20,13 @@ seed; nothing is fitted to the speedups it reports:
    ``decode_step_s`` make a step's expected tokens in 150.72 s.
 4. The long tail: the 128-GPU colocated gen phase, 177.85 s, is 2.36x the throughput time of
    two units (75.36 s): the batch waits for its longest responses. The sim engine runs
-   ``scheduling=shared`` (continuous batching: every sequence advances each step, a step
-   slows above ``capacity``), and ``decode_step_s`` is set so that a whole step's batch on two
-   units (all submitted at once, as colocated verl does) takes 177.85 s. With
-   ``sim.scheduling=fcfs`` (at most ``capacity`` sequences decode, the rest queue) the same two
-   times are solved for that engine.
+   ``scheduling=fcfs`` (at most ``capacity`` sequences decode, the rest queue first come first
+   served: vLLM when its KV cache bounds the batch, as 28K-token responses do), and
+   ``capacity`` and ``decode_step_s`` are set so that a whole step's batch on two units (all
+   submitted at once, as colocated verl does) takes 177.85 s. ``sim.scheduling=shared``
+   (every sequence advances each step, a step slows above ``capacity``) is solved the same
+   way; it was the default until 2026-11-24 and reproduces the seed's rows less well
+   (docs/benchmarks.md).
 5. Lengths: 28K tokens -> ``max_response_length=128``, the sim's long-tail shape with 2% of
    the responses at 80-100% of the maximum (a DAPO-like clip ratio: the long chains of
    thought), the rest exponential with mean 15% (4.3K of 28K tokens): 4.6K on average, and
@@ -32,8 +34,8 @@ seed; nothing is fitted to the speedups it reports:
    distribution; this share is the one choice not read from its figures (picked after a
    first run at the sim's default 10% showed that it decides modes b-d, before running 2%;
    the fit of items 3-4 follows any ``sim.long_tail_fraction`` given). Checked afterwards:
-   mode (b), whose step is the window's tail, comes out at the seed's 231 s; 10% gives 305 s
-   (docs/benchmarks.md).
+   mode (b), whose step is the window's tail, takes 265-273 s where the seed's takes 231.34
+   (1.29-1.33x against 1.58x; docs/benchmarks.md).
 6. Batch structure as the seed's: ``require_batches=4``, ``trigger_parameter_sync_step=4``,
    ``staleness_threshold=0.5``, n=16, with 32 samples per step (512 / 16: mini-batches of 2).
 """
@@ -97,13 +99,6 @@ class Workload:
 
 COMMON = [
     "actor_rollout_ref.rollout.name=sim",
-    # The worker steps the sim engine itself. A GPU engine serves from its own process (vLLM,
-    # SGLang) and shares no interpreter with the worker's loop; the sim on a thread of the
-    # worker does, and measured slower: mode (b) 256-273 seed-s per step threaded against 231
-    # stepwise (the seed's 231.34), mode (d) 204 vs 198. Cause not pinned down: not the
-    # interpreter lock (py-spy: the worker's threads hold it <2% of the run), and the thread
-    # steps the sim ~83% of the time, as busy as stepwise.
-    "actor_rollout_ref.rollout.engine_thread=false",
     "trainer.target_accuracy=null",
     "trainer.test_freq=0",
     "trainer.save_freq=0",
@@ -147,7 +142,7 @@ SEED_BASE = [
     "actor_rollout_ref.rollout.n=16",
     # verl's rollouter allows 16 samples per server (64 of them here): the budget decides.
     f"actor_rollout_ref.rollout.max_concurrent_samples={2 * SEED_BATCH}",
-    "sim.scheduling=shared",
+    "sim.scheduling=fcfs",
     "sim.long_tail_fraction=0.02",
     "sim.short_mean_fraction=0.15",
 ]

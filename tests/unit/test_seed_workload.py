@@ -32,7 +32,7 @@ def test_the_fit_reproduces_the_seeds_generation_times():
 def test_the_trainer_times_are_the_seeds_step_minus_gen():
     w = seed(None, [], time_scale=0.02)
     cfg = load_config(None, w.overrides)
-    assert cfg.sim.scheduling == "shared" and cfg.actor_rollout_ref.rollout.n == 16
+    assert cfg.sim.scheduling == "fcfs" and cfg.actor_rollout_ref.rollout.n == 16
     assert cfg.sim.train_s_per_sample * w.batch / 0.02 == pytest.approx(150.63 - 33.14)
     assert w.colocated_train_s_per_sample * w.batch / 0.02 == pytest.approx(356.30 - 177.85)
     trigger, require, staleness, partial = w.setups["(d) partial rollout"]
@@ -69,11 +69,12 @@ def test_the_fits_batch_time_is_the_engines(scheduling):
 
 
 def test_the_fit_follows_the_configured_scheduling():
-    """With sim.scheduling=fcfs the fit solves for that engine: the same seed times, another
-    capacity (before, the shared closed form was fitted whatever the engine ran)."""
-    shared = fit_rollout(load_config(None, SEED_BASE), batch=32, time_scale=0.01)
-    fcfs_cfg = load_config(None, [*SEED_BASE, "sim.scheduling=fcfs"])
-    fcfs = fit_rollout(fcfs_cfg, batch=32, time_scale=0.01)
-    assert fcfs.colocated_gen_s / 0.01 == pytest.approx(177.85)
-    assert fcfs.unit_gen_s / 0.01 == pytest.approx(150.72, rel=0.01)
+    """Either scheduling is fitted to the same seed times with its own closed form, so the
+    capacities differ (before, the shared form was fitted whatever the engine ran)."""
+    fcfs = fit_rollout(load_config(None, SEED_BASE), batch=32, time_scale=0.01)
+    shared_cfg = load_config(None, [*SEED_BASE, "sim.scheduling=shared"])
+    shared = fit_rollout(shared_cfg, batch=32, time_scale=0.01)
+    for fit in (fcfs, shared):
+        assert fit.colocated_gen_s / 0.01 == pytest.approx(177.85)
+        assert fit.unit_gen_s / 0.01 == pytest.approx(150.72, rel=0.01)
     assert fcfs.capacity != shared.capacity
