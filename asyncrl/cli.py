@@ -92,7 +92,9 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", type=int, help="engine only: the longest prompt, in tokens")
     p.add_argument("--new-tokens", type=int, help="engine only: tokens generated per request")
     p.add_argument(
-        "--device", default="auto", help="engine only: cpu, cuda, cuda:N (default: auto)"
+        "--device",
+        default="auto",
+        help="engine and sync: cpu, cuda, cuda:N (default: auto, a GPU when there is one)",
     )
     p.add_argument(
         "--dtype",
@@ -269,8 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
         "mismatch KL, weights and filtered groups side by side. "
         "transport: samples/s, MB/s, encode/decode time and bytes per token of our Arrow samples "
         "through Kafka, next to raw byte strings and a Ray actor queue of pickled tensors. "
-        "sync: weight transfer time and GB/s between two processes (bucketed, per-tensor, a "
-        "safetensors file) next to an in-memory copy of the same bytes. "
+        "sync: weight transfer time and GB/s between two processes (shared memory, bucketed, "
+        "per-tensor, a safetensors file) next to an in-memory copy of the same bytes; with "
+        "--device cuda, the CUDA IPC handoff and gloo next to a device-to-device copy. "
         "tracing: samples/s of the sim workload with OpenTelemetry tracing off, then on. "
         "tools: latency of a calculator call, one at a time and a step's burst, with the "
         "sandbox server forking a child per call vs a fresh interpreter per call. "

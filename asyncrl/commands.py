@@ -244,7 +244,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "learn": learn,
         "offpolicy": offpolicy,
         "transport": transport,
-        "sync": sync,
         "tracing": tracing_cost,
         "tools": tools,
     }
@@ -297,6 +296,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload != "seed":
         print(f"asyncrl bench: --workload applies to modes, not {args.name}", file=sys.stderr)
         return 2
+    if args.name == "sync":
+        sync(args.config, args.overrides, Console(), device=args.device)
+        return 0
     benchmarks[args.name](args.config, args.overrides, Console())
     return 0
 

@@ -19,6 +19,12 @@ timed rounds, median reported:
 - ``memcpy``: one in-memory copy of the same number of bytes in one process, the machine's
   limit for any of the above.
 
+``device="cuda"`` (``--device``; ``auto`` picks it when there is a GPU) puts both ends' weights
+on the GPU: ``shared memory`` is then the CUDA IPC handoff (from the warm-up round on, the
+worker reads the trainer's GPU slots), ``memcpy`` a device-to-device copy, and the ways that
+would only measure host staging (per-tensor, safetensors) are left out. Written without a GPU
+(none was lent to the session that added it): not yet run on one.
+
 After the last round of each way the receiver hashes its weights and the sender compares, so a
 figure is only printed for a transfer that delivered every bit. The second half of a whole sync
 (pause -> transfer -> load -> resumed, modes c and d) comes from ``asyncrl bench sync-pause``,
@@ -97,18 +103,33 @@ def _nbytes(state: dict[str, Any]) -> int:
     return total
 
 
-def memcpy_seconds(nbytes: int, rounds: int) -> float:
-    """Median time of one in-memory copy of ``nbytes`` (source and target allocated once)."""
+def memcpy_seconds(nbytes: int, rounds: int, device: str = "cpu") -> float:
+    """Median time of one in-memory copy of ``nbytes`` (source and target allocated once) on
+    ``device``."""
     import torch
 
-    src = torch.ones(nbytes, dtype=torch.uint8)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     times = []
     for _ in range(rounds + 1):  # the first copy faults the target's pages in: not counted
         t0 = time.perf_counter()
         dst.copy_(src)
+        if dst.is_cuda:
+            torch.cuda.synchronize(dst.device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:])
+
+
+def on_device(state: dict[str, Any], device: str) -> dict[str, Any]:
+    """``state`` moved to ``device``, its tied tensors still one tensor."""
+    moved: dict[int, Any] = {}
+    return {name: moved.setdefault(t.data_ptr(), t.to(device)) for name, t in state.items()}
+
+
+def methods_for(device: str) -> tuple[str, ...]:
+    """The ways measured: on a GPU, the two a run uses (per-tensor and safetensors would
+    time host staging, already measured on the CPU)."""
+    return METHODS if device == "cpu" else ("shared memory", "bucketed")
 
 
 def _method_bucket_bytes(method: str, bucket_bytes: int) -> int:
@@ -122,6 +143,7 @@ def sync(
     shapes: tuple[str, ...] = ("50M", "500M"),
     rounds: int = 3,
     pause_resume: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Time every way of moving weights for each model size; print and return the figures."""
     import torch
@@ -129,11 +151,14 @@ def sync(
 
     from asyncrl.launch.broker import free_port
     from asyncrl.launch.process import spawn
+    from asyncrl.models.policy import resolve_device
     from asyncrl.sync.checksum import weights_checksum
     from asyncrl.sync.collective import WeightSender
     from asyncrl.sync.snapshot import save_snapshot
 
     cfg = load_config(config, overrides)
+    device = str(resolve_device(device))
+    methods = methods_for(device)
     torch.set_num_threads(1)  # a trainer's host side; the receiver gets the other core
     bucket_bytes = int(cfg.sync.bucket_size_mb * 1024 * 1024)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -143,14 +168,18 @@ def sync(
 
     for shape in shapes:
         console.rule(f"{shape} parameters")
-        state = qwen2_like_state(shape, fill=True)
+        state = on_device(qwen2_like_state(shape, fill=True), device)
         nbytes = _nbytes(state)
         params = nbytes // 2
         console.log(f"{shape}: {params / 1e6:.0f}M parameters, {nbytes / 1e9:.2f} GB bf16")
         store_port, weights_port = free_port(), free_port()
         store = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
         sender = WeightSender(
-            "127.0.0.1", weights_port, backend=cfg.sync.backend, timeout_s=cfg.sync.timeout_s
+            "127.0.0.1",
+            weights_port,
+            backend=cfg.sync.backend,
+            device=device,
+            timeout_s=cfg.sync.timeout_s,
         )
         sender.start()
         snap_dir = Path(tempfile.mkdtemp(prefix="bench-sync-", dir=out_dir))
@@ -158,7 +187,7 @@ def sync(
             sys.executable, "-m", "asyncrl.bench.sync",
             "--store-port", str(store_port), "--weights-port", str(weights_port),
             "--shape", shape, "--rounds", str(rounds + 1), "--bucket-bytes", str(bucket_bytes),
-            "--backend", cfg.sync.backend, "--dir", str(snap_dir),
+            "--backend", cfg.sync.backend, "--dir", str(snap_dir), "--device", device,
         ]  # fmt: skip
         proc, log_path = spawn(cmd, out_dir / f"bench-sync-receiver-{stamp}.log")
         row: dict[str, Any] = {"params": params, "bytes": nbytes}
@@ -167,8 +196,8 @@ def sync(
             if not sender.connect(0, "bench"):
                 raise RuntimeError(f"the receiver did not join; see {log_path}")
             expected = weights_checksum(state)
-            for method in METHODS:
-                times, shared = [], 0
+            for method in methods:
+                times, shared, medium = [], 0, "collective"
                 for r in range(rounds + 1):
                     store.wait([f"ready/{method}/{r}"], _WAIT)
                     t0 = time.time()
@@ -178,7 +207,7 @@ def sync(
                     else:  # the slots are offered for that way only
                         sender.shared_memory = method == "shared memory"
                         sent = sender.broadcast(state, _method_bucket_bytes(method, bucket_bytes))
-                        shared = sent.stats.shared
+                        shared, medium = sent.stats.shared, sent.stats.medium
                     store.wait([f"done/{method}/{r}"], _WAIT)
                     times.append(float(store.get(f"done/{method}/{r}")) - t0)
                     what = "warm-up" if r == 0 else f"round {r}/{rounds}"
@@ -186,9 +215,13 @@ def sync(
                 store.wait([f"checksum/{method}"], _WAIT)
                 if store.get(f"checksum/{method}").decode() != expected:
                     raise RuntimeError(f"{shape} {method}: the receiver's weights differ")
-                row[method] = {**_figures(times[1:], nbytes), "shared_workers": shared}
+                row[method] = {
+                    **_figures(times[1:], nbytes),
+                    "shared_workers": shared,
+                    "medium": medium,  # of the last round
+                }
             proc.wait(timeout=60)
-            row["memcpy"] = _figures([memcpy_seconds(nbytes, rounds)], nbytes)
+            row["memcpy"] = _figures([memcpy_seconds(nbytes, rounds, device)], nbytes)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -199,11 +232,13 @@ def sync(
             snap_dir.rmdir()
         results[shape] = row
 
-    table = Table(title="weight transfer between two processes on one host (CPU), bf16, median")
+    table = Table(
+        title=f"weight transfer between two processes on one host ({device}), bf16, median"
+    )
     for col in ("model", "way", "seconds", "GB/s", "vs memcpy"):
         table.add_column(col, justify="right")
     for shape, row in results.items():
-        for method in (*METHODS, "memcpy"):
+        for method in (*methods, "memcpy"):
             f = row[method]
             table.add_row(
                 shape,
@@ -214,14 +249,18 @@ def sync(
             )
     console.print(table)
     for shape, row in results.items():
-        console.print(
-            f"{shape}: per-tensor / bucketed time = "
-            f"{row['per-tensor']['s'] / row['bucketed']['s']:.2f}x, safetensors / bucketed = "
-            f"{row['safetensors']['s'] / row['bucketed']['s']:.2f}x, bucketed / shared memory = "
-            f"{row['bucketed']['s'] / row['shared memory']['s']:.2f}x; shared memory reaches "
-            f"{row['shared memory']['gbps'] / row['memcpy']['gbps']:.0%} of memcpy, bucketed "
+        parts = []
+        for way in ("per-tensor", "safetensors"):
+            if way in row:
+                parts.append(f"{way} / bucketed time = {row[way]['s'] / row['bucketed']['s']:.2f}x")
+        shared = row["shared memory"]
+        parts.append(
+            f"bucketed / shared memory ({shared['medium']}) = "
+            f"{row['bucketed']['s'] / shared['s']:.2f}x; shared memory reaches "
+            f"{shared['gbps'] / row['memcpy']['gbps']:.0%} of memcpy, bucketed "
             f"{row['bucketed']['gbps'] / row['memcpy']['gbps']:.0%}"
         )
+        console.print(f"{shape}: " + ", ".join(parts))
     figures: dict[str, Any] = {"transfer": results}
     if pause_resume:
         from asyncrl.bench.sync_pause import sync_pause
@@ -253,15 +292,15 @@ def _receive(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     for name in ("--store-port", "--weights-port", "--rounds", "--bucket-bytes"):
         p.add_argument(name, type=int, required=True)
-    for name in ("--shape", "--backend", "--dir"):
+    for name in ("--shape", "--backend", "--dir", "--device"):
         p.add_argument(name, required=True)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    state = qwen2_like_state(a.shape, fill=False)
+    state = on_device(qwen2_like_state(a.shape, fill=False), a.device)
     store = dist.TCPStore("127.0.0.1", a.store_port, is_master=False, timeout=_WAIT)
-    receiver = WeightReceiver("127.0.0.1", a.weights_port, backend=a.backend)
+    receiver = WeightReceiver("127.0.0.1", a.weights_port, backend=a.backend, device=a.device)
     receiver.join(0, "bench", lambda: store.set("announce", "1"))
-    for method in METHODS:
+    for method in methods_for(a.device):
         for t in state.values():
             t.zero_()
         for r in range(a.rounds):

@@ -4,9 +4,10 @@ import io
 import json
 
 import pytest
+import torch
 from rich.console import Console
 
-from asyncrl.bench.sync import METHODS, qwen2_like_state, sync
+from asyncrl.bench.sync import METHODS, methods_for, on_device, qwen2_like_state, sync
 
 pytestmark = pytest.mark.slow
 
@@ -16,6 +17,13 @@ def test_qwen2_like_state_has_the_named_size():
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"]  # tied: sent once
     params = sum(t.numel() for n, t in state.items() if n != "lm_head.weight")
     assert 45e6 < params < 60e6
+
+
+def test_on_device_keeps_tied_weights_tied_and_a_gpu_measures_what_a_run_uses():
+    state = on_device(qwen2_like_state("5M", fill=False), "cpu")
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    assert methods_for("cpu") == METHODS
+    assert methods_for("cuda:0") == ("shared memory", "bucketed")
 
 
 def test_sync_smoke(tmp_path):
@@ -37,7 +45,25 @@ def test_sync_smoke(tmp_path):
     # the receiver is on this host: it read the slots in that row only
     assert row["shared memory"]["shared_workers"] == 1
     assert row["bucketed"]["shared_workers"] == row["per-tensor"]["shared_workers"] == 0
+    assert row["shared memory"]["medium"] == "memfd" and row["bucketed"]["medium"] == "collective"
     assert "per-tensor / bucketed time" in out.getvalue()
     saved = json.loads(next(tmp_path.glob("bench-sync-*.json")).read_text())
     assert saved["transfer"]["5M"]["bytes"] == row["bytes"]
     assert not list(tmp_path.glob("bench-sync-*/*"))  # snapshots cleaned up
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_sync_on_a_gpu_hands_over_by_cuda_ipc(tmp_path):
+    figures = sync(
+        None,
+        [f"output_dir='{tmp_path}'"],
+        Console(file=io.StringIO(), width=200),
+        shapes=("5M",),
+        rounds=1,
+        pause_resume=False,
+        device="cuda",
+    )
+    row = figures["transfer"]["5M"]
+    assert row["shared memory"]["medium"] == "cuda"  # from the warm-up round on
+    assert row["shared memory"]["gbps"] > row["bucketed"]["gbps"]
