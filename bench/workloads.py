@@ -7,7 +7,8 @@ mode table at a size where one step is about a second.
 ``seed`` (default): verl's 128-GPU Qwen2.5-Math-7B table (seeds ``001``, H20, max response 28K
 tokens, ``rollout.n=16``, 512 prompts per step), time-scaled by ``time_scale`` (0.01: the
 seed's 356.3 s colocated step takes 3.56 s). Every modelled cost comes from a figure of the
-seed; nothing is fitted to the speedups it reports:
+seed; nothing is fitted to the speedups it reports, but the choice between the sim's two
+engine models was made by comparing theirs with them (item 4):
 
 1. Trainer, async (64 GPUs): ``step - gen`` of the 64:64 row, 150.63 - 33.14 = 117.49 s per
    512 samples (update_actor 113.16 s and 4.33 s of the rest of a step; old_log_prob is the
@@ -34,8 +35,8 @@ seed; nothing is fitted to the speedups it reports:
    distribution; this share is the one choice not read from its figures (picked after a
    first run at the sim's default 10% showed that it decides modes b-d, before running 2%;
    the fit of items 3-4 follows any ``sim.long_tail_fraction`` given). Checked afterwards:
-   mode (b), whose step is the window's tail, takes 265-273 s where the seed's takes 231.34
-   (1.29-1.33x against 1.58x; docs/benchmarks.md).
+   mode (b), whose step is the window's tail, takes 285 s under ``fcfs`` (1.26x) and 265-273
+   s under ``shared`` (1.29-1.33x) where the seed's takes 231.34 (1.58x; docs/benchmarks.md).
 6. Batch structure as the seed's: ``require_batches=4``, ``trigger_parameter_sync_step=4``,
    ``staleness_threshold=0.5``, n=16, with 32 samples per step (512 / 16: mini-batches of 2).
 """

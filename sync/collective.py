@@ -371,6 +371,7 @@ class WeightSender(_Endpoint):
         offered = self._offer(buckets) if targets else {}
         medium: dict[str, object] = {"host": _host()}
         medium.update({f"slots_{kind}": slots.offer.as_json() for kind, slots in offered.items()})
+        nonces = {k: v.offer.nonce for k, v in offered.items()}
         live: dict[int, _Pair] = {}
         local: dict[int, str] = {}  # worker -> the kind of slots it reads
         failed: dict[int, str] = {}
@@ -380,7 +381,6 @@ class WeightSender(_Endpoint):
                 peer = self._verify_manifest(pair, manifest, bucket_bytes, w, medium)
                 if peer.get("host") == _host():
                     self._gpu_workers |= bool(peer.get("gpu"))
-                    nonces = {k: v.offer.nonce for k, v in offered.items()}
                     kind = _still_mapped(nonces, bool(peer.get("gpu")), peer.get("mapped"))
                     if kind is None and offered:  # the worker maps one kind of slots, or none
                         kind = pair.exchange(b"")[1].decode()
@@ -476,7 +476,7 @@ class WeightSender(_Endpoint):
             kinds["cuda"] = self.device
         for kind, device in kinds.items():
             slots = self._slots.get(kind)
-            if slots is not None and slots.fits(need) or kind in self._failed_kinds:
+            if (slots is not None and slots.fits(need)) or kind in self._failed_kinds:
                 continue
             if slots is not None:
                 slots.close()
@@ -609,8 +609,7 @@ class WeightReceiver(_Endpoint):
         or can map neither. A kind that failed to map is not tried again."""
         if not self.shared_memory:
             return None
-        order = ("cuda", "memfd") if self.device.type == "cuda" else ("memfd",)
-        for kind in order:
+        for kind in _preferred_kinds(self.device.type == "cuda"):
             raw = offers.get(kind)
             if not isinstance(raw, dict) or kind in self._failed_kinds:
                 continue
@@ -648,7 +647,6 @@ class WeightReceiver(_Endpoint):
             acks.append(pair.signal(1, i))
         for work, _ in acks:
             work.wait()
-        self._sync_device()
         return _stats(start, manifest, buckets, shared=1, medium=view.offer.kind)
 
     def close(self) -> None:
@@ -681,12 +679,17 @@ def _host() -> str:
     return host_id()
 
 
+def _preferred_kinds(gpu: bool) -> tuple[str, ...]:
+    """The kinds of slots a worker reads, best first: GPU memory for weights on a GPU."""
+    return ("cuda", "memfd") if gpu else ("memfd",)
+
+
 def _still_mapped(nonces: Mapping[str, object], gpu: bool, mapped: object) -> str | None:
     """The kind of slots a worker goes on reading without a word, both ends deciding alike:
-    the kind it prefers among those offered (GPU memory for weights on a GPU) when the slots
-    it already maps are those. None: it says which it maps."""
-    kind = "cuda" if gpu and "cuda" in nonces else "memfd"
-    return kind if mapped is not None and nonces.get(kind) == mapped else None
+    the kind it prefers among those offered, when the slots it already maps are those. None:
+    it says which it maps."""
+    kind = next((k for k in _preferred_kinds(gpu) if k in nonces), None)
+    return kind if kind is not None and mapped is not None and nonces[kind] == mapped else None
 
 
 def _typed(buf: Tensor, bucket: Bucket) -> Tensor:
