@@ -56,7 +56,11 @@ class HFEngine(StepwiseEngine):
         self.tokenizer = tokenizer
         self.temperature = float(temperature)
         self.pad_token_id = pad_token_id
+        self.seed = seed
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        """Sampling draws on the CPU; a GPU's logits get a generator of their device
+        (``_generator``), seeded alike, so that only the chosen tokens leave the GPU."""
+        self._device_generator: torch.Generator | None = None
         self.emulated_decode_latency_s = emulated_decode_latency_s
 
     @torch.no_grad()
@@ -77,10 +81,11 @@ class HFEngine(StepwiseEngine):
         ``logits`` ``[B, V]``, record its logprob; returns the requests that finished."""
         if self.emulated_decode_latency_s:
             time.sleep(self.emulated_decode_latency_s)
-        logp = torch.log_softmax(logits.float() / self.temperature, dim=-1).cpu()
-        sampled = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
-        greedy = torch.tensor([a.req.greedy for a in actives])
-        chosen = torch.where(greedy, logp.argmax(-1), sampled)
+        # On the logits' device: a GPU sends back two numbers per row, not [B, vocab] floats.
+        logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        sampled = torch.multinomial(logp.exp(), 1, generator=self._generator(logp.device))
+        greedy = torch.tensor([a.req.greedy for a in actives], device=logp.device)
+        chosen = torch.where(greedy, logp.argmax(-1), sampled.squeeze(-1))
         chosen_logp = logp.gather(-1, chosen[:, None]).squeeze(-1)
         finished = []
         for a, tok, lp in zip(actives, chosen.tolist(), chosen_logp.tolist(), strict=True):
@@ -88,3 +93,12 @@ class HFEngine(StepwiseEngine):
             if result is not None:
                 finished.append(result)
         return finished
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        """The sampling generator for ``device``: ``self.generator`` on the CPU, else one of
+        that device, made on first use with the same seed."""
+        if device.type == "cpu":
+            return self.generator
+        if self._device_generator is None or self._device_generator.device != device:
+            self._device_generator = torch.Generator(device=device).manual_seed(self.seed)
+        return self._device_generator
