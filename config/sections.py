@@ -168,12 +168,13 @@ class MultiTurnConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    name: Literal["hf", "hf_cached", "sim"] = "hf_cached"
+    name: Literal["hf", "hf_cached", "hf_static", "sim"] = "hf_cached"
     """Inference engine: hf_cached (transformers on CPU/GPU with a KV cache and continuous
-    batching), hf (the same without a cache: recomputes every sequence at each token; 4-40x
-    slower: asyncrl bench engine), or sim (a latency model for benchmarks, no real generation;
-    see the `sim` section). vllm/sglang fit the same request-level contract (docs/design.md,
-    "The engine contract"), but are not here yet."""
+    batching), hf_static (the same tokens from a cache of fixed slots, each decoding step a
+    CUDA graph on a GPU; written for GPUs, not yet measured on one), hf (no cache: recomputes
+    every sequence at each token; 4-40x slower: asyncrl bench engine), or sim (a latency model
+    for benchmarks, no real generation; see the `sim` section). vllm/sglang fit the same
+    request-level contract (docs/design.md, "The engine contract"), but are not here yet."""
     n: int = Field(8, ge=1)
     """Trajectories per prompt (the GRPO group size)."""
     temperature: float = Field(1.0, gt=0)
@@ -193,6 +194,9 @@ class RolloutConfig(Strict):
     a worker on the trainer's host reads each sync's weights from the trainer's GPU memory (CUDA
     IPC: sync.shared_memory). cpu by default until the GPU path has run on a GPU (written
     without one: docs/design.md)."""
+    enforce_eager: bool = False
+    """verl's key: true runs every decoding step eagerly, never as a CUDA graph (hf_static on
+    a GPU; the other engines are always eager)."""
     engine_thread: bool = True
     """Run the engine on a thread of its own, served by request (as a vLLM or SGLang server
     is): the worker reacts to control events while it decodes. false: the worker steps it

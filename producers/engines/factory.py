@@ -27,20 +27,24 @@ def _stepwise_engine(
     cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, seed: int
 ) -> StepwiseEngine:
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name in ("hf", "hf_cached"):
-        from asyncrl.producers.engines.cached import CachedHFEngine
-        from asyncrl.producers.engines.hf import HFEngine
-
-        engine = CachedHFEngine if rollout.name == "hf_cached" else HFEngine
-        return engine(
-            model,
-            tokenizer,
+    if rollout.name in ("hf", "hf_cached", "hf_static"):
+        args = (model, tokenizer)
+        kwargs: dict[str, Any] = dict(
             temperature=rollout.temperature,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             seed=seed,
             emulated_decode_latency_s=rollout.emulated_decode_latency_s,
         )
+        if rollout.name == "hf_static":
+            from asyncrl.producers.engines.static import StaticHFEngine
+
+            return StaticHFEngine(*args, cuda_graphs=not rollout.enforce_eager, **kwargs)
+        from asyncrl.producers.engines.cached import CachedHFEngine
+        from asyncrl.producers.engines.hf import HFEngine
+
+        engine = CachedHFEngine if rollout.name == "hf_cached" else HFEngine
+        return engine(*args, **kwargs)
     if rollout.name == "sim":
         from asyncrl.producers.engines.sim import SimEngine
 

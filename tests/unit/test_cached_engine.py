@@ -1,6 +1,6 @@
 """hf_cached: the hf engine's tokens and logprobs, from a KV cache that requests join and leave
-between steps and that new weights invalidate. (The contract both engines share is tested in
-test_hf_engine.py, parametrized over the two.)"""
+between steps and that new weights invalidate (the random scripts run hf_static too). (The
+contract the engines share is tested in test_hf_engine.py, parametrized over them.)"""
 
 import contextlib
 import random
@@ -17,6 +17,7 @@ from asyncrl.producers.engines.base import GenRequest, GenResult
 from asyncrl.producers.engines.cached import CachedHFEngine
 from asyncrl.producers.engines.factory import make_engine
 from asyncrl.producers.engines.hf import HFEngine
+from asyncrl.producers.engines.static import StaticHFEngine
 from asyncrl.tasks.arithmetic import make_problem
 
 TOLERANCE = 1e-4
@@ -157,15 +158,16 @@ def _play(engine, ops: list[tuple[str, Any]], weights: list[dict]) -> list[GenRe
     return out + _finish(engine)
 
 
+@pytest.mark.parametrize("cached_cls", [CachedHFEngine, StaticHFEngine])
 @pytest.mark.parametrize("seed", range(8))
-def test_random_joins_aborts_and_weight_changes_give_the_hf_engines_results(seed):
+def test_random_joins_aborts_and_weight_changes_give_the_hf_engines_results(seed, cached_cls):
     tok = build_tokenizer()
     small = ModelConfig(hidden_size=32, intermediate_size=64)
     weights = [build_model(small, len(tok), s).state_dict() for s in (0, 1)]
     ops = _script(seed, len(tok))
     hf, cached = (
         _play(cls(build_model(small, len(tok), 0), tok, 1.0, 2, 0), ops, weights)
-        for cls in (HFEngine, CachedHFEngine)
+        for cls in (HFEngine, cached_cls)
     )
     assert [(r.request_id, r.response_ids, r.finish_reason) for r in cached] == [
         (r.request_id, r.response_ids, r.finish_reason) for r in hf

@@ -1,5 +1,5 @@
 """The hf engines' contract: interruptible between tokens, continuable from a prefix (the hf
-engine and hf_cached, its KV-cached twin, alike)."""
+engine, hf_cached, its KV-cached twin, and hf_static, its slotted-cache twin, alike)."""
 
 import pytest
 import torch
@@ -9,6 +9,7 @@ from asyncrl.models.tiny import build_model, build_tokenizer
 from asyncrl.producers.engines.base import GenRequest
 from asyncrl.producers.engines.cached import CachedHFEngine
 from asyncrl.producers.engines.hf import HFEngine
+from asyncrl.producers.engines.static import StaticHFEngine
 
 PROMPTS = ["07+35=", "99+99=", "1+2=", "45+54="]
 
@@ -18,7 +19,9 @@ def tok():
     return build_tokenizer()
 
 
-@pytest.fixture(params=[HFEngine, CachedHFEngine], ids=["hf", "hf_cached"])
+@pytest.fixture(
+    params=[HFEngine, CachedHFEngine, StaticHFEngine], ids=["hf", "hf_cached", "hf_static"]
+)
 def engine_cls(request):
     return request.param
 
