@@ -52,7 +52,7 @@ examples:
   asyncrl bench sync                            weight transfer: bucketed, per-tensor, file, memcpy
   asyncrl bench tracing                         samples/s with tracing off vs on
   asyncrl bench tools --config calculator       a calculator call: sandbox server vs fresh interpreter
-  asyncrl bench engine --shapes demo --new-tokens 128   tokens/s: hf vs hf_cached (KV cache)
+  asyncrl bench engine --shapes demo --new-tokens 128   tokens/s: hf vs hf_cached vs hf_static
 
 A bad config, an unreachable broker or a failed run ends in a one-line error (exit 1 or 2);
 set ASYNCRL_DEBUG=1 for the Python traceback.
@@ -277,9 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
         "tracing: samples/s of the sim workload with OpenTelemetry tracing off, then on. "
         "tools: latency of a calculator call, one at a time and a step's burst, with the "
         "sandbox server forking a child per call vs a fresh interpreter per call. "
-        "engine: tokens/s of the hf engine (no KV cache) and hf_cached on the same requests, "
-        "at the demo model's shape and Qwen2 shapes (random weights), the ratio, and each "
-        "one's largest logprob difference from the trainer's recomputation. "
+        "engine: tokens/s of the hf engine (no KV cache), hf_cached and hf_static (slotted "
+        "cache, CUDA graphs on a GPU) on the same requests, at the demo model's shape and "
+        "Qwen2 shapes (random weights), each one's ratio over hf, and each one's largest "
+        "logprob difference from the trainer's recomputation. "
         "tuning: time to the target accuracy over a grid of staleness_threshold x "
         "trigger_parameter_sync_step (the config's async setup), next to colocated sync.",
     )

@@ -1,12 +1,14 @@
-"""``asyncrl bench engine``: tokens/s of the hf engine (no cache) and hf_cached, side by side.
+"""``asyncrl bench engine``: tokens/s of the hf engine (no cache), hf_cached and hf_static,
+side by side.
 
-For each model shape, both engines generate the same requests, one engine after the other in
+For each model shape, the engines generate the same requests, one engine after the other in
 this process, from the same weights and seed: ``batch`` prompts of random ids (lengths between
 half of ``prompt_len`` and ``prompt_len``), each sampled at the rollout temperature for exactly
-``new_tokens`` tokens (EOS does not stop them, so both engines make the same number). A warm-up
-generation at a tiny size comes first (allocators, kernels); each timed one (the median of
-``repeats``) runs from ``add`` to the last token, prefill included. Printed per shape: seconds
-and tokens/s of each, the ratio hf_cached / hf, and the largest |recorded logprob - the
+``new_tokens`` tokens (EOS does not stop them, so every engine makes the same number). Each
+engine serves all of its generations, as a worker's does: a warm-up of two tokens at the full
+batch comes first (allocators, kernels, hf_static's CUDA graph for the batch); each timed one
+(the median of ``repeats``) runs from ``add`` to the last token, prefill included. Printed per
+shape: seconds and tokens/s of each, each one's ratio over hf, and the largest |recorded logprob - the
 trainer's recomputation| (:func:`asyncrl.consumers.grpo.token_logprobs`, one trajectory at a
 time, the first ``LOGPROB_ROWS``) over each engine's tokens.
 
@@ -32,7 +34,7 @@ from rich.table import Table
 from asyncrl.bench.sync import SHAPES
 from asyncrl.config import ConfigError, RunConfig, load_config
 
-ENGINES = ("hf", "hf_cached")
+ENGINES = ("hf", "hf_cached", "hf_static")
 LOGPROB_ROWS = 8
 """Trajectories per engine whose logprobs are recomputed (a 0.5B recomputation is slow on CPU)."""
 SMOKE: dict[str, tuple[int | None, int, int]] = {
@@ -89,21 +91,30 @@ def _requests(batch: int, prompt_len: int, new_tokens: int, vocab: int) -> list[
     return [GenRequest(str(i), p, new_tokens) for i, p in enumerate(prompts)]
 
 
-def _generate(cfg: RunConfig, name: str, model: Any, reqs: list[Any]) -> tuple[list[Any], float]:
-    """``reqs`` through a fresh engine ``name``; (results, seconds)."""
-    import torch
-
+def _engine(cfg: RunConfig, name: str, model: Any) -> Any:
+    """A fresh engine ``name`` over ``model`` (the config's sampling settings)."""
     from asyncrl.producers.engines.cached import CachedHFEngine
     from asyncrl.producers.engines.hf import HFEngine
+    from asyncrl.producers.engines.static import StaticHFEngine
 
-    engine = (CachedHFEngine if name == "hf_cached" else HFEngine)(
+    rollout = cfg.actor_rollout_ref.rollout
+    kwargs: dict[str, Any] = {"cuda_graphs": not rollout.enforce_eager}
+    cls = {"hf": HFEngine, "hf_cached": CachedHFEngine, "hf_static": StaticHFEngine}[name]
+    return cls(
         model,
         None,
-        temperature=cfg.actor_rollout_ref.rollout.temperature,
+        temperature=rollout.temperature,
         eos_token_id=-1,  # never produced: every request makes new_tokens tokens
         pad_token_id=0,
         seed=cfg.trainer.seed,
+        **(kwargs if cls is StaticHFEngine else {}),
     )
+
+
+def _generate(engine: Any, reqs: list[Any]) -> tuple[list[Any], float]:
+    """``reqs`` through ``engine`` (idle before and after); (results, seconds)."""
+    import torch
+
     t0 = time.perf_counter()
     with torch.no_grad():
         results = engine.generate(reqs)
@@ -137,7 +148,7 @@ def engine(
     dtype: str | None = None,
     repeats: int = 3,
 ) -> dict[str, Any]:
-    """Measure both engines at each shape; print one table and return the figures."""
+    """Measure the engines at each shape; print one table and return the figures."""
     import torch
 
     unknown = [s for s in shapes if s not in SMOKE]
@@ -174,7 +185,7 @@ def _measure(
     repeats: int,
     console: Console,
 ) -> dict[str, Any]:
-    """Both engines at one shape; ``sizes`` (batch, prompt_len, new_tokens), None: SMOKE's."""
+    """The engines at one shape; ``sizes`` (batch, prompt_len, new_tokens), None: SMOKE's."""
     import torch
 
     rollout = cfg.actor_rollout_ref.rollout
@@ -193,8 +204,9 @@ def _measure(
         "dtype": dtype,
     }
     for name in ENGINES:
-        _generate(cfg, name, model, _requests(2, p, 2, vocab))  # warm-up
-        runs = [_generate(cfg, name, model, _requests(b, p, n, vocab)) for _ in range(repeats)]
+        engine = _engine(cfg, name, model)
+        _generate(engine, _requests(b, p, 2, vocab))  # warm-up
+        runs = [_generate(engine, _requests(b, p, n, vocab)) for _ in range(repeats)]
         out, seconds = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median
         tokens = sum(len(r.response_ids) for r in out)
         row[name] = {
@@ -204,14 +216,17 @@ def _measure(
             "logprob_max_abs_diff": logprob_error(model, out, rollout.temperature),
         }
         console.log(f"{shape} {name}: {tokens} tokens in {seconds:.2f} s")
-    row["ratio"] = row["hf_cached"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+    row["ratios"] = {
+        name: row[name]["tokens_per_s"] / row["hf"]["tokens_per_s"] for name in ENGINES[1:]
+    }
     return row
 
 
 def _table(results: dict[str, dict[str, Any]], console: Console) -> None:
     first = next(iter(results.values()))
     table = Table(
-        title=f"tokens/s, hf (no cache) vs hf_cached, {first['dtype']} on {first['device']}"
+        title=f"tokens/s, hf (no cache) vs hf_cached vs hf_static, {first['dtype']} on "
+        f"{first['device']}"
     )
     for col in ("shape", "params", "batch", "prompt+new", "engine", "s", "tokens/s"):
         table.add_column(col, justify="right")
@@ -231,6 +246,8 @@ def _table(results: dict[str, dict[str, Any]], console: Console) -> None:
             )
     console.print(table)
     for shape, r in results.items():
-        ratio = r["ratio"]
-        shown = f"{ratio:.2f}x" if math.isfinite(ratio) else "-"
-        console.print(f"{shape}: hf_cached / hf tokens/s = {shown}")
+        shown = [
+            f"{name} / hf tokens/s = {x:.2f}x" if math.isfinite(x) else f"{name} / hf: -"
+            for name, x in r["ratios"].items()
+        ]
+        console.print(f"{shape}: " + ", ".join(shown))

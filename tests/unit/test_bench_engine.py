@@ -1,4 +1,4 @@
-"""``asyncrl bench engine`` at a tiny size: both engines measured, a finite ratio, and each
+"""``asyncrl bench engine`` at a tiny size: every engine measured, finite ratios, and each
 engine's logprobs the trainer's (its figures are not asserted)."""
 
 import io
@@ -10,7 +10,7 @@ from rich.console import Console
 from asyncrl.bench.engine import engine
 
 
-def test_bench_engine_measures_both_engines_side_by_side(tmp_path):
+def test_bench_engine_measures_the_engines_side_by_side(tmp_path):
     out = io.StringIO()
     results = engine(
         None,
@@ -25,12 +25,14 @@ def test_bench_engine_measures_both_engines_side_by_side(tmp_path):
     )
     assert list(results) == ["demo", "5M"]
     for row in results.values():
-        assert row["hf"]["tokens"] == row["hf_cached"]["tokens"] == 3 * 4
-        assert math.isfinite(row["ratio"]) and row["ratio"] > 0
-        assert row["hf"]["logprob_max_abs_diff"] < 1e-4
-        assert row["hf_cached"]["logprob_max_abs_diff"] < 1e-4
+        for name in ("hf", "hf_cached", "hf_static"):
+            assert row[name]["tokens"] == 3 * 4
+            assert row[name]["logprob_max_abs_diff"] < 1e-4
+        assert list(row["ratios"]) == ["hf_cached", "hf_static"]
+        assert all(math.isfinite(x) and x > 0 for x in row["ratios"].values())
     text = out.getvalue()
     rows = [line.split("│")[5].strip() for line in text.splitlines() if line.startswith("│")]
-    assert rows == ["hf", "hf_cached", "hf", "hf_cached"]  # the table: a row per engine
+    assert rows == ["hf", "hf_cached", "hf_static"] * 2  # the table: a row per engine
     assert "demo: hf_cached / hf tokens/s = " in text
+    assert "hf_static / hf tokens/s = " in text
     assert json.loads(next(tmp_path.glob("bench-engine-*.json")).read_text()) == results
