@@ -87,7 +87,7 @@ def test_the_colocated_baseline_repeats_exactly_with_the_same_seed(calculator_cf
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("name", ["hf", "hf_cached"])
+@pytest.mark.parametrize("name", ["hf", "hf_cached", "hf_static"])
 def test_the_baseline_generates_with_the_engine_the_config_names(calculator_cfg, name, monkeypatch):
     """As the rollout workers do (rollout.name, hf_cached by default): a baseline on another
     engine would not be the same workload."""
@@ -102,4 +102,5 @@ def test_the_baseline_generates_with_the_engine_the_config_names(calculator_cfg,
     cfg.actor_rollout_ref.rollout.name = name
     cfg.trainer.total_training_steps = 1
     colocated(cfg, log=lambda _: None)
-    assert [type(e).__name__ for e in made] == [{"hf": "HFEngine"}.get(name, "CachedHFEngine")]
+    classes = {"hf": "HFEngine", "hf_cached": "CachedHFEngine", "hf_static": "StaticHFEngine"}
+    assert [type(e).__name__ for e in made] == [classes[name]]

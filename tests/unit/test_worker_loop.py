@@ -371,7 +371,7 @@ def _logged(sample_id: str, finish: str) -> Sample:
     return Sample(sample_id, sample_id.split("@")[0], 0, [1, 5, 14, 6, 17], "11", trajs)
 
 
-@pytest.mark.parametrize("engine", ["hf", "hf_cached"])
+@pytest.mark.parametrize("engine", ["hf", "hf_cached", "hf_static"])
 def test_an_in_flight_update_swaps_weights_between_two_tokens_without_a_pause(tmp_path, engine):
     cfg = _cfg(
         tmp_path,
