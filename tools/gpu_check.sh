@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The checks issues 14 and 15 leave for a GPU, for a machine with no network (the device
+# tool's). Here first: `bash tools/device_wheels.sh` (fills .whl/). There, one call per group
+# (a call may run 10 minutes):
+#   bash tools/gpu_check.sh tests engine sync     # carry .whl; ~5-7 min on an H100
+#   bash tools/gpu_check.sh run learn             # the demo on the GPU, bench learn
+# Installs the carried wheels and asyncrl (editable, no build isolation), then runs each step
+# under its own time limit, its output in $OUT/<step>.log (or runs/gpu-check/), and goes on
+# after a failed step; the last lines say which passed. No step: all of them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/gpu-check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+
+if ! "$PY" -c "import asyncrl.producers, confluent_kafka, pydantic" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl ||
+        { echo "no wheels in .whl/: run tools/device_wheels.sh first and carry .whl"; exit 1; }
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+fi
+"$PY" - <<'EOF' | tee "$OUT/env.log"
+import torch, transformers
+print("torch", torch.__version__, "transformers", transformers.__version__)
+print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+EOF
+
+step() {  # step NAME SECONDS COMMAND...: run it, log it, note how it ended
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name: $*"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$OUT/$name.log"
+    echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.log"
+}
+
+run_tests() {  # every GPU-marked test, then the engines' and the run's on the GPU's side
+    step tests 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
+}
+run_engine() {  # issue 14's bar: 0.5B shape, batch 256, 256 new tokens, >= 20x hf
+    step engine-500M 330 "$PY" -m asyncrl bench engine --shapes 500M --batch 256 \
+        --prompt-len 64 --new-tokens 256 "output_dir=$OUT"
+    step engine-demo 90 "$PY" -m asyncrl bench engine --shapes demo --new-tokens 128 \
+        "output_dir=$OUT"
+}
+run_sync() {  # CUDA IPC handoff vs a device-to-device copy (>= 0.5 of it at 0.5B)
+    step sync 150 "$PY" -m asyncrl bench sync --device cuda "output_dir=$OUT"
+}
+run_run() {  # `make run`'s job with both roles on the GPU, then its log's invariants
+    step run 200 "$PY" -m asyncrl run run_id=gpu-demo actor_rollout_ref.rollout.device=auto \
+        trainer.device=auto "output_dir=$OUT"
+    step audit 60 "$PY" -m asyncrl audit gpu-demo "--output-dir=$OUT"
+}
+run_learn() {  # issue 15 on a GPU: time to 0.9, colocated vs async (c), (d), (d in flight)
+    step learn 330 "$PY" -m asyncrl bench learn actor_rollout_ref.rollout.device=auto \
+        trainer.device=auto "output_dir=$OUT"
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests engine sync run learn)
+for s in "${steps[@]}"; do
+    case $s in
+        tests | engine | sync | run | learn) "run_$s" ;;
+        *) echo "unknown step $s (tests, engine, sync, run, learn)"; exit 2 ;;
+    esac
+done
+echo "== summary"
+cat "$OUT/summary.log"
