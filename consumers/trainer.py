@@ -143,6 +143,18 @@ class Trainer:
             self._checksum_cache = weights_checksum(self.model)
         return self._checksum_cache
 
+    def _start_checksum(self) -> str:
+        """The checksum a step's record carries of the weights it starts from, for ``asyncrl
+        replay step`` to check what it loaded: where a replay can start (the initial weights,
+        or a step that was checkpointed: every ``save_freq``), or where a sync after the last
+        step already computed it; "" elsewhere (a replay needs the checkpoint of the step before:
+        there is none to check). Hashing every byte of a real model costs ~1 s per GB on one
+        core (sync/checksum.py), which every step paid."""
+        save_freq = self.cfg.trainer.save_freq
+        if self.step == 0 or (save_freq and self.step % save_freq == 0):
+            return self._checksum()
+        return self._checksum_cache or ""
+
     # --- samples --------------------------------------------------------------------------------
     def _read_samples(self, timeout: float) -> None:
         for rec in self.io.samples.poll(timeout):
@@ -258,7 +270,7 @@ class Trainer:
             step_span = spans.start_step(
                 batch, self.step + 1, self.version, self.cfg.topic("samples")
             )
-            checksum_before = self._checksum()  # lets a replay check its start
+            checksum_before = self._start_checksum()  # lets a replay check its start
             t_update = time.monotonic()
             metrics = self.train_step(batch)  # 2
             t_end = time.monotonic()

@@ -245,3 +245,45 @@ def test_rollout_side_evaluations_reach_the_step_rows_and_stop_the_run_at_the_ta
     assert step.metrics["val/accuracy"] == 0.85 and step.metrics["val/version"] == 1.0
     assert summary["reason"] == "target accuracy 0.80 reached" and summary["step"] == 1
     assert summary["val/accuracy_initial"] == 0.4 and summary["val/accuracy"] == 0.85
+
+
+def test_a_step_records_the_checksum_of_its_start_where_a_replay_can_load_it(tmp_path):
+    """The initial weights and every checkpointed step (save_freq 2) are hashed for the next
+    step's record, each equal to its checkpoint's weights; the other steps hash nothing (a
+    real model costs ~1 s per GB), unless a sync had hashed their start anyway."""
+    from asyncrl.consumers.checkpoint import load_checkpoint
+    from asyncrl.models.warm_start import load_policy
+    from asyncrl.sync.checksum import weights_checksum
+
+    cfg = _cfg(
+        tmp_path,
+        "trainer.total_training_steps=5",
+        "trainer.save_freq=2",
+        "trainer.keep_checkpoints=10",
+        "actor_rollout_ref.rollout.num_workers=0",
+        "async_training.trigger_parameter_sync_step=8",  # no sync within the run
+    )
+    broker = MemoryBroker()
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
+    initial = weights_checksum(trainer.model)
+    for prompt in range(5 * cfg.required_samples // cfg.actor_rollout_ref.rollout.n):
+        _publish_group(broker, cfg, prompt=prompt, version=0)
+    trainer.run()
+    trainer.close()
+
+    steps = {
+        s.step: s
+        for s in (decode_step(r.value, r.headers) for r in broker.topics[cfg.topic("steps")])
+    }
+    assert [bool(steps[k].weights_checksum) for k in range(1, 6)] == [
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
+    assert steps[1].weights_checksum == initial
+    model, _ = load_policy(cfg)
+    for k in (3, 5):  # started from the checkpoints of steps 2 and 4
+        load_checkpoint(tmp_path / "mem" / "checkpoints" / f"step_{k - 1:06d}", model)
+        assert steps[k].weights_checksum == weights_checksum(model)
