@@ -137,7 +137,25 @@ class ActorConfig(Strict):
     """PPO clip range for the policy ratio."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     """How per-token losses are averaged: over all tokens, or per sequence then over sequences."""
+    ppo_micro_batch_size_per_gpu: int | None = Field(None, ge=1)
+    """Trajectories per forward and backward pass (verl's key): a mini-batch's gradient is
+    accumulated over micro-batches of this many, the same update as one pass over all of it
+    (to float rounding) in the memory of one micro-batch; so are the no-grad log-prob passes.
+    None: each mini-batch in one pass. Not used with use_dynamic_bsz."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by tokens instead of trajectories (verl's key): longest trajectories
+    first, each micro-batch holding at most ppo_max_token_len_per_gpu tokens, padding
+    included (a longer trajectory goes alone)."""
+    ppo_max_token_len_per_gpu: int = Field(16384, ge=1)
+    """The tokens of one micro-batch with use_dynamic_bsz (verl's default)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
+
+    @property
+    def micro_batching(self) -> tuple[int | None, int | None]:
+        """(rows, tokens) per micro-batch, as consumers.grpo.micro_batches takes them."""
+        if self.use_dynamic_bsz:
+            return None, self.ppo_max_token_len_per_gpu
+        return self.ppo_micro_batch_size_per_gpu, None
 
 
 class ValKwargsConfig(Strict):

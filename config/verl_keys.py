@@ -46,9 +46,14 @@ ENGINE = (
     "vLLM/SGLang engine setting: asyncrl's rollout engine is its own (actor_rollout_ref.rollout."
     "name: hf, hf_cached or sim), with no such knob"
 )
-MICRO = (
-    "micro-batching for GPU memory: asyncrl's trainer computes each mini-batch whole, so the "
-    "update is the same"
+BATCHING = (
+    "how a pass is split for memory or speed, with no effect on the result: asyncrl evaluates "
+    "and feeds data its own way"
+)
+LOG_PROB_MICRO = (
+    "asyncrl's no-grad log-prob passes (old and proximal log-probs) use the actor's "
+    "micro-batches: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or use_dynamic_bsz "
+    "with ppo_max_token_len_per_gpu"
 )
 REF = "the reference model serves only the KL loss or penalty, which asyncrl does not have"
 KL = "used only with a KL loss or penalty, which asyncrl does not have"
@@ -124,7 +129,7 @@ VERL_KEYS: dict[str, VerlKey] = {
         "a step is actor.ppo_mini_batch_size x async_training.require_batches samples (verl's "
         "fully async ignores train_batch_size too)"
     ),
-    "data.val_batch_size": ignored(MICRO),
+    "data.val_batch_size": ignored(BATCHING),
     "data.return_raw_chat": ignored(
         "asyncrl's prompt records carry the chat messages as they are; the rollout applies the "
         "chat template"
@@ -137,7 +142,7 @@ VERL_KEYS: dict[str, VerlKey] = {
         "prompts of data.train_files/val_files longer than data.max_prompt_length after the "
         "chat template are always left out (and counted); a built-in task's keep their last tokens"
     ),
-    "data.filter_overlong_prompts_workers": ignored(MICRO),
+    "data.filter_overlong_prompts_workers": ignored(BATCHING),
     "data.tool_config_path": ignored(
         "verl's dataset copy of actor_rollout_ref.rollout.multi_turn.tool_config_path"
     ),
@@ -194,10 +199,10 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.actor.ppo_epochs": fixed("asyncrl updates once per mini-batch", 1),
     "actor_rollout_ref.actor.shuffle": ignored("each mini-batch is one update: order is moot"),
     "actor_rollout_ref.actor.data_loader_seed": ignored("each mini-batch is one update"),
-    "actor_rollout_ref.actor.use_dynamic_bsz": ignored(MICRO),
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ignored(MICRO),
-    "actor_rollout_ref.actor.ppo_micro_batch_size": ignored(MICRO),
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ignored(MICRO),
+    "actor_rollout_ref.actor.ppo_micro_batch_size": alias(
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "verl's global micro-batch size; asyncrl's trainer is one GPU, so it is the per-GPU one",
+    ),
     "actor_rollout_ref.actor.loss_scale_factor": fixed("asyncrl scales by loss_agg_mode", None),
     "actor_rollout_ref.actor.rollout_n": ignored("verl's copy of actor_rollout_ref.rollout.n"),
     "actor_rollout_ref.actor.use_remove_padding": ignored("a kernel-level optimisation"),
@@ -264,10 +269,10 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.rollout.calculate_log_probs": ignored(
         "asyncrl's workers always record the rollout's log-probs"
     ),
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": ignored(MICRO),
-    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": ignored(MICRO),
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": ignored(MICRO),
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ignored(MICRO),
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": ignored(LOG_PROB_MICRO),
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": ignored(LOG_PROB_MICRO),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": ignored(LOG_PROB_MICRO),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ignored(LOG_PROB_MICRO),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": fixed(
         "one asyncrl rollout worker holds the whole model", 1
     ),

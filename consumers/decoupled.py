@@ -20,7 +20,7 @@ import torch
 
 from asyncrl.config import RunConfig
 from asyncrl.consumers.correction import rollout_correction, stale_token_mask
-from asyncrl.consumers.grpo import Batch, token_logprobs
+from asyncrl.consumers.grpo import Batch, micro_batches, micro_logprobs
 from asyncrl.schemas.sample import Sample
 
 
@@ -58,18 +58,9 @@ def proximal_correction(
     in the model's current mode, at ``rollout.temperature`` (as the rollout's were)."""
     temperature = cfg.actor_rollout_ref.rollout.temperature
     t0 = time.perf_counter()
+    micro = cfg.actor_rollout_ref.actor.micro_batching
     with torch.no_grad():
-        prox = [
-            token_logprobs(
-                model,
-                b.input_ids,
-                b.attention_mask,
-                b.position_ids,
-                b.response_mask,
-                temperature,
-            )
-            for b in batches
-        ]
+        prox = [micro_logprobs(model, b, micro_batches(b, *micro), temperature) for b in batches]
     elapsed = time.perf_counter() - t0
     masks = [b.response_mask for b in batches]
     rc = cfg.algorithm.rollout_correction

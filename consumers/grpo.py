@@ -137,20 +137,35 @@ def _token_logprobs(
     return lp, entropy
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1)
-
-
-def aggregate(x: torch.Tensor, mask: torch.Tensor, loss_agg_mode: LossAggMode) -> torch.Tensor:
+def aggregate(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    loss_agg_mode: LossAggMode,
+    norm: torch.Tensor | None = None,
+) -> torch.Tensor:
     """A ``[B, R]`` per-token quantity reduced over the valid tokens (mask m), as verl's
     ``agg_loss``: ``token-mean`` is ``sum(x * m) / sum(m)``; ``seq-mean-token-mean`` is
-    ``mean_i(sum_t x_it m_it / sum_t m_it)`` over the rows with a valid token."""
+    ``mean_i(sum_t x_it m_it / sum_t m_it)`` over the rows with a valid token.
+
+    ``norm``: the denominator of a larger batch these rows are a micro-batch of
+    (:func:`aggregate_norm` of its mask), so that the micro-batches' results add up to the
+    whole batch's (gradient accumulation); None: these rows' own."""
     mask = mask.to(x.dtype)
+    if norm is None:
+        norm = aggregate_norm(mask, loss_agg_mode)
     if loss_agg_mode == "token-mean":
-        return _masked_mean(x, mask)
+        return (x * mask).sum() / norm
+    per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq[mask.sum(-1) > 0].sum() / norm
+
+
+def aggregate_norm(mask: torch.Tensor, loss_agg_mode: LossAggMode) -> torch.Tensor:
+    """The denominator :func:`aggregate` divides by: valid tokens (``token-mean``) or rows
+    with a valid token (``seq-mean-token-mean``), at least 1."""
+    if loss_agg_mode == "token-mean":
+        return mask.sum().clamp(min=1)
     if loss_agg_mode == "seq-mean-token-mean":
-        per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq[mask.sum(-1) > 0].mean()
+        return (mask.sum(-1) > 0).sum().clamp(min=1).to(mask.dtype)
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
 
 
@@ -162,6 +177,7 @@ def policy_loss(
     clip_ratio: float,
     loss_agg_mode: LossAggMode = "token-mean",
     is_weights: torch.Tensor | None = None,
+    norms: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate, to minimise. All per-token tensors are ``[B, R]``.
 
@@ -185,8 +201,13 @@ def policy_loss(
     ``is_weights`` (``[B, R]``, detached) the importance weights behaviour -> proximal:
     ``l_t = w_t * max(-A rho_t, -A clip(rho_t))``, as verl's ``compute_policy_loss_vanilla``
     applies ``rollout_is_weights``. None: no weighting (the loss above, unchanged).
+
+    ``norms``: (``aggregate_norm`` of the loss, valid tokens) of the mini-batch these rows are
+    a micro-batch of: the loss and the metrics are then this micro-batch's shares, which add
+    up over the micro-batches to the mini-batch's (``consumers/update.py``).
     """
     mask = response_mask.to(logprobs.dtype)
+    loss_norm, tokens = norms if norms is not None else (None, mask.sum().clamp(min=1))
     if advantages.dim() == 1:
         advantages = advantages[:, None]
     advantages = advantages.to(logprobs.dtype).expand_as(logprobs)
@@ -197,12 +218,12 @@ def policy_loss(
     per_token = torch.maximum(pg1, pg2)
     if is_weights is not None:
         per_token = per_token * is_weights
-    loss = aggregate(per_token, mask, loss_agg_mode)
+    loss = aggregate(per_token, mask, loss_agg_mode, loss_norm)
     with torch.no_grad():
         metrics = {
             "pg_loss": float(loss),
-            "pg_clipfrac": float(_masked_mean((pg2 > pg1).to(mask.dtype), mask)),
-            "ppo_kl": float(_masked_mean(-log_ratio, mask)),
+            "pg_clipfrac": float(((pg2 > pg1).to(mask.dtype) * mask).sum() / tokens),
+            "ppo_kl": float((-log_ratio * mask).sum() / tokens),
         }
     return loss, metrics
 
@@ -282,6 +303,83 @@ def build_batch(
         torch.from_numpy(old_logprobs),
         advantages,
     )
+
+
+MicroBatch = tuple[torch.Tensor | None, Batch]
+"""The row indices of a micro-batch in its mini-batch (None: all of them), and its rows."""
+
+
+def micro_batches(batch: Batch, size: int | None, max_tokens: int | None) -> list[MicroBatch]:
+    """``batch``'s rows in micro-batches for gradient accumulation (verl's
+    ``ppo_micro_batch_size_per_gpu``, or with ``max_tokens`` its ``use_dynamic_bsz`` and
+    ``ppo_max_token_len_per_gpu``); neither: the whole batch, as it is.
+
+    ``size``: consecutive rows, ``size`` at a time. ``max_tokens``: rows longest first, each
+    micro-batch taking rows while its padded size (rows x the longest prompt + the longest
+    response among them) stays within ``max_tokens`` (a row longer than that goes alone).
+    Each micro-batch is cut to the columns its rows use, so its passes cost what its own
+    tokens do; a row's logits do not change (positions count real tokens)."""
+    if size is None and max_tokens is None:
+        return [(None, batch)]
+    width = batch.response_mask.shape[1]
+    prompt_width = batch.input_ids.shape[1] - width
+    prompt_lens = batch.attention_mask[:, :prompt_width].sum(-1).tolist()
+    response_lens = batch.attention_mask[:, prompt_width:].sum(-1).tolist()
+    rows = list(range(len(prompt_lens)))
+    groups: list[list[int]] = []
+    if max_tokens is None:
+        assert size is not None
+        groups = [rows[i : i + size] for i in range(0, len(rows), size)]
+    else:
+        rows.sort(key=lambda i: -(prompt_lens[i] + response_lens[i]))
+        p = r = 0
+        for i in rows:
+            p2, r2 = max(p, prompt_lens[i]), max(r, response_lens[i], 1)
+            if groups and (len(groups[-1]) + 1) * (p2 + r2) <= max_tokens:
+                groups[-1].append(i)
+                p, r = p2, r2
+            else:
+                groups.append([i])
+                p, r = prompt_lens[i], max(response_lens[i], 1)
+    out: list[MicroBatch] = []
+    for group in groups:
+        index = torch.tensor(group, device=batch.input_ids.device)
+        p = int(max(prompt_lens[i] for i in group))
+        r = int(max(max(response_lens[i] for i in group), 1))
+        cols = slice(prompt_width - p, prompt_width + r)
+        out.append(
+            (
+                index,
+                Batch(
+                    batch.input_ids[index, cols],
+                    batch.attention_mask[index, cols],
+                    batch.position_ids[index, cols],
+                    batch.response_mask[index, :r],
+                    batch.old_logprobs[index, :r],
+                    batch.advantages[index],
+                ),
+            )
+        )
+    return out
+
+
+def micro_logprobs(
+    model: torch.nn.Module, batch: Batch, micro: list[MicroBatch], temperature: float
+) -> torch.Tensor:
+    """:func:`token_logprobs` of ``batch``, ``[B, R]``, one pass per micro-batch (no
+    gradient: old or proximal log-probs)."""
+    if micro[0][0] is None:
+        b = batch
+        return token_logprobs(
+            model, b.input_ids, b.attention_mask, b.position_ids, b.response_mask, temperature
+        )
+    out = torch.zeros_like(batch.response_mask)
+    for index, b in micro:
+        lp = token_logprobs(
+            model, b.input_ids, b.attention_mask, b.position_ids, b.response_mask, temperature
+        )
+        out[index, : lp.shape[1]] = lp.to(out.dtype)
+    return out
 
 
 def rollout_logprob_errors(

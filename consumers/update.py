@@ -15,10 +15,12 @@ from asyncrl.consumers.decoupled import mask_stale, proximal_correction, stale_t
 from asyncrl.consumers.grpo import (
     Batch,
     aggregate,
+    aggregate_norm,
     build_batch,
     group_advantages,
+    micro_batches,
+    micro_logprobs,
     policy_loss,
-    token_logprobs,
     token_logprobs_and_entropy,
 )
 from asyncrl.schemas.sample import Sample
@@ -41,30 +43,48 @@ def policy_step(
     ``pg_clipfrac``, ``ppo_kl``, ``entropy`` (the policy's token entropy on the valid response
     tokens, aggregated by ``loss_agg_mode``), ``grad_norm`` (before clipping) and ``lr`` (the
     learning rate this step used).
+
+    With micro-batches (``actor.ppo_micro_batch_size_per_gpu`` or ``use_dynamic_bsz``), each
+    one's forward and backward run in turn and their gradients add up before the one
+    optimizer step: each micro-batch's loss is its share of the mini-batch's (divided by the
+    mini-batch's token or sequence count, not its own), so the update is the whole
+    mini-batch's, to float rounding, in the memory of one micro-batch.
     """
     actor = cfg.actor_rollout_ref.actor
     temperature = cfg.actor_rollout_ref.rollout.temperature
-    args = (batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
+    micro = micro_batches(batch, *actor.micro_batching)
     if prox is not None:
         old = prox
     elif cfg.async_training.use_rollout_log_probs:
         old = batch.old_logprobs
     else:
         with torch.no_grad():
-            old = token_logprobs(model, *args, temperature)
-    logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature)
-    loss, metrics = policy_loss(
-        logprobs,
-        old,
-        batch.advantages,
-        batch.response_mask,
-        actor.clip_ratio,
-        actor.loss_agg_mode,
-        is_weights=is_weights,
-    )
-    metrics["entropy"] = float(aggregate(entropy, batch.response_mask, actor.loss_agg_mode))
+            old = micro_logprobs(model, batch, micro, temperature)
+    mask = batch.response_mask
+    norms = (aggregate_norm(mask, actor.loss_agg_mode), mask.sum().clamp(min=1))
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    metrics: dict[str, float] = {}
+    for index, b in micro:
+
+        def rows(t: torch.Tensor, b: Batch = b, index: torch.Tensor | None = index):
+            return t if index is None else t[index, : b.response_mask.shape[1]]
+
+        args = (b.input_ids, b.attention_mask, b.position_ids, b.response_mask)
+        logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature)
+        loss, part = policy_loss(
+            logprobs,
+            rows(old),
+            b.advantages,
+            b.response_mask,
+            actor.clip_ratio,
+            actor.loss_agg_mode,
+            is_weights=None if is_weights is None else rows(is_weights),
+            norms=norms,
+        )
+        part["entropy"] = float(aggregate(entropy, b.response_mask, actor.loss_agg_mode, norms[0]))
+        loss.backward()
+        for k, v in part.items():
+            metrics[k] = metrics.get(k, 0.0) + v
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), actor.optim.grad_clip)
     metrics["lr"] = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
