@@ -136,3 +136,16 @@ def test_grpo_update_with_decoupled_ppo_is_the_same_split_or_whole():
         results.append((m, grpo_update(m, optimizer, samples, cfg, torch.device("cpu"))))
     (a, m_a), (b, m_b) = results
     _assert_same_update(a, b, m_a, m_b)
+
+
+def test_verls_micro_batch_keys_set_asyncrls():
+    cfg = load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size=4"])
+    assert cfg.actor_rollout_ref.actor.micro_batching == (4, None)  # one trainer GPU
+    cfg = load_config(
+        overrides=[
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # not used with it
+        ]
+    )
+    assert cfg.actor_rollout_ref.actor.micro_batching == (None, 20480)
