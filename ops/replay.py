@@ -96,7 +96,8 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
         load_checkpoint(before, model, optimizer)
         for group in optimizer.param_groups:  # the replay's settings, not the checkpoint's
             group["lr"], group["weight_decay"] = optim.lr, optim.weight_decay
-    if record.weights_checksum and weights_checksum(model) != record.weights_checksum:
+    recorded = record.weights_checksum
+    if recorded and weights_checksum(model, like=recorded) != recorded:
         raise ReplayError(
             f"the weights loaded for step {step} differ from those it started from (checksum "
             f"recorded on {cfg.topic('steps')}): is this the run's own config and run_dir?"

@@ -154,6 +154,43 @@ def test_checksum_sees_every_bit() -> None:
     assert weights_checksum(m) != before
 
 
+def test_checksum_pieces_each_count(monkeypatch) -> None:
+    """Hashed in pieces on a thread pool (here 64-byte ones): a bit flipped in any piece
+    shows, and the same bytes give the same digest whatever the threads' order."""
+    from asyncrl.sync import checksum
+
+    monkeypatch.setattr(checksum, "CHUNK", 64)
+    m = Tied()
+    before = weights_checksum(m)
+    assert before.startswith("sha256-tree:") and before == weights_checksum(m)
+    flat = m.lowp.weight.view(-1).view(torch.int16)
+    for i in (0, 40, flat.numel() - 1):  # the first, a middle and the last piece
+        with torch.no_grad():
+            flat[i] ^= 1
+            assert weights_checksum(m) != before
+            flat[i] ^= 1
+    assert weights_checksum(m) == before
+
+
+def test_a_checksum_of_an_older_log_is_computed_its_way() -> None:
+    """Step records written before the tree format hold sha256 over the header lines and raw
+    bytes in one stream: ``like=`` one of them computes that, so old runs still replay."""
+    import hashlib
+
+    from asyncrl.sync.buckets import weight_manifest
+
+    m = Tied()
+    tensors = named_tensors(m)
+    h = hashlib.sha256()
+    for spec in weight_manifest(tensors):
+        h.update(f"{'|'.join(spec.names)}:{spec.dtype}:{list(spec.shape)}\n".encode())
+        raw = tensors[spec.name].detach().contiguous().reshape(-1).view(torch.uint8)
+        h.update(raw.numpy().tobytes())
+    old = h.hexdigest()
+    assert weights_checksum(m, like="0" * 64) == old
+    assert weights_checksum(m, like="sha256-tree:0") == weights_checksum(m) != old
+
+
 def test_snapshot_round_trip_with_tied_weights(tmp_path) -> None:
     src, dst = Tied(), Tied()
     _randomize(src, 7)
