@@ -95,17 +95,21 @@ class StaticHFEngine(HFEngine):
         self._joins = 0
         self._keys: list[torch.Tensor] = []
         self._values: list[torch.Tensor] = []
+        self._ids = torch.zeros((0, 1), dtype=torch.long)
+        """Each row's next input token, ``[slots, 1]``; ``_pos`` its position (= ``lens``)."""
+        self._pos = torch.zeros((0, 1), dtype=torch.long)
+        self._columns = torch.arange(0)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: Any = None
 
     # --- buffers ---------------------------------------------------------------------------
     @property
     def slots(self) -> int:
-        return self._ids.shape[0] if self._keys else 0
+        return self._ids.shape[0]
 
     @property
     def max_len(self) -> int:
-        return self._keys[0].shape[2] if self._keys else 0
+        return self._columns.shape[0]
 
     def _reserve(self, rows: int, length: int) -> None:
         """Make room for ``rows`` rows of ``length`` columns, keeping what is cached."""
