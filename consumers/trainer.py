@@ -6,9 +6,11 @@ Per local update (a "step"), in this order:
    never silent).
 2. Take them first-in first-out; GRPO advantages per group; one optimizer step per mini-batch.
 3. Publish the step's record to ``steps`` (which samples, which version, metrics) and flush.
-4. Every ``save_freq`` steps: write the checkpoint (model, optimizer, step, version, settled
-   offsets), then commit those offsets to the trainer's group (for lag monitoring only; the
-   checkpoint is the source of truth).
+4. Every ``save_freq`` steps: copy the checkpoint (model, optimizer, step, version, settled
+   offsets) into host memory and write it on a thread while training goes on (one write at a
+   time); once it is on disk, commit those offsets to the trainer's group (for lag monitoring
+   only; the checkpoint is the source of truth). The run's last checkpoint is written before
+   RunFinished.
 5. Every ``trigger_parameter_sync_step`` steps: SyncRequested(v+1) -> wait for every worker's
    RolloutPaused (not with ``in_flight_update``) -> broadcast the weights in buckets ->
    WeightsPublished(v+1, checksum). The trainer then goes on without waiting for the workers
@@ -34,10 +36,11 @@ from asyncrl.config import RunConfig
 from asyncrl.consumers import spans
 from asyncrl.consumers.batcher import SampleBatcher
 from asyncrl.consumers.checkpoint import (
+    CheckpointWriter,
     TrainerState,
     latest_checkpoint,
     load_checkpoint,
-    save_checkpoint,
+    snapshot,
 )
 from asyncrl.consumers.coordinator import SyncCoordinator
 from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
@@ -113,6 +116,9 @@ class Trainer:
             else None
         )
         self.wait_clock = WaitClock()
+        self.checkpoints = CheckpointWriter(cfg.run_dir, cfg.trainer.keep_checkpoints)
+        self._uncommitted: dict[tuple[str, int], int] | None = None
+        """The offsets of the checkpoint being written, committed once it is on disk."""
         self._checksum_cache: str | None = None
         self.coordinator = SyncCoordinator(
             cfg,
@@ -243,14 +249,26 @@ class Trainer:
         if self.tensorboard is not None:
             self.tensorboard.write(self.step, {"version": float(self.version), **metrics})
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, wait: bool = False) -> None:
+        """Step 4: a snapshot of the state now, written on the writer's thread (``wait``: and
+        on disk before this returns)."""
+        self.checkpoints.wait()  # the write before (it had save_freq steps): one at a time
+        self._commit_written()
         state = TrainerState(
             step=self.step, version=self.version, batcher=self.batcher.state(), metrics=self.history
         )
-        keep = self.cfg.trainer.keep_checkpoints
-        save_checkpoint(self.cfg.run_dir, self.model, self.optimizer, state, keep=keep)
+        self.checkpoints.submit(snapshot(self.model, self.optimizer, state))
         topic = self.cfg.topic("samples")
-        self.io.samples.commit({(topic, p): o for p, o in self.batcher.settled_offsets().items()})
+        self._uncommitted = {(topic, p): o for p, o in self.batcher.settled_offsets().items()}
+        if wait:
+            self.checkpoints.wait()
+            self._commit_written()
+
+    def _commit_written(self) -> None:
+        """Commit the offsets of the last checkpoint if it is on disk."""
+        if self._uncommitted is not None and self.checkpoints.idle():
+            self.io.samples.commit(self._uncommitted)
+            self._uncommitted = None
 
     # --- the loop (steps 1-5 of the module docstring) --------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -309,11 +327,12 @@ class Trainer:
                 break
             if tc.save_freq and self.step % tc.save_freq == 0:
                 self.checkpoint()  # 4
+            self._commit_written()
             if synced and self.step < tc.total_training_steps:
                 self.stats.last_sync = self.coordinator.sync(trigger=step_span)  # 5
         if not self.simulated and (accuracy is None or "val/accuracy" not in metrics):
             accuracy = evaluation.measure(self.model)
-        self.checkpoint()
+        self.checkpoint(wait=True)
         # Only a run that ended publishes RunFinished: a trainer that dies (an exception, a
         # kill) leaves the run open, and a restarted trainer resumes it from its checkpoint
         # while the workers wait for it (they stop on RunFinished).
@@ -338,6 +357,10 @@ class Trainer:
         return summary
 
     def close(self) -> None:
+        try:
+            self.checkpoints.wait()
+        except RuntimeError as err:  # the run failed already, or its end raised this
+            log.error("%s", err)
         self.metrics_file.close()
         if self.tensorboard is not None:
             self.tensorboard.close()

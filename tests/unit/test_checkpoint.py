@@ -1,0 +1,102 @@
+"""Checkpoints written on a thread while training goes on: what is written is the state at the
+snapshot, not what the trainer changed since; one write at a time; a failed write is raised."""
+
+import json
+import threading
+
+import pytest
+import torch
+
+from asyncrl.config import ModelConfig
+from asyncrl.consumers.checkpoint import (
+    CheckpointWriter,
+    TrainerState,
+    latest_checkpoint,
+    load_checkpoint,
+    snapshot,
+)
+from asyncrl.models.tiny import build_model
+
+
+def _trained(seed: int = 0):
+    model = build_model(ModelConfig(hidden_size=32, intermediate_size=64), 30, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(input_ids=torch.tensor([[1, 5, 6, 7]])).logits.sum().backward()
+    optimizer.step()  # the optimizer has state to save
+    return model, optimizer
+
+
+def test_the_written_checkpoint_is_the_state_at_the_snapshot(tmp_path):
+    model, optimizer = _trained()
+    history = {"val/accuracy": 0.5}
+    state = TrainerState(step=4, version=1, batcher={"offsets": {"0": 12}}, metrics=history)
+    snap = snapshot(model, optimizer, state)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    want_optim = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    # The trainer goes on: weights, optimizer state and history change before the write.
+    model(input_ids=torch.tensor([[1, 8, 9]])).logits.sum().backward()
+    optimizer.step()
+    history["val/accuracy"] = 0.9
+    writer = CheckpointWriter(tmp_path, keep=3)
+    writer.submit(snap)
+    writer.wait()
+
+    path = latest_checkpoint(tmp_path)
+    assert path is not None and path.name == "step_000004" and writer.written == path
+    fresh, fresh_optim = _trained(seed=1)
+    loaded = load_checkpoint(path, fresh, fresh_optim)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    assert torch.equal(fresh_optim.state_dict()["state"][0]["exp_avg"], want_optim)
+    assert loaded.metrics == {"val/accuracy": 0.5} and loaded.batcher == {"offsets": {"0": 12}}
+    assert json.loads((path / "state.json").read_text())["step"] == 4
+
+
+def test_tied_weights_are_copied_and_stored_once(tmp_path):
+    model, optimizer = _trained()
+    tied = model.get_output_embeddings().weight
+    assert tied is model.get_input_embeddings().weight
+    snap = snapshot(model, optimizer, TrainerState(1, 0, {}, {}))
+    names = [k for k, v in model.state_dict().items() if v.data_ptr() == tied.data_ptr()]
+    assert len(names) == 2
+    assert snap.model[names[0]] is snap.model[names[1]]
+    assert snap.model[names[0]].data_ptr() != tied.data_ptr()  # a copy, not the live weights
+
+
+def test_one_write_at_a_time_and_a_failed_write_is_raised(tmp_path, monkeypatch):
+    from asyncrl.consumers import checkpoint
+
+    model, optimizer = _trained()
+    release = threading.Event()
+    started: list[int] = []
+    write = checkpoint.write_checkpoint
+
+    def slow_write(run_dir, snap, keep=3):
+        started.append(snap.step)
+        assert release.wait(10)
+        return write(run_dir, snap, keep)
+
+    monkeypatch.setattr(checkpoint, "write_checkpoint", slow_write)
+    writer = CheckpointWriter(tmp_path, keep=3)
+    writer.submit(snapshot(model, optimizer, TrainerState(1, 0, {}, {})))
+    assert not writer.idle()
+    second = threading.Thread(
+        target=writer.submit, args=(snapshot(model, optimizer, TrainerState(2, 0, {}, {})),)
+    )
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and started == [1]  # the second waits for the first
+    release.set()
+    second.join(10)
+    writer.wait()
+    assert started == [1, 2] and writer.idle()
+    assert latest_checkpoint(tmp_path).name == "step_000002"
+
+    def failing_write(run_dir, snap, keep=3):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "write_checkpoint", failing_write)
+    writer.submit(snapshot(model, optimizer, TrainerState(3, 0, {}, {})))
+    with pytest.raises(RuntimeError, match="writing a checkpoint failed: disk full"):
+        writer.wait()
+    assert latest_checkpoint(tmp_path).name == "step_000002"  # the last good one stays
