@@ -26,6 +26,7 @@ transformers 5.17).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -61,6 +62,13 @@ def replace(cache: DynamicCache, kv: KV) -> None:
         layer.keys, layer.values = keys, values
 
 
+def newcomers(active: Iterable[ActiveRequest], rows: list[ActiveRequest]) -> list[ActiveRequest]:
+    """The active requests with no cache row: new ones, continuations, all after new weights
+    (a row is its request's object, not its id: an id may be re-added)."""
+    held = {id(a) for a in rows}
+    return [a for a in active if id(a) not in held]
+
+
 class CachedHFEngine(HFEngine):
     """The hf engine with a KV cache over the batch (see the module doc)."""
 
@@ -82,8 +90,7 @@ class CachedHFEngine(HFEngine):
         if not self._active:
             return finished
         device = next(self.model.parameters()).device
-        rows = {id(a) for a in self._rows}
-        joining = [a for a in self._active.values() if id(a) not in rows]
+        joining = newcomers(self._active.values(), self._rows)
         if joining:
             self._join(joining, device)
         last = [a.ids[-1] if a.ids else a.req.prompt_ids[-1] for a in self._rows]

@@ -40,7 +40,7 @@ import torch
 from transformers import DynamicCache
 
 from asyncrl.producers.engines.base import ActiveRequest, GenResult
-from asyncrl.producers.engines.cached import tensors
+from asyncrl.producers.engines.cached import newcomers, tensors
 from asyncrl.producers.engines.hf import HFEngine
 
 LEN_ALIGN = 64
@@ -149,8 +149,7 @@ class StaticHFEngine(HFEngine):
         self._drop_left()
         if not self._active:
             return finished
-        rows = {id(a) for a in self._rows}
-        joining = [a for a in self._active.values() if id(a) not in rows]
+        joining = newcomers(self._active.values(), self._rows)
         if joining:
             self._join(joining)
         n = len(self._rows)
