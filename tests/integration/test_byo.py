@@ -1,7 +1,8 @@
 """A verl user's own model, data and reward (issue 19): a Hugging Face checkpoint directory, the
 arithmetic task exported to verl's parquet format, and a ``compute_score`` file, trained on
 through ``asyncrl run`` with verl's keys; held-out accuracy (the mean reward of greedy
-answers to data.val_files) rises, and the reward function's failures are marked, not zeros."""
+answers to data.val_files) rises, and the reward function's failures are marked, not zeros.
+The run takes the settings a real model needs: micro-batches by tokens, the hf_static engine."""
 
 from __future__ import annotations
 
@@ -72,6 +73,11 @@ def test_your_model_data_and_reward_learn(make_run_cfg, demo_policy, tmp_path, c
         "trainer.total_training_steps=60",
         "trainer.test_freq=10",
         "trainer.target_accuracy=null",
+        # what a real model at real lengths runs with: micro-batches by tokens (~3 a step of
+        # 64 trajectories here), the engine written for GPUs
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=256",
+        "actor_rollout_ref.rollout.name=hf_static",
     )
     out = io.StringIO()
     summary = run(cfg, Console(file=out, width=200))
