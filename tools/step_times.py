@@ -13,7 +13,8 @@ import sys
 
 
 def main(path: str) -> str:
-    rows = [json.loads(line) for line in open(path)]
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
     steps = [r for r in rows if "step" in r][1:]
 
     def mean(key: str) -> float:
