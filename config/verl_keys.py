@@ -44,7 +44,7 @@ FSDP = (
 )
 ENGINE = (
     "vLLM/SGLang engine setting: asyncrl's rollout engine is its own (actor_rollout_ref.rollout."
-    "name: hf, hf_cached or sim), with no such knob"
+    "name: hf, hf_cached, hf_static or sim), with no such knob"
 )
 BATCHING = (
     "how a pass is split for memory or speed, with no effect on the result: asyncrl evaluates "
