@@ -344,8 +344,8 @@ def micro_batches(batch: Batch, size: int | None, max_tokens: int | None) -> lis
     out: list[MicroBatch] = []
     for group in groups:
         index = torch.tensor(group, device=batch.input_ids.device)
-        p = int(max(prompt_lens[i] for i in group))
-        r = int(max(max(response_lens[i] for i in group), 1))
+        p = max(prompt_lens[i] for i in group)
+        r = max(max(response_lens[i] for i in group), 1)
         cols = slice(prompt_width - p, prompt_width + r)
         out.append(
             (
@@ -368,16 +368,19 @@ def micro_logprobs(
 ) -> torch.Tensor:
     """:func:`token_logprobs` of ``batch``, ``[B, R]``, one pass per micro-batch (no
     gradient: old or proximal log-probs)."""
-    if micro[0][0] is None:
-        b = batch
-        return token_logprobs(
-            model, b.input_ids, b.attention_mask, b.position_ids, b.response_mask, temperature
+    parts = [
+        (
+            index,
+            token_logprobs(
+                model, b.input_ids, b.attention_mask, b.position_ids, b.response_mask, temperature
+            ),
         )
+        for index, b in micro
+    ]
+    if parts[0][0] is None:  # the whole batch in one pass
+        return parts[0][1]
     out = torch.zeros_like(batch.response_mask)
-    for index, b in micro:
-        lp = token_logprobs(
-            model, b.input_ids, b.attention_mask, b.position_ids, b.response_mask, temperature
-        )
+    for index, lp in parts:
         out[index, : lp.shape[1]] = lp.to(out.dtype)
     return out
 

@@ -65,20 +65,17 @@ def policy_step(
     optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, float] = {}
     for index, b in micro:
-
-        def rows(t: torch.Tensor, b: Batch = b, index: torch.Tensor | None = index):
-            return t if index is None else t[index, : b.response_mask.shape[1]]
-
+        width = b.response_mask.shape[1]
         args = (b.input_ids, b.attention_mask, b.position_ids, b.response_mask)
         logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature)
         loss, part = policy_loss(
             logprobs,
-            rows(old),
+            _rows(old, index, width),
             b.advantages,
             b.response_mask,
             actor.clip_ratio,
             actor.loss_agg_mode,
-            is_weights=None if is_weights is None else rows(is_weights),
+            is_weights=None if is_weights is None else _rows(is_weights, index, width),
             norms=norms,
         )
         part["entropy"] = float(aggregate(entropy, b.response_mask, actor.loss_agg_mode, norms[0]))
@@ -90,6 +87,11 @@ def policy_step(
     optimizer.step()
     metrics["grad_norm"] = float(grad_norm)
     return metrics
+
+
+def _rows(t: torch.Tensor, index: torch.Tensor | None, width: int) -> torch.Tensor:
+    """A micro-batch's part of a mini-batch's ``[B, R]`` tensor (``index`` None: all of it)."""
+    return t if index is None else t[index, :width]
 
 
 def grpo_update(
