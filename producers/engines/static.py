@@ -169,7 +169,8 @@ class StaticHFEngine(HFEngine):
         if len(keep) == len(self._rows):
             return
         m = len(keep)
-        holes = [i for i in range(m) if i not in set(keep)]
+        kept = set(keep)
+        holes = [i for i in range(m) if i not in kept]
         movers = [i for i in keep if i >= m]
         if holes:
             dst = torch.tensor(holes, device=self._ids.device)
