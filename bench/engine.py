@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.bench.sync import SHAPES
+from asyncrl.bench.sync import qwen2_config
 from asyncrl.config import ConfigError, RunConfig, load_config
 
 ENGINES = ("hf", "hf_cached", "hf_static")
@@ -51,20 +51,11 @@ DEFAULT_SHAPES = ("demo", "500M")
 def _model(cfg: RunConfig, shape: str, device: str, dtype: Any) -> tuple[Any, int]:
     """A randomly initialised causal LM of ``shape`` on ``device``, and its vocabulary size."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     model_cfg = cfg.actor_rollout_ref.model
     if shape != "demo":
-        hidden, layers, inter, vocab, heads, kv_heads = SHAPES[shape]
-        config = Qwen2Config(
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=inter,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            tie_word_embeddings=True,
-        )
+        config = qwen2_config(shape)
     elif model_cfg.path is not None:
         config = AutoConfig.from_pretrained(model_cfg.path)
     else:

@@ -58,6 +58,23 @@ METHODS = ("shared memory", "bucketed", "per-tensor", "safetensors")
 _WAIT = timedelta(seconds=600)
 
 
+def qwen2_config(shape: str, vocab_size: int | None = None) -> Any:
+    """A transformers ``Qwen2Config`` of ``shape`` (tied embeddings), with the shape's vocabulary
+    or ``vocab_size``: what ``bench engine`` and ``tools/random_checkpoint.py`` initialise."""
+    from transformers import Qwen2Config
+
+    hidden, layers, inter, vocab, heads, kv_heads = SHAPES[shape]
+    return Qwen2Config(
+        vocab_size=vocab_size or vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=True,
+    )
+
+
 def qwen2_like_state(shape: str, fill: bool) -> dict[str, Any]:
     """Tensors named and shaped like a Qwen2 causal LM's state dict (bf16); random or zeros."""
     import torch

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM
 
-from asyncrl.bench.sync import SHAPES
+from asyncrl.bench.sync import SHAPES, qwen2_config
 from asyncrl.models.policy import TINY_CHAT_TEMPLATE
 from asyncrl.models.tiny import build_tokenizer
 
@@ -23,21 +23,12 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="500M")
     parser.add_argument("--out", required=True, help="the checkpoint directory to write")
     args = parser.parse_args()
-    hidden, layers, inter, _vocab, heads, kv_heads = SHAPES[args.shape]
     tokenizer = build_tokenizer()
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = qwen2_config(args.shape, vocab_size=len(tokenizer))
+    config.bos_token_id = tokenizer.bos_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(args.out)
