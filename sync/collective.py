@@ -290,7 +290,7 @@ class WeightSender(_Endpoint):
         self._slots: dict[str, SharedSlots] = {}
         self._gpu_workers = False  # a local worker on a GPU asked for slots in GPU memory
         self._failed_kinds: set[str] = set()
-        self._unacked: list[tuple[int, dist.Work, Tensor | None]] = []
+        self._unacked: list[tuple[int, _Pair, dist.Work, Tensor | None]] = []
         """The last transfer's final acknowledgements, awaited before the slots are written
         again (not before the transfer returns: the worker's own next exchange follows its
         copy anyway, but a transfer to other workers may come first)."""
@@ -402,8 +402,8 @@ class WeightSender(_Endpoint):
 
         def settle(slot: int, defer_acks: bool = False) -> None:
             for w, work, signal, ack in pending[slot]:
-                if defer_acks and ack:
-                    self._unacked.append((w, work, signal))
+                if defer_acks and ack and w in live:
+                    self._unacked.append((w, live[w], work, signal))
                     continue
                 try:
                     work.wait()
@@ -454,14 +454,16 @@ class WeightSender(_Endpoint):
 
     def _settle_unacked(self) -> None:
         """Wait until the last transfer's local workers copied its final buckets out; a
-        worker that died meanwhile is dropped (it will rejoin)."""
+        worker that died meanwhile is dropped (it will rejoin). Only its own pair: a new
+        incarnation of the worker may have joined since, under the same worker id."""
         unacked, self._unacked = self._unacked, []
-        for w, work, _ in unacked:
+        for w, pair, work, _ in unacked:
             try:
                 work.wait()
             except Exception as err:
                 log.warning("worker %d did not acknowledge its last weights: %s", w, err)
-                self.disconnect(w)
+                if w in self._pairs and self._pairs[w][1] is pair:
+                    self.disconnect(w)
 
     def _offer(self, buckets: list[Bucket]) -> dict[str, SharedSlots]:
         """The shared slots to offer, by kind, grown to the largest bucket: host memory, and

@@ -326,11 +326,13 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
     return {k: torch.randn(n, generator=g) for k, n in sizes.items()}
 
 
-def _targeted_worker(port: int, worker: int, transfers: int, out: str) -> None:
+def _targeted_worker(
+    port: int, worker: int, transfers: int, out: str, incarnation: str = ""
+) -> None:
     torch.set_num_threads(1)
     state = _state(100 + worker)
     rx = WeightReceiver("127.0.0.1", port, "gloo", torch.device("cpu"), COLLECTIVE_TIMEOUT_S)
-    rx.join(worker, f"inc{worker}", announce=lambda: None)
+    rx.join(worker, incarnation or f"inc{worker}", announce=lambda: None)
     sums, media = [], []
     for _ in range(transfers):
         media.append(rx.receive_into(state, 1).medium)
@@ -366,3 +368,32 @@ def test_a_transfer_to_other_workers_waits_until_the_slots_were_copied_out(tmp_p
     w1 = json.loads((tmp_path / "w1.json").read_text())
     assert w0["sums"] == [sent[0], sent[2]] and w1["sums"] == [sent[1], sent[2]]
     assert set(w0["media"]) == set(w1["media"]) == {"memfd"}
+
+
+def test_a_worker_restarted_before_the_next_transfer_gets_its_weights(tmp_path: Path) -> None:
+    """A worker killed mid-copy, before it acknowledged a transfer over shared memory (the
+    trainer awaits those acknowledgements at its next transfer), is restarted, and its new
+    incarnation (same worker id) joins before any other transfer. Settling the dead pair's
+    acknowledgements must not close the new pair: the join transfer reaches the new worker
+    (before the fix it was closed, and the worker died with 'the weight transfer failed')."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    with WeightSender("127.0.0.1", port, "gloo", "cpu", COLLECTIVE_TIMEOUT_S) as tx:
+        first = ctx.Process(target=_targeted_worker, args=(port, 0, 2, str(tmp_path), "a"))
+        first.start()
+        assert tx.connect(0, "a")
+        assert tx.broadcast(_state(0), 1).delivered == {0: "a"}
+        os.kill(first.pid, signal.SIGKILL)  # it has its tokens, the big bucket is being copied
+        first.join(PROCESS_DEADLINE_S)
+
+        second = ctx.Process(target=_targeted_worker, args=(port, 0, 2, str(tmp_path), "b"))
+        second.start()
+        assert tx.connect(0, "b")  # no transfer since the kill
+        sent = []
+        for k in (1, 2):
+            state = _state(k)
+            assert tx.broadcast(state, 1).delivered == {0: "b"}
+            sent.append(weights_checksum(state))
+        second.join(PROCESS_DEADLINE_S)
+        assert second.exitcode == 0
+    assert json.loads((tmp_path / "w0.json").read_text())["sums"] == sent
