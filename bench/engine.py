@@ -84,21 +84,18 @@ def _requests(batch: int, prompt_len: int, new_tokens: int, vocab: int) -> list[
 
 def _engine(cfg: RunConfig, name: str, model: Any) -> Any:
     """A fresh engine ``name`` over ``model`` (the config's sampling settings)."""
-    from asyncrl.producers.engines.cached import CachedHFEngine
-    from asyncrl.producers.engines.hf import HFEngine
-    from asyncrl.producers.engines.static import StaticHFEngine
+    from asyncrl.producers.engines.factory import hf_engine
 
     rollout = cfg.actor_rollout_ref.rollout
-    kwargs: dict[str, Any] = {"cuda_graphs": not rollout.enforce_eager}
-    cls = {"hf": HFEngine, "hf_cached": CachedHFEngine, "hf_static": StaticHFEngine}[name]
-    return cls(
+    return hf_engine(
+        name,
         model,
         None,
         temperature=rollout.temperature,
         eos_token_id=-1,  # never produced: every request makes new_tokens tokens
         pad_token_id=0,
         seed=cfg.trainer.seed,
-        **(kwargs if cls is StaticHFEngine else {}),
+        cuda_graphs=not rollout.enforce_eager,
     )
 
 

@@ -2,7 +2,7 @@
 
 Cost: one pass over every byte of the model through sha256, plus a device-to-host copy of
 every tensor when the weights live on a GPU. sha256 runs at roughly 1 GB/s on one core (a
-0.5B model in bf16: 0.99 s), so the bytes are hashed in pieces of ``CHUNK`` on a thread pool
+0.5B model in bf16: 0.7-1.0 s), so the bytes are hashed in pieces of ``CHUNK`` on a thread pool
 (hashlib lets go of the interpreter lock), one per core: the cores of a GPU host share the
 work. ``sync.verify_checksum`` can still be turned off for large models.
 """

@@ -27,24 +27,18 @@ def _stepwise_engine(
     cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, seed: int
 ) -> StepwiseEngine:
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name in ("hf", "hf_cached", "hf_static"):
-        args = (model, tokenizer)
-        kwargs: dict[str, Any] = dict(
+    if rollout.name in HF_ENGINES:
+        return hf_engine(
+            rollout.name,
+            model,
+            tokenizer,
             temperature=rollout.temperature,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             seed=seed,
             emulated_decode_latency_s=rollout.emulated_decode_latency_s,
+            cuda_graphs=not rollout.enforce_eager,
         )
-        if rollout.name == "hf_static":
-            from asyncrl.producers.engines.static import StaticHFEngine
-
-            return StaticHFEngine(*args, cuda_graphs=not rollout.enforce_eager, **kwargs)
-        from asyncrl.producers.engines.cached import CachedHFEngine
-        from asyncrl.producers.engines.hf import HFEngine
-
-        engine = CachedHFEngine if rollout.name == "hf_cached" else HFEngine
-        return engine(*args, **kwargs)
     if rollout.name == "sim":
         from asyncrl.producers.engines.sim import SimEngine
 
@@ -56,3 +50,19 @@ def _stepwise_engine(
             seed=seed,
         )
     raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} has no engine")
+
+
+HF_ENGINES = ("hf", "hf_cached", "hf_static")
+
+
+def hf_engine(name: str, *args: Any, cuda_graphs: bool = True, **kwargs: Any) -> StepwiseEngine:
+    """The transformers engine ``name`` (one of ``HF_ENGINES``), built with the hf engine's
+    arguments; ``cuda_graphs`` matters to hf_static alone."""
+    if name == "hf_static":
+        from asyncrl.producers.engines.static import StaticHFEngine
+
+        return StaticHFEngine(*args, cuda_graphs=cuda_graphs, **kwargs)
+    from asyncrl.producers.engines.cached import CachedHFEngine
+    from asyncrl.producers.engines.hf import HFEngine
+
+    return (CachedHFEngine if name == "hf_cached" else HFEngine)(*args, **kwargs)
