@@ -33,6 +33,7 @@ VIOLATIONS: dict[str, str] = {
     "trained_missing": "sample ids a step record names that are not on samples",
     "lost_prompts": "prompts the rollout group committed with no sample and no logged drop",
     "reused_versions": "versions published with two or more different weight checksums",
+    "mismatched_weights": "weight loads whose checksum differed from the trainer's",
     "version_regressions": "syncs or weights published with a version not above earlier ones",
     "incomplete_syncs": "SyncRequested(v) with no WeightsPublished(v), and the trainer moved on",
     "over_budget_versions": "versions under which more samples started than their budget",
@@ -196,6 +197,16 @@ def reused_versions(control: list[ev.ControlEvent]) -> list[str]:
         if e.checksum:
             sums[e.version].add(e.checksum)
     return [f"version {v}: {len(c)} checksums" for v, c in sorted(sums.items()) if len(c) > 1]
+
+
+def mismatched_weights(control: list[ev.ControlEvent]) -> list[str]:
+    """A worker that loaded a version whose bytes differ from what the trainer published
+    (``WeightsLoaded.checksum_ok`` false) generated that version's samples from other weights."""
+    return [
+        f"worker {e.worker}, version {e.version}"
+        for e in _of(control, ev.WeightsLoaded)
+        if not e.checksum_ok
+    ]
 
 
 def version_regressions(control: list[ev.ControlEvent]) -> list[str]:
@@ -363,6 +374,7 @@ def audit(log: RunLog, max_samples_per_version: int, run_id: str = "") -> AuditR
         "trained_missing": trained_missing(log.steps, log.samples),
         "lost_prompts": lost_prompts(log.committed, log.samples, c),
         "reused_versions": reused_versions(c),
+        "mismatched_weights": mismatched_weights(c),
         "version_regressions": version_regressions(c),
         "incomplete_syncs": [f"version {v}" for v in syncs.incomplete],
         "over_budget_versions": over_budget_versions(

@@ -123,6 +123,11 @@ def plant_reused_version(log: RunLog) -> None:
     before_finish(log, ev.WeightsPublished(RUN, 1, checksum="other", incarnations=["b"]))
 
 
+def plant_mismatched_weights(log: RunLog) -> None:
+    at = next(i for i, e in enumerate(log.control) if isinstance(e, ev.WeightsLoaded))
+    log.control[at] = dataclasses.replace(log.control[at], checksum_ok=False)
+
+
 def plant_version_regression(log: RunLog) -> None:
     at = next(i for i, e in enumerate(log.control) if isinstance(e, ev.SyncRequested))
     log.control.insert(at + 1, ev.SyncRequested(RUN, 1))  # both are published after
@@ -151,6 +156,7 @@ def plant_unfinished_partial(log: RunLog) -> None:
         (plant_trained_missing, "trained_missing"),
         (plant_lost_prompt, "lost_prompts"),
         (plant_reused_version, "reused_versions"),
+        (plant_mismatched_weights, "mismatched_weights"),
         (plant_version_regression, "version_regressions"),
         (plant_incomplete_sync, "incomplete_syncs"),
         (plant_over_budget, "over_budget_versions"),
