@@ -31,6 +31,7 @@ from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.prompt import TAG as PROMPT_TAG
 from asyncrl.schemas.prompt import PromptRecord, decode_prompt, encode_prompt
+from asyncrl.sync.buckets import cast_dtype
 from asyncrl.sync.channel import ControlChannel, highest_version
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import BroadcastResult, TransferStats
@@ -199,11 +200,18 @@ class LocalWeights:
         self.members.pop(worker, None)
 
     def broadcast(
-        self, model: torch.nn.Module, bucket_bytes: int, workers: list[int] | None = None
+        self,
+        model: torch.nn.Module,
+        bucket_bytes: int,
+        workers: list[int] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> BroadcastResult:
         t0 = time.perf_counter()
         targets = sorted(self.members) if workers is None else workers
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        state = {
+            k: v.detach().to(cast_dtype(v.dtype, dtype), copy=True)
+            for k, v in model.state_dict().items()
+        }
         for worker in targets:
             self.sinks[worker].put(state)
         self.sent.append(list(targets))
@@ -313,9 +321,13 @@ class ScriptedTrainer:
     def __init__(
         self, cfg: RunConfig, broker: MemoryBroker, weights: LocalWeights, model: torch.nn.Module
     ) -> None:
+        from asyncrl.models.policy import rollout_dtype
+
         self.cfg = cfg
         self.weights = weights
         self.model = model
+        self.dtype = rollout_dtype(cfg)
+        """What the weights are cast to on the way (the worker's rollout.dtype)."""
         self.control = broker.control(cfg)
         self.version = 0
         self.step = 0
@@ -339,12 +351,14 @@ class ScriptedTrainer:
                 self._send(sorted(self.weights.members), members=sorted(self.weights.members))
 
     def _send(self, workers: list[int], members: list[int] | None = None) -> None:
-        result = self.weights.broadcast(self.model, bucket_bytes=1 << 20, workers=workers)
+        result = self.weights.broadcast(
+            self.model, bucket_bytes=1 << 20, workers=workers, dtype=self.dtype
+        )
         self.control.publish(
             ev.WeightsPublished(
                 run_id=self.cfg.run_id,
                 version=self.version,
-                checksum=weights_checksum(self.model),
+                checksum=weights_checksum(self.model, dtype=self.dtype),
                 step=self.step,
                 incarnations=list(result.delivered.values()),
                 consumed=dict(self.consumed),

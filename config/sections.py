@@ -87,8 +87,9 @@ def _paths(value: str | list[str] | None) -> list[str]:
 class ModelConfig(Strict):
     path: str | None = None
     """A local Hugging Face checkpoint directory (config.json, weights, tokenizer and its chat
-    template): the trainer and the rollout workers load it with transformers, in float32, no
-    warm start. None: the built-in tiny model (the fields below), warm-started on data.task."""
+    template): the trainer and the rollout workers load it with transformers, in float32 (the
+    workers then cast it to rollout.dtype), no warm start. None: the built-in tiny model (the
+    fields below), warm-started on data.task."""
     trust_remote_code: bool = False
     """Let transformers run the model's own code from actor_rollout_ref.model.path."""
     hidden_size: int = Field(128, ge=8)
@@ -130,6 +131,17 @@ class OptimConfig(Strict):
     """Gradients are clipped to this global norm before each optimizer step."""
 
 
+class FsdpConfig(Strict):
+    """verl's ``actor_rollout_ref.actor.fsdp_config``: of it, the precision the trainer
+    computes in (one process, no sharding: verl's other keys there are fixed or refused)."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """verl's key: the dtype the trainer's forward passes compute in (mixed precision: the
+    weights, gradients and AdamW state stay float32, as verl's model_dtype fp32). auto:
+    bfloat16 where the trainer runs on a GPU (verl's default), float32 on the CPU (the
+    trainer's logprobs then equal a float32 rollout's exactly)."""
+
+
 class ActorConfig(Strict):
     ppo_mini_batch_size: int = Field(8, ge=1)
     """Prompts (samples) per mini-batch; each holds rollout.n trajectories."""
@@ -149,6 +161,7 @@ class ActorConfig(Strict):
     ppo_max_token_len_per_gpu: int = Field(16384, ge=1)
     """The tokens of one micro-batch with use_dynamic_bsz (verl's default)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig)
 
     @property
     def micro_batching(self) -> tuple[int | None, int | None]:
@@ -212,6 +225,12 @@ class RolloutConfig(Strict):
     a worker on the trainer's host reads each sync's weights from the trainer's GPU memory (CUDA
     IPC: sync.shared_memory). cpu by default until the GPU path has run on a GPU (written
     without one: docs/design.md)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """verl's key: the dtype of each rollout worker's copy of the policy. auto: bfloat16 where
+    the worker runs on a GPU (verl's default; vLLM and SGLang generate in it), float32 on the
+    CPU (logprobs exactly the trainer's float32 recomputation; CPUs run bf16 matmuls slowly).
+    The trainer keeps float32 weights and casts them while packing each sync (half the bytes
+    in bfloat16); the checksum a worker verifies is of the cast weights."""
     enforce_eager: bool = False
     """verl's key: true runs every decoding step eagerly, never as a CUDA graph (hf_static on
     a GPU; the other engines are always eager)."""

@@ -178,6 +178,12 @@ VERL_KEYS: dict[str, VerlKey] = {
     # --- actor -------------------------------------------------------------------------------
     "actor_rollout_ref.actor.strategy": refused(FSDP),
     "actor_rollout_ref.actor.fsdp_config.*": refused(FSDP),
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": fixed(
+        "the trainer keeps float32 weights, gradients and AdamW state (it computes in "
+        "fsdp_config.dtype)",
+        "fp32",
+        "float32",
+    ),
     "actor_rollout_ref.actor.fsdp_config.param_offload": fixed(FSDP, False),
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": fixed(FSDP, False),
     "actor_rollout_ref.actor.fsdp_config.offload_policy": fixed(FSDP, False),

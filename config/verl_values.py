@@ -32,9 +32,20 @@ def _never_is_zero() -> Callable[[Any, Get], Any]:
 def _engine(value: Any, _get: Get) -> Any:
     if value in ("vllm", "sglang", "trtllm"):
         raise Refused(
-            f"{value} engine: asyncrl has no vLLM/SGLang engine yet; its engines are hf "
-            "(transformers), hf_cached (transformers with a KV cache) and sim (a latency model)"
+            f"{value} engine: asyncrl has no vLLM/SGLang engine yet; its engines are hf_cached "
+            "(transformers with a KV cache), hf_static (the same from fixed cache slots, CUDA "
+            "graphs on a GPU), hf (no cache) and sim (a latency model)"
         )
+    return value
+
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16"}
+"""verl's short dtype names (it passes them to its PrecisionType), by torch's name."""
+
+
+def _dtype(value: Any, _get: Get) -> Any:
+    if isinstance(value, str) and value in DTYPES:
+        return Converted(DTYPES[value], f"verl's {value} is {DTYPES[value]}")
     return value
 
 
@@ -86,6 +97,11 @@ OUR_KEYS: dict[str, tuple[str, Callable[[Any, Get], Any]]] = {
     "actor_rollout_ref.rollout.name": (
         "vllm, sglang, trtllm refused (no such engine yet)",
         _engine,
+    ),
+    "actor_rollout_ref.rollout.dtype": ("verl's bf16, fp16, fp32 named as torch does", _dtype),
+    "actor_rollout_ref.actor.fsdp_config.dtype": (
+        "verl's bf16, fp32 named as torch does",
+        _dtype,
     ),
     "data.seed": (
         "verl's null: asyncrl's default seed",

@@ -37,6 +37,7 @@ from asyncrl.consumers.step_stats import mean, param_sync_metrics
 from asyncrl.producers.budget import worker_share
 from asyncrl.schemas import control as ev
 from asyncrl.sync.channel import ControlChannel
+from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.transport import WeightSource
 from asyncrl.telemetry.metrics import WaitClock
 
@@ -68,6 +69,8 @@ class SyncCoordinator:
         self._medium: tuple[int, int] | None = None  # workers served (shared memory, collective)
         self.model = model
         self.checksum = checksum
+        self.wire_dtype = _wire_dtype(cfg, model)
+        """The workers' dtype, which each sync casts the weights to (None: the trainer's)."""
         self.position = position
         self.write_row = write_row
         self.version = version
@@ -133,7 +136,9 @@ class SyncCoordinator:
         stats_bytes, buckets, transfer_s = 0, 0, 0.0
         delivered: dict[int, str] = {}
         if self.sender is not None:
-            sent = self.sender.broadcast(self.model, self.cfg.sync.bucket_bytes, workers)
+            sent = self.sender.broadcast(
+                self.model, self.cfg.sync.bucket_bytes, workers, dtype=self.wire_dtype
+            )
             stats_bytes, buckets = sent.stats.bytes, sent.stats.buckets
             transfer_s, delivered = sent.stats.seconds, sent.delivered
             medium = (sent.stats.shared, len(delivered) - sent.stats.shared)
@@ -143,7 +148,7 @@ class SyncCoordinator:
                     "weights reach %d worker(s) through shared memory, %d over the collective",
                     *medium,
                 )
-        checksum = self.checksum() if self.cfg.sync.verify_checksum else ""
+        checksum = self._delivered_checksum() if self.cfg.sync.verify_checksum else ""
         if workers is None and step > 0:  # a sync: the new version is split among these
             self.shared_among[self.version] = sorted(self.members)
         self.control.publish(
@@ -167,6 +172,14 @@ class SyncCoordinator:
             self.trainer_side[self.version] = {"pause_s": pause_wait_s, "transfer_s": transfer_s}
             if step > 0:
                 self.pauses.append(pause_wait_s)
+
+    def _delivered_checksum(self) -> str:
+        """The checksum of the weights as the workers hold them: the trainer's own (computed
+        once per weight state, shared with its step record) or, cast to the workers' dtype,
+        of the cast bytes."""
+        if self.wire_dtype is None:
+            return self.checksum()
+        return weights_checksum(self.model, dtype=self.wire_dtype)
 
     def sync(self, trigger: Span = trace.INVALID_SPAN) -> dict[str, float]:
         """Steps 1-3 of the module docstring; returns the sync's ``timing_s/param_sync*``."""
@@ -344,3 +357,12 @@ class SyncCoordinator:
     def close(self) -> None:
         if self.sender is not None:
             self.sender.close()
+
+
+def _wire_dtype(cfg: RunConfig, model: torch.nn.Module) -> torch.dtype | None:
+    """``rollout.dtype`` resolved, where it differs from the trainer's floating-point dtype."""
+    from asyncrl.models.policy import rollout_dtype
+
+    wanted = rollout_dtype(cfg)
+    have = {p.dtype for p in model.parameters() if p.dtype.is_floating_point}
+    return None if have == {wanted} else wanted

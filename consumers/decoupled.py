@@ -21,6 +21,7 @@ import torch
 from asyncrl.config import RunConfig
 from asyncrl.consumers.correction import rollout_correction, stale_token_mask
 from asyncrl.consumers.grpo import Batch, micro_batches, micro_logprobs
+from asyncrl.consumers.precision import autocast
 from asyncrl.schemas.sample import Sample
 
 
@@ -59,7 +60,7 @@ def proximal_correction(
     temperature = cfg.actor_rollout_ref.rollout.temperature
     t0 = time.perf_counter()
     micro = cfg.actor_rollout_ref.actor.micro_batching
-    with torch.no_grad():
+    with torch.no_grad(), autocast(cfg, model):
         prox = [micro_logprobs(model, b, micro_batches(b, *micro), temperature) for b in batches]
     elapsed = time.perf_counter() - t0
     masks = [b.response_mask for b in batches]

@@ -23,6 +23,7 @@ from asyncrl.consumers.grpo import (
     policy_loss,
     token_logprobs_and_entropy,
 )
+from asyncrl.consumers.precision import autocast
 from asyncrl.schemas.sample import Sample
 
 
@@ -58,7 +59,7 @@ def policy_step(
     elif cfg.async_training.use_rollout_log_probs:
         old = batch.old_logprobs
     else:
-        with torch.no_grad():
+        with torch.no_grad(), autocast(cfg, model):
             old = micro_logprobs(model, batch, micro, temperature)
     mask = batch.response_mask
     norms = (aggregate_norm(mask, actor.loss_agg_mode), mask.sum().clamp(min=1))
@@ -67,17 +68,18 @@ def policy_step(
     for index, b in micro:
         width = b.response_mask.shape[1]
         args = (b.input_ids, b.attention_mask, b.position_ids, b.response_mask)
-        logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature)
-        loss, part = policy_loss(
-            logprobs,
-            _rows(old, index, width),
-            b.advantages,
-            b.response_mask,
-            actor.clip_ratio,
-            actor.loss_agg_mode,
-            is_weights=None if is_weights is None else _rows(is_weights, index, width),
-            norms=norms,
-        )
+        with autocast(cfg, model):
+            logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature)
+            loss, part = policy_loss(
+                logprobs,
+                _rows(old, index, width),
+                b.advantages,
+                b.response_mask,
+                actor.clip_ratio,
+                actor.loss_agg_mode,
+                is_weights=None if is_weights is None else _rows(is_weights, index, width),
+                norms=norms,
+            )
         part["entropy"] = float(aggregate(entropy, b.response_mask, actor.loss_agg_mode, norms[0]))
         loss.backward()
         for k, v in part.items():

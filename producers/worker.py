@@ -84,7 +84,7 @@ class RolloutWorker:
         bootstrap: str | None = None,
         io: WorkerIO | None = None,
     ) -> None:
-        from asyncrl.models.policy import resolve_device
+        from asyncrl.models.policy import resolve_device, rollout_dtype
         from asyncrl.models.warm_start import load_policy
         from asyncrl.producers.engines.factory import make_engine
         from asyncrl.producers.reward import make_reward
@@ -95,7 +95,7 @@ class RolloutWorker:
         self.rollout = cfg.actor_rollout_ref.rollout
         self.partial_rollout = cfg.async_training.mode == "d"
         model, self.tokenizer = load_policy(cfg)
-        model.to(resolve_device(self.rollout.device)).eval()
+        model.to(resolve_device(self.rollout.device), rollout_dtype(cfg)).eval()
         seed = cfg.trainer.seed + 1000 * (worker_id + 1)
         self.engine = make_engine(
             cfg, model, self.tokenizer, seed, thread=self.rollout.engine_thread

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 __all__ = [
     "Bucket",
     "TensorSpec",
+    "cast_dtype",
     "manifest_digest",
     "named_tensors",
     "pack",
@@ -96,12 +97,16 @@ def _storage_key(t: Tensor) -> tuple:
     )
 
 
-def weight_manifest(model_or_state: nn.Module | Mapping[str, Tensor]) -> list[TensorSpec]:
+def weight_manifest(
+    model_or_state: nn.Module | Mapping[str, Tensor], dtype: torch.dtype | None = None
+) -> list[TensorSpec]:
     """The tensors to send, sorted by name, each storage once (tied names become aliases).
 
     Sorting by name (not module registration order) makes a model and a state dict loaded from
     a file produce the same manifest. A tied group is listed under its first name; the other
-    names are its aliases, so the bytes travel once and every name is updated.
+    names are its aliases, so the bytes travel once and every name is updated. ``dtype``: the
+    dtype the floating-point tensors travel in (``cast_dtype``), as a worker holding the
+    policy in that dtype derives its own manifest; None: their own.
     """
     tensors = named_tensors(model_or_state)
     groups: dict[tuple, list[str]] = {}
@@ -117,13 +122,19 @@ def weight_manifest(model_or_state: nn.Module | Mapping[str, Tensor]) -> list[Te
             TensorSpec(
                 name=names[0],
                 shape=tuple(t.shape),
-                dtype=t.dtype,
+                dtype=cast_dtype(t.dtype, dtype),
                 numel=t.numel(),
                 aliases=tuple(names[1:]),
             )
         )
     specs.sort(key=lambda s: s.name)
     return specs
+
+
+def cast_dtype(dtype: torch.dtype, to: torch.dtype | None) -> torch.dtype:
+    """The dtype a tensor of ``dtype`` travels in when the receiver holds floating-point
+    weights in ``to`` (the rollout's dtype): integer and bool tensors keep theirs."""
+    return to if to is not None and dtype.is_floating_point else dtype
 
 
 def manifest_digest(manifest: list[TensorSpec]) -> str:
@@ -179,7 +190,8 @@ def pack(
     out: Tensor | None = None,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """Copy the bucket's tensors into one flat 1-D tensor of ``bucket.dtype``.
+    """Copy the bucket's tensors into one flat 1-D tensor of ``bucket.dtype``, casting
+    floating-point ones whose dtype differs (a float32 trainer packing for bf16 workers).
 
     ``out`` (at least ``bucket.numel`` elements of the bucket's dtype) is reused when given, so
     a sender can double-buffer; otherwise a buffer is allocated on ``device`` (default: the
@@ -198,7 +210,7 @@ def pack(
     with torch.no_grad():
         for spec, offset in zip(bucket.specs, bucket.offsets, strict=True):
             src = tensors[spec.name]
-            _check(spec, src)
+            _check(spec, src, cast=True)
             flat[offset : offset + spec.numel].view(spec.shape).copy_(src)
     return flat
 
@@ -225,8 +237,12 @@ def unpack(bucket: Bucket, flat: Tensor, into: Mapping[str, Tensor]) -> None:
                     dst.copy_(src)
 
 
-def _check(spec: TensorSpec, t: Tensor) -> None:
-    if tuple(t.shape) != spec.shape or t.dtype != spec.dtype:
+def _check(spec: TensorSpec, t: Tensor, cast: bool = False) -> None:
+    """``t`` is what ``spec`` describes (``cast``: or a floating-point tensor cast to it)."""
+    same = t.dtype == spec.dtype or (
+        cast and t.dtype.is_floating_point and spec.dtype.is_floating_point
+    )
+    if tuple(t.shape) != spec.shape or not same:
         raise ValueError(
             f"{spec.name}: expected {spec.dtype} {list(spec.shape)}, got {t.dtype} {list(t.shape)}"
         )

@@ -29,7 +29,9 @@ CHUNK = 32 << 20
 
 
 def weights_checksum(
-    model_or_state: nn.Module | Mapping[str, Tensor], like: str | None = None
+    model_or_state: nn.Module | Mapping[str, Tensor],
+    like: str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> str:
     """``sha256-tree:<hex>``: sha256 over every tensor's names, dtype and shape and the sha256
     digests of its bytes' ``CHUNK``-sized pieces, in manifest order.
@@ -38,10 +40,12 @@ def weights_checksum(
     the trainer's and a worker's copy, hash equal exactly when their bytes are equal. ``like``:
     a checksum recorded earlier (a step record a replay checks): computed in its format. The
     format of logs before 2026-11-24 is a plain hex digest, sha256 over the same header lines
-    and the raw bytes in one stream (one core).
+    and the raw bytes in one stream (one core). ``dtype``: of the floating-point weights cast
+    to it, as a sync casting to the rollout's dtype delivers them (a bf16 worker's copy of
+    float32 weights hashes equal to this).
     """
     tensors = named_tensors(model_or_state)
-    specs = weight_manifest(tensors)
+    specs = weight_manifest(tensors, dtype)
     if like is not None and not like.startswith(TREE):
         return _stream_checksum(tensors, specs)
     workers = os.cpu_count() or 1
@@ -49,7 +53,7 @@ def weights_checksum(
         pieces: list[list[Future[bytes]]] = []
         pending: deque[Future[bytes]] = deque()
         for spec in specs:
-            raw = _raw(tensors[spec.name]) if spec.numel else None
+            raw = _raw(tensors[spec.name], spec.dtype) if spec.numel else None
             chunks = [] if raw is None else [raw[i : i + CHUNK] for i in range(0, len(raw), CHUNK)]
             pieces.append([pool.submit(_digest, c) for c in chunks])
             pending.extend(pieces[-1])
@@ -63,9 +67,10 @@ def weights_checksum(
     return TREE + h.hexdigest()
 
 
-def _raw(t: Tensor) -> Tensor:
-    """``t``'s bytes, on the CPU (uint8, flat)."""
-    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+def _raw(t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """``t``'s bytes (cast to ``dtype`` on its device first), on the CPU (uint8, flat)."""
+    t = t.detach() if dtype is None else t.detach().to(dtype)
+    return t.to("cpu").contiguous().reshape(-1).view(torch.uint8)
 
 
 def _digest(raw: Tensor) -> bytes:

@@ -204,10 +204,13 @@ class _Endpoint:
         self._buffers: list[Tensor] = []
 
     def _prepare(
-        self, model: nn.Module | Mapping[str, Tensor], bucket_bytes: int
+        self,
+        model: nn.Module | Mapping[str, Tensor],
+        bucket_bytes: int,
+        dtype: torch.dtype | None = None,
     ) -> tuple[dict[str, Tensor], list[TensorSpec], list[Bucket]]:
         tensors = named_tensors(model)
-        manifest = weight_manifest(tensors)
+        manifest = weight_manifest(tensors, dtype)
         return tensors, manifest, plan_buckets(manifest, int(bucket_bytes))
 
     def _verify_manifest(
@@ -237,6 +240,13 @@ class _Endpoint:
         if sizes[0] != sizes[1]:
             details.append(f"worker {worker} uses bucket_bytes={sizes[0]}, trainer {sizes[1]}")
         details.extend(manifest_diff(json.loads(a), json.loads(b), worker))
+        if {row[3] for row in json.loads(a)} != {row[3] for row in json.loads(b)}:
+            details.insert(
+                0,
+                "the dtypes differ: the trainer casts to actor_rollout_ref.rollout.dtype, which "
+                "must resolve alike at both ends (set it explicitly rather than auto where the "
+                "trainer's and the workers' hosts differ in having a GPU)",
+            )
         raise ManifestMismatchError(
             f"weight manifest mismatch (this is the {self.role}); the trainer and worker "
             f"{worker} would transfer different tensors:\n  "
@@ -260,6 +270,8 @@ class _Endpoint:
             return None
         t = tensors[bucket.specs[0].name]
         if t.device != self.wire_device or not t.is_contiguous() or t.numel() == 0:
+            return None
+        if t.dtype != bucket.dtype:  # cast while packing
             return None
         return t.detach().reshape(-1).view(torch.uint8)
 
@@ -356,14 +368,17 @@ class WeightSender(_Endpoint):
         model: nn.Module | Mapping[str, Tensor],
         bucket_bytes: int,
         workers: Iterable[int] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> BroadcastResult:
-        """Send every weight of ``model`` to ``workers`` (default: every connected worker).
+        """Send every weight of ``model`` to ``workers`` (default: every connected worker),
+        floating-point ones cast to ``dtype`` while packing (the workers' dtype; None: as
+        they are).
 
         A pair that fails (its worker died) is closed and reported, the others go on. A
         manifest mismatch is a configuration error and raises.
         """
         start = time.perf_counter()
-        tensors, manifest, buckets = self._prepare(model, bucket_bytes)
+        tensors, manifest, buckets = self._prepare(model, bucket_bytes, dtype)
         self._settle_unacked()
         targets = (
             sorted(self._pairs) if workers is None else sorted(set(workers) & set(self._pairs))

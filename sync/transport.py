@@ -36,9 +36,14 @@ class WeightSource(Protocol):
     def disconnect(self, worker: int) -> None: ...
 
     def broadcast(
-        self, model: torch.nn.Module, bucket_bytes: int, workers: list[int] | None = None
+        self,
+        model: torch.nn.Module,
+        bucket_bytes: int,
+        workers: list[int] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> BroadcastResult:
-        """Send the model's weights to ``workers`` (default: every member)."""
+        """Send the model's weights to ``workers`` (default: every member), floating-point
+        ones cast to ``dtype`` (the workers' ``rollout.dtype``; None: as they are)."""
         ...
 
     def close(self) -> None: ...

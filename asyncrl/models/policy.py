@@ -2,8 +2,8 @@
 
 ``actor_rollout_ref.model.path`` names a local checkpoint directory (config.json, weights, the
 tokenizer and its chat template). The trainer and every rollout worker load it with
-transformers, in float32 (the weight sync's checksum compares bytes: both ends must hold the
-same dtype), with no warm start. Unset, the built-in tiny model (:mod:`asyncrl.models.tiny`) is
+transformers, in float32, with no warm start; a worker then casts its copy to
+``actor_rollout_ref.rollout.dtype`` (:func:`rollout_dtype`), the dtype each sync delivers. Unset, the built-in tiny model (:mod:`asyncrl.models.tiny`) is
 built and warm-started on ``data.task`` once, and cached.
 
 Prompts (:func:`encode_prompt`): chat messages go through the tokenizer's chat template with
@@ -34,6 +34,19 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
+
+
+def rollout_dtype(cfg: RunConfig) -> torch.dtype:
+    """``actor_rollout_ref.rollout.dtype``, resolved: ``auto`` is bfloat16 where the rollout
+    workers run on a GPU, float32 on the CPU. The trainer resolves it too (it casts each sync's
+    weights to it), so ``auto`` must mean the same on both hosts (one host: it does)."""
+    import torch
+
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.dtype == "auto":
+        on_gpu = resolve_device(rollout.device).type == "cuda"
+        return torch.bfloat16 if on_gpu else torch.float32
+    return getattr(torch, rollout.dtype)
 
 
 TINY_CHAT_TEMPLATE = (

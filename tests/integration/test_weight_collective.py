@@ -86,6 +86,9 @@ def _worker(
         torch.manual_seed(0 if rank == 0 else 1000 + rank)
         dim = 48 if scenario == "mismatch" and rank == world_size - 1 else 32
         model = Small(dim=dim).to(device)
+        cast = torch.bfloat16 if scenario == "cast" else None  # a float32 trainer, bf16 workers
+        if scenario in ("cast", "uncast") and rank > 0:
+            model.to(torch.bfloat16)
         result["initial"] = weights_checksum(model)
         if isinstance(end, WeightSender):
             end.start()
@@ -93,11 +96,11 @@ def _worker(
                 assert end.connect(w, f"inc{w}")
         else:
             end.join(rank - 1, f"inc{rank - 1}", announce=lambda: None)
-        rounds = ROUND_BUCKET_BYTES if scenario == "rounds" else ROUND_BUCKET_BYTES[:1]
+        rounds = ROUND_BUCKET_BYTES if scenario in ("rounds", "cast") else ROUND_BUCKET_BYTES[:1]
         for k, bucket_bytes in enumerate(rounds):
             if isinstance(end, WeightSender):
                 _perturb(model, seed=k)  # the trainer's weights change between syncs
-                sent = end.broadcast(model, bucket_bytes)
+                sent = end.broadcast(model, bucket_bytes, dtype=cast)
                 assert not sent.failed, sent.failed
                 assert sorted(sent.delivered) == list(range(world_size - 1))
                 stats = sent.stats
@@ -105,8 +108,11 @@ def _worker(
                 stats = end.receive_into(model, bucket_bytes)
             assert model.head.weight is model.embed.weight
             result["stats"].append(vars(stats))
-            result["checksums"].append(weights_checksum(model))
-            sd = {k2: v.detach().cpu().clone() for k2, v in model.state_dict().items()}
+            result["checksums"].append(weights_checksum(model, dtype=cast))
+            sd = {
+                k2: v.detach().cpu().to(cast or v.dtype) if v.is_floating_point() else v.cpu()
+                for k2, v in model.state_dict().items()
+            }
             torch.save(sd, outdir / f"rank{rank}_round{k}.pt")
     except ManifestMismatchError as err:
         result["error"] = f"ManifestMismatchError: {err}"
@@ -207,6 +213,27 @@ def test_trainer_without_shared_memory_serves_everyone_over_the_collective(tmp_p
     _check_rounds(_run(3, "rounds", tmp_path, shared=(False, True, True)), tmp_path, shared=0)
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "collective"])
+def test_float32_weights_reach_bf16_workers_cast_while_packed(tmp_path: Path, shared: bool):
+    """rollout.dtype=bfloat16 under a float32 trainer: each sync casts while packing, so a
+    worker holds the trainer's weights rounded to bf16, bit for bit, and its checksum equals
+    the trainer's of the cast weights (which WeightsPublished carries)."""
+    results = _run(2, "cast", tmp_path, shared=(shared, shared))
+    errors = [r["error"] for r in results if r["error"]]
+    assert not errors, errors[0]
+    sender, receiver = results
+    assert receiver["checksums"] == sender["checksums"]
+    assert len(set(sender["checksums"])) == len(ROUND_BUCKET_BYTES)
+    for k in range(len(ROUND_BUCKET_BYTES)):
+        got = torch.load(tmp_path / f"rank1_round{k}.pt")
+        _assert_bit_equal(torch.load(tmp_path / f"rank0_round{k}.pt"), got)
+        assert {t.dtype for t in got.values()} == {torch.bfloat16, torch.int64}
+    stats = [TransferStats(**s) for s in sender["stats"]]
+    float32_bytes = (64 * 32 + 3 * (32 * 32 + 32)) * 4
+    assert stats[0].bytes == float32_bytes // 2 + 32 * 2 + 8  # bf16 on the wire, and the buffers
+    assert stats[2].buckets == 2  # bf16 (the cast and the bf16 buffer), int64
+
+
 def test_manifest_mismatch_fails_on_both_sides(tmp_path: Path) -> None:
     results = _run(2, "mismatch", tmp_path)
     for r in results:
@@ -216,6 +243,15 @@ def test_manifest_mismatch_fails_on_both_sides(tmp_path: Path) -> None:
             "embed.weight: trainer torch.float32 [64, 32], worker 0 torch.float32 [64, 48]"
             in (r["error"])
         )
+
+
+def test_workers_in_another_dtype_than_the_trainer_sends_are_told_why(tmp_path: Path) -> None:
+    """bf16 workers, a trainer sending float32 (``rollout.dtype`` resolved differently on the
+    two hosts): both ends fail naming the key to set."""
+    for r in _run(2, "uncast", tmp_path):
+        assert r["error"] and r["error"].startswith("ManifestMismatchError"), r["error"]
+        assert "actor_rollout_ref.rollout.dtype" in r["error"]
+        assert "trainer torch.float32 [64, 32], worker 0 torch.bfloat16 [64, 32]" in r["error"]
 
 
 def _rejoining_worker(port: int, incarnation: str, die: bool, out: str) -> None:

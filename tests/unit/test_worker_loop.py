@@ -171,6 +171,41 @@ def test_a_mode_c_sync_finishes_in_flight_samples_then_loads_the_new_version(tmp
     assert _same_weights(run.worker.engine.model, run.model)
 
 
+def test_a_bf16_worker_holds_the_float32_trainers_weights_rounded_and_verifies_them(tmp_path):
+    """rollout.dtype=bfloat16: the worker's copy is bf16, each version arrives cast (checksums
+    agree, so checksum_ok), and its recorded logprobs are the bf16 policy's: near the float32
+    trainer's recomputation, not equal to it."""
+    from asyncrl.consumers.grpo import rollout_logprob_errors
+
+    run = Run(_cfg(tmp_path, "actor_rollout_ref.rollout.dtype=bfloat16"))
+
+    def sync() -> None:
+        run.trainer.consumed = {"0": 2}  # the version's budget: 6 - the 4 still unconsumed
+        run.sync_new_weights()
+
+    run.when_published(2, sync)
+    run.when_published(8, run.trainer.finish)
+    assert run.run() >= 8
+    worker_model = run.worker.engine.model
+    assert {p.dtype for p in worker_model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in run.model.parameters()} == {torch.float32}
+    loaded = [e for e in run.events() if isinstance(e, ev.WeightsLoaded)]
+    assert [e.version for e in loaded] == [0, 1] and all(e.checksum_ok for e in loaded)
+    for name, p in worker_model.state_dict().items():
+        assert torch.equal(p, run.model.state_dict()[name].to(torch.bfloat16)), name
+    samples = [s for s in run.samples() if s.trajectories[0].param_version == 1]
+    assert samples
+    rows = [
+        (s.prompt_ids, t.response_ids, t.response_logprobs, 0.0)
+        for s in samples
+        for t in s.trajectories
+    ]
+    errors = rollout_logprob_errors(
+        run.model, rows, 0, run.cfg.actor_rollout_ref.rollout.temperature
+    )
+    assert 1e-4 < float(errors.max()) < 0.5
+
+
 def test_a_mode_d_sync_logs_partials_and_continues_them_as_a_new_segment(tmp_path):
     cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED)
     run = Run(cfg)
