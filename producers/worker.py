@@ -94,8 +94,8 @@ class RolloutWorker:
         tracing.init_tracing(cfg, f"asyncrl-rollout-{worker_id}")
         self.rollout = cfg.actor_rollout_ref.rollout
         self.partial_rollout = cfg.async_training.mode == "d"
-        model, self.tokenizer = load_policy(cfg)
-        model.to(resolve_device(self.rollout.device), rollout_dtype(cfg)).eval()
+        model, self.tokenizer = load_policy(cfg, dtype=rollout_dtype(cfg))
+        model.to(resolve_device(self.rollout.device)).eval()
         seed = cfg.trainer.seed + 1000 * (worker_id + 1)
         self.engine = make_engine(
             cfg, model, self.tokenizer, seed, thread=self.rollout.engine_thread

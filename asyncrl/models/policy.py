@@ -106,15 +106,21 @@ def _with_tiny_template(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def load_policy(cfg: RunConfig, build: Builder | None = None) -> tuple[torch.nn.Module, Any]:
-    """(model in eval mode, float32 on the CPU; its tokenizer) for this run's config: the
-    checkpoint at ``model.path``, or the cached demo policy (``build`` makes a missing one;
-    ``asyncrl.models.warm_start.load_policy`` passes it)."""
+def load_policy(
+    cfg: RunConfig, build: Builder | None = None, dtype: torch.dtype | None = None
+) -> tuple[torch.nn.Module, Any]:
+    """(model in eval mode, on the CPU, float32 or ``dtype``; its tokenizer) for this run's
+    config: the checkpoint at ``model.path`` (read straight into ``dtype``: a bf16 worker never
+    holds a float32 copy of a big model), or the cached demo policy (``build`` makes a missing
+    one; ``asyncrl.models.warm_start.load_policy`` passes it)."""
     if cfg.actor_rollout_ref.model.path is None:
         from asyncrl.models.tiny import load_policy as load_tiny
 
         tiny, tokenizer = load_tiny(cfg, build)
-        return tiny, _with_tiny_template(tokenizer)
+        model: torch.nn.Module = tiny
+        if dtype is not None:
+            model.to(dtype)
+        return model, _with_tiny_template(tokenizer)
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -124,7 +130,7 @@ def load_policy(cfg: RunConfig, build: Builder | None = None) -> tuple[torch.nn.
     tokenizer = _hf_tokenizer(cfg, path)
     model = AutoModelForCausalLM.from_pretrained(
         path,
-        dtype=torch.float32,
+        dtype=dtype or torch.float32,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
     )
     model.config.use_cache = False  # the trainer and hf keep no cache (hf_cached asks for one)

@@ -42,10 +42,14 @@ OnStep = Callable[[int, int, float], None]
 """``on_step(step, total, loss)``, after every warm-start step (progress output)."""
 
 
-def load_policy(cfg: RunConfig, on_step: OnStep | None = None) -> tuple[torch.nn.Module, Any]:
-    """(model in eval mode, float32 on the CPU; its tokenizer) for this run's config: the
-    checkpoint at ``model.path``, or the demo policy, warm-started here the first time."""
-    return policy.load_policy(cfg, build=functools.partial(build, on_step=on_step))
+def load_policy(
+    cfg: RunConfig, on_step: OnStep | None = None, dtype: torch.dtype | None = None
+) -> tuple[torch.nn.Module, Any]:
+    """(model in eval mode, on the CPU, float32 or ``dtype``; its tokenizer) for this run's
+    config: the checkpoint at ``model.path``, or the demo policy, warm-started here the first
+    time (in float32, and cached so)."""
+    build_it = functools.partial(build, on_step=on_step)
+    return policy.load_policy(cfg, build=build_it, dtype=dtype)
 
 
 def build(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.launch.preflight import check_startable
@@ -212,7 +213,12 @@ def test_a_hugging_face_checkpoint_loads_by_model_path(tmp_path: Path) -> None:
     from asyncrl.sync.checksum import weights_checksum
 
     assert weights_checksum(loaded) == weights_checksum(model)
-    assert not loaded.training and next(loaded.parameters()).dtype.is_floating_point
+    assert not loaded.training and next(loaded.parameters()).dtype == torch.float32
+    # A bf16 worker (rollout.dtype) reads the checkpoint straight into bf16: the weights a
+    # sync from the float32 trainer would deliver.
+    half, _ = load_policy(mine, dtype=torch.bfloat16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert weights_checksum(half) == weights_checksum(model, dtype=torch.bfloat16)
     messages = [{"role": "user", "content": "12+30="}]
     assert encode_prompt(loaded_tok, messages) == encode_prompt(tok, messages)
     assert loaded_tok.pad_token_id == tok.pad_token_id
