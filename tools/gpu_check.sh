@@ -5,6 +5,7 @@
 #   bash tools/gpu_check.sh tests engine sync     # carry .whl; ~5-7 min on an H100
 #   bash tools/gpu_check.sh run learn             # the demo on the GPU, bench learn
 #   bash tools/gpu_check.sh real                  # a 0.5B-shaped model through asyncrl run
+#   bash tools/gpu_check.sh fp32                  # the same in float32 (the dtypes before bf16)
 # Installs the carried wheels and asyncrl (editable, no build isolation), then runs each step
 # under its own time limit, its output in $OUT/<step>.log (or runs/gpu-check/), and goes on
 # after a failed step; the last lines say which passed. No step: all of them.
@@ -60,28 +61,34 @@ run_learn() {  # issue 15 on a GPU: time to 0.9, colocated vs async (c), (d), (d
         trainer.device=auto "output_dir=$OUT"
 }
 
-run_real() {  # a model-sized workload, both roles on the GPU: where a step's time goes
-    local shape=${SHAPE:-500M}
-    "$PY" tools/random_checkpoint.py --shape "$shape" --out /tmp/real-model || return
+real_run() {  # real_run NAME ENGINE OVERRIDES...: a model-sized workload, both roles on the GPU
+    local name=$1 engine=$2
+    shift 2
+    "$PY" tools/random_checkpoint.py --shape "${SHAPE:-500M}" --out /tmp/real-model || return
     "$PY" -m asyncrl export-data --out /tmp/real-data >/dev/null || return
-    for engine in hf_static hf_cached; do
-        step "real-$engine" 240 "$PY" -m asyncrl run "run_id=real-$engine" "output_dir=$OUT" \
-            actor_rollout_ref.model.path=/tmp/real-model \
-            data.train_files=/tmp/real-data/train.parquet data.val_files=/tmp/real-data/val.parquet \
-            data.max_response_length=256 "trainer.total_training_steps=${REAL_STEPS:-20}" \
-            trainer.target_accuracy=null trainer.test_freq=0 trainer.save_freq=10 \
-            actor_rollout_ref.rollout.device=auto trainer.device=auto \
-            "actor_rollout_ref.rollout.name=$engine" actor_rollout_ref.actor.use_dynamic_bsz=true
-        "$PY" tools/step_times.py "$OUT/real-$engine/metrics.jsonl" | tee -a "$OUT/summary.log"
-    done
+    step "$name" 240 "$PY" -m asyncrl run "run_id=$name" "output_dir=$OUT" \
+        actor_rollout_ref.model.path=/tmp/real-model \
+        data.train_files=/tmp/real-data/train.parquet data.val_files=/tmp/real-data/val.parquet \
+        data.max_response_length=256 "trainer.total_training_steps=${REAL_STEPS:-20}" \
+        trainer.target_accuracy=null trainer.test_freq=0 trainer.save_freq=10 \
+        actor_rollout_ref.rollout.device=auto trainer.device=auto \
+        "actor_rollout_ref.rollout.name=$engine" actor_rollout_ref.actor.use_dynamic_bsz=true "$@"
+    "$PY" tools/step_times.py "$OUT/$name/metrics.jsonl" | tee -a "$OUT/summary.log"
+}
+run_real() {  # where a step's time goes, per engine (bf16 on both sides: the dtypes' auto)
+    for engine in hf_static hf_cached; do real_run "real-$engine" "$engine"; done
+}
+run_fp32() {  # the same as real-hf_static in float32 on both sides: what bf16 bought
+    real_run real-fp32 hf_static actor_rollout_ref.actor.fsdp_config.dtype=float32 \
+        actor_rollout_ref.rollout.dtype=float32
 }
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests engine sync run learn real)
+[ ${#steps[@]} -eq 0 ] && steps=(tests engine sync run learn real fp32)
 for s in "${steps[@]}"; do
     case $s in
-        tests | engine | sync | run | learn | real) "run_$s" ;;
-        *) echo "unknown step $s (tests, engine, sync, run, learn, real)"; exit 2 ;;
+        tests | engine | sync | run | learn | real | fp32) "run_$s" ;;
+        *) echo "unknown step $s (tests, engine, sync, run, learn, real, fp32)"; exit 2 ;;
     esac
 done
 echo "== summary"
