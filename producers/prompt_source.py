@@ -15,6 +15,12 @@ Offsets are committed only up to the first prompt not yet turned into a publishe
 (``done`` must be called after the sample is acknowledged by the broker), so a crash loses
 no prompt: at worst one is generated twice.
 
+A source closed before its first assignment (a worker that fails during start-up) first
+waits, polling, for that assignment, then leaves: on Tansu 0.6 a member leaving a group before
+its join completes wedges the group, and no later member is ever assigned a partition (a
+restarted worker then waits for prompts for good; measured: nothing in 120 s, recreating the
+consumer does not help, while a member killed mid-join only costs its session timeout).
+
 A rebalance (a worker joins or leaves) moves some partitions to another worker. Before they
 are released, ``on_revoke`` lets the worker hand back what it holds of them (stop generating
 those prompts; in mode d, log their partials), then their offsets are committed synchronously
@@ -26,11 +32,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 
 from confluent_kafka import KafkaException
 
 from asyncrl.config import RunConfig
+from asyncrl.config.kafka import EXTERNAL_SESSION_TIMEOUT_MS
 from asyncrl.kafka import Publisher, Reader, Record
 from asyncrl.schemas.prompt import PromptRecord, decode_prompt
 
@@ -75,6 +83,12 @@ class PromptSource:
         self._next_commit: dict[int, int] = {}  # partition -> highest offset taken + 1
         self.owned: set[int] = set()
         self._closing = False
+        self._joined = False
+        """The group has answered this member's join (an assignment, maybe empty)."""
+        session_ms = cfg.kafka.session_timeout_ms or EXTERNAL_SESSION_TIMEOUT_MS
+        self.join_wait_s = 2 * session_ms / 1000 + 2
+        """How long ``close`` waits for an unfinished join (the module doc): a Tansu join
+        takes about half the session timeout, one after a dead member's expiry about two."""
         self.reader.subscribe(
             [self.topic],
             on_assign=self._on_assign,
@@ -84,8 +98,9 @@ class PromptSource:
 
     # --- group membership -------------------------------------------------------------------
     def _on_assign(self, partitions: list[tuple[str, int]]) -> None:
+        self._joined = True
         added = {p for _topic, p in partitions}
-        if not added:
+        if not added or self._closing:
             return
         self.owned |= added
         self._assigned = True  # new partitions start unpaused: keep_alive pauses them again
@@ -197,4 +212,20 @@ class PromptSource:
     def close(self) -> None:
         self.commit()
         self._closing = True  # leaving the group revokes everything: nothing left to hand back
+        self._finish_join()
         self.reader.close()
+
+    def _finish_join(self) -> None:
+        """Poll until the group has answered this member's join, or ``join_wait_s``: never
+        leave mid-join (the module doc). What the polls fetch is dropped, uncommitted: the
+        group hands it to the next member."""
+        deadline = time.monotonic() + self.join_wait_s
+        while not self._joined and time.monotonic() < deadline:
+            self.reader.pause_all()
+            self.reader.poll(0.1)
+        if not self._joined:
+            log.warning(
+                "left the prompts group before its join completed (%.0f s): on Tansu the "
+                "group may assign no partition to later members",
+                self.join_wait_s,
+            )

@@ -305,3 +305,35 @@ def test_a_full_prompt_buffer_resumes_only_at_half(
         assert [r.offset for r in taken] == list(range(len(taken)))  # in order, none lost
     finally:
         source.close()
+
+
+def test_a_source_closed_before_its_first_assignment_leaves_the_group_usable(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    """Tansu wedges a group that a member leaves before its join completes: no later member
+    is ever assigned a partition (a restarted worker waited for prompts for good). A worker
+    failing at start-up closes its source mid-join; the source waits its join out first."""
+    cfg = make_run_cfg("kafka.topics.partitions.prompts=2")
+    with Publisher(cfg.kafka, broker) as feed:
+        for i in range(4):
+            feed.publish(
+                cfg.topic("prompts"), f"p{i}", encode_prompt(PromptRecord(f"p{i}", "", ""))
+            )
+    first = PromptSource(cfg, broker)
+    deadline = time.monotonic() + 1.0  # its JoinGroup sent, not answered yet (~3 s)
+    while time.monotonic() < deadline:
+        first.keep_alive()
+        time.sleep(0.05)
+    assert not first._joined
+    first.close()
+    second = PromptSource(cfg, broker)
+    try:
+        taken = None
+        deadline = time.monotonic() + 30
+        while taken is None and time.monotonic() < deadline:
+            taken = second.take(0.2)
+        assert taken is not None, "the group assigned the next member nothing"
+        assert second.owned == {0, 1}
+    finally:
+        second.close()
+    assert first._joined and not first.owned  # it had waited for its join, kept nothing
