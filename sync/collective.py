@@ -239,8 +239,9 @@ class _Endpoint:
         )
         if sizes[0] != sizes[1]:
             details.append(f"worker {worker} uses bucket_bytes={sizes[0]}, trainer {sizes[1]}")
-        details.extend(manifest_diff(json.loads(a), json.loads(b), worker))
-        if {row[3] for row in json.loads(a)} != {row[3] for row in json.loads(b)}:
+        trainer_rows, worker_rows = json.loads(a), json.loads(b)
+        details.extend(manifest_diff(trainer_rows, worker_rows, worker))
+        if {row[3] for row in trainer_rows} != {row[3] for row in worker_rows}:
             details.insert(
                 0,
                 "the dtypes differ: the trainer casts to actor_rollout_ref.rollout.dtype, which "

@@ -1,10 +1,10 @@
 """The policy a run trains: your Hugging Face checkpoint, or the built-in tiny model.
 
 ``actor_rollout_ref.model.path`` names a local checkpoint directory (config.json, weights, the
-tokenizer and its chat template). The trainer and every rollout worker load it with
-transformers, in float32, with no warm start; a worker then casts its copy to
-``actor_rollout_ref.rollout.dtype`` (:func:`rollout_dtype`), the dtype each sync delivers. Unset, the built-in tiny model (:mod:`asyncrl.models.tiny`) is
-built and warm-started on ``data.task`` once, and cached.
+tokenizer and its chat template). The trainer loads it with transformers in float32, every
+rollout worker in ``actor_rollout_ref.rollout.dtype`` (:func:`rollout_dtype`, the dtype each
+sync delivers), with no warm start. Unset, the built-in tiny model (:mod:`asyncrl.models.tiny`)
+is built and warm-started on ``data.task`` once, and cached.
 
 Prompts (:func:`encode_prompt`): chat messages go through the tokenizer's chat template with
 the generation prompt added, as verl's dataset does (the template's text, then tokenized
