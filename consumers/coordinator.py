@@ -37,7 +37,6 @@ from asyncrl.consumers.step_stats import mean, param_sync_metrics
 from asyncrl.producers.budget import worker_share
 from asyncrl.schemas import control as ev
 from asyncrl.sync.channel import ControlChannel
-from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.transport import WeightSource
 from asyncrl.telemetry.metrics import WaitClock
 
@@ -54,7 +53,7 @@ class SyncCoordinator:
         cfg: RunConfig,
         control: ControlChannel,
         model: torch.nn.Module,
-        checksum: Callable[[], str],
+        checksum: Callable[[torch.dtype | None], str],
         position: Position,
         write_row: Callable[[dict[str, Any]], None],
         wait_clock: WaitClock,
@@ -69,6 +68,7 @@ class SyncCoordinator:
         self._medium: tuple[int, int] | None = None  # workers served (shared memory, collective)
         self.model = model
         self.checksum = checksum
+        """The current weights' checksum, cast to a dtype (None: as they are)."""
         self.wire_dtype = _wire_dtype(cfg, model)
         """The workers' dtype, which each sync casts the weights to (None: the trainer's)."""
         self.position = position
@@ -148,7 +148,7 @@ class SyncCoordinator:
                     "weights reach %d worker(s) through shared memory, %d over the collective",
                     *medium,
                 )
-        checksum = self._delivered_checksum() if self.cfg.sync.verify_checksum else ""
+        checksum = self.checksum(self.wire_dtype) if self.cfg.sync.verify_checksum else ""
         if workers is None and step > 0:  # a sync: the new version is split among these
             self.shared_among[self.version] = sorted(self.members)
         self.control.publish(
@@ -172,14 +172,6 @@ class SyncCoordinator:
             self.trainer_side[self.version] = {"pause_s": pause_wait_s, "transfer_s": transfer_s}
             if step > 0:
                 self.pauses.append(pause_wait_s)
-
-    def _delivered_checksum(self) -> str:
-        """The checksum of the weights as the workers hold them: the trainer's own (computed
-        once per weight state, shared with its step record) or, cast to the workers' dtype,
-        of the cast bytes."""
-        if self.wire_dtype is None:
-            return self.checksum()
-        return weights_checksum(self.model, dtype=self.wire_dtype)
 
     def sync(self, trigger: Span = trace.INVALID_SPAN) -> dict[str, float]:
         """Steps 1-3 of the module docstring; returns the sync's ``timing_s/param_sync*``."""

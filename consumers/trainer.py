@@ -119,7 +119,8 @@ class Trainer:
         self.checkpoints = CheckpointWriter(cfg.run_dir, cfg.trainer.keep_checkpoints)
         self._uncommitted: dict[tuple[str, int], int] | None = None
         """The offsets of the checkpoint being written, committed once it is on disk."""
-        self._checksum_cache: str | None = None
+        self._checksums: dict[torch.dtype | None, str] = {}
+        """Checksums of the current weights, as they are (None) and cast to a workers' dtype."""
         self.coordinator = SyncCoordinator(
             cfg,
             self.io.control,
@@ -142,12 +143,13 @@ class Trainer:
     def history(self) -> dict[str, Any]:
         return self.stats.history
 
-    def _checksum(self) -> str:
-        """Checksum of the current weights, computed once per weight state: the sync after a
-        step and the record of the next step need the same one."""
-        if self._checksum_cache is None:
-            self._checksum_cache = weights_checksum(self.model)
-        return self._checksum_cache
+    def _checksum(self, dtype: torch.dtype | None = None) -> str:
+        """Checksum of the current weights (cast to ``dtype``: as the workers receive them),
+        computed once per weight state: the sync after a step, the joins before the next and
+        the record of the next step need the same one."""
+        if dtype not in self._checksums:
+            self._checksums[dtype] = weights_checksum(self.model, dtype=dtype)
+        return self._checksums[dtype]
 
     def _start_checksum(self) -> str:
         """The checksum a step's record carries of the weights it starts from, for ``asyncrl
@@ -159,7 +161,7 @@ class Trainer:
         save_freq = self.cfg.trainer.save_freq
         if self.step == 0 or (save_freq and self.step % save_freq == 0):
             return self._checksum()
-        return self._checksum_cache or ""
+        return self._checksums.get(None, "")
 
     # --- samples --------------------------------------------------------------------------------
     def _read_samples(self, timeout: float) -> None:
@@ -292,7 +294,7 @@ class Trainer:
             t_update = time.monotonic()
             metrics = self.train_step(batch)  # 2
             t_end = time.monotonic()
-            self._checksum_cache = None  # the update changed the weights
+            self._checksums.clear()  # the update changed the weights
             self.step += 1
             self.stats.count_generated(self.io.samples, self.cfg.topic("samples"))
             timing = {"gen": gen_s, "update_actor": t_end - t_update, "step": t_end - t_step}

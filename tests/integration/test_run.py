@@ -161,3 +161,33 @@ def test_versions_match_weights_and_syncs_are_bit_exact(make_run_cfg, demo_polic
             checked += 1
     assert checked >= 2
     assert apart > 1e-3
+
+
+def test_bf16_workers_verify_the_cast_weights_of_every_version(make_run_cfg, demo_policy):
+    """rollout.dtype=bfloat16 under a float32 trainer: each WeightsPublished carries the
+    checksum of the trainer's weights cast to bf16 (the checkpoint of that step, cast, hashes
+    to it), half the float32 bytes move, and every worker's load verifies."""
+    from asyncrl.sync.checksum import weights_checksum
+
+    cfg = make_run_cfg(
+        *SMALL,
+        *demo_policy,
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "async_training.staleness_threshold=0.5",
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=1",
+        "trainer.keep_checkpoints=10",
+    )
+    _run(cfg)
+    events = _control(cfg)
+    loaded = [e for e in events if isinstance(e, ev.WeightsLoaded)]
+    assert sorted(e.version for e in loaded) == [0, 1, 2] and all(e.checksum_ok for e in loaded)
+    published = {e.version: e for e in events if isinstance(e, ev.WeightsPublished)}
+    for version in (1, 2):
+        weights = torch.load(
+            cfg.run_dir / "checkpoints" / f"step_{version:06d}" / "model.pt", weights_only=True
+        )
+        assert published[version].checksum == weights_checksum(weights, dtype=torch.bfloat16)
+        assert published[version].checksum != weights_checksum(weights)
+        float32_bytes = sum(t.numel() * 4 for n, t in weights.items() if n != "lm_head.weight")
+        assert published[version].bytes <= float32_bytes // 2 + 1024

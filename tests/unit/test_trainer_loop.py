@@ -129,7 +129,7 @@ def test_workers_join_and_leave_the_coordinator(tmp_path):
         cfg,
         broker.control(cfg),
         model=torch.nn.Linear(2, 2),
-        checksum=lambda: "c",
+        checksum=lambda dtype=None: "c",
         position=lambda: (0, {}),
         write_row=rows.append,
         wait_clock=WaitClock(),
