@@ -15,15 +15,13 @@ from contextlib import AbstractContextManager
 import torch
 
 from asyncrl.config import RunConfig
+from asyncrl.models.policy import resolve_dtype
 
 
 def compute_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
     """``fsdp_config.dtype`` resolved for a trainer on ``device``: auto is bfloat16 on a GPU,
     float32 on the CPU."""
-    name = cfg.actor_rollout_ref.actor.fsdp_config.dtype
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
+    return resolve_dtype(cfg.actor_rollout_ref.actor.fsdp_config.dtype, device)
 
 
 def autocast(cfg: RunConfig, model: torch.nn.Module) -> AbstractContextManager:

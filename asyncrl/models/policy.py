@@ -36,17 +36,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def rollout_dtype(cfg: RunConfig) -> torch.dtype:
-    """``actor_rollout_ref.rollout.dtype``, resolved: ``auto`` is bfloat16 where the rollout
-    workers run on a GPU, float32 on the CPU. The trainer resolves it too (it casts each sync's
-    weights to it), so ``auto`` must mean the same on both hosts (one host: it does)."""
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """A ``rollout.dtype`` / ``actor.fsdp_config.dtype`` value for a model on ``device``:
+    ``auto`` means bfloat16 on a GPU (verl's default), float32 on the CPU."""
     import torch
 
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def rollout_dtype(cfg: RunConfig) -> torch.dtype:
+    """``actor_rollout_ref.rollout.dtype``, resolved for the rollout's device. The trainer
+    resolves it too (it casts each sync's weights to it), so ``auto`` must mean the same on
+    both hosts (one host: it does)."""
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.dtype == "auto":
-        on_gpu = resolve_device(rollout.device).type == "cuda"
-        return torch.bfloat16 if on_gpu else torch.float32
-    return getattr(torch, rollout.dtype)
+    return resolve_dtype(rollout.dtype, resolve_device(rollout.device))
 
 
 TINY_CHAT_TEMPLATE = (
