@@ -191,7 +191,11 @@ class _Endpoint:
         timeout_s: float = 300.0,
         shared_memory: bool = True,
     ) -> None:
-        self.device = torch.device(device)
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            # "cuda" means the current device; torch.cuda.set_device needs its index.
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         """Where this end's weights live (a trainer's or worker's model)."""
         self.backend = _resolve_backend(backend, self.device)
         self.wire_device = self.device if self.backend == "nccl" else torch.device("cpu")

@@ -137,7 +137,10 @@ class StaticHFEngine(HFEngine):
         self._ids = torch.full((slots, 1), self.pad_token_id, dtype=torch.long, device=param.device)
         self._pos = torch.zeros((slots, 1), dtype=torch.long, device=param.device)
         self._columns = torch.arange(width, device=param.device)
-        self._graphs.clear()  # they read the old buffers
+        # The graphs read the old buffers; with the last graph goes their memory pool, which
+        # a capture must not name again (PyTorch asserts on a pool no graph holds).
+        self._graphs.clear()
+        self._pool = None
 
     def weights_changed(self) -> None:
         self._rows, self._lens, self._joined = [], [], []

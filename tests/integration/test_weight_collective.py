@@ -54,7 +54,7 @@ def _perturb(model: nn.Module, seed: int) -> None:
     with torch.no_grad():
         for t in model.state_dict().values():
             if t.is_floating_point():
-                t.add_(torch.randn(t.shape, generator=g).to(t.dtype))
+                t.add_(torch.randn(t.shape, generator=g).to(t.device, t.dtype))
             else:
                 t.add_(1)
 
