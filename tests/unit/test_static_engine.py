@@ -158,6 +158,26 @@ def test_on_a_gpu_graphs_replay_hf_cacheds_tokens(tok):
     assert float(_errors(model, static).max()) < TOLERANCE
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_growing_the_cache_after_a_capture_captures_again(tok):
+    """Short requests first (graphs captured over small buffers), then longer ones that make
+    the buffers grow and drop those graphs: the new capture must not name the dropped graphs'
+    memory pool (on an H100, PyTorch's internal assert in capture_begin; bench engine's warm-up
+    did exactly this)."""
+    model = build_model(ModelConfig(), len(tok), 0).cuda()
+    args = (model, tok, 1.0, -1, tok.pad_token_id)
+    engine = StaticHFEngine(*args)
+    prompts = _prompts(tok, 16)
+    engine.generate([GenRequest(f"s{i}", p, 2, greedy=True) for i, p in enumerate(prompts)])
+    width = engine.max_len
+    reqs = [GenRequest(f"l{i}", p, width + 8, greedy=True) for i, p in enumerate(prompts)]
+    grown = engine.generate(reqs)
+    assert engine.max_len > width and engine._graphs  # noqa: SLF001 - captured after growing
+    cached = CachedHFEngine(*args).generate(reqs)
+    assert [r.response_ids for r in grown] == [r.response_ids for r in cached]
+
+
 def test_a_one_token_prompt_joins_beside_others_unharmed(tok):
     """A request with nothing to prefill (its prompt one token, no prefix) joining in the
     same step as others: nothing of the others' prefill may reach its row."""
