@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from asyncrl.producers.engines.attention import grouped_decoding
 from asyncrl.producers.engines.base import ActiveRequest, GenResult
 from asyncrl.producers.engines.hf import HFEngine, left_pad
 
@@ -95,13 +96,14 @@ class CachedHFEngine(HFEngine):
             self._join(joining, device)
         last = [a.ids[-1] if a.ids else a.req.prompt_ids[-1] for a in self._rows]
         mask = torch.cat([self._mask, self._mask.new_ones((len(last), 1))], dim=1)
-        out = self.model(
-            input_ids=torch.tensor(last, device=device)[:, None],
-            attention_mask=mask,
-            position_ids=self._mask.sum(-1, keepdim=True),
-            past_key_values=self._cache if self._cache is not None else DynamicCache(),
-            use_cache=True,
-        )
+        with grouped_decoding(self.model):
+            out = self.model(
+                input_ids=torch.tensor(last, device=device)[:, None],
+                attention_mask=mask,
+                position_ids=self._mask.sum(-1, keepdim=True),
+                past_key_values=self._cache if self._cache is not None else DynamicCache(),
+                use_cache=True,
+            )
         self._cache, self._mask = out.past_key_values, mask
         return finished + self._choose(list(self._rows), out.logits[:, -1, :])
 

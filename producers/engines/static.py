@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from asyncrl.producers.engines.attention import grouped_decoding
 from asyncrl.producers.engines.base import ActiveRequest, GenResult
 from asyncrl.producers.engines.cached import newcomers, tensors
 from asyncrl.producers.engines.hf import HFEngine
@@ -241,13 +242,14 @@ class StaticHFEngine(HFEngine):
         pos = self._pos[:b]
         mask = self._columns[None, None, None, :] <= pos[:, :, None, None]  # [b, 1, 1, len]
         writes = SlotWrites([k[:b] for k in self._keys], [v[:b] for v in self._values], pos.view(b))
-        out = self.model(
-            input_ids=self._ids[:b],
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=writes,
-            use_cache=True,
-        )
+        with grouped_decoding(self.model):
+            out = self.model(
+                input_ids=self._ids[:b],
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=writes,
+                use_cache=True,
+            )
         return out.logits[:, -1, :]
 
     def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
