@@ -199,13 +199,16 @@ class MultiTurnConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    name: Literal["hf", "hf_cached", "hf_static", "sim"] = "hf_cached"
-    """Inference engine: hf_cached (transformers on CPU/GPU with a KV cache and continuous
-    batching), hf_static (the same tokens from a cache of fixed slots, each decoding step a
-    CUDA graph on a GPU; written for GPUs, not yet measured on one), hf (no cache: recomputes
-    every sequence at each token; 4-40x slower: asyncrl bench engine), or sim (a latency model
-    for benchmarks, no real generation; see the `sim` section). vllm/sglang fit the same
-    request-level contract (docs/design.md, "The engine contract"), but are not here yet."""
+    name: Literal["auto", "hf", "hf_cached", "hf_static", "sim"] = "auto"
+    """Inference engine: auto (hf_static where the worker's policy is on a GPU, hf_cached
+    elsewhere, or for models with sliding-window layers), hf_cached (transformers with a KV
+    cache and continuous batching), hf_static (the same tokens from a cache of fixed slots,
+    each decoding step a CUDA graph on a GPU: 1.9x hf_cached at the 0.5B shape and 5.7x at
+    the demo's on an H100, a little slower than hf_cached on a CPU, where it runs eagerly), hf
+    (no cache: recomputes every sequence at each token; 4-40x slower: asyncrl bench engine),
+    or sim (a latency model for benchmarks, no real generation; see the `sim` section).
+    vllm/sglang fit the same request-level contract (docs/design.md, "The engine contract"),
+    but are not here yet."""
     n: int = Field(8, ge=1)
     """Trajectories per prompt (the GRPO group size)."""
     temperature: float = Field(1.0, gt=0)
@@ -220,11 +223,10 @@ class RolloutConfig(Strict):
     0: a worker's death fails the run."""
     torch_threads: int = Field(1, ge=1)
     """CPU threads of each rollout worker process."""
-    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where each rollout worker's policy and engine live (auto: cuda when available). On a GPU
     a worker on the trainer's host reads each sync's weights from the trainer's GPU memory (CUDA
-    IPC: sync.shared_memory). cpu by default until the GPU path has run on a GPU (written
-    without one: docs/design.md)."""
+    IPC: sync.shared_memory)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """verl's key: the dtype of each rollout worker's copy of the policy. auto: bfloat16 where
     the worker runs on a GPU (verl's default; vLLM and SGLang generate in it), float32 on the

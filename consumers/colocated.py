@@ -104,7 +104,8 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     model.to(device)
     train, val = splits(cfg.data)
     prompts = prompt_stream(train, cfg.trainer.seed)
-    # The engine rollout.name names (hf_cached by default), as the rollout workers generate.
+    # The engine rollout.name names (auto: hf_static on a GPU, hf_cached on a CPU), as the
+    # rollout workers generate.
     engine = engines.make_engine(cfg, model, tok, cfg.trainer.seed)
     # Waiting for each step's tool calls (no overlap with decoding, which a synchronous
     # baseline does not claim anyway) makes a run repeat exactly: see AgentRunner.

@@ -27,9 +27,10 @@ def _stepwise_engine(
     cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, seed: int
 ) -> StepwiseEngine:
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name in HF_ENGINES:
+    name = engine_name(rollout.name, model)
+    if name in HF_ENGINES:
         return hf_engine(
-            rollout.name,
+            name,
             model,
             tokenizer,
             temperature=rollout.temperature,
@@ -53,6 +54,19 @@ def _stepwise_engine(
 
 
 HF_ENGINES = ("hf", "hf_cached", "hf_static")
+
+
+def engine_name(name: str, model: torch.nn.Module) -> str:
+    """``rollout.name`` with ``auto`` resolved for ``model``: hf_static on a GPU (its decoding
+    steps replay as CUDA graphs: docs/benchmarks.md), hf_cached on a CPU, where hf_static runs
+    the same work eagerly a little slower, and for models with sliding-window layers (which
+    hf_static refuses)."""
+    if name != "auto":
+        return name
+    on_gpu = next(model.parameters()).is_cuda
+    layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
+    sliding = any("sliding" in t for t in layer_types)
+    return "hf_static" if on_gpu and not sliding else "hf_cached"
 
 
 def hf_engine(name: str, *args: Any, cuda_graphs: bool = True, **kwargs: Any) -> StepwiseEngine:

@@ -13,7 +13,7 @@ from asyncrl.models.tiny import build_model, build_tokenizer
 from asyncrl.models.warm_start import load_policy
 from asyncrl.producers.engines.base import GenRequest, GenResult
 from asyncrl.producers.engines.cached import CachedHFEngine
-from asyncrl.producers.engines.factory import make_engine
+from asyncrl.producers.engines.factory import engine_name, make_engine
 from asyncrl.producers.engines.static import StaticHFEngine
 from asyncrl.tasks.arithmetic import make_problem
 
@@ -193,3 +193,18 @@ def test_a_one_token_prompt_joins_beside_others_unharmed(tok):
         assert together[req.request_id].response_logprobs == pytest.approx(
             alone.response_logprobs, abs=1e-5
         )
+
+
+def test_auto_is_hf_cached_on_a_cpu_and_hf_static_on_a_gpu(tok):
+    """The default engine (rollout.name=auto) follows the policy's device; a model with
+    sliding-window layers (which hf_static refuses) keeps hf_cached."""
+    model = build_model(ModelConfig(), len(tok), 0)
+    assert load_config().actor_rollout_ref.rollout.name == "auto"
+    assert engine_name("auto", model) == "hf_cached"
+    assert isinstance(make_engine(load_config(), model, tok, seed=0), CachedHFEngine)
+    assert engine_name("hf_static", model) == "hf_static"  # a name given is kept
+    if torch.cuda.is_available():
+        model = model.cuda()
+        assert engine_name("auto", model) == "hf_static"
+        model.config.layer_types = ["sliding_attention", "full_attention"]
+        assert engine_name("auto", model) == "hf_cached"
