@@ -328,6 +328,9 @@ class ScriptedTrainer:
         self.model = model
         self.dtype = rollout_dtype(cfg)
         """What the weights are cast to on the way (the worker's rollout.dtype)."""
+        self.checksum_like: str | None = None
+        """The format of its checksums (None: the weights' device's; ``wsum64:`` is what a
+        trainer on a GPU publishes)."""
         self.control = broker.control(cfg)
         self.version = 0
         self.step = 0
@@ -358,7 +361,7 @@ class ScriptedTrainer:
             ev.WeightsPublished(
                 run_id=self.cfg.run_id,
                 version=self.version,
-                checksum=weights_checksum(self.model, dtype=self.dtype),
+                checksum=weights_checksum(self.model, like=self.checksum_like, dtype=self.dtype),
                 step=self.step,
                 incarnations=list(result.delivered.values()),
                 consumed=dict(self.consumed),

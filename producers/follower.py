@@ -193,7 +193,8 @@ class SyncFollower:
         if not isinstance(published, ev.WeightsPublished):
             self.trainer_back = True
             raise TrainerGone(f"a new trainer started (version {published.version})")
-        checksum = weights_checksum(self.model) if self.cfg.sync.verify_checksum else ""
+        verify = self.cfg.sync.verify_checksum
+        checksum = weights_checksum(self.model, like=published.checksum) if verify else ""
         self._loaded(published, checksum, time.monotonic() - t0)
         return published
 

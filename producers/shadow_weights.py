@@ -46,6 +46,9 @@ class ShadowWeights:
         self._closed = False
         self.error: Exception | None = None
         self.received_checksum = ""
+        self.like: str | None = None
+        """The trainer's last checksum: the received weights are hashed in its format
+        (sync/checksum.py), ahead of the WeightsPublished they are compared with."""
         self.receive_s = 0.0
         self._thread = threading.Thread(target=self._receive, name="shadow-weights", daemon=True)
         self._thread.start()
@@ -76,7 +79,8 @@ class ShadowWeights:
                     self.ready.set()
                 return
             self.receive_s = time.monotonic() - t0
-            self.received_checksum = weights_checksum(self.shadow) if self.checksum else ""
+            checksum = weights_checksum(self.shadow, like=self.like) if self.checksum else ""
+            self.received_checksum = checksum
             self.ready.set()
 
     def failed(self) -> str | None:

@@ -65,6 +65,7 @@ from asyncrl.producers.shadow_weights import ShadowWeights
 from asyncrl.producers.spans import sync_span
 from asyncrl.producers.validation import RolloutValidator
 from asyncrl.schemas import control as ev
+from asyncrl.sync.checksum import same_format, weights_checksum
 from asyncrl.telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,11 @@ class RolloutWorker:
         """A sync without a pause: nothing is logged to partials, nothing waits for the broker."""
         assert self.shadow is not None
         checksum, pause_s = self.shadow.swap(self.engine, self.in_flight, published.version)
+        if checksum and published.checksum and not same_format(checksum, published.checksum):
+            # Hashed ahead in another format than the trainer chose (its first sync, or a
+            # trainer restarted on another kind of device): again in the trainer's.
+            checksum = weights_checksum(self.engine.model, like=published.checksum)
+        self.shadow.like = published.checksum or None
         receive_s = self.shadow.receive_s
         self.follower.swapped(request, published, checksum, pause_s, receive_s, self.produced)
         self._open_budget(published, consumed=request.consumed, flush=False)

@@ -191,6 +191,66 @@ def test_a_checksum_of_an_older_log_is_computed_its_way() -> None:
     assert weights_checksum(m, like="sha256-tree:0") == weights_checksum(m) != old
 
 
+def test_the_on_device_format_sees_every_word_and_every_name(monkeypatch) -> None:
+    """``wsum64:`` (what a trainer on a GPU publishes): a flipped low bit in any tensor (bf16,
+    float32, the int64 buffer, either end of a piece) changes it, so do two equal-shaped
+    tensors trading names; tied weights count once; the pieces' boundaries do not matter."""
+    from asyncrl.sync import checksum
+
+    m = Tied()
+    _randomize(m, 3)
+    before = weights_checksum(m, like="wsum64:")
+    assert before.startswith("wsum64:") and before == weights_checksum(m.state_dict(), like=before)
+    monkeypatch.setattr(checksum, "PIECE", 5)
+    assert weights_checksum(m, like=before) == before  # sums mod 2**64 in any grouping
+    for t in (m.lowp.weight, m.body.weight, m.embed.weight, m.steps):
+        words = t.data.view(-1).view(
+            {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+        )
+        for i in {0, 4, min(5, words.numel() - 1), words.numel() - 1}:
+            words[i] ^= 1
+            assert weights_checksum(m, like=before) != before, (t.shape, i)
+            words[i] ^= 1
+    assert weights_checksum(m, like=before) == before
+    with torch.no_grad():
+        body, lowp = m.body.weight.clone(), m.lowp.weight.clone()
+        m.body.weight.copy_(lowp.float())
+        m.lowp.weight.copy_(body.to(torch.bfloat16))
+        swapped = weights_checksum(m, like=before)
+        m.body.weight.copy_(m.lowp.weight.float())  # the same values in both: names differ
+        assert weights_checksum(m, like=before) not in (before, swapped)
+
+
+def test_the_on_device_format_of_cast_weights_is_the_cast_copys() -> None:
+    """A float32 trainer's checksum cast to bf16 is its bf16 worker's, in either format; a
+    checksum's format is told by its prefix."""
+    from asyncrl.sync.checksum import same_format
+
+    trainer = Tied()
+    _randomize(trainer, 5)
+    worker = Tied()
+    worker.load_state_dict(trainer.state_dict())
+    worker.to(torch.bfloat16)
+    for like in ("wsum64:", "sha256-tree:"):
+        sent = weights_checksum(trainer, like=like, dtype=torch.bfloat16)
+        assert sent == weights_checksum(worker, like=sent) != weights_checksum(trainer, like=like)
+    assert same_format("wsum64:ab", "wsum64:cd") and not same_format("wsum64:ab", "sha256-tree:ab")
+    assert weights_checksum(trainer).startswith("sha256-tree:")  # weights on a CPU: sha256
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_checksum_is_computed_there_and_a_cpu_agrees() -> None:
+    cpu = Tied()
+    _randomize(cpu, 9)
+    gpu = Tied().cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    on_device = weights_checksum(gpu)
+    assert on_device.startswith("wsum64:")
+    assert weights_checksum(cpu, like=on_device) == on_device
+    assert weights_checksum(gpu, like="sha256-tree:") == weights_checksum(cpu)
+
+
 def test_snapshot_round_trip_with_tied_weights(tmp_path) -> None:
     src, dst = Tied(), Tied()
     _randomize(src, 7)

@@ -396,6 +396,39 @@ def test_an_in_flight_update_swaps_the_engine_threads_weights_between_two_tokens
     assert all(_honest_segments(t) for s in run.samples() for t in s.trajectories)
 
 
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_a_cpu_worker_verifies_a_gpu_trainers_checksums_in_their_format(tmp_path, in_flight):
+    """A trainer on a GPU publishes ``wsum64:`` checksums (computed on the device); a worker
+    on a CPU, which would hash with sha256, verifies each version in the trainer's format,
+    at a join, after a paused sync and after an in-flight swap (whose weights were hashed on
+    arrival, before their announcement)."""
+    modes = ["async_training.partial_rollout=true", "async_training.in_flight_update=true"]
+    cfg = _cfg(tmp_path, *(modes if in_flight else []), STEPPED)
+    run = Run(cfg)
+    run.trainer.checksum_like = "wsum64:"
+
+    def sync_and_receive() -> None:
+        run.sync_new_weights()
+        if in_flight:
+            shadow = run.worker.shadow
+            assert shadow is not None and shadow.ready.wait(10)
+
+    def second_sync() -> None:
+        run.trainer.consumed = {"0": 4}
+        sync_and_receive()
+
+    run.before_decoding_step(2, sync_and_receive)
+    run.when_published(6, second_sync)
+    run.when_published(9, run.trainer.finish)
+    run.run()
+    published = [e for e in run.broker.events(cfg) if isinstance(e, ev.WeightsPublished)]
+    loaded = [e for e in run.events() if isinstance(e, ev.WeightsLoaded)]
+    assert all(e.checksum.startswith("wsum64:") for e in published)
+    assert [e.version for e in loaded] == [0, 1, 2]
+    assert all(e.checksum_ok for e in loaded)
+    assert _same_weights(run.worker.engine.model, run.model)
+
+
 # --- the log a previous incarnation left ------------------------------------------------------
 _HEADERS = {SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: "0"}
 _PARTIAL = {SCHEMA_HEADER: PARTIAL_TAG}
