@@ -22,8 +22,12 @@ timed rounds, median reported:
 ``device="cuda"`` (``--device``; ``auto`` picks it when there is a GPU) puts both ends' weights
 on the GPU: ``shared memory`` is then the CUDA IPC handoff (from the warm-up round on, the
 worker reads the trainer's GPU slots), ``memcpy`` a device-to-device copy, and the ways that
-would only measure host staging (per-tensor, safetensors) are left out. Written without a GPU
-(none was lent to the session that added it): not yet run on one.
+would only measure host staging (per-tensor, safetensors) are left out (first run on an H100
+on 2026-11-24: docs/benchmarks.md).
+
+The ``checksum`` rows time each checksum format over the same weights (sync/checksum.py):
+what each end of a verified sync adds to it (sha256-tree where the weights are on a CPU,
+wsum64 where they are on a GPU).
 
 After the last round of each way the receiver hashes its weights and the sender compares, so a
 figure is only printed for a transfer that delivered every bit. The second half of a whole sync
@@ -239,6 +243,8 @@ def sync(
                 }
             proc.wait(timeout=60)
             row["memcpy"] = _figures([memcpy_seconds(nbytes, rounds, device)], nbytes)
+            for way, like in CHECKSUMS.items():  # what each end adds to a verified sync
+                row[way] = _figures([_checksum_seconds(state, like) for _ in range(rounds)], nbytes)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -255,7 +261,7 @@ def sync(
     for col in ("model", "way", "seconds", "GB/s", "vs memcpy"):
         table.add_column(col, justify="right")
     for shape, row in results.items():
-        for method in (*methods, "memcpy"):
+        for method in (*methods, "memcpy", *CHECKSUMS):
             f = row[method]
             table.add_row(
                 shape,
@@ -277,6 +283,8 @@ def sync(
             f"{shared['gbps'] / row['memcpy']['gbps']:.0%} of memcpy, bucketed "
             f"{row['bucketed']['gbps'] / row['memcpy']['gbps']:.0%}"
         )
+        tree, wsum = (row[way]["s"] for way in CHECKSUMS)
+        parts.append(f"checksum sha256 / on-device format = {tree / wsum:.2f}x")
         console.print(f"{shape}: " + ", ".join(parts))
     figures: dict[str, Any] = {"transfer": results}
     if pause_resume:
@@ -290,6 +298,19 @@ def sync(
     out.write_text(json.dumps(figures, indent=1))
     console.print(f"figures: {out}")
     return figures
+
+
+CHECKSUMS = {"checksum sha256-tree": "sha256-tree:", "checksum wsum64": "wsum64:"}
+"""The two checksum formats (sync/checksum.py), timed over the same weights: a run uses
+sha256-tree for weights on a CPU and wsum64 for weights on a GPU."""
+
+
+def _checksum_seconds(state: dict[str, Any], like: str) -> float:
+    from asyncrl.sync.checksum import weights_checksum
+
+    t0 = time.perf_counter()
+    weights_checksum(state, like=like)  # ends on the host: no device work left running
+    return time.perf_counter() - t0
 
 
 def _figures(times: list[float], nbytes: int) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The checks issues 14 and 15 leave for a GPU, for a machine with no network (the device
 # tool's). Here first: `bash tools/device_wheels.sh` (fills .whl/). There, one call per group
-# (a call may run 10 minutes):
-#   bash tools/gpu_check.sh tests engine sync     # carry .whl; ~5-7 min on an H100
-#   bash tools/gpu_check.sh run learn             # the demo on the GPU, bench learn
-#   bash tools/gpu_check.sh real                  # a 0.5B-shaped model through asyncrl run
+# (a call may run 10 minutes; the times are one H100's, 2026-11-24):
+#   bash tools/gpu_check.sh engine tests          # carry .whl; ~400 s (engine 290, tests 110)
+#   bash tools/gpu_check.sh sync run learn        # ~450 s (the first warm start on a fresh
+#                                                 # machine takes 60 s of the first of them)
+#   bash tools/gpu_check.sh real                  # a 0.5B-shaped model through asyncrl run, ~300 s
 #   bash tools/gpu_check.sh fp32                  # the same in float32 (the dtypes before bf16)
+# The device tool gives a machine back 30 s after a call: send the next group at once.
 # Installs the carried wheels and asyncrl (editable, no build isolation), then runs each step
 # under its own time limit, its output in $OUT/<step>.log (or runs/gpu-check/), and goes on
 # after a failed step; the last lines say which passed. No step: all of them.
@@ -17,7 +19,8 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 
 if ! "$PY" -c "import asyncrl.producers, confluent_kafka, pydantic" 2>/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl ||
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+        .whl/*.whl ||
         { echo "no wheels in .whl/: run tools/device_wheels.sh first and carry .whl"; exit 1; }
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
@@ -48,8 +51,9 @@ run_engine() {  # issue 14's bar: 0.5B shape, batch 256, 256 new tokens, >= 20x 
     step engine-demo 90 "$PY" -m asyncrl bench engine --shapes demo --new-tokens 128 \
         "output_dir=$OUT"
 }
-run_sync() {  # CUDA IPC handoff vs a device-to-device copy (>= 0.5 of it at 0.5B)
-    step sync 150 "$PY" -m asyncrl bench sync --device cuda "output_dir=$OUT"
+run_sync() {  # CUDA IPC handoff vs a device-to-device copy (>= 0.5 of it at 0.5B), checksums
+    # (the whole-sync half warm-starts the demo policy first: 60 s on a fresh machine)
+    step sync 300 "$PY" -m asyncrl bench sync --device cuda "output_dir=$OUT"
 }
 run_run() {  # `make run`'s job with both roles on the GPU, then its log's invariants
     step run 200 "$PY" -m asyncrl run run_id=gpu-demo actor_rollout_ref.rollout.device=auto \

@@ -7,7 +7,14 @@ import pytest
 import torch
 from rich.console import Console
 
-from asyncrl.bench.sync import METHODS, methods_for, on_device, qwen2_like_state, sync
+from asyncrl.bench.sync import (
+    CHECKSUMS,
+    METHODS,
+    methods_for,
+    on_device,
+    qwen2_like_state,
+    sync,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +45,7 @@ def test_sync_smoke(tmp_path):
     )
     row = figures["transfer"]["5M"]
     assert row["bytes"] == 2 * row["params"] and row["params"] > 4e6
-    for way in (*METHODS, "memcpy"):
+    for way in (*METHODS, "memcpy", *CHECKSUMS):
         assert row[way]["s"] > 0 and row[way]["gbps"] > 0
     for way in METHODS:  # one timed round after the warm-up, checksum checked by sync()
         assert len(row[way]["rounds_s"]) == 1
@@ -47,6 +54,7 @@ def test_sync_smoke(tmp_path):
     assert row["bucketed"]["shared_workers"] == row["per-tensor"]["shared_workers"] == 0
     assert row["shared memory"]["medium"] == "memfd" and row["bucketed"]["medium"] == "collective"
     assert "per-tensor / bucketed time" in out.getvalue()
+    assert "checksum sha256 / on-device" in out.getvalue()
     saved = json.loads(next(tmp_path.glob("bench-sync-*.json")).read_text())
     assert saved["transfer"]["5M"]["bytes"] == row["bytes"]
     assert not list(tmp_path.glob("bench-sync-*/*"))  # snapshots cleaned up
