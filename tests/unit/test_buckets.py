@@ -201,7 +201,7 @@ def test_the_on_device_format_sees_every_word_and_every_name(monkeypatch) -> Non
     _randomize(m, 3)
     before = weights_checksum(m, like="wsum64:")
     assert before.startswith("wsum64:") and before == weights_checksum(m.state_dict(), like=before)
-    monkeypatch.setattr(checksum, "PIECE", 5)
+    monkeypatch.setattr(checksum, "PIECE", {"cpu": 5, "cuda": 5})
     assert weights_checksum(m, like=before) == before  # sums mod 2**64 in any grouping
     for t in (m.lowp.weight, m.body.weight, m.embed.weight, m.steps):
         words = t.data.view(-1).view(
