@@ -97,6 +97,12 @@ def engine_args(p: argparse.ArgumentParser) -> None:
         help="engine and sync: cpu, cuda, cuda:N (default: auto, a GPU when there is one)",
     )
     p.add_argument(
+        "--profile",
+        action="store_true",
+        help="engine only: after the timed runs, one more generation of hf_cached and "
+        "hf_static under torch's profiler; prints their costliest ops (GPU time on a GPU)",
+    )
+    p.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],
         default=None,

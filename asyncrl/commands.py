@@ -269,6 +269,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             new_tokens=args.new_tokens,
             device=args.device,
             dtype=args.dtype,
+            profile=args.profile,
         )
         return 0
     if args.name in ("learn", "tuning"):

@@ -99,6 +99,24 @@ def _engine(cfg: RunConfig, name: str, model: Any) -> Any:
     )
 
 
+PROFILED = ("hf_cached", "hf_static")
+"""The engines ``--profile`` looks into (hf's cost is known: it recomputes everything)."""
+PROFILE_ROWS = 20
+
+
+def _profile(engine: Any, reqs: list[Any], device: str) -> str:
+    """torch.profiler's table of one generation of ``reqs``, costliest first: by time on the
+    GPU where there is one (the kernels, the graph replays, the copies), else on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]
+    with profile(activities=activities) as prof:
+        _generate(engine, reqs)
+    key = "self_device_time_total" if gpu else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=PROFILE_ROWS)
+
+
 def _generate(engine: Any, reqs: list[Any]) -> tuple[list[Any], float]:
     """``reqs`` through ``engine`` (idle before and after); (results, seconds)."""
     import torch
@@ -135,8 +153,11 @@ def engine(
     device: str = "auto",
     dtype: str | None = None,
     repeats: int = 3,
+    profile: bool = False,
 ) -> dict[str, Any]:
-    """Measure the engines at each shape; print one table and return the figures."""
+    """Measure the engines at each shape; print one table and return the figures.
+    ``profile``: then one more generation of each cached engine under torch's profiler, its
+    costliest ops printed (where a decoding step's time goes)."""
     import torch
 
     unknown = [s for s in shapes if s not in SMOKE]
@@ -152,7 +173,9 @@ def engine(
         torch.set_num_threads(rollout.torch_threads)
     sizes = (batch, prompt_len, new_tokens)
     try:
-        results = {s: _measure(cfg, s, sizes, device, dtype, repeats, console) for s in shapes}
+        results = {
+            s: _measure(cfg, s, sizes, device, dtype, repeats, console, profile) for s in shapes
+        }
     finally:
         torch.set_num_threads(threads)
     _table(results, console)
@@ -172,6 +195,7 @@ def _measure(
     dtype: str,
     repeats: int,
     console: Console,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """The engines at one shape; ``sizes`` (batch, prompt_len, new_tokens), None: SMOKE's."""
     import torch
@@ -204,6 +228,10 @@ def _measure(
             "logprob_max_abs_diff": logprob_error(model, out, rollout.temperature),
         }
         console.log(f"{shape} {name}: {tokens} tokens in {seconds:.2f} s")
+        if profile and name in PROFILED:
+            console.rule(f"{shape} {name}: the costliest ops of one more generation")
+            table = _profile(engine, _requests(b, p, n, vocab), device)
+            console.print(table, markup=False, highlight=False, soft_wrap=True)
     row["ratios"] = {
         name: row[name]["tokens_per_s"] / row["hf"]["tokens_per_s"] for name in ENGINES[1:]
     }

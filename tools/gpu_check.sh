@@ -2,7 +2,7 @@
 # The checks issues 14 and 15 leave for a GPU, for a machine with no network (the device
 # tool's). Here first: `bash tools/device_wheels.sh` (fills .whl/). There, one call per group
 # (a call may run 10 minutes; the times are one H100's, 2026-11-24):
-#   bash tools/gpu_check.sh engine tests          # carry .whl; ~400 s (engine 290, tests 110)
+#   bash tools/gpu_check.sh engine tests          # carry .whl; ~450 s (engine 330, tests 110)
 #   bash tools/gpu_check.sh sync run learn        # ~450 s (the first warm start on a fresh
 #                                                 # machine takes 60 s of the first of them)
 #   bash tools/gpu_check.sh real                  # a 0.5B-shaped model through asyncrl run, ~300 s
@@ -46,8 +46,8 @@ run_tests() {  # every GPU-marked test, then the engines' and the run's on the G
     step tests 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
 }
 run_engine() {  # issue 14's bar: 0.5B shape, batch 256, 256 new tokens, >= 20x hf
-    step engine-500M 330 "$PY" -m asyncrl bench engine --shapes 500M --batch 256 \
-        --prompt-len 64 --new-tokens 256 "output_dir=$OUT"
+    step engine-500M 400 "$PY" -m asyncrl bench engine --shapes 500M --batch 256 \
+        --prompt-len 64 --new-tokens 256 --profile "output_dir=$OUT"
     step engine-demo 90 "$PY" -m asyncrl bench engine --shapes demo --new-tokens 128 \
         "output_dir=$OUT"
 }

@@ -36,3 +36,24 @@ def test_bench_engine_measures_the_engines_side_by_side(tmp_path):
     assert "demo: hf_cached / hf tokens/s = " in text
     assert "hf_static / hf tokens/s = " in text
     assert json.loads(next(tmp_path.glob("bench-engine-*.json")).read_text()) == results
+
+
+def test_profile_prints_where_each_cached_engines_generation_goes(tmp_path):
+    out = io.StringIO()
+    engine(
+        None,
+        [f"output_dir='{tmp_path}'"],
+        Console(file=out, width=200),
+        shapes=("demo",),
+        batch=2,
+        prompt_len=4,
+        new_tokens=3,
+        device="cpu",
+        repeats=1,
+        profile=True,
+    )
+    text = out.getvalue()
+    for name in ("hf_cached", "hf_static"):
+        assert f"demo {name}: the costliest ops of one more generation" in text
+    assert "demo hf: the costliest" not in text
+    assert text.count("Self CPU time total") == 2 and "aten::" in text
