@@ -66,7 +66,7 @@ class Bucket:
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize  # (an empty tensor per call cost ~1 ms a broadcast at 150 tensors)
 
 
 def named_tensors(model_or_state: nn.Module | Mapping[str, Tensor]) -> dict[str, Tensor]:
