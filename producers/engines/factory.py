@@ -63,10 +63,10 @@ def engine_name(name: str, model: torch.nn.Module) -> str:
     hf_static refuses)."""
     if name != "auto":
         return name
+    from asyncrl.producers.engines.static import has_sliding_window
+
     on_gpu = next(model.parameters()).is_cuda
-    layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
-    sliding = any("sliding" in t for t in layer_types)
-    return "hf_static" if on_gpu and not sliding else "hf_cached"
+    return "hf_static" if on_gpu and not has_sliding_window(model) else "hf_cached"
 
 
 def hf_engine(name: str, *args: Any, cuda_graphs: bool = True, **kwargs: Any) -> StepwiseEngine:

@@ -53,6 +53,13 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def has_sliding_window(model: torch.nn.Module) -> bool:
+    """Whether any of ``model``'s layers uses sliding-window attention (this engine's one mask
+    is the full one, so it refuses such models)."""
+    layer_types = getattr(getattr(model, "config", None), "layer_types", None) or []
+    return any("sliding" in t for t in layer_types)
+
+
 class SlotWrites:
     """The ``past_key_values`` of a decoding step: each attention layer hands it the step's key
     and value of every row, which go to column ``cols[r]`` of row ``r``; the layer gets the
@@ -81,8 +88,7 @@ class StaticHFEngine(HFEngine):
 
     def __init__(self, *args: Any, cuda_graphs: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        config: Any = self.model.config
-        if any("sliding" in t for t in getattr(config, "layer_types", None) or []):
+        if has_sliding_window(self.model):
             raise ValueError(
                 "actor_rollout_ref.rollout.name=hf_static: the model has sliding-window "
                 "attention layers, which this engine does not mask; use hf_cached"
