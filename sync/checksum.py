@@ -88,10 +88,15 @@ def weights_checksum(
                 pending.popleft().result()
         h = hashlib.sha256()
         for spec, futures in zip(specs, pieces, strict=True):
-            h.update(f"{'|'.join(spec.names)}:{spec.dtype}:{list(spec.shape)}\n".encode())
+            h.update(f"{_header(spec)}\n".encode())
             for f in futures:
                 h.update(f.result())
     return TREE + h.hexdigest()
+
+
+def _header(spec: TensorSpec) -> str:
+    """A tensor's line in every format: its names, dtype and shape."""
+    return f"{'|'.join(spec.names)}:{spec.dtype}:{list(spec.shape)}"
 
 
 def same_format(a: str, b: str) -> bool:
@@ -110,7 +115,7 @@ def _word_sum_checksum(tensors: Mapping[str, Tensor], specs: list[TensorSpec]) -
     h = hashlib.sha256()
     for spec in specs:
         value = next(values) if spec.numel else 0
-        h.update(f"{'|'.join(spec.names)}:{spec.dtype}:{list(spec.shape)}:{value}\n".encode())
+        h.update(f"{_header(spec)}:{value}\n".encode())
     return WSUM + h.hexdigest()
 
 
@@ -159,7 +164,7 @@ def _digest(raw: Tensor) -> bytes:
 def _stream_checksum(tensors: Mapping[str, Tensor], specs: list[TensorSpec]) -> str:
     h = hashlib.sha256()
     for spec in specs:
-        h.update(f"{'|'.join(spec.names)}:{spec.dtype}:{list(spec.shape)}\n".encode())
+        h.update(f"{_header(spec)}\n".encode())
         if spec.numel:
             h.update(memoryview(_raw(tensors[spec.name]).numpy()))  # type: ignore[arg-type]
     return h.hexdigest()
