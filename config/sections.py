@@ -87,8 +87,8 @@ def _paths(value: str | list[str] | None) -> list[str]:
 class ModelConfig(Strict):
     path: str | None = None
     """A local Hugging Face checkpoint directory (config.json, weights, tokenizer and its chat
-    template): the trainer and the rollout workers load it with transformers, in float32 (the
-    workers then cast it to rollout.dtype), no warm start. None: the built-in tiny model (the
+    template): the trainer loads it with transformers in float32, the rollout workers straight
+    in rollout.dtype (no float32 copy first), no warm start. None: the built-in tiny model (the
     fields below), warm-started on data.task."""
     trust_remote_code: bool = False
     """Let transformers run the model's own code from actor_rollout_ref.model.path."""
