@@ -7,9 +7,13 @@ a GPU trainer would send them. Ways to move the bytes, each timed from "go" on t
 "loaded" on the receiver; a warm-up round (buffers allocated, pages faulted in) then several
 timed rounds, median reported:
 
-- ``shared memory``: what a worker on the trainer's host gets (``sync.shared_memory``): the
-  trainer packs each bucket into one of two slots of memory it shares with the worker, which
-  copies it out; only a token and an acknowledgement per bucket cross the pair.
+- ``in place``: what a worker on the trainer's host gets (``sync.shared_memory``): it maps
+  the memory the trainer's weights live in and copies them into its own in one multi-tensor
+  copy, between a token and an acknowledgement (``sync.direct``; the manifest is checked once,
+  in the warm-up round).
+- ``shared memory``: the slots, what such a worker got before and gets where its weights
+  cannot be read in place: the trainer packs each bucket into one of two slots of memory it
+  shares with the worker, which copies it out; a token and an acknowledgement per bucket.
 - ``bucketed``: the weight collective as the trainer uses it for a worker on another host
   (``sync.bucket_size_mb`` buckets, two buffers each side, packing overlapped with the wire).
 - ``per-tensor``: the same collective with one tensor per message (bucket_bytes=1), what a
@@ -20,8 +24,9 @@ timed rounds, median reported:
   limit for any of the above.
 
 ``device="cuda"`` (``--device``; ``auto`` picks it when there is a GPU) puts both ends' weights
-on the GPU: ``shared memory`` is then the CUDA IPC handoff (from the warm-up round on, the
-worker reads the trainer's GPU slots), ``memcpy`` a device-to-device copy, and the ways that
+on the GPU: ``in place`` and ``shared memory`` are then CUDA IPC handoffs (from the warm-up
+round on, the worker reads the trainer's GPU memory), ``memcpy`` a device-to-device copy, and
+the ways that
 would only measure host staging (per-tensor, safetensors) are left out (first run on an H100
 on 2026-11-24: docs/benchmarks.md).
 
@@ -58,7 +63,9 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
     "50M": (512, 12, 1536, 32000, 8, 2),
     "500M": (896, 24, 4864, 151936, 14, 2),  # Qwen2.5-0.5B's shape
 }
-METHODS = ("shared memory", "bucketed", "per-tensor", "safetensors")
+METHODS = ("shared memory", "in place", "bucketed", "per-tensor", "safetensors")
+"""In this order: the slots' warm-up tells the trainer its worker is local, so the weights are
+offered in place from the warm-up round of ``in place`` on."""
 _WAIT = timedelta(seconds=600)
 
 
@@ -150,7 +157,7 @@ def on_device(state: dict[str, Any], device: str) -> dict[str, Any]:
 def methods_for(device: str) -> tuple[str, ...]:
     """The ways measured: on a GPU, the two a run uses (per-tensor and safetensors would
     time host staging, already measured on the CPU)."""
-    return METHODS if device == "cpu" else ("shared memory", "bucketed")
+    return METHODS if device == "cpu" else ("shared memory", "in place", "bucketed")
 
 
 def _method_bucket_bytes(method: str, bucket_bytes: int) -> int:
@@ -226,7 +233,8 @@ def sync(
                         path = save_snapshot(state, snap_dir, r)
                         store.set(f"snapshot/{r}", str(path))
                     else:  # the slots are offered for that way only
-                        sender.shared_memory = method == "shared memory"
+                        sender.shared_memory = method in ("shared memory", "in place")
+                        sender.in_place = method == "in place"
                         sent = sender.broadcast(state, _method_bucket_bytes(method, bucket_bytes))
                         shared, medium = sent.stats.shared, sent.stats.medium
                     store.wait([f"done/{method}/{r}"], _WAIT)
@@ -276,11 +284,13 @@ def sync(
         for way in ("per-tensor", "safetensors"):
             if way in row:
                 parts.append(f"{way} / bucketed time = {row[way]['s'] / row['bucketed']['s']:.2f}x")
-        shared = row["shared memory"]
+        slots, direct = row["shared memory"], row["in place"]
         parts.append(
-            f"bucketed / shared memory ({shared['medium']}) = "
-            f"{row['bucketed']['s'] / shared['s']:.2f}x; shared memory reaches "
-            f"{shared['gbps'] / row['memcpy']['gbps']:.0%} of memcpy, bucketed "
+            f"shared memory ({slots['medium']}) / in place ({direct['medium']}) time = "
+            f"{slots['s'] / direct['s']:.2f}x, bucketed / in place = "
+            f"{row['bucketed']['s'] / direct['s']:.2f}x; of memcpy: in place "
+            f"{direct['gbps'] / row['memcpy']['gbps']:.0%}, shared memory "
+            f"{slots['gbps'] / row['memcpy']['gbps']:.0%}, bucketed "
             f"{row['bucketed']['gbps'] / row['memcpy']['gbps']:.0%}"
         )
         tree, wsum = (row[way]["s"] for way in CHECKSUMS)

@@ -358,12 +358,14 @@ class SyncConfig(Strict):
     verify_checksum: bool = True
     """Workers hash the received weights and compare with the trainer's hash (bit-for-bit check)."""
     shared_memory: bool = True
-    """A rollout worker on the trainer's host (same host name and boot id) reads each weight
-    bucket from memory the trainer shares with it (Linux memfd) instead of receiving it over the
-    collective: one packed copy serves every local worker (asyncrl bench sync: the "shared
-    memory" row). The trainer offers it when it packs on the CPU (gloo); a worker that cannot
-    map it (another PID namespace, not Linux) falls back to the collective. False: always the
-    collective."""
+    """A rollout worker on the trainer's host (same host name and boot id) reads the weights
+    from the trainer's memory instead of receiving them over the collective. From the second
+    sync on it copies the trainer's tensors in place (one copy, one token and one
+    acknowledgement a sync; on a GPU by CUDA IPC, on a CPU the trainer's tensors move once into
+    shared memory); where they cannot be read in place, from two shared slots the trainer packs
+    each bucket into (asyncrl bench sync: the "in place" and "shared memory" rows). gloo pairs
+    only; a worker that cannot map the memory (another PID namespace, not Linux) falls back to
+    the collective. False: always the collective."""
 
     @property
     def bucket_bytes(self) -> int:

@@ -25,6 +25,7 @@ __all__ = [
     "named_tensors",
     "pack",
     "plan_buckets",
+    "storage_key",
     "unpack",
     "weight_manifest",
 ]
@@ -85,7 +86,7 @@ def named_tensors(model_or_state: nn.Module | Mapping[str, Tensor]) -> dict[str,
     return out
 
 
-def _storage_key(t: Tensor) -> tuple:
+def storage_key(t: Tensor) -> tuple:
     """Identity of the memory a tensor views: equal keys mean the names are tied."""
     return (
         t.device,
@@ -113,7 +114,7 @@ def weight_manifest(
     for name in sorted(tensors):
         t = tensors[name]
         # Zero-element tensors may all report data_ptr 0: never tie those.
-        key = _storage_key(t) if t.numel() > 0 else ("empty", name)
+        key = storage_key(t) if t.numel() > 0 else ("empty", name)
         groups.setdefault(key, []).append(name)
     specs = []
     for names in groups.values():
@@ -232,7 +233,7 @@ def unpack(bucket: Bucket, flat: Tensor, into: Mapping[str, Tensor]) -> None:
             primary.copy_(src)
             for alias in spec.aliases:
                 dst = into[alias]
-                if _storage_key(dst) != _storage_key(primary):
+                if storage_key(dst) != storage_key(primary):
                     _check(spec, dst)
                     dst.copy_(src)
 

@@ -31,11 +31,12 @@ the manifest exchange, so a worker that cannot map the memory keeps the collecti
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal
@@ -52,9 +53,11 @@ from .buckets import (
     named_tensors,
     pack,
     plan_buckets,
+    storage_key,
     unpack,
     weight_manifest,
 )
+from .direct import DirectOffer, DirectView, ExposedWeights, fingerprint
 from .shared_slots import SharedSlots, SlotsOffer, SlotsView, host_id
 
 __all__ = [
@@ -71,6 +74,9 @@ Backend = Literal["auto", "gloo", "nccl"]
 _HEADER_BYTES = 32 + 8  # sha256 digest of the manifest + bucket_bytes as int64 little-endian
 # (then each end's medium, JSON: its host, and the trainer's shared slots when it offers them)
 _ANNOUNCE_EVERY_S = 2.0
+_FULL = -1
+"""A transfer's opening token when a manifest check comes first; an epoch (>= 0) instead
+says the weights are final and readable in place under that epoch."""
 
 
 class ManifestMismatchError(RuntimeError):
@@ -89,8 +95,12 @@ class TransferStats:
     """Workers that read the weights from the trainer's shared memory (the others got them
     over the collective)."""
     medium: str = "collective"
-    """How the bytes moved: collective, memfd or cuda (a worker's end), or the kinds of slots
-    read, joined by + (the trainer's end)."""
+    """How the bytes moved: collective; memfd or cuda (the shared slots); direct_memfd or
+    direct_cuda (the trainer's weights read in place): a worker's end, or the kinds its
+    workers read, joined by + (the trainer's end)."""
+    checked: bool = True
+    """The manifest was checked in this transfer (every one but a worker's reads in place
+    after the first of an epoch: a trainer's end, False when no worker needed it)."""
 
     @property
     def gbps(self) -> float:
@@ -121,6 +131,30 @@ def _resolve_backend(backend: Backend, device: torch.device) -> str:
     if backend == "nccl" and device.type != "cuda":
         raise ValueError(f"sync.backend=nccl needs a CUDA device, got {device}")
     return backend
+
+
+@dataclass
+class _Prepared:
+    """One end's view of a transfer: its tensors by name, and what both ends derive from
+    them (the manifest, the bucket plan, the manifest's digest)."""
+
+    tensors: dict[str, Tensor]
+    manifest: list[TensorSpec]
+    buckets: list[Bucket]
+    digest: str
+
+    def targets(self) -> list[list[Tensor]]:
+        """Per manifest entry, the tensors a received value goes into: the entry's own, and
+        each tied name that does not share its storage (an untied copy)."""
+        out = []
+        for spec in self.manifest:
+            primary = self.tensors[spec.name]
+            out.append([primary])
+            for alias in spec.aliases:
+                t = self.tensors[alias]
+                if storage_key(t) != storage_key(primary):
+                    out[-1].append(t)
+        return out
 
 
 class _Pair:
@@ -206,28 +240,41 @@ class _Endpoint:
         self.timeout_s = timeout_s
         self._store: dist.TCPStore | None = None
         self._buffers: list[Tensor] = []
+        self._prepared: dict[tuple, _Prepared] = {}
 
     def _prepare(
         self,
         model: nn.Module | Mapping[str, Tensor],
         bucket_bytes: int,
         dtype: torch.dtype | None = None,
-    ) -> tuple[dict[str, Tensor], list[TensorSpec], list[Bucket]]:
+    ) -> _Prepared:
+        """The tensors to move, their manifest, bucket plan and digest. The last three are
+        kept while the same names live in the same memory (recomputing them took ~1 ms a
+        transfer at 0.5B, as long as the copy of the weights on a GPU)."""
         tensors = named_tensors(model)
-        manifest = weight_manifest(tensors, dtype)
-        return tensors, manifest, plan_buckets(manifest, int(bucket_bytes))
+        key = (int(bucket_bytes), dtype, tuple(tensors), fingerprint(list(tensors.values())))
+        kept = self._prepared.get(key)
+        if kept is None:
+            manifest = weight_manifest(tensors, dtype)
+            buckets = plan_buckets(manifest, int(bucket_bytes))
+            kept = _Prepared(tensors, manifest, buckets, manifest_digest(manifest))
+            if len(self._prepared) >= 4:  # a worker alternates between two copies at most
+                self._prepared.clear()
+            self._prepared[key] = kept
+        return dataclasses.replace(kept, tensors=tensors)
 
     def _verify_manifest(
         self,
         pair: _Pair,
-        manifest: list[TensorSpec],
+        prep: _Prepared,
         bucket_bytes: int,
         worker: int,
         medium: dict[str, object],
     ) -> dict[str, object]:
         """Exchange (digest, bucket_bytes) on the pair, each end's ``medium`` after them; on
         a mismatch both ends raise. Returns the other end's medium."""
-        header = bytes.fromhex(manifest_digest(manifest)) + int(bucket_bytes).to_bytes(8, "little")
+        manifest = prep.manifest
+        header = bytes.fromhex(prep.digest) + int(bucket_bytes).to_bytes(8, "little")
         trainer_row, worker_row = pair.exchange(header + json.dumps(medium).encode())
         peer_row = worker_row if self.role == "trainer" else trainer_row
         if trainer_row[:_HEADER_BYTES] == worker_row[:_HEADER_BYTES]:
@@ -300,9 +347,18 @@ class WeightSender(_Endpoint):
 
     role = "trainer"
 
-    def __init__(self, *args, join_timeout_s: float = 10.0, **kwargs) -> None:
+    def __init__(
+        self, *args, join_timeout_s: float = 10.0, in_place: bool = True, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.join_timeout_s = min(join_timeout_s, self.timeout_s)
+        self.in_place = in_place
+        """Offer local workers the weights to read in place (``sync.direct``); False: the
+        slots only (``asyncrl bench sync`` measures both)."""
+        self._exposed: ExposedWeights | None = None
+        self._epoch = 0
+        self._reads_in_place: dict[int, int] = {}  # worker -> the epoch it has mapped
+        self._local_workers = False  # a worker on this host took part in a transfer
         self._pairs: dict[int, tuple[str, _Pair]] = {}
         self._slots: dict[str, SharedSlots] = {}
         self._gpu_workers = False  # a local worker on a GPU asked for slots in GPU memory
@@ -364,6 +420,7 @@ class WeightSender(_Endpoint):
         return True
 
     def disconnect(self, worker: int) -> None:
+        self._reads_in_place.pop(worker, None)
         entry = self._pairs.pop(worker, None)
         if entry is not None:
             entry[1].close()
@@ -383,27 +440,59 @@ class WeightSender(_Endpoint):
         manifest mismatch is a configuration error and raises.
         """
         start = time.perf_counter()
-        tensors, manifest, buckets = self._prepare(model, bucket_bytes, dtype)
+        prep = self._prepare(model, bucket_bytes, dtype)
+        tensors, manifest, buckets = prep.tensors, prep.manifest, prep.buckets
         self._settle_unacked()
         targets = (
             sorted(self._pairs) if workers is None else sorted(set(workers) & set(self._pairs))
         )
-        offered = self._offer(buckets) if targets else {}
+        exposed = self._expose(prep) if targets else None
+        if exposed is not None:
+            self._sync_device()  # final before any worker reads them in place
+        live: dict[int, _Pair] = {}  # the pairs served bucket by bucket
+        local: dict[int, str] = {}  # worker -> the kind of slots it reads
+        in_place: dict[int, list[tuple[dist.Work, Tensor]]] = {}  # worker -> token, ack
+        failed: dict[int, str] = {}
+
+        def read_in_place(w: int, pair: _Pair) -> None:
+            assert exposed is not None
+            in_place[w] = [pair.signal(0, exposed.offer.epoch), pair.signal(1, -1)]
+
+        # A worker that reads this epoch of the weights in place needs no manifest check
+        # (done when it mapped them): one token out, one acknowledgement back.
+        full = []
+        for w in targets:
+            pair = self._pairs[w][1]
+            if exposed is not None and self._reads_in_place.get(w) == exposed.offer.epoch:
+                try:
+                    read_in_place(w, pair)
+                except Exception as err:
+                    failed[w] = f"{type(err).__name__}: {err}"
+            else:
+                full.append(w)
+        offered = self._offer(buckets) if full else {}
         medium: dict[str, object] = {"host": _host()}
         medium.update({f"slots_{kind}": slots.offer.as_json() for kind, slots in offered.items()})
         nonces = {k: v.offer.nonce for k, v in offered.items()}
-        live: dict[int, _Pair] = {}
-        local: dict[int, str] = {}  # worker -> the kind of slots it reads
-        failed: dict[int, str] = {}
-        for w in targets:
+        if exposed is not None:
+            medium["direct"] = exposed.offer.as_json()
+            nonces[exposed.offer.kind] = exposed.offer.nonce
+        for w in full:
             pair = self._pairs[w][1]
             try:
-                peer = self._verify_manifest(pair, manifest, bucket_bytes, w, medium)
+                work, _ = pair.signal(0, _FULL)
+                work.wait()
+                peer = self._verify_manifest(pair, prep, bucket_bytes, w, medium)
                 if peer.get("host") == _host():
+                    self._local_workers = True
                     self._gpu_workers |= bool(peer.get("gpu"))
-                    kind = _still_mapped(nonces, bool(peer.get("gpu")), peer.get("mapped"))
-                    if kind is None and offered:  # the worker maps one kind of slots, or none
+                    kind = _still_mapped(nonces, bool(peer.get("gpu")), peer.get("mapped", []))
+                    if kind is None and nonces:  # the worker maps one kind, or none
                         kind = pair.exchange(b"")[1].decode()
+                    if exposed is not None and kind == exposed.offer.kind:
+                        self._reads_in_place[w] = exposed.offer.epoch
+                        read_in_place(w, pair)
+                        continue
                     if kind in offered:
                         local[w] = kind
                 live[w] = pair
@@ -463,14 +552,25 @@ class WeightSender(_Endpoint):
                     live.pop(w)
         settle(0, defer_acks=True)
         settle(1, defer_acks=True)
+        for w, works in in_place.items():  # the weights may change once these are back
+            try:
+                for work, _ in works:
+                    work.wait()
+                live[w] = self._pairs[w][1]
+            except Exception as err:
+                failed[w] = f"{type(err).__name__}: {err}"
         self._sync_device()
         for w, why in failed.items():
             log.warning("weights not delivered to worker %d (pair closed): %s", w, why)
             self.disconnect(w)
         delivered = {w: self._pairs[w][0] for w in live if w in self._pairs}
-        shared = len(set(local) & set(delivered))
-        kinds = "+".join(sorted(in_use)) or "collective"
-        return BroadcastResult(_stats(start, manifest, buckets, shared, kinds), delivered, failed)
+        shared = len((set(local) | set(in_place)) & set(delivered))
+        kinds = set(in_use) | ({exposed.offer.kind} if exposed is not None and in_place else set())
+        stats = _stats(
+            start, manifest, len(buckets), shared, "+".join(sorted(kinds)) or "collective"
+        )
+        stats.checked = bool(full)
+        return BroadcastResult(stats, delivered, failed)
 
     def _settle_unacked(self) -> None:
         """Wait until the last transfer's local workers copied its final buckets out; a
@@ -484,6 +584,29 @@ class WeightSender(_Endpoint):
                 log.warning("worker %d did not acknowledge its last weights: %s", w, err)
                 if w in self._pairs and self._pairs[w][1] is pair:
                     self.disconnect(w)
+
+    def _expose(self, prep: _Prepared) -> ExposedWeights | None:
+        """The weights offered to be read in place, once a worker on this host took part in
+        a transfer; a new epoch when they moved since. None where they cannot be (off in the
+        config, NCCL pairs, tensors that do not own their storage), and never again after
+        that failed once."""
+        if not (self.in_place and self.shared_memory and self._local_workers):
+            return None
+        if self.backend == "nccl" or "direct" in self._failed_kinds or not prep.manifest:
+            return None
+        current = fingerprint([prep.tensors[s.name] for s in prep.manifest])
+        if self._exposed is not None and self._exposed.fingerprint == current:
+            return self._exposed
+        if self._exposed is not None:
+            self._exposed.close()
+            self._exposed = None
+        try:
+            self._epoch += 1
+            self._exposed = ExposedWeights(prep.manifest, prep.tensors, self._epoch)
+        except Exception as err:
+            log.warning("the weights cannot be read in place (%s); shared slots instead", err)
+            self._failed_kinds.add("direct")
+        return self._exposed
 
     def _offer(self, buckets: list[Bucket]) -> dict[str, SharedSlots]:
         """The shared slots to offer, by kind, grown to the largest bucket: host memory, and
@@ -517,6 +640,9 @@ class WeightSender(_Endpoint):
         for slots in self._slots.values():
             slots.close()
         self._slots = {}
+        if self._exposed is not None:
+            self._exposed.close()
+            self._exposed = None
         self._store = None
 
     def __enter__(self) -> WeightSender:
@@ -536,6 +662,8 @@ class WeightReceiver(_Endpoint):
         super().__init__(*args, **kwargs)
         self._pair: _Pair | None = None
         self._view: SlotsView | None = None
+        self._weights_view: DirectView | None = None
+        self._direct_digest = ""  # the manifest checked when the weights were mapped in place
         self._failed_kinds: set[str] = set()
         self.worker = -1
 
@@ -586,20 +714,31 @@ class WeightReceiver(_Endpoint):
             raise RuntimeError("WeightReceiver.join() must be called before a transfer")
         pair = self._pair
         start = time.perf_counter()
-        tensors, manifest, buckets = self._prepare(model, bucket_bytes)
+        prep = self._prepare(model, bucket_bytes)  # before the trainer's word: off its clock
+        tensors, manifest, buckets = prep.tensors, prep.manifest, prep.buckets
+        opening = _take_token(pair)
+        if opening != _FULL:
+            return self._receive_in_place(pair, prep, opening, start, checked=False)
         gpu = self.device.type == "cuda"
-        mapped = self._view.offer.nonce if self._view is not None else None
+        mapped = [v.offer.nonce for v in (self._view, self._weights_view) if v is not None]
         medium = {"host": _host(), "gpu": gpu, "mapped": mapped}
-        peer = self._verify_manifest(pair, manifest, bucket_bytes, self.worker, medium)
+        peer = self._verify_manifest(pair, prep, bucket_bytes, self.worker, medium)
         offers = {k[6:]: v for k, v in peer.items() if k.startswith("slots_")}
+        direct = peer.get("direct")
+        if isinstance(direct, dict):
+            offers[str(direct.get("kind"))] = direct
         if offers and peer.get("host") == _host():
             nonces = {k: v.get("nonce") for k, v in offers.items() if isinstance(v, dict)}
-            view = self._view if _still_mapped(nonces, gpu, mapped) else None
-            if view is None:  # a new offer: map it (or not) and say which
-                view = self._attach(offers)
-                pair.exchange(view.offer.kind.encode() if view is not None else b"none")
-            if view is not None:
-                return self._receive_shared(pair, view, tensors, manifest, buckets, start)
+            kind = _still_mapped(nonces, gpu, mapped)
+            if kind is None:  # a new offer: map it (or not) and say which
+                kind = self._attach(offers)
+                pair.exchange(kind.encode())
+            if kind.startswith("direct_") and self._weights_view is not None:
+                self._direct_digest = prep.digest
+                epoch = _take_token(pair)
+                return self._receive_in_place(pair, prep, epoch, start, checked=True)
+            if kind in ("memfd", "cuda") and self._view is not None:
+                return self._receive_shared(pair, self._view, prep, start)
         bufs = self._ensure_buffers(buckets, tensors)
         # posted[j] = (bucket, work, flat buffer to unpack or None when received in place)
         posted: list[tuple[Bucket, dist.Work, Tensor | None]] = []
@@ -623,40 +762,68 @@ class WeightReceiver(_Endpoint):
             if flat is not None:
                 unpack(bucket, flat, tensors)
         self._sync_device()
-        return _stats(start, manifest, buckets)
+        return _stats(start, manifest, len(buckets))
 
-    def _attach(self, offers: dict[str, object]) -> SlotsView | None:
-        """The trainer's slots this end reads, mapped once per offer: GPU memory for weights
-        on a GPU, else host memory; None (the collective) when this end has shared memory off
-        or can map neither. A kind that failed to map is not tried again."""
+    def _attach(self, offers: dict[str, object]) -> str:
+        """The kind of the trainer's memory this end reads, mapped once per offer: the
+        weights in place, else slots; in GPU memory for weights on a GPU, else host memory.
+        "none" (the collective) when this end has shared memory off or can map nothing. A
+        kind that failed to map is not tried again."""
         if not self.shared_memory:
-            return None
+            return "none"
         for kind in _preferred_kinds(self.device.type == "cuda"):
             raw = offers.get(kind)
             if not isinstance(raw, dict) or kind in self._failed_kinds:
                 continue
-            offer = SlotsOffer.from_json(raw)
-            if self._view is not None and self._view.offer == offer:
-                return self._view
             try:
-                self._view = SlotsView(offer)
-                return self._view
+                if kind.startswith("direct_"):
+                    direct = DirectOffer.from_json(raw)
+                    if self._weights_view is None or self._weights_view.offer != direct:
+                        self._weights_view = None
+                        self._weights_view = DirectView(direct)
+                else:
+                    slots = SlotsOffer.from_json(raw)
+                    if self._view is None or self._view.offer != slots:
+                        self._view = None
+                        self._view = SlotsView(slots)
+                return kind
             except Exception as err:
-                log.warning("cannot map the trainer's %s weight slots (%s)", kind, err)
+                log.warning("cannot map the trainer's %s weight memory (%s)", kind, err)
                 self._failed_kinds.add(kind)
-        self._view = None
-        return None
+        return "none"
+
+    def _receive_in_place(
+        self, pair: _Pair, prep: _Prepared, epoch: int, start: float, checked: bool
+    ) -> TransferStats:
+        """Copy the trainer's weights straight from its memory, then say so."""
+        view = self._weights_view
+        if view is None or view.offer.epoch != epoch:
+            have = view.offer.epoch if view is not None else None
+            raise RuntimeError(f"in-place weights out of step: epoch {epoch}, mapped {have}")
+        if prep.digest != self._direct_digest:
+            raise ManifestMismatchError(
+                f"worker {self.worker} received into a model whose tensors differ from those "
+                "it checked with the trainer when it mapped its weights"
+            )
+        view.copy_into(prep.targets())
+        if view.sources and view.sources[0].is_cuda:
+            torch.cuda.current_stream(view.sources[0].device).synchronize()
+        self._sync_device()  # copied before the trainer may step again
+        work, _ = pair.signal(1, epoch)
+        work.wait()
+        stats = _stats(start, prep.manifest, 1, shared=1, medium=view.offer.kind)
+        stats.checked = checked
+        return stats
 
     def _receive_shared(
         self,
         pair: _Pair,
         view: SlotsView,
-        tensors: Mapping[str, Tensor],
-        manifest: list[TensorSpec],
-        buckets: list[Bucket],
+        prep: _Prepared,
         start: float,
     ) -> TransferStats:
         """Each bucket from the slot the trainer's token names, acknowledged once copied."""
+        tensors, buckets = prep.tensors, prep.buckets
         acks = []
         for i, bucket in enumerate(buckets):
             work, token = pair.signal(0, -1)
@@ -669,10 +836,11 @@ class WeightReceiver(_Endpoint):
             acks.append(pair.signal(1, i))
         for work, _ in acks:
             work.wait()
-        return _stats(start, manifest, buckets, shared=1, medium=view.offer.kind)
+        return _stats(start, prep.manifest, len(buckets), shared=1, medium=view.offer.kind)
 
     def close(self) -> None:
         self._view = None
+        self._weights_view = None
         self._buffers = []
         if self._pair is not None:
             self._pair.close()
@@ -682,18 +850,25 @@ class WeightReceiver(_Endpoint):
 def _stats(
     start: float,
     manifest: list[TensorSpec],
-    buckets: list[Bucket],
+    buckets: int,
     shared: int = 0,
     medium: str = "collective",
 ) -> TransferStats:
     return TransferStats(
         bytes=sum(s.nbytes for s in manifest),
         seconds=time.perf_counter() - start,
-        buckets=len(buckets),
+        buckets=buckets,
         tensors=len(manifest),
         shared=shared,
         medium=medium,
     )
+
+
+def _take_token(pair: _Pair) -> int:
+    """The next one-number message from the trainer."""
+    work, token = pair.signal(0, _FULL)
+    work.wait()
+    return int(token.item())
 
 
 @functools.cache
@@ -702,16 +877,20 @@ def _host() -> str:
 
 
 def _preferred_kinds(gpu: bool) -> tuple[str, ...]:
-    """The kinds of slots a worker reads, best first: GPU memory for weights on a GPU."""
-    return ("cuda", "memfd") if gpu else ("memfd",)
+    """The kinds of the trainer's memory a worker reads, best first: its weights in place
+    (one copy) before slots (two), GPU memory for weights on a GPU."""
+    if gpu:
+        return ("direct_cuda", "direct_memfd", "cuda", "memfd")
+    return ("direct_memfd", "memfd")
 
 
 def _still_mapped(nonces: Mapping[str, object], gpu: bool, mapped: object) -> str | None:
-    """The kind of slots a worker goes on reading without a word, both ends deciding alike:
-    the kind it prefers among those offered, when the slots it already maps are those. None:
-    it says which it maps."""
+    """The kind a worker goes on reading without a word, both ends deciding alike: the kind
+    it prefers among those offered, when it already maps that offer. None: it says which."""
     kind = next((k for k in _preferred_kinds(gpu) if k in nonces), None)
-    return kind if kind is not None and mapped is not None and nonces[kind] == mapped else None
+    if kind is None or not isinstance(mapped, Collection) or isinstance(mapped, str):
+        return None
+    return kind if nonces[kind] in mapped else None
 
 
 def _typed(buf: Tensor, bucket: Bucket) -> Tensor:

@@ -30,7 +30,7 @@ def test_on_device_keeps_tied_weights_tied_and_a_gpu_measures_what_a_run_uses():
     state = on_device(qwen2_like_state("5M", fill=False), "cpu")
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
     assert methods_for("cpu") == METHODS
-    assert methods_for("cuda:0") == ("shared memory", "bucketed")
+    assert methods_for("cuda:0") == ("shared memory", "in place", "bucketed")
 
 
 def test_sync_smoke(tmp_path):
@@ -49,11 +49,13 @@ def test_sync_smoke(tmp_path):
         assert row[way]["s"] > 0 and row[way]["gbps"] > 0
     for way in METHODS:  # one timed round after the warm-up, checksum checked by sync()
         assert len(row[way]["rounds_s"]) == 1
-    # the receiver is on this host: it read the slots in that row only
-    assert row["shared memory"]["shared_workers"] == 1
+    # the receiver is on this host: it read the trainer's memory in those rows only
+    assert row["shared memory"]["shared_workers"] == row["in place"]["shared_workers"] == 1
     assert row["bucketed"]["shared_workers"] == row["per-tensor"]["shared_workers"] == 0
     assert row["shared memory"]["medium"] == "memfd" and row["bucketed"]["medium"] == "collective"
+    assert row["in place"]["medium"] == "direct_memfd"
     assert "per-tensor / bucketed time" in out.getvalue()
+    assert "shared memory (memfd) / in place (direct_memfd) time" in out.getvalue()
     assert "checksum sha256 / on-device" in out.getvalue()
     saved = json.loads(next(tmp_path.glob("bench-sync-*.json")).read_text())
     assert saved["transfer"]["5M"]["bytes"] == row["bytes"]
@@ -74,3 +76,4 @@ def test_sync_on_a_gpu_hands_over_by_cuda_ipc(tmp_path):
     )
     row = figures["transfer"]["5M"]
     assert row["shared memory"]["medium"] == "cuda"  # from the warm-up round on
+    assert row["in place"]["medium"] == "direct_cuda"

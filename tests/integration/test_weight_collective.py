@@ -74,14 +74,16 @@ def _worker(
     device: str,
     backend: str,
     shared: bool,
+    in_place: bool = True,
 ) -> None:
     """One process: rank 0 is the trainer (sends), the others are workers (receive); results
-    go to files in ``out``. ``shared``: this end's shared_memory setting."""
+    go to files in ``out``. ``shared``: this end's shared_memory setting; ``in_place``: the
+    trainer offers its weights to be read in place (else the slots only)."""
     torch.set_num_threads(1)
     result: dict = {"rank": rank, "checksums": [], "initial": None, "error": None, "stats": []}
     outdir = Path(out)
     args = ("127.0.0.1", port, backend, torch.device(device), COLLECTIVE_TIMEOUT_S, shared)
-    end = WeightSender(*args) if rank == 0 else WeightReceiver(*args)
+    end = WeightSender(*args, in_place=in_place) if rank == 0 else WeightReceiver(*args)
     try:
         torch.manual_seed(0 if rank == 0 else 1000 + rank)
         dim = 48 if scenario == "mismatch" and rank == world_size - 1 else 32
@@ -130,6 +132,7 @@ def _run(
     device: str = "cpu",
     backend: str = "gloo",
     shared: tuple[bool, ...] | None = None,
+    in_place: bool = True,
 ):
     """``shared``: each rank's shared_memory setting (default: on everywhere)."""
     ctx = mp.get_context("spawn")
@@ -138,7 +141,7 @@ def _run(
     procs = [
         ctx.Process(
             target=_worker,
-            args=(r, world_size, port, scenario, str(out), device, backend, shared[r]),
+            args=(r, world_size, port, scenario, str(out), device, backend, shared[r], in_place),
         )
         for r in range(world_size)
     ]
@@ -196,8 +199,14 @@ def test_two_processes_three_syncs_bit_exact(tmp_path: Path, shared: bool) -> No
     results = _run(2, "rounds", tmp_path, shared=(shared, shared))
     _check_rounds(results, tmp_path, shared=int(shared))
     assert [s["shared"] for s in results[1]["stats"]] == [int(shared)] * len(ROUND_BUCKET_BYTES)
-    medium = "memfd" if shared else "collective"
-    assert {s["medium"] for s in results[0]["stats"] + results[1]["stats"]} == {medium}
+    # shared: the first transfer tells the trainer its worker is local (slots); from the
+    # next, the worker reads the trainer's weights in place, the manifest checked once
+    media = ["memfd", "direct_memfd", "direct_memfd"] if shared else ["collective"] * 3
+    assert [s["medium"] for s in results[0]["stats"]] == media
+    assert [s["medium"] for s in results[1]["stats"]] == media
+    checked = [True, True, not shared]
+    assert [s["checked"] for s in results[0]["stats"]] == checked
+    assert [s["checked"] for s in results[1]["stats"]] == checked
 
 
 def test_three_processes_one_reading_shared_memory_one_over_the_collective(tmp_path: Path):
@@ -324,14 +333,17 @@ def test_unanswered_join_gives_up_and_backend_is_checked() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_one_gpu_trainer_and_worker_hand_over_through_cuda_ipc(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "slots"])
+def test_one_gpu_trainer_and_worker_hand_over_through_cuda_ipc(tmp_path: Path, in_place: bool):
     """Both ends on one GPU (gloo pairs: NCCL cannot put two ranks on one device): the first
-    transfer goes through host memory, where the worker says it is on a GPU; from the next
-    one the trainer offers slots in GPU memory and the buckets go GPU to GPU."""
-    results = _run(2, "rounds", tmp_path, device="cuda:0", backend="gloo")
+    transfer goes through host memory, where the worker says it is local and on a GPU; from
+    the next one the worker copies the trainer's weights straight from its GPU memory (or,
+    slots only, the buckets go through slots in GPU memory)."""
+    results = _run(2, "rounds", tmp_path, device="cuda:0", backend="gloo", in_place=in_place)
     _check_rounds(results, tmp_path, shared=1)
     kinds = [s["medium"] for s in results[1]["stats"]]
-    assert kinds[0] == "memfd" and set(kinds[1:]) == {"cuda"}, kinds
+    later = "direct_cuda" if in_place else "cuda"
+    assert kinds[0] == "memfd" and set(kinds[1:]) == {later}, kinds
 
 
 @pytest.mark.gpu
@@ -385,7 +397,8 @@ def test_a_transfer_to_other_workers_waits_until_the_slots_were_copied_out(tmp_p
     port = _free_port()
     procs = [ctx.Process(target=_targeted_worker, args=(port, w, 2, str(tmp_path))) for w in (0, 1)]
     sent = []
-    with WeightSender("127.0.0.1", port, "gloo", "cpu", COLLECTIVE_TIMEOUT_S) as tx:
+    slots_only = {"in_place": False}  # the slots' reuse is what is tested
+    with WeightSender("127.0.0.1", port, "gloo", "cpu", COLLECTIVE_TIMEOUT_S, **slots_only) as tx:
         for p in procs:
             p.start()
         assert tx.connect(0, "inc0") and tx.connect(1, "inc1")
@@ -433,3 +446,36 @@ def test_a_worker_restarted_before_the_next_transfer_gets_its_weights(tmp_path: 
         second.join(PROCESS_DEADLINE_S)
         assert second.exitcode == 0
     assert json.loads((tmp_path / "w0.json").read_text())["sums"] == sent
+
+
+def test_a_local_worker_reads_the_weights_in_place_and_follows_them_when_they_move(
+    tmp_path: Path,
+) -> None:
+    """From the second transfer on, a worker on the trainer's host copies the trainer's
+    tensors straight from its memory: one token, one acknowledgement, the manifest checked
+    only when the trainer's tensors moved (a new epoch). Bit for bit every time."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    proc = ctx.Process(target=_targeted_worker, args=(port, 0, 5, str(tmp_path)))
+    sent, checked, media = [], [], []
+    with WeightSender("127.0.0.1", port, "gloo", "cpu", COLLECTIVE_TIMEOUT_S) as tx:
+        proc.start()
+        assert tx.connect(0, "inc0")
+        state = _state(0)
+        for k in range(5):
+            if k == 2:  # a step: the same tensors, new values
+                with torch.no_grad():
+                    state["b"].mul_(-1)
+            if k == 3:  # a tensor replaced: the worker must map the new memory
+                state["a"] = torch.randn(1024, generator=torch.Generator().manual_seed(9))
+            result = tx.broadcast(state, 1)
+            assert result.delivered == {0: "inc0"} and result.stats.shared == 1
+            sent.append(weights_checksum(state))
+            checked.append(result.stats.checked)
+            media.append(result.stats.medium)
+        proc.join(PROCESS_DEADLINE_S)
+    assert proc.exitcode == 0
+    got = json.loads((tmp_path / "w0.json").read_text())
+    assert got["sums"] == sent and len(set(sent)) == 3
+    assert media == ["memfd"] + ["direct_memfd"] * 4 == got["media"]
+    assert checked == [True, True, False, True, False]
