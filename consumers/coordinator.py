@@ -65,7 +65,9 @@ class SyncCoordinator:
         self.sender = sender
         """The weight transport's sending end (None: a trainer with no workers to feed); set
         when the trainer's loop starts, which is when workers can join."""
-        self._medium: tuple[int, int] | None = None  # workers served (shared memory, collective)
+        self._medium: tuple[int, int, str] | None = None
+        """Workers served through shared memory, over the collective, and how (the
+        TransferStats medium)."""
         self.model = model
         self.checksum = checksum
         """The current weights' checksum, cast to a dtype (None: as they are)."""
@@ -141,11 +143,11 @@ class SyncCoordinator:
             )
             stats_bytes, buckets = sent.stats.bytes, sent.stats.buckets
             transfer_s, delivered = sent.stats.seconds, sent.delivered
-            medium = (sent.stats.shared, len(delivered) - sent.stats.shared)
+            medium = (sent.stats.shared, len(delivered) - sent.stats.shared, sent.stats.medium)
             if delivered and medium != self._medium:  # said once, and again when it changes
                 self._medium = medium
                 log.info(
-                    "weights reach %d worker(s) through shared memory, %d over the collective",
+                    "weights reach %d worker(s) through shared memory, %d over the collective (%s)",
                     *medium,
                 )
         checksum = self.checksum(self.wire_dtype) if self.cfg.sync.verify_checksum else ""
