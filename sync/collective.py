@@ -142,6 +142,9 @@ class _Prepared:
     manifest: list[TensorSpec]
     buckets: list[Bucket]
     digest: str
+    key: tuple = ()
+    """The names and where their tensors live (``_prepare``'s cache key): equal keys, the
+    same memory."""
 
     def targets(self) -> list[list[Tensor]]:
         """Per manifest entry, the tensors a received value goes into: the entry's own, and
@@ -257,7 +260,7 @@ class _Endpoint:
         if kept is None:
             manifest = weight_manifest(tensors, dtype)
             buckets = plan_buckets(manifest, int(bucket_bytes))
-            kept = _Prepared(tensors, manifest, buckets, manifest_digest(manifest))
+            kept = _Prepared(tensors, manifest, buckets, manifest_digest(manifest), key)
             if len(self._prepared) >= 4:  # a worker alternates between two copies at most
                 self._prepared.clear()
             self._prepared[key] = kept
@@ -356,6 +359,7 @@ class WeightSender(_Endpoint):
         """Offer local workers the weights to read in place (``sync.direct``); False: the
         slots only (``asyncrl bench sync`` measures both)."""
         self._exposed: ExposedWeights | None = None
+        self._exposed_key: tuple = ()  # the _Prepared key the exposure was last checked under
         self._epoch = 0
         self._reads_in_place: dict[int, int] = {}  # worker -> the epoch it has mapped
         self._local_workers = False  # a worker on this host took part in a transfer
@@ -594,8 +598,11 @@ class WeightSender(_Endpoint):
             return None
         if self.backend == "nccl" or "direct" in self._failed_kinds or not prep.manifest:
             return None
+        if self._exposed is not None and self._exposed_key == prep.key:
+            return self._exposed  # the same tensors in the same memory as last time
         current = fingerprint([prep.tensors[s.name] for s in prep.manifest])
         if self._exposed is not None and self._exposed.fingerprint == current:
+            self._exposed_key = prep.key
             return self._exposed
         if self._exposed is not None:
             self._exposed.close()
@@ -603,6 +610,7 @@ class WeightSender(_Endpoint):
         try:
             self._epoch += 1
             self._exposed = ExposedWeights(prep.manifest, prep.tensors, self._epoch)
+            self._exposed_key = ()  # host memory: the tensors have just moved
         except Exception as err:
             log.warning("the weights cannot be read in place (%s); shared slots instead", err)
             self._failed_kinds.add("direct")

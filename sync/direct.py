@@ -130,6 +130,9 @@ class ExposedWeights:
         storages = [tuple(mark.untyped_storage()._share_cuda_())]
         entries = []
         for t in primaries:
+            if t.numel() == 0:  # nothing to read (and no memory to share): a view of the mark
+                entries.append((0, 0, list(t.shape), list(t.stride()), str(t.dtype)))
+                continue
             storage = t.untyped_storage()
             if storage.data_ptr() not in index:
                 index[storage.data_ptr()] = len(storages)
