@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from .buckets import TensorSpec
-from .shared_slots import cuda_uuid
+from .shared_slots import cuda_uuid, local_cuda_device, open_cuda_storage
 
 __all__ = ["DirectOffer", "DirectView", "ExposedWeights", "fingerprint"]
 
@@ -240,17 +240,7 @@ def _hex(v: Any) -> Any:
 
 def _open_cuda(offer: DirectOffer) -> tuple[list[Any], Tensor, str]:
     """Each storage the trainer shared, opened in this process by its IPC handle."""
-    if not torch.cuda.is_available():
-        raise OSError("in-place CUDA weights offered, but this process has no GPU")
-    local = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-    device = next((d for d in local if cuda_uuid(d) == offer.device_uuid), None)
-    if device is None:
-        raise OSError(f"the trainer's GPU {offer.device_uuid} is not visible to this process")
-    torch.cuda._lazy_init()
-    storages = []
-    for raw in offer.storages:
-        fields = [bytes.fromhex(v) if isinstance(v, str) else v for v in raw]
-        fields[0] = device.index  # _share_cuda_ gives the trainer's numbering first
-        storages.append(torch.UntypedStorage._new_shared_cuda(*fields))
+    device = local_cuda_device(offer.device_uuid)
+    storages = [open_cuda_storage(raw, device) for raw in offer.storages]
     mark = torch.empty(0, dtype=torch.uint8, device=device).set_(storages[0], 0, (_HEADER,), (1,))
     return storages, mark, f"the CUDA IPC weights on GPU {offer.device_uuid}"

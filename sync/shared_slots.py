@@ -38,7 +38,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-__all__ = ["SharedSlots", "SlotsOffer", "SlotsView", "cuda_uuid", "host_id"]
+__all__ = [
+    "SharedSlots",
+    "SlotsOffer",
+    "SlotsView",
+    "cuda_uuid",
+    "host_id",
+    "local_cuda_device",
+    "open_cuda_storage",
+]
 
 _HEADER = 64
 """Bytes before the first slot: the nonce, padded so that every slot starts 64-byte aligned."""
@@ -190,21 +198,33 @@ class SlotsView(_Mapped):
 
 def _open_cuda(offer: SlotsOffer) -> Tensor:
     """The trainer's GPU buffer, opened in this process by its IPC handle."""
-    if not torch.cuda.is_available():
-        raise OSError("CUDA weight slots offered, but this process has no GPU")
-    local = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-    device = next((d for d in local if cuda_uuid(d) == offer.device_uuid), None)
-    if device is None:
-        raise OSError(f"the trainer's GPU {offer.device_uuid} is not visible to this process")
-    fields = [bytes.fromhex(v) if isinstance(v, str) else v for v in offer.ipc]
-    # _share_cuda_ gives (device index, handle, size, offset, ref counter handle, ref counter
-    # offset, event handle, event sync required); the index is the trainer's numbering.
-    fields[0] = device.index
-    torch.cuda._lazy_init()
-    storage = torch.UntypedStorage._new_shared_cuda(*fields)
+    device = local_cuda_device(offer.device_uuid)
+    storage = open_cuda_storage(offer.ipc, device)
     memory = torch.empty(0, dtype=torch.uint8, device=device)
     memory.set_(storage, 0, (offer.nbytes,), (1,))
     return memory
+
+
+def local_cuda_device(device_uuid: str) -> torch.device:
+    """This process's device for the GPU of that UUID (numbers differ between processes)."""
+    if not torch.cuda.is_available():
+        raise OSError("CUDA weight memory offered, but this process has no GPU")
+    local = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    device = next((d for d in local if cuda_uuid(d) == device_uuid), None)
+    if device is None:
+        raise OSError(f"the trainer's GPU {device_uuid} is not visible to this process")
+    torch.cuda._lazy_init()
+    return device
+
+
+def open_cuda_storage(ipc: tuple[Any, ...] | list[Any], device: torch.device) -> Any:
+    """A storage the trainer shared (the fields of its ``_share_cuda_``, bytes as hex), opened
+    in this process on ``device``."""
+    fields = [bytes.fromhex(v) if isinstance(v, str) else v for v in ipc]
+    # _share_cuda_ gives (device index, handle, size, offset, ref counter handle, ref counter
+    # offset, event handle, event sync required); the index is the trainer's numbering.
+    fields[0] = device.index
+    return torch.UntypedStorage._new_shared_cuda(*fields)
 
 
 def _ascii(text: str) -> Tensor:
