@@ -116,3 +116,11 @@ def test_a_wrong_memory_is_refused():
             DirectView(DirectOffer.from_json(raw))
     finally:
         exposed.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the path of a process without a GPU")
+def test_gpu_weights_offered_to_a_process_without_a_gpu_are_refused_clearly():
+    """The worker then says it maps something else (the slots, or the collective)."""
+    offer = DirectOffer("direct_cuda", 1, "0" * 32, ((0, "00", 64, 0),), (), "GPU-x")
+    with pytest.raises(OSError, match="no GPU"):
+        DirectView(offer)
