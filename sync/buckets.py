@@ -26,6 +26,7 @@ __all__ = [
     "pack",
     "plan_buckets",
     "storage_key",
+    "untied_aliases",
     "unpack",
     "weight_manifest",
 ]
@@ -231,11 +232,17 @@ def unpack(bucket: Bucket, flat: Tensor, into: Mapping[str, Tensor]) -> None:
             primary = into[spec.name]
             _check(spec, primary)
             primary.copy_(src)
-            for alias in spec.aliases:
-                dst = into[alias]
-                if storage_key(dst) != storage_key(primary):
-                    _check(spec, dst)
-                    dst.copy_(src)
+            for dst in untied_aliases(spec, into):
+                _check(spec, dst)
+                dst.copy_(src)
+
+
+def untied_aliases(spec: TensorSpec, tensors: Mapping[str, Tensor]) -> list[Tensor]:
+    """The tensors of ``spec``'s aliases that do not share its primary's storage (an untied
+    copy): a received value must be copied into each of them too."""
+    primary = tensors[spec.name]
+    aliases = (tensors[alias] for alias in spec.aliases)
+    return [t for t in aliases if storage_key(t) != storage_key(primary)]
 
 
 def _check(spec: TensorSpec, t: Tensor, cast: bool = False) -> None:

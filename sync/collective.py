@@ -53,8 +53,8 @@ from .buckets import (
     named_tensors,
     pack,
     plan_buckets,
-    storage_key,
     unpack,
+    untied_aliases,
     weight_manifest,
 )
 from .direct import DirectOffer, DirectView, ExposedWeights, fingerprint
@@ -149,15 +149,9 @@ class _Prepared:
     def targets(self) -> list[list[Tensor]]:
         """Per manifest entry, the tensors a received value goes into: the entry's own, and
         each tied name that does not share its storage (an untied copy)."""
-        out = []
-        for spec in self.manifest:
-            primary = self.tensors[spec.name]
-            out.append([primary])
-            for alias in spec.aliases:
-                t = self.tensors[alias]
-                if storage_key(t) != storage_key(primary):
-                    out[-1].append(t)
-        return out
+        return [
+            [self.tensors[spec.name], *untied_aliases(spec, self.tensors)] for spec in self.manifest
+        ]
 
 
 class _Pair:

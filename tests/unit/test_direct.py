@@ -50,8 +50,8 @@ def test_the_trainer_keeps_training_in_shared_memory_and_a_reader_sees_each_step
             assert torch.equal(v, before[k]), k  # moved, not changed
         view = _view(exposed)
         worker = Tied()
-        manifest = weight_manifest(named_tensors(worker))
-        targets = [[named_tensors(worker)[s.name]] for s in manifest]
+        worker_tensors = named_tensors(worker)
+        targets = [[worker_tensors[s.name]] for s in weight_manifest(worker_tensors)]
         x = torch.randint(0, 16, (4, 5))
         for _ in range(2):  # the optimizer writes the memory the worker reads
             model(x).sum().backward()
