@@ -564,10 +564,8 @@ class WeightSender(_Endpoint):
         delivered = {w: self._pairs[w][0] for w in live if w in self._pairs}
         shared = len((set(local) | set(in_place)) & set(delivered))
         kinds = set(in_use) | ({exposed.offer.kind} if exposed is not None and in_place else set())
-        stats = _stats(
-            start, manifest, len(buckets), shared, "+".join(sorted(kinds)) or "collective"
-        )
-        stats.checked = bool(full)
+        how = "+".join(sorted(kinds)) or "collective"
+        stats = _stats(start, manifest, len(buckets), shared, how, checked=bool(full))
         return BroadcastResult(stats, delivered, failed)
 
     def _settle_unacked(self) -> None:
@@ -808,14 +806,11 @@ class WeightReceiver(_Endpoint):
                 "it checked with the trainer when it mapped its weights"
             )
         view.copy_into(prep.targets())
-        if view.sources and view.sources[0].is_cuda:
-            torch.cuda.current_stream(view.sources[0].device).synchronize()
-        self._sync_device()  # copied before the trainer may step again
+        view.synchronize()  # copied before the trainer may step again
+        self._sync_device()
         work, _ = pair.signal(1, epoch)
         work.wait()
-        stats = _stats(start, prep.manifest, 1, shared=1, medium=view.offer.kind)
-        stats.checked = checked
-        return stats
+        return _stats(start, prep.manifest, 1, 1, view.offer.kind, checked)
 
     def _receive_shared(
         self,
@@ -855,6 +850,7 @@ def _stats(
     buckets: int,
     shared: int = 0,
     medium: str = "collective",
+    checked: bool = True,
 ) -> TransferStats:
     return TransferStats(
         bytes=sum(s.nbytes for s in manifest),
@@ -863,6 +859,7 @@ def _stats(
         tensors=len(manifest),
         shared=shared,
         medium=medium,
+        checked=checked,
     )
 
 

@@ -226,6 +226,11 @@ class DirectView:
         with torch.no_grad():
             torch._foreach_copy_(dst, src)
 
+    def synchronize(self) -> None:
+        """Wait for this process's queued copies out of the trainer's GPU memory."""
+        if self.sources and self.sources[0].is_cuda:
+            torch.cuda.current_stream(self.sources[0].device).synchronize()
+
 
 def _entry(storage: int, t: Tensor, offset: int | None = None) -> tuple[Any, ...]:
     """(storage index, offset in elements, shape, stride, dtype) of ``t``; ``offset``: where
