@@ -2,10 +2,12 @@
 # The checks issues 14 and 15 leave for a GPU, for a machine with no network (the device
 # tool's). Here first: `bash tools/device_wheels.sh` (fills .whl/). There, one call per group
 # (a call may run 10 minutes; the times are one H100's, 2026-11-24):
-#   bash tools/gpu_check.sh engine tests          # carry .whl; ~450 s (engine 330, tests 110)
-#   bash tools/gpu_check.sh sync run learn        # ~450 s (the first warm start on a fresh
+#   bash tools/gpu_check.sh engine tests          # carry .whl; ~300 s (engine 150, tests 150)
+#   bash tools/gpu_check.sh sync run              # ~330 s (the first warm start on a fresh
 #                                                 # machine takes 60 s of the first of them)
-#   bash tools/gpu_check.sh real                  # a 0.5B-shaped model through asyncrl run, ~300 s
+#   bash tools/gpu_check.sh learn real            # ~250 s (real: a 0.36B model through
+#                                                 # asyncrl run, hf_static; ENGINES="hf_static
+#                                                 # hf_cached" adds the slow one, ~150 s more)
 #   bash tools/gpu_check.sh fp32                  # the same in float32 (the dtypes before bf16)
 # The device tool gives a machine back 30 s after a call: send the next group at once.
 # Installs the carried wheels and asyncrl (editable, no build isolation), then runs each step
@@ -42,27 +44,37 @@ step() {  # step NAME SECONDS COMMAND...: run it, log it, note how it ended
     echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.log"
 }
 
+keep_logs() {  # keep_logs RUN_ID: its processes' logs as top-level files, the log and
+    # checkpoints dropped (the device tool returns few files, none deeper than a few folders)
+    local d="$OUT/$1"
+    for f in "$d"/logs/*.log; do [ -f "$f" ] && cp "$f" "$OUT/$1-$(basename "$f")"; done
+    rm -rf "$d/log" "$d/checkpoints" "$d/logs"
+}
+
 run_tests() {  # every GPU-marked test, then the engines' and the run's on the GPU's side
     step tests 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
 }
 run_engine() {  # issue 14's bar: 0.5B shape, batch 256, 256 new tokens, >= 20x hf
     step engine-500M 400 "$PY" -m asyncrl bench engine --shapes 500M --batch 256 \
-        --prompt-len 64 --new-tokens 256 --profile "output_dir=$OUT"
+        --prompt-len 64 --new-tokens 256 "output_dir=$OUT"  # --profile: hf_cached's ran > 300 s
     step engine-demo 90 "$PY" -m asyncrl bench engine --shapes demo --new-tokens 128 \
         "output_dir=$OUT"
 }
 run_sync() {  # CUDA IPC handoffs (in place, slots) vs a device-to-device copy (>= 0.5 of it at 0.5B), checksums
     # (the whole-sync half warm-starts the demo policy first: 60 s on a fresh machine)
     step sync 300 "$PY" -m asyncrl bench sync --device cuda "output_dir=$OUT"
+    for d in "$OUT"/sync-pause-*/; do [ -d "$d" ] && keep_logs "$(basename "$d")"; done
 }
 run_run() {  # `make run`'s job with both roles on the GPU, then its log's invariants
     step run 200 "$PY" -m asyncrl run run_id=gpu-demo actor_rollout_ref.rollout.device=auto \
         trainer.device=auto "output_dir=$OUT"
     step audit 60 "$PY" -m asyncrl audit gpu-demo "--output-dir=$OUT"
+    keep_logs gpu-demo
 }
 run_learn() {  # issue 15 on a GPU: time to 0.9, colocated vs async (c), (d), (d in flight)
     step learn 330 "$PY" -m asyncrl bench learn actor_rollout_ref.rollout.device=auto \
         trainer.device=auto "output_dir=$OUT"
+    for d in "$OUT"/learn-*/; do [ -d "$d" ] && keep_logs "$(basename "$d")"; done
 }
 
 real_run() {  # real_run NAME ENGINE OVERRIDES...: a model-sized workload, both roles on the GPU
@@ -78,9 +90,10 @@ real_run() {  # real_run NAME ENGINE OVERRIDES...: a model-sized workload, both 
         actor_rollout_ref.rollout.device=auto trainer.device=auto \
         "actor_rollout_ref.rollout.name=$engine" actor_rollout_ref.actor.use_dynamic_bsz=true "$@"
     "$PY" tools/step_times.py "$OUT/$name/metrics.jsonl" | tee -a "$OUT/summary.log"
+    keep_logs "$name"
 }
 run_real() {  # where a step's time goes, per engine (bf16 on both sides: the dtypes' auto)
-    for engine in hf_static hf_cached; do real_run "real-$engine" "$engine"; done
+    for engine in ${ENGINES:-hf_static}; do real_run "real-$engine" "$engine"; done
 }
 run_fp32() {  # the same as real-hf_static in float32 on both sides: what bf16 bought
     real_run real-fp32 hf_static actor_rollout_ref.actor.fsdp_config.dtype=float32 \
