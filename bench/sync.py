@@ -226,6 +226,8 @@ def sync(
             expected = weights_checksum(state)
             for method in methods:
                 times, shared, medium = [], 0, "collective"
+                copies: list[float] = []  # the worker's copy alone, reading in place
+                way = ""
                 for r in range(rounds + 1):
                     store.wait([f"ready/{method}/{r}"], _WAIT)
                     t0 = time.time()
@@ -239,6 +241,9 @@ def sync(
                         shared, medium = sent.stats.shared, sent.stats.medium
                     store.wait([f"done/{method}/{r}"], _WAIT)
                     times.append(float(store.get(f"done/{method}/{r}")) - t0)
+                    if r > 0 and store.check([f"copy/{method}/{r}"]):
+                        seconds, way = store.get(f"copy/{method}/{r}").decode().split(" ")
+                        copies.append(float(seconds))
                     what = "warm-up" if r == 0 else f"round {r}/{rounds}"
                     console.log(f"{shape} {method} {what}: {times[-1]:.2f} s")
                 store.wait([f"checksum/{method}"], _WAIT)
@@ -249,6 +254,8 @@ def sync(
                     "shared_workers": shared,
                     "medium": medium,  # of the last round
                 }
+                if copies:
+                    row[method] |= {"copy_s": statistics.median(copies), "copy_way": way}
             proc.wait(timeout=60)
             row["memcpy"] = _figures([memcpy_seconds(nbytes, rounds, device)], nbytes)
             for way, like in CHECKSUMS.items():  # what each end adds to a verified sync
@@ -293,6 +300,12 @@ def sync(
             f"{slots['gbps'] / row['memcpy']['gbps']:.0%}, bucketed "
             f"{row['bucketed']['gbps'] / row['memcpy']['gbps']:.0%}"
         )
+        if "copy_s" in direct:
+            parts.append(
+                f"in place: the worker's copy ({direct['copy_way']}) "
+                f"{direct['copy_s'] * 1e3:.2f} ms of {direct['s'] * 1e3:.2f} ms, "
+                f"{row['memcpy']['s'] / direct['copy_s']:.0%} of memcpy's bandwidth"
+            )
         tree, wsum = (row[way]["s"] for way in CHECKSUMS)
         parts.append(f"checksum sha256 / on-device format = {tree / wsum:.2f}x")
         console.print(f"{shape}: " + ", ".join(parts))
@@ -359,7 +372,9 @@ def _receive(argv: list[str]) -> None:
                 load_snapshot(state, path)
                 Path(path).unlink()
             else:
-                receiver.receive_into(state, _method_bucket_bytes(method, a.bucket_bytes))
+                got = receiver.receive_into(state, _method_bucket_bytes(method, a.bucket_bytes))
+                if got.copy_s is not None:  # read in place: the copy's own time, and its way
+                    store.set(f"copy/{method}/{r}", f"{got.copy_s!r} {got.copy_way}")
             store.set(f"done/{method}/{r}", repr(time.time()))
         store.set(f"checksum/{method}", weights_checksum(state))
     receiver.close()

@@ -29,7 +29,7 @@ import contextlib
 import mmap
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from .buckets import TensorSpec
+from .copy_plan import CopyPlan
 from .shared_slots import cuda_uuid, local_cuda_device, open_cuda_storage
 
 __all__ = ["DirectOffer", "DirectView", "ExposedWeights", "fingerprint"]
@@ -210,26 +211,45 @@ class DirectView:
         if found != offer.nonce:
             raise OSError(f"{where} is not the trainer's weight memory (nonce mismatch)")
         device = mark.device
+        self._plan: CopyPlan | None = None
+        self._plan_key: Hashable = None
         self.sources: list[Tensor] = []
         for s, offset, shape, stride, dtype in offer.tensors:
             t = torch.empty(0, dtype=_DTYPES[dtype], device=device)
             self.sources.append(t.set_(storages[s], int(offset), tuple(shape), tuple(stride)))
 
-    def copy_into(self, targets: list[list[Tensor]]) -> None:
+    def copy_into(self, targets: list[list[Tensor]], key: Hashable = None) -> None:
         """Copy each trainer tensor into its targets (the worker's tensor, and any name tied
-        to it that does not share its storage), casting to their dtype."""
-        dst, src = [], []
-        for source, names in zip(self.sources, targets, strict=True):
-            for t in names:
-                dst.append(t)
-                src.append(source)
-        with torch.no_grad():
-            torch._foreach_copy_(dst, src)
+        to it that does not share its storage), casting to their dtype. ``key`` names the
+        targets (the same key, the same tensors): their copy plan is then kept."""
+        if (
+            self._plan is None
+            or key is None
+            or (key is not self._plan_key and key != self._plan_key)
+        ):
+            pairs = [
+                (t, source)
+                for source, names in zip(self.sources, targets, strict=True)
+                for t in names
+            ]
+            self._plan = CopyPlan(pairs, way=self._plan.way if self._plan else None)
+            self._plan_key = key
+        self._plan.run()
 
     def synchronize(self) -> None:
         """Wait for this process's queued copies out of the trainer's GPU memory."""
-        if self.sources and self.sources[0].is_cuda:
-            torch.cuda.current_stream(self.sources[0].device).synchronize()
+        if self._plan is not None:
+            self._plan.synchronize()
+
+    @property
+    def copy_s(self) -> float | None:
+        """Device time of the last copy (known after ``synchronize``)."""
+        return self._plan.last_s if self._plan is not None else None
+
+    @property
+    def copy_way(self) -> str:
+        """How the last copy went (``sync.copy_plan.WAYS``)."""
+        return (self._plan.way or "") if self._plan is not None else ""
 
 
 def _entry(storage: int, t: Tensor, offset: int | None = None) -> tuple[Any, ...]:

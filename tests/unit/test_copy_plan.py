@@ -1,0 +1,101 @@
+"""Every way of the in-place copy writes exactly what one plain copy per pair writes (a GPU
+times them and keeps the fastest: whichever it keeps must be right)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncrl.sync.copy_plan import LARGE_BYTES, WAYS, CopyPlan
+
+
+def _pairs(device: str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Sources and zeroed targets covering each way's cases: plain bf16 copies (small, large,
+    a size that is no whole number of 8-byte words), casts, integer and bool buffers, a
+    transposed source, one source into two targets (an untied alias), an empty tensor."""
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype).to(device)
+
+    large = rand(LARGE_BYTES // 2 + 64)  # bf16: over LARGE_BYTES
+    shared = rand(16, 8)
+    sources = [
+        (torch.bfloat16, rand(64, 32)),
+        (torch.bfloat16, large),
+        (torch.bfloat16, rand(7)),  # 14 bytes
+        (torch.bfloat16, rand(32, dtype=torch.float32)),  # cast on the way
+        (torch.float32, rand(LARGE_BYTES // 4 + 8, dtype=torch.float32)),
+        (torch.int64, torch.arange(5, device=device)),
+        (torch.bool, (rand(24) > 0)),
+        (torch.bfloat16, rand(8, 16).t()),  # not contiguous
+        (torch.bfloat16, shared),
+        (torch.bfloat16, shared),
+        (torch.bfloat16, rand(0)),
+    ]
+    return [(torch.zeros(s.shape, dtype=dt, device=device), s) for dt, s in sources]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_each_way_copies_every_pair_exactly(way):
+    pairs = _pairs()
+    plan = CopyPlan(pairs, way=way)
+    plan.run()
+    plan.synchronize()
+    for d, s in pairs:
+        assert torch.equal(d, s.to(d.dtype)), (way, d.shape, d.dtype, s.dtype)
+    assert plan.last_s is not None and plan.last_s >= 0
+
+
+def test_again_after_the_sources_change():
+    pairs = _pairs()
+    plan = CopyPlan(pairs, way="foreach_wide")
+    plan.run()
+    for _, s in pairs:
+        if s.dtype.is_floating_point:
+            s.add_(1)
+    plan.run()
+    for d, s in pairs:
+        assert torch.equal(d, s.to(d.dtype))
+
+
+def test_on_a_cpu_there_is_nothing_to_choose_and_a_wrong_way_is_refused():
+    assert CopyPlan(_pairs()).way == "foreach"
+    with pytest.raises(ValueError, match="unknown way"):
+        CopyPlan(_pairs(), way="memcpy")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_first_copy_times_every_way_and_keeps_the_fastest():
+    pairs = _pairs("cuda")
+    plan = CopyPlan(pairs)
+    assert plan.way is None
+    plan.run()
+    plan.synchronize()
+    assert set(plan.tried) == set(WAYS)
+    assert plan.way == min(plan.tried, key=plan.tried.__getitem__)
+    for d, s in pairs:
+        assert torch.equal(d, s.to(d.dtype))
+    for _, s in pairs:  # the chosen way, timed by events
+        if s.dtype.is_floating_point:
+            s.mul_(2)
+    plan.run()
+    plan.synchronize()
+    assert plan.last_s is not None and plan.last_s > 0
+    for d, s in pairs:
+        assert torch.equal(d, s.to(d.dtype))
+
+
+def test_only_plain_copies_of_whole_words_are_widened():
+    from asyncrl.sync.copy_plan import _as_words
+
+    a, b = torch.zeros(64, 32, dtype=torch.bfloat16), torch.ones(64, 32, dtype=torch.bfloat16)
+    words = _as_words(a, b)
+    assert words is not None and words[0].dtype == torch.int64 and words[0].numel() == 512
+    assert words[0].data_ptr() == a.data_ptr()  # a view: writing it writes the target
+    assert (
+        _as_words(torch.zeros(7, dtype=torch.bfloat16), torch.ones(7, dtype=torch.bfloat16)) is None
+    )
+    assert _as_words(a, b.float()) is None  # a cast
+    assert _as_words(torch.zeros(32, 64, dtype=torch.bfloat16).t(), b) is None
