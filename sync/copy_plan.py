@@ -40,18 +40,27 @@ _Lists = tuple[list[Tensor], list[Tensor]]
 class CopyPlan:
     """The pairs (target, source) of one transfer, and how to copy them."""
 
-    def __init__(self, pairs: Sequence[tuple[Tensor, Tensor]], way: str | None = None) -> None:
+    def __init__(
+        self,
+        pairs: Sequence[tuple[Tensor, Tensor]],
+        way: str | None = None,
+        choose: bool | None = None,
+    ) -> None:
+        """``way``: the way to copy (a GPU's earlier choice); else the first copy chooses
+        where ``choose`` (default: on a GPU), and takes ``foreach`` where not."""
         if way is not None and way not in WAYS:
             raise ValueError(f"unknown way of copying {way!r} (one of {', '.join(WAYS)})")
         self.pairs = list(pairs)
         self.cuda = any(s.is_cuda for _, s in self.pairs)
-        self.way = way or (None if self.cuda else "foreach")
-        """The way the next copies take; None until a GPU's first copy chose it."""
+        if choose is None:
+            choose = self.cuda
+        self.way = way or (None if choose else "foreach")
+        """The way the next copies take; None until the first copy chose it."""
         self.tried: dict[str, float] = {}
         """Seconds each way took on the copy that chose it (empty where none was timed)."""
         self.last_s: float | None = None
-        """Device time of the last copy (after ``synchronize``)."""
-        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        """Time of the last copy (device time on a GPU, known after ``synchronize``)."""
+        self._timer: _Timer | None = None
         self._runs: dict[str, Callable[[], None]] = {
             "foreach": self._foreach(self.pairs),
             "foreach_wide": self._wide(),
@@ -61,53 +70,55 @@ class CopyPlan:
     def run(self) -> None:
         """Copy every pair (queued on the current stream on a GPU: ``synchronize`` waits)."""
         with torch.no_grad():
-            if self.way is None:
-                self._choose()
-                return
-            if not self.cuda:
-                t0 = time.perf_counter()
-                self._runs[self.way]()
-                self.last_s = time.perf_counter() - t0
-                return
-            start, end = self._events or _event_pair()
-            self._events = (start, end)
-            start.record()
-            self._runs[self.way]()
-            end.record()
+            way = self.way or self._choose()
+            self._timer = self._timed(way)  # the chosen way raises rather than return None
 
     def synchronize(self) -> None:
-        """Wait for the queued copies; ``last_s`` then holds their device time."""
-        if self.cuda and self._events is not None:
-            start, end = self._events
-            end.synchronize()
-            self.last_s = start.elapsed_time(end) / 1000
+        """Wait for the queued copies; ``last_s`` then holds their time."""
+        if self._timer is not None:
+            self.last_s = self._timer.seconds()
 
-    def _choose(self) -> None:
-        """Each way twice (the first run of a kernel pays for loading it), timed on the device;
-        the fastest is kept. Every way writes the same bytes, so whichever ran last leaves the
-        right weights."""
-        timed = []
+    def _timed(self, way: str) -> _Timer | None:
+        """Run ``way`` between two marks of time; None where it raised."""
+        timer = _Timer(self.cuda)
+        try:
+            self._runs[way]()
+        except RuntimeError as err:
+            if self.way is not None:
+                raise  # the chosen way: nothing else to fall back to
+            log.warning("in-place weight copy: %s failed (%s); not used", way, err)
+            return None
+        timer.stop()
+        return timer
+
+    def _choose(self) -> str:
+        """Each way twice (the first run of a kernel pays for loading it); the fastest is
+        kept and ``run`` copies once more with it, so the weights are its bytes whatever a
+        way that failed left. A way that raises is dropped."""
+        timed: list[tuple[str, _Timer]] = []
+        failed: set[str] = set()
         for _ in range(2):
             for way in WAYS:
-                start, end = _event_pair()
-                start.record()
-                self._runs[way]()
-                end.record()
-                timed.append((way, start, end))
-        timed[-1][2].synchronize()
-        self.tried = {}
-        for way, start, end in timed:
-            s = start.elapsed_time(end) / 1000
-            self.tried[way] = min(s, self.tried.get(way, s))
+                if way not in failed:
+                    timer = self._timed(way)
+                    if timer is None:
+                        failed.add(way)
+                    else:
+                        timed.append((way, timer))
+        if len(failed) == len(WAYS):
+            raise RuntimeError("no way of copying the weights in place worked")
+        for way, timer in timed:
+            if way not in failed:
+                s = timer.seconds()
+                self.tried[way] = min(s, self.tried.get(way, s))
         self.way = min(self.tried, key=self.tried.__getitem__)
-        self.last_s = self.tried[self.way]
-        self._events = None
         log.info(
             "in-place weight copy of %d tensors: %s (%s)",
             len(self.pairs),
             self.way,
             ", ".join(f"{w} {s * 1e3:.2f} ms" for w, s in self.tried.items()),
         )
+        return self.way
 
     @staticmethod
     def _foreach(pairs: Sequence[tuple[Tensor, Tensor]]) -> Callable[[], None]:
@@ -137,8 +148,29 @@ class CopyPlan:
         return run
 
 
-def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+class _Timer:
+    """A copy's time: CUDA events on a GPU (its queued work), the clock on a CPU."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        if cuda:
+            self._start, self._end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            self._start.record()
+        self._t0 = time.perf_counter()
+        self._s: float | None = None
+
+    def stop(self) -> None:
+        if self.cuda:
+            self._end.record()
+        else:
+            self._s = time.perf_counter() - self._t0
+
+    def seconds(self) -> float:
+        """Waits for the copy on a GPU."""
+        if self._s is None:
+            self._end.synchronize()
+            self._s = self._start.elapsed_time(self._end) / 1000
+        return self._s
 
 
 def _both(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:

@@ -59,6 +59,23 @@ def test_again_after_the_sources_change():
         assert torch.equal(d, s.to(d.dtype))
 
 
+def test_the_first_copy_tries_every_way_and_a_way_that_fails_is_dropped(caplog):
+    pairs = _pairs()
+    plan = CopyPlan(pairs, choose=True)  # what a GPU does; timed by the clock here
+
+    def broken() -> None:  # writes half, then fails
+        pairs[0][0].fill_(7)
+        raise RuntimeError("no kernel for this")
+
+    plan._runs["foreach_wide"] = broken
+    plan.run()
+    plan.synchronize()
+    assert set(plan.tried) == {"foreach", "large_apart"} and plan.way in plan.tried
+    assert "foreach_wide failed" in caplog.text
+    for d, s in pairs:  # the chosen way copied last
+        assert torch.equal(d, s.to(d.dtype))
+
+
 def test_on_a_cpu_there_is_nothing_to_choose_and_a_wrong_way_is_refused():
     assert CopyPlan(_pairs()).way == "foreach"
     with pytest.raises(ValueError, match="unknown way"):
