@@ -60,8 +60,10 @@ run_engine() {  # issue 14's bar: 0.5B shape, batch 256, 256 new tokens, >= 20x 
     step engine-demo 90 "$PY" -m asyncrl bench engine --shapes demo --new-tokens 128 \
         "output_dir=$OUT"
 }
-run_sync() {  # CUDA IPC handoffs (in place, slots) vs a device-to-device copy (>= 0.5 of it at 0.5B), checksums
+run_sync() {  # where an in-place handoff's time goes; CUDA IPC handoffs (in place, slots) vs a
+    # device-to-device copy (>= 0.5 of it at 0.5B), checksums
     # (the whole-sync half warm-starts the demo policy first: 60 s on a fresh machine)
+    step phases 60 "$PY" tools/handoff_phases.py --shape 500M --device cuda
     step sync 300 "$PY" -m asyncrl bench sync --device cuda "output_dir=$OUT"
     for d in "$OUT"/sync-pause-*/; do [ -d "$d" ] && keep_logs "$(basename "$d")"; done
 }
