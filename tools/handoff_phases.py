@@ -40,6 +40,9 @@ def _wrap(owner: Any, name: str, tag: str) -> None:
 
 
 def _state(shape: str, device: str, fill: bool) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)  # one core each end, as bench sync
     from asyncrl.bench.sync import on_device, qwen2_like_state
 
     return on_device(qwen2_like_state(shape, fill=fill), device)
@@ -55,6 +58,8 @@ def trainer(a: argparse.Namespace) -> None:
     _wrap(c.WeightSender, "_prepare", "prepare")
     _wrap(c.WeightSender, "_expose", "expose")
     _wrap(c._Pair, "signal", "signal")
+    _wrap(c._Pair, "open", "opening sent")
+    _wrap(c, "_expect_ack", "acknowledgement")
     state = _state(a.shape, a.device, fill=True)
     store_port, weights_port = free_port(), free_port()
     store = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
@@ -97,7 +102,7 @@ def worker(store_port: int, weights_port: int, a: argparse.Namespace) -> None:
     from asyncrl.sync import collective as c
     from asyncrl.sync import direct
 
-    _wrap(c, "_take_token", "token")
+    _wrap(c._Pair, "take", "opening")
     _wrap(direct.DirectView, "copy_into", "copy launched")
     _wrap(direct.DirectView, "synchronize", "copy finished")
     _wrap(c._Pair, "signal", "signal")

@@ -479,3 +479,65 @@ def test_a_local_worker_reads_the_weights_in_place_and_follows_them_when_they_mo
     assert got["sums"] == sent and len(set(sent)) == 3
     assert media == ["memfd"] + ["direct_memfd"] * 4 == got["media"]
     assert checked == [True, True, False, True, False]
+
+
+def _reader_then(port: int, out: str, then: str) -> None:
+    """A worker on the trainer's host: three transfers (slots, then in place twice), then
+    either dies (``kill``) or waits for a fourth and writes what happened (``wait``)."""
+    torch.set_num_threads(1)
+    state = _state(100)
+    rx = WeightReceiver("127.0.0.1", port, "gloo", torch.device("cpu"), COLLECTIVE_TIMEOUT_S)
+    rx.join(0, "r", announce=lambda: None)
+    media = [rx.receive_into(state, 1).medium for _ in range(3)]
+    if then == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    Path(out, "ready").write_text("")
+    t0 = time.monotonic()
+    try:
+        rx.receive_into(state, 1)
+        error = ""
+    except Exception as err:
+        error = type(err).__name__
+    Path(out, "r.json").write_text(
+        json.dumps({"media": media, "error": error, "waited_s": time.monotonic() - t0})
+    )
+
+
+def test_a_worker_reading_in_place_that_dies_is_dropped_at_once(tmp_path: Path) -> None:
+    """Its openings and acknowledgements go over the pair's fast channel (a Unix socket):
+    the trainer's next transfer finds it closed, without waiting out a timeout."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    proc = ctx.Process(target=_reader_then, args=(port, str(tmp_path), "kill"))
+    with WeightSender("127.0.0.1", port, "gloo", "cpu", COLLECTIVE_TIMEOUT_S) as tx:
+        proc.start()
+        assert tx.connect(0, "r")
+        state = _state(0)
+        media = [tx.broadcast(state, 1).stats.medium for _ in range(3)]
+        assert media == ["memfd", "direct_memfd", "direct_memfd"]
+        assert tx._pairs[0][1].fast is not None  # the fast channel carried the last two
+        proc.join(PROCESS_DEADLINE_S)
+        assert proc.exitcode == -signal.SIGKILL
+        t0 = time.monotonic()
+        lost = tx.broadcast(state, 1)
+        assert time.monotonic() - t0 < COLLECTIVE_TIMEOUT_S / 2
+        assert list(lost.failed) == [0] and not lost.delivered and tx.members == {}
+
+
+def test_a_worker_reading_in_place_learns_at_once_that_the_trainer_is_gone(tmp_path: Path):
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    proc = ctx.Process(target=_reader_then, args=(port, str(tmp_path), "wait"))
+    with WeightSender("127.0.0.1", port, "gloo", "cpu", COLLECTIVE_TIMEOUT_S) as tx:
+        proc.start()
+        assert tx.connect(0, "r")
+        state = _state(0)
+        for _ in range(3):
+            assert tx.broadcast(state, 1).delivered == {0: "r"}
+        deadline = time.monotonic() + PROCESS_DEADLINE_S
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    proc.join(PROCESS_DEADLINE_S)  # the trainer's end closed on leaving the block
+    got = json.loads((tmp_path / "r.json").read_text())
+    assert got["media"] == ["memfd", "direct_memfd", "direct_memfd"]
+    assert got["error"] == "ConnectionError" and got["waited_s"] < COLLECTIVE_TIMEOUT_S / 2
