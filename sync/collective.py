@@ -180,6 +180,8 @@ class _Pair:
         timeout_s: float,
         op_timeout_s: float,
     ) -> None:
+        self.key = key
+        """worker/incarnation: what the worker's fast channel introduces itself with."""
         prefixed = dist.PrefixStore(f"pair/{key}/", store)
         timeout = timedelta(seconds=timeout_s)
         # torch's stubs make ProcessGroupGloo/NCCL a Backend without the collectives (broadcast,
@@ -213,7 +215,7 @@ class _Pair:
         """The trainer's opening number of a transfer (-1: a manifest check follows; an
         epoch: read the weights in place), on the fast channel where there is one."""
         if self.fast is not None:
-            self.fast.sendall(_NUMBER.pack(value))
+            _send_number(self.fast, value, "the worker")
         else:
             self.signal(0, value)[0].wait()
 
@@ -684,20 +686,28 @@ class WeightSender(_Endpoint):
 
     def _accept_fast(self, worker: int, pair: _Pair) -> None:
         """The fast channel the worker connected before its reply (it now reads its
-        openings there). Raises where it is not the one expected: the pair is then closed."""
+        openings there). Connections that introduce themselves as another pair are closed:
+        a worker killed between connecting and replying leaves one behind, never accepted.
+        Raises where the expected one does not come: the pair is then closed."""
         if self._listener is None:
             raise RuntimeError(f"worker {worker} connected a fast channel that was not offered")
-        conn, _ = self._listener.accept()
-        conn.settimeout(pair.op_timeout_s)
-        try:
-            who = _recv_number(conn, f"worker {worker}")
-        except Exception:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError as err:
+                raise WeightChannelError(f"worker {worker}'s fast channel: {err}") from err
+            conn.settimeout(pair.op_timeout_s)
+            try:
+                who = _recv_bytes(conn, _recv_number(conn, "a worker"), "a worker").decode()
+            except Exception as err:
+                conn.close()
+                log.info("a stale fast channel closed (%s)", err)
+                continue
+            if who == pair.key:
+                pair.attach_fast(conn)
+                return
             conn.close()
-            raise
-        if who != worker:
-            conn.close()
-            raise RuntimeError(f"fast channel of worker {who} where worker {worker} replied")
-        pair.attach_fast(conn)
+            log.info("the fast channel of %s closed: it is not %s's", who, pair.key)
 
     def _offer(self, buckets: list[Bucket]) -> dict[str, SharedSlots]:
         """The shared slots to offer, by kind, grown to the largest bucket: host memory, and
@@ -872,7 +882,8 @@ class WeightReceiver(_Endpoint):
         try:
             sock.settimeout(pair.op_timeout_s)
             sock.connect("\0" + name)
-            sock.sendall(_NUMBER.pack(self.worker))
+            hello = pair.key.encode()
+            sock.sendall(_NUMBER.pack(len(hello)) + hello)
         except OSError as err:
             sock.close()
             log.warning("no fast channel to the trainer (%s); gloo carries it", err)
@@ -925,7 +936,7 @@ class WeightReceiver(_Endpoint):
         view.synchronize()  # copied before the trainer may step again
         self._sync_device()
         if pair.fast is not None:
-            pair.fast.sendall(_NUMBER.pack(epoch))
+            _send_number(pair.fast, epoch, "the trainer")
         else:
             pair.signal(1, epoch)[0].wait()
         stats = _stats(start, prep.manifest, 1, 1, view.offer.kind, checked)
@@ -984,7 +995,20 @@ def _stats(
 
 
 _NUMBER = struct.Struct("<q")
-"""A number on a pair's fast channel: an opening, an acknowledgement, a worker's id."""
+"""A number on a pair's fast channel: an opening, an acknowledgement, the length of the
+worker's introduction (its pair's key)."""
+
+
+class WeightChannelError(RuntimeError):
+    """A pair's fast channel failed (its peer died or closed it): a RuntimeError, as gloo's
+    failures are, so a worker takes it for the trainer's death and joins the next one."""
+
+
+def _send_number(sock: socket.socket, value: int, peer: str) -> None:
+    try:
+        sock.sendall(_NUMBER.pack(value))
+    except OSError as err:
+        raise WeightChannelError(f"the fast channel to {peer} failed: {err}") from err
 
 
 def _expect_ack(pair: _Pair, worker: int, epoch: int) -> None:
@@ -996,13 +1020,22 @@ def _expect_ack(pair: _Pair, worker: int, epoch: int) -> None:
 
 
 def _recv_number(sock: socket.socket, peer: str) -> int:
+    return int(_NUMBER.unpack(_recv_bytes(sock, _NUMBER.size, peer))[0])
+
+
+def _recv_bytes(sock: socket.socket, n: int, peer: str) -> bytes:
+    if not 0 <= n <= 4096:
+        raise WeightChannelError(f"{peer} sent a length of {n} on the fast channel")
     data = b""
-    while len(data) < _NUMBER.size:
-        chunk = sock.recv(_NUMBER.size - len(data))
-        if not chunk:
-            raise ConnectionError(f"{peer} closed the weight channel")
-        data += chunk
-    return int(_NUMBER.unpack(data)[0])
+    try:
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise WeightChannelError(f"{peer} closed the fast channel")
+            data += chunk
+    except OSError as err:
+        raise WeightChannelError(f"the fast channel to {peer} failed: {err}") from err
+    return data
 
 
 @functools.cache

@@ -540,4 +540,37 @@ def test_a_worker_reading_in_place_learns_at_once_that_the_trainer_is_gone(tmp_p
     proc.join(PROCESS_DEADLINE_S)  # the trainer's end closed on leaving the block
     got = json.loads((tmp_path / "r.json").read_text())
     assert got["media"] == ["memfd", "direct_memfd", "direct_memfd"]
-    assert got["error"] == "ConnectionError" and got["waited_s"] < COLLECTIVE_TIMEOUT_S / 2
+    # a RuntimeError, as gloo's failures are: the follower takes it for the trainer's death
+    assert got["error"] == "WeightChannelError" and got["waited_s"] < COLLECTIVE_TIMEOUT_S / 2
+
+
+def test_fast_channels_left_by_dead_workers_are_not_taken_for_a_new_ones(tmp_path: Path):
+    """A worker killed between connecting its fast channel and replying leaves a connection
+    the trainer never accepted: the next worker's accept must skip it (it introduces itself
+    as another pair), not hand the new worker a dead channel."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    proc = ctx.Process(target=_targeted_worker, args=(port, 0, 3, str(tmp_path)))
+    with WeightSender("127.0.0.1", port, "gloo", "cpu", COLLECTIVE_TIMEOUT_S) as tx:
+        name = tx._fast_listener()
+        assert name
+        stale = []
+        for hello in (b"0/a-dead-incarnation", b""):  # a dead worker's; one cut short
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect("\0" + name)
+            sock.sendall(len(hello).to_bytes(8, "little") + hello if hello else b"\x01")
+            stale.append(sock)
+        stale[1].close()
+        proc.start()
+        assert tx.connect(0, "inc0")
+        state = _state(0)
+        for _ in range(3):
+            assert tx.broadcast(state, 1).delivered == {0: "inc0"}
+        assert tx._pairs[0][1].fast is not None
+        proc.join(PROCESS_DEADLINE_S)
+        for sock in stale:
+            sock.close()
+    assert proc.exitcode == 0
+    got = json.loads((tmp_path / "w0.json").read_text())
+    assert got["media"] == ["memfd", "direct_memfd", "direct_memfd"]
+    assert len(got["sums"]) == 3
