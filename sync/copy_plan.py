@@ -13,8 +13,9 @@ The ways (each falls back to the first for the pairs it does not cover):
 - ``foreach``: one multi-tensor copy of every pair, cast to the target's dtype.
 - ``foreach_wide``: the pairs of one dtype (no cast), viewed as 8-byte words, so the
   multi-tensor kernel moves 4x the bytes per element it loads for bf16.
-- ``large_apart``: the pairs of one dtype of at least ``LARGE_BYTES`` each by its own copy
-  (a device-to-device memcpy for contiguous tensors), the small rest in one multi-tensor copy.
+- ``large_apart``: the contiguous pairs of at least ``LARGE_BYTES`` each by its own copy (a
+  device-to-device memcpy where the dtypes match, one cast kernel where they do not: a float32
+  trainer's weights into bf16 workers), the small rest in one multi-tensor copy.
 """
 
 from __future__ import annotations
@@ -136,7 +137,14 @@ class CopyPlan:
         return _both(self._foreach(words), self._foreach(rest))
 
     def _large_apart(self) -> Callable[[], None]:
-        large = [(d, s) for d, s in self.pairs if _plain(d, s) and _nbytes(s) >= LARGE_BYTES]
+        large = [
+            (d, s)
+            for d, s in self.pairs
+            if d.shape == s.shape
+            and d.is_contiguous()
+            and s.is_contiguous()
+            and _nbytes(s) >= LARGE_BYTES
+        ]
         apart = {id(d) for d, _ in large}
         rest = self._foreach([(d, s) for d, s in self.pairs if id(d) not in apart])
 

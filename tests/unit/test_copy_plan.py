@@ -26,6 +26,7 @@ def _pairs(device: str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
         (torch.bfloat16, rand(7)),  # 14 bytes
         (torch.bfloat16, rand(32, dtype=torch.float32)),  # cast on the way
         (torch.float32, rand(LARGE_BYTES // 4 + 8, dtype=torch.float32)),
+        (torch.bfloat16, rand(LARGE_BYTES // 4 + 8, dtype=torch.float32)),  # a large cast
         (torch.int64, torch.arange(5, device=device)),
         (torch.bool, (rand(24) > 0)),
         (torch.bfloat16, rand(8, 16).t()),  # not contiguous
