@@ -227,7 +227,7 @@ def sync(
             for method in methods:
                 times, shared, medium = [], 0, "collective"
                 copies: list[float] = []  # the worker's copy alone, reading in place
-                way = ""
+                copy_way = ""
                 for r in range(rounds + 1):
                     store.wait([f"ready/{method}/{r}"], _WAIT)
                     t0 = time.time()
@@ -242,7 +242,7 @@ def sync(
                     store.wait([f"done/{method}/{r}"], _WAIT)
                     times.append(float(store.get(f"done/{method}/{r}")) - t0)
                     if r > 0 and store.check([f"copy/{method}/{r}"]):
-                        seconds, way = store.get(f"copy/{method}/{r}").decode().split(" ")
+                        seconds, copy_way = store.get(f"copy/{method}/{r}").decode().split(" ")
                         copies.append(float(seconds))
                     what = "warm-up" if r == 0 else f"round {r}/{rounds}"
                     console.log(f"{shape} {method} {what}: {times[-1]:.2f} s")
@@ -255,7 +255,7 @@ def sync(
                     "medium": medium,  # of the last round
                 }
                 if copies:
-                    row[method] |= {"copy_s": statistics.median(copies), "copy_way": way}
+                    row[method] |= {"copy_s": statistics.median(copies), "copy_way": copy_way}
             proc.wait(timeout=60)
             row["memcpy"] = _figures([memcpy_seconds(nbytes, rounds, device)], nbytes)
             for way, like in CHECKSUMS.items():  # what each end adds to a verified sync

@@ -4,9 +4,9 @@ device offers, chosen by timing it there.
 Why: on an H100 a worker's one multi-tensor copy (``torch._foreach_copy_``) of a 0.5B model's
 290 bf16 tensors moved about 650 GB/s, half of what one plain device-to-device copy moves
 (docs/benchmarks.md, "One H100", second run). Which way is fastest depends on the GPU, the
-torch build and the model's shapes, so a worker on a GPU tries each way once, on the first
-copy of a plan (every way copies the same bytes: each try is a real copy, the last one
-stands), timed with CUDA events, and keeps the fastest. On a CPU there is one way.
+torch build and the model's shapes, so a worker on a GPU tries each way twice, on the first
+copy of a plan (every way copies the same bytes: each try is a real copy), timed with CUDA
+events, keeps the fastest and copies once more with it. On a CPU there is one way.
 
 The ways (each falls back to the first for the pairs it does not cover):
 
@@ -34,8 +34,6 @@ log = logging.getLogger(__name__)
 WAYS = ("foreach", "foreach_wide", "large_apart")
 LARGE_BYTES = 1 << 20
 """The size from which ``large_apart`` gives a pair a copy of its own."""
-
-_Lists = tuple[list[Tensor], list[Tensor]]
 
 
 class CopyPlan:
@@ -137,14 +135,7 @@ class CopyPlan:
         return _both(self._foreach(words), self._foreach(rest))
 
     def _large_apart(self) -> Callable[[], None]:
-        large = [
-            (d, s)
-            for d, s in self.pairs
-            if d.shape == s.shape
-            and d.is_contiguous()
-            and s.is_contiguous()
-            and _nbytes(s) >= LARGE_BYTES
-        ]
+        large = [(d, s) for d, s in self.pairs if _dense(d, s) and _nbytes(s) >= LARGE_BYTES]
         apart = {id(d) for d, _ in large}
         rest = self._foreach([(d, s) for d, s in self.pairs if id(d) not in apart])
 
@@ -193,9 +184,14 @@ def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _dense(d: Tensor, s: Tensor) -> bool:
+    """One shape, both contiguous: a copy (or a cast) element for element in memory order."""
+    return d.shape == s.shape and d.is_contiguous() and s.is_contiguous()
+
+
 def _plain(d: Tensor, s: Tensor) -> bool:
-    """A copy of bytes: one dtype, one shape, both contiguous."""
-    return d.dtype == s.dtype and d.shape == s.shape and d.is_contiguous() and s.is_contiguous()
+    """A copy of bytes: ``_dense`` and one dtype."""
+    return d.dtype == s.dtype and _dense(d, s)
 
 
 def _as_words(d: Tensor, s: Tensor) -> tuple[Tensor, Tensor] | None:
