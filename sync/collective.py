@@ -227,6 +227,27 @@ class _Pair:
         work.wait()
         return int(token.item())
 
+    def acknowledge(self, value: int) -> None:
+        """The worker's word that it has read the epoch ``value`` (the trainer may step)."""
+        if self.fast is not None:
+            _send_number(self.fast, value, "the trainer")
+        else:
+            self.signal(1, value)[0].wait()
+
+    def acknowledgement(self, value: int) -> Callable[[], None]:
+        """The trainer's end of ``acknowledge``, posted now (after ``open``) and awaited by
+        calling the result, which raises if the worker acknowledged another epoch."""
+        fast = self.fast
+        if fast is not None:
+            return lambda: _check_ack(_recv_number(fast, "the worker"), value)
+        work, got = self.signal(1, -1)
+
+        def wait() -> None:
+            work.wait()
+            _check_ack(int(got.item()), value)
+
+        return wait
+
     def attach_fast(self, sock: socket.socket) -> None:
         sock.settimeout(self.op_timeout_s)
         self.fast = sock
@@ -500,18 +521,8 @@ class WeightSender(_Endpoint):
 
         def read_in_place(w: int, pair: _Pair) -> None:
             assert exposed is not None
-            epoch = exposed.offer.epoch
-            if pair.fast is not None:
-                pair.open(epoch)
-                in_place[w] = lambda: _expect_ack(pair, w, epoch)
-            else:
-                sent = [pair.signal(0, epoch), pair.signal(1, -1)]  # token, acknowledgement
-
-                def acknowledged() -> None:
-                    for work, _ in sent:
-                        work.wait()
-
-                in_place[w] = acknowledged
+            pair.open(exposed.offer.epoch)
+            in_place[w] = pair.acknowledgement(exposed.offer.epoch)
 
         # A worker that reads this epoch of the weights in place needs no manifest check
         # (done when it mapped them): one token out, one acknowledgement back.
@@ -671,7 +682,7 @@ class WeightSender(_Endpoint):
     def _fast_listener(self) -> str:
         """The name of the Unix socket (Linux's abstract namespace) where workers reading in
         place connect their fast channel; "" where there is none (then gloo carries it)."""
-        if self._listener is None and not self._listener_name:
+        if self._listener is None and "fast" not in self._failed_kinds:
             name = f"asyncrl-weights-{secrets.token_hex(8)}"
             try:
                 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -681,7 +692,7 @@ class WeightSender(_Endpoint):
                 self._listener, self._listener_name = listener, name
             except OSError as err:
                 log.warning("no fast channel for in-place weights (%s); gloo carries it", err)
-                self._listener_name = "-"
+                self._failed_kinds.add("fast")
         return self._listener_name if self._listener is not None else ""
 
     def _accept_fast(self, worker: int, pair: _Pair) -> None:
@@ -935,10 +946,7 @@ class WeightReceiver(_Endpoint):
         view.copy_into(prep.targets(), key=prep.key)
         view.synchronize()  # copied before the trainer may step again
         self._sync_device()
-        if pair.fast is not None:
-            _send_number(pair.fast, epoch, "the trainer")
-        else:
-            pair.signal(1, epoch)[0].wait()
+        pair.acknowledge(epoch)
         stats = _stats(start, prep.manifest, 1, 1, view.offer.kind, checked)
         stats.copy_s, stats.copy_way = view.copy_s, view.copy_way
         return stats
@@ -1011,12 +1019,9 @@ def _send_number(sock: socket.socket, value: int, peer: str) -> None:
         raise WeightChannelError(f"the fast channel to {peer} failed: {err}") from err
 
 
-def _expect_ack(pair: _Pair, worker: int, epoch: int) -> None:
-    """A worker's acknowledgement, on its fast channel, of having read ``epoch``."""
-    assert pair.fast is not None
-    got = _recv_number(pair.fast, f"worker {worker}")
+def _check_ack(got: int, epoch: int) -> None:
     if got != epoch:
-        raise RuntimeError(f"worker {worker} acknowledged epoch {got}, not {epoch}")
+        raise RuntimeError(f"the worker acknowledged epoch {got}, not {epoch}")
 
 
 def _recv_number(sock: socket.socket, peer: str) -> int:
