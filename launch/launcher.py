@@ -61,6 +61,19 @@ def _tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
+def _failure_report(name: str, rc: int, log_path: Path) -> str:
+    """What a process that failed the run said last, and, when it is the trainer, what the
+    other processes of the run said last (a trainer that waited for samples in vain fails
+    because of a worker, whose log says why)."""
+    report = f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
+    if name != "trainer":
+        return report
+    for other in sorted(log_path.parent.glob("*.log")):
+        if other != log_path and (lines := _tail(other, lines=12)):
+            report += f"\n--- last lines of {other}:\n{lines}"
+    return report
+
+
 def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
     """With the embedded broker, decide what an earlier run in the same directory means.
 
@@ -372,9 +385,7 @@ def _follow(
                         )
                         procs[name] = start(name, cmd, log_path)
                         break
-                    raise RunFailed(
-                        f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
-                    )
+                    raise RunFailed(_failure_report(name, rc, log_path))
                 if procs["trainer"][0].poll() == 0:
                     for rec in reader.poll(0.5):
                         progress.update(rec.value)

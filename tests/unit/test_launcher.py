@@ -1,4 +1,5 @@
-"""Launcher decisions that need no broker: what an earlier run in the same directory means."""
+"""Launcher decisions that need no broker: what an earlier run in the same directory means, what
+a failed run reports."""
 
 import io
 
@@ -8,7 +9,7 @@ from rich.console import Console
 from asyncrl.config import load_config
 from asyncrl.consumers.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
 from asyncrl.kafka.settings import consumer_config
-from asyncrl.launch.launcher import for_embedded_broker, resume_or_set_aside
+from asyncrl.launch.launcher import _failure_report, for_embedded_broker, resume_or_set_aside
 from asyncrl.launch.log_archive import ArchivedRecord, PartitionFile, log_dir
 
 
@@ -78,3 +79,24 @@ def test_the_group_session_is_short_on_the_embedded_broker_only(tmp_path):
     assert cfg.kafka.session_timeout_ms is None, "the caller's config is not changed"
     chosen = load_config(overrides=["kafka.session_timeout_ms=9000"])
     assert for_embedded_broker(chosen).kafka.session_timeout_ms == 9000
+
+
+def test_a_failed_trainer_reports_what_the_workers_said_last(tmp_path):
+    """A trainer that timed out waiting for samples fails because of a worker: the report
+    carries every worker's last lines (also a worker started by hand), a worker's its own."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "trainer.log").write_text("step 3\nTimeoutError: only 3 of 4 samples arrived\n")
+    (logs / "rollout-0.log").write_text("".join(f"line {i}\n" for i in range(40)))
+    (logs / "rollout-2.log").write_text("waiting for prompts\n")
+    (logs / "empty.log").write_text("")
+
+    report = _failure_report("trainer", 1, logs / "trainer.log")
+    assert report.startswith("trainer exited with code 1; last lines of")
+    assert "only 3 of 4 samples" in report
+    assert "line 39" in report and "line 28" in report and "line 27" not in report
+    assert f"last lines of {logs / 'rollout-2.log'}:\nwaiting for prompts" in report
+    assert "empty.log" not in report
+
+    worker = _failure_report("rollout-0", 1, logs / "rollout-0.log")
+    assert "line 39" in worker and "trainer.log" not in worker and "rollout-2" not in worker
