@@ -20,6 +20,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from asyncrl.kafka.group_watch import GroupWatch
 from asyncrl.kafka.health import (
     _CONNECTION_ERRORS,
     _METADATA_TIMEOUT_S,
@@ -74,14 +75,19 @@ class Reader(Generic[T]):
         decode: Decoder[T],
         group_id: str | None = None,
         dead_letter: tuple[Publisher, str] | None = None,
+        watch_group: bool = False,
     ) -> None:
+        """``watch_group``: keep this member's view of the group's rebalances (``group``), for
+        a member that must not leave mid-rebalance (``kafka.group_watch``)."""
         self.group_id = group_id
         self._decode = decode
         self._dead_letter = dead_letter
         self._conf = consumer_config(kafka_cfg, bootstrap, group_id)
         self._health = _BrokerHealth(bootstrap, kafka_cfg.broker_down_timeout_s)
         self._max_poll_interval_ms = kafka_cfg.max_poll_interval_ms
-        self._consumer = Consumer({**self._conf, **self._health.callbacks()})
+        self.group = GroupWatch() if watch_group else None
+        watch = self.group.settings() if self.group is not None else {}
+        self._consumer = Consumer({**self._conf, **self._health.callbacks(), **watch})
         self._closed = False
         self._dl_lock = threading.Lock()
         self._dl_pending: dict[tuple[str, int], set[int]] = {}

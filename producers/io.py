@@ -45,7 +45,9 @@ class PromptFeed(Protocol):
 
     def done(self, rec: Record[PromptRecord]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, settle: bool = False) -> None:
+        """Leave; ``settle``: the run goes on without this worker (wait out a rebalance)."""
+        ...
 
 
 @dataclass

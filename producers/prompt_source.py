@@ -19,7 +19,10 @@ A source closed before its first assignment (a worker that fails during start-up
 waits, polling, for that assignment, then leaves: on Tansu 0.6 a member leaving a group before
 its join completes wedges the group, and no later member is ever assigned a partition (a
 restarted worker then waits for prompts for good; measured: nothing in 120 s, recreating the
-consumer does not help, while a member killed mid-join only costs its session timeout).
+consumer does not help, while a member killed mid-join only costs its session timeout). The
+same holds for any rebalance: a worker stopped (or failing) while the run goes on leaves only
+once the group has settled (``kafka.group_watch``; a worker stopped while another was joining
+left the other two workers' prompts unassigned for good, and the run stalled).
 
 A rebalance (a worker joins or leaves) moves some partitions to another worker. Before they
 are released, ``on_revoke`` lets the worker hand back what it holds of them (stop generating
@@ -75,6 +78,7 @@ class PromptSource:
             decode_prompt,
             group_id=f"{cfg.run_id}.rollout",
             dead_letter=dead_letter,
+            watch_group=True,
         )
         self.paused = False
         self._assigned = False
@@ -89,6 +93,12 @@ class PromptSource:
         self.join_wait_s = 2 * session_ms / 1000 + 2
         """How long ``close`` waits for an unfinished join (the module doc): a Tansu join
         takes about half the session timeout, one after a dead member's expiry about two."""
+        self.settle_wait_s = 3 * self.join_wait_s
+        """How long ``close(settle=True)`` waits for a rebalance to end: a cooperative one
+        takes two rounds or more (11 s seen on Tansu with a 2 s session)."""
+        self.quiet_s = 3 * cfg.kafka.heartbeat_interval_ms / 1000
+        """Settled: no rebalance seen for this long (a member learns of one at its next
+        heartbeat: ``kafka.group_watch``)."""
         self.reader.subscribe(
             [self.topic],
             on_assign=self._on_assign,
@@ -209,23 +219,37 @@ class PromptSource:
     def in_progress(self) -> int:
         return sum(len(s) for s in self._open.values())
 
-    def close(self) -> None:
+    def close(self, settle: bool = False) -> None:
+        """Leave the group. ``settle``: the run goes on without this member, so leave only
+        once the group has settled (or after ``settle_wait_s``); otherwise only once its own
+        join has completed (or after ``join_wait_s``). See the module doc."""
         self.commit()
         self._closing = True  # leaving the group revokes everything: nothing left to hand back
-        self._finish_join()
+        if settle:
+            since = time.monotonic()
+            self._wait_until(
+                lambda: self._joined and self._settled(since),
+                self.settle_wait_s,
+                "the group settled",
+            )
+        else:
+            self._wait_until(lambda: self._joined, self.join_wait_s, "its join completed")
         self.reader.close()
 
-    def _finish_join(self) -> None:
-        """Poll until the group has answered this member's join, or ``join_wait_s``: never
-        leave mid-join (the module doc). What the polls fetch is dropped, uncommitted: the
-        group hands it to the next member."""
-        deadline = time.monotonic() + self.join_wait_s
-        while not self._joined and time.monotonic() < deadline:
+    def _settled(self, since: float) -> bool:
+        assert self.reader.group is not None  # watched: see __init__
+        return self.reader.group.settled(self.quiet_s, since)
+
+    def _wait_until(self, done: Callable[[], bool], wait_s: float, what: str) -> None:
+        """Poll until ``done()`` or ``wait_s``: never leave mid-rebalance (the module doc).
+        What the polls fetch is dropped, uncommitted: the group hands it to the next member."""
+        deadline = time.monotonic() + wait_s
+        while not done() and time.monotonic() < deadline:
             self.reader.pause_all()
             self.reader.poll(0.1)
-        if not self._joined:
+        if not done():
             log.warning(
-                "left the prompts group before its join completed (%.0f s): on Tansu the "
-                "group may assign no partition to later members",
-                self.join_wait_s,
+                "left the prompts group before %s (%.0f s): on Tansu the group may assign "
+                "no partition to the other members",
+                *(what, wait_s),
             )

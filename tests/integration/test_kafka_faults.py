@@ -14,6 +14,7 @@ import pytest
 
 from asyncrl.config import RunConfig
 from asyncrl.kafka import BrokerUnavailable, Publisher, Reader, Record, raw_decode
+from asyncrl.kafka.group_watch import GroupWatch
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, free_port
 from asyncrl.producers.prompt_source import PromptSource
@@ -337,3 +338,57 @@ def test_a_source_closed_before_its_first_assignment_leaves_the_group_usable(
     finally:
         second.close()
     assert first._joined and not first.owned  # it had waited for its join, kept nothing
+
+
+def test_a_worker_stopped_while_another_joins_leaves_the_group_usable(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    """Tansu wedges a group whose leader leaves mid-rebalance (kafka.group_watch): two
+    workers own the prompt partitions, a third joins, the first (the leader) is stopped at
+    once; before, the group assigned nothing more (in the run, the trainer waited for samples
+    until it timed out). A worker stopped while the run goes on leaves once the group settled."""
+    cfg = make_run_cfg("kafka.topics.partitions.prompts=4", "kafka.session_timeout_ms=2000")
+    with Publisher(cfg.kafka, broker) as feed:
+        for i in range(8):
+            feed.publish(
+                cfg.topic("prompts"), f"p{i}", encode_prompt(PromptRecord(f"p{i}", "", ""))
+            )
+
+    def poll_until(done: Callable[[], bool], *sources: PromptSource, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            for s in sources:
+                s.keep_alive()
+            time.sleep(0.05)
+
+    def watch(s: PromptSource) -> GroupWatch:
+        assert s.reader.group is not None
+        return s.reader.group
+
+    leader = PromptSource(cfg, broker)  # the first member: the group's leader
+    poll_until(lambda: leader.owned == {0, 1, 2, 3}, leader)
+    other = PromptSource(cfg, broker)
+    poll_until(
+        lambda: bool(other.owned) and watch(leader).settled(1.0) and watch(other).settled(1.0),
+        leader,
+        other,
+    )
+    assert leader.owned | other.owned == {0, 1, 2, 3} and leader.owned and other.owned
+    joining = PromptSource(cfg, broker)
+    poll_until(lambda: watch(joining).join_state == "wait-join", leader, other, joining)
+    stopping = threading.Thread(target=leader.close, kwargs={"settle": True})
+    stopping.start()
+    try:
+        poll_until(
+            lambda: not stopping.is_alive() and other.owned | joining.owned == {0, 1, 2, 3},
+            other,
+            joining,
+            timeout=45,
+        )
+        assert not stopping.is_alive()
+        assert other.owned | joining.owned == {0, 1, 2, 3}, "the group wedged: nothing moved"
+        assert joining.owned
+    finally:
+        stopping.join(timeout=60)
+        other.close()
+        joining.close()

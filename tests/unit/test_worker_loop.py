@@ -169,6 +169,18 @@ def test_a_mode_c_sync_finishes_in_flight_samples_then_loads_the_new_version(tmp
     assert resumed[1].budget == run.cfg.max_samples_per_version - resumed[1].num_stale
     assert all(e.checksum_ok for e in loaded)
     assert _same_weights(run.worker.engine.model, run.model)
+    assert run.sources[0].closed_settling is False  # the run is over: no rebalance to wait out
+
+
+def test_a_stopped_worker_leaves_the_prompts_group_only_once_it_settled(tmp_path):
+    """Stopped while the run goes on (SIGTERM), a worker leaves the group only after any
+    rebalance (kafka.group_watch: on Tansu, leaving mid-rebalance wedges the group)."""
+    run = Run(_cfg(tmp_path))
+    run.when_published(2, run.worker.stop)
+    assert run.run() >= 2
+    assert run.sources[0].closed_settling is True
+    stopped = [e for e in run.events() if isinstance(e, ev.WorkerStopped)]
+    assert [e.reason for e in stopped] == ["stopped"]
 
 
 def test_a_bf16_worker_holds_the_float32_trainers_weights_rounded_and_verifies_them(tmp_path):
