@@ -47,6 +47,9 @@ from asyncrl.schemas.prompt import PromptRecord, decode_prompt
 
 log = logging.getLogger(__name__)
 
+STARVED_WARN_S = 30.0
+"""A worker that wants prompts and has owned no partition for this long says why it may be."""
+
 MIN_PREFETCH = 256
 """Prompts a worker buffers at most (at least this many: prompts are small), so that the half
 it resumes at outlasts the refetch after a resume at a few hundred samples/s."""
@@ -99,6 +102,9 @@ class PromptSource:
         self.quiet_s = 3 * cfg.kafka.heartbeat_interval_ms / 1000
         """Settled: no rebalance seen for this long (a member learns of one at its next
         heartbeat: ``kafka.group_watch``)."""
+        self.partitions = cfg.kafka.topics.partitions.get("prompts")
+        self._unowned_since: float | None = time.monotonic()
+        """When this member last owned a partition (or started); None: warned, this stretch."""
         self.reader.subscribe(
             [self.topic],
             on_assign=self._on_assign,
@@ -113,6 +119,7 @@ class PromptSource:
         if not added or self._closing:
             return
         self.owned |= added
+        self._unowned_since = time.monotonic()
         self._assigned = True  # new partitions start unpaused: keep_alive pauses them again
         if self.on_assign is not None:
             self.on_assign(added)
@@ -166,8 +173,26 @@ class PromptSource:
             self.resume()
             self._buffer.extend(self.reader.poll(timeout, max_records=self.prefetch))
         if not self._buffer:
+            self._check_starved()
             return None
         return self._taken(self._buffer.pop(0))
+
+    def _check_starved(self) -> None:
+        """Wanting prompts and owning no partition for ``STARVED_WARN_S``: say why it may be,
+        once per such stretch (a worker with nothing to do looks the same as a stuck one)."""
+        if self.owned:
+            self._unowned_since = time.monotonic()
+            return
+        if self._unowned_since is None or time.monotonic() - self._unowned_since < STARVED_WARN_S:
+            return
+        log.warning(
+            "this worker has owned no prompt partition for %.0f s while it wants prompts: more "
+            "workers than the topic's %s partitions (kafka.topics.partitions.prompts), or a "
+            "group rebalance that never completed (on the embedded broker, see Tansu's quirks "
+            "in docs/design.md)",
+            *(time.monotonic() - self._unowned_since, self.partitions or "?"),
+        )
+        self._unowned_since = None
 
     def take_where(self, wanted: Callable[[Record[PromptRecord]], bool]) -> Record | None:
         """The first prompt already buffered that ``wanted`` accepts, out of order (None: none

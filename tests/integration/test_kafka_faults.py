@@ -4,6 +4,7 @@ a consumer that missed its max.poll.interval, a dead broker, an unreachable boot
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ from asyncrl.kafka import BrokerUnavailable, Publisher, Reader, Record, raw_deco
 from asyncrl.kafka.group_watch import GroupWatch
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, free_port
+from asyncrl.producers import prompt_source
 from asyncrl.producers.prompt_source import PromptSource
 from asyncrl.schemas.prompt import PromptRecord, encode_prompt
 
@@ -392,3 +394,36 @@ def test_a_worker_stopped_while_another_joins_leaves_the_group_usable(
         stopping.join(timeout=60)
         other.close()
         joining.close()
+
+
+def test_a_worker_left_without_prompt_partitions_says_why_it_may_be(
+    make_run_cfg: Callable[..., RunConfig], broker: str, monkeypatch, caplog
+) -> None:
+    """A worker owning no partition looks like one that is stuck: after a while of wanting
+    prompts it says why it may be (more workers than partitions, or a stuck rebalance)."""
+    monkeypatch.setattr(prompt_source, "STARVED_WARN_S", 1.0)
+    cfg = make_run_cfg("kafka.topics.partitions.prompts=1", "kafka.session_timeout_ms=2000")
+    with Publisher(cfg.kafka, broker) as feed:
+        feed.publish(cfg.topic("prompts"), "p0", encode_prompt(PromptRecord("p0", "", "")))
+    first = PromptSource(cfg, broker)
+    second = PromptSource(cfg, broker)
+    try:
+        deadline = time.monotonic() + 30
+        while not (first._joined and second._joined) and time.monotonic() < deadline:
+            first.keep_alive()
+            second.keep_alive()
+            time.sleep(0.05)
+        starved, owner = (first, second) if not first.owned else (second, first)
+        assert owner.owned == {0} and not starved.owned
+        with caplog.at_level(logging.WARNING, logger=prompt_source.__name__):
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:
+                owner.keep_alive()
+                assert starved.take(0.1) is None
+        said = [
+            r.getMessage() for r in caplog.records if "owned no prompt partition" in r.getMessage()
+        ]
+        assert len(said) == 1 and "the topic's 1 partitions" in said[0]
+    finally:
+        first.close()
+        second.close()
