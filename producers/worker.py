@@ -194,7 +194,17 @@ class RolloutWorker:
 
     def _start(self) -> None:
         """Read the log (what a previous incarnation left), join the collective, receive the
-        trainer's weights and open this version's budget."""
+        trainer's weights and open this version's budget. First the engine makes room for
+        the samples it may hold at once (hf_static's slots and CUDA graphs), while the prompts
+        group's join goes on in the background."""
+        t0 = time.perf_counter()
+        data = self.cfg.data
+        rows = self.rollout.max_concurrent_samples * self.rollout.n
+        self.engine.prepare(rows, data.max_prompt_length + data.max_response_length)
+        if (took := time.perf_counter() - t0) > 0.05:
+            log.info(
+                "worker %d: engine prepared for %d requests in %.2f s", self.worker_id, rows, took
+            )
         self.io.control.start()
         # What a previous incarnation left on the partials log counts as stale, like work in
         # flight at a sync; continuing it takes no budget (producers.admission).

@@ -99,6 +99,10 @@ class BackgroundEngine:
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         return generate_all(self, reqs)
 
+    def prepare(self, rows: int, length: int) -> None:
+        """On the engine's thread, where its steps run (CUDA graphs are captured there)."""
+        self._on_engine_thread(lambda: self.engine.prepare(rows, length))
+
     def close(self) -> None:
         """Stop the thread after its current step; requests still active are dropped."""
         with self._cv:

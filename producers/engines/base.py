@@ -106,6 +106,13 @@ class Engine(Protocol):
         """Add ``reqs``, wait until all are done; results in the order of ``reqs``."""
         ...
 
+    def prepare(self, rows: int, length: int) -> None:
+        """Before the first request: make room for ``rows`` requests at once of up to
+        ``length`` tokens each (prompt and response), so that what the engine allocates or
+        captures per batch shape is done now, not under the first requests. A hint: more or
+        longer requests still work."""
+        ...
+
     def close(self) -> None:
         """Release the engine (its thread, if it has one)."""
         ...
@@ -225,6 +232,9 @@ class StepwiseEngine:
 
     def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         return generate_all(self, reqs)
+
+    def prepare(self, rows: int, length: int) -> None:
+        """Nothing to prepare here (``Engine.prepare``); hf_static reserves its slots."""
 
     def close(self) -> None:
         pass

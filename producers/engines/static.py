@@ -152,6 +152,24 @@ class StaticHFEngine(HFEngine):
     def weights_changed(self) -> None:
         self._rows, self._lens, self._joined = [], [], []
 
+    def prepare(self, rows: int, length: int) -> None:
+        """Reserve ``rows`` slots of ``length`` columns now, and on a GPU capture the step of
+        every bucket up to them: otherwise the first requests grow the cache bucket by bucket
+        (8, 16, 32 ... rows), each growth dropping every graph captured so far, and capture
+        again under load. The free rows the captures step are unread (``_decode_step``)."""
+        if self._rows:
+            return  # a hint for an idle engine; a busy one has grown as it needed
+        self._reserve(rows, length)
+        if not (self.cuda_graphs and self._ids.is_cuda):
+            return
+        b = 1
+        while b <= self.slots:
+            if b not in self._graphs:
+                self._ids[:b] = self.pad_token_id
+                self._pos[:b] = 0
+                self._graphs[b] = self._capture(b)
+            b *= 2
+
     # --- a step (module doc, 1-4) -----------------------------------------------------------
     @torch.no_grad()
     def step(self) -> list[GenResult]:

@@ -178,6 +178,65 @@ def test_on_a_gpu_growing_the_cache_after_a_capture_captures_again(tok):
     assert [r.response_ids for r in grown] == [r.response_ids for r in cached]
 
 
+def _in_samples(engine: StaticHFEngine, reqs: list[GenRequest]) -> dict[str, list[int]]:
+    """Requests arriving 8 at a time (a sample's), a decoding step between: the responses."""
+    done: dict[str, list[int]] = {}
+    for i in range(0, len(reqs), 8):
+        for req in reqs[i : i + 8]:
+            engine.add(req)
+        done |= {r.request_id: r.response_ids for r in engine.step()}
+    while engine.num_active:
+        done |= {r.request_id: r.response_ids for r in engine.collect()}
+    return done
+
+
+def test_a_prepared_engine_holds_its_requests_without_growing_and_draws_the_same_tokens(tok):
+    """prepare(rows, length) before the first request (what a worker does at start-up):
+    requests within it never grow the cache (on a GPU each growth dropped every graph and the
+    first samples captured them again), and the tokens are those of an unprepared engine."""
+    model = build_model(ModelConfig(), len(tok), 0)
+    args = (model, tok, 1.0, tok.eos_token_id, tok.pad_token_id)
+    prompts = _prompts(tok, 24)
+    reqs = [GenRequest(str(i), p, 2 + i % 5, greedy=False) for i, p in enumerate(prompts)]
+    length = max(len(p) for p in prompts) + 6
+    prepared = StaticHFEngine(*args, seed=5)
+    prepared.prepare(24, length)
+    assert prepared.slots == 32 and prepared.max_len >= length
+    keys = prepared._keys[0]  # noqa: SLF001 - the buffer a growth would replace
+    tokens = _in_samples(prepared, reqs)
+    assert prepared._keys[0] is keys  # noqa: SLF001 - never reallocated
+    unprepared = StaticHFEngine(*args, seed=5)
+    assert _in_samples(unprepared, reqs) == tokens and len(tokens) == 24
+    assert unprepared._keys[0] is not keys  # noqa: SLF001
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_prepare_captures_every_bucket_before_the_first_request(tok):
+    """A worker prepares its engine at start-up: every bucket's graph is captured then, on
+    the engine's own thread, and the requests replay them to hf_cached's tokens."""
+    from asyncrl.producers.engines.background import BackgroundEngine
+
+    model = build_model(ModelConfig(), len(tok), 0).cuda()
+    args = (model, tok, 1.0, tok.eos_token_id, tok.pad_token_id)
+    prompts = _prompts(tok, 24)
+    reqs = [GenRequest(str(i), p, 2 + i % 5, greedy=True) for i, p in enumerate(prompts)]
+    static = StaticHFEngine(*args)
+    engine = BackgroundEngine(static)
+    try:
+        engine.prepare(24, max(len(p) for p in prompts) + 6)
+        assert sorted(static._graphs) == [1, 2, 4, 8, 16, 32]  # noqa: SLF001
+        graphs = {b: graph for b, (graph, _) in static._graphs.items()}  # noqa: SLF001
+        results = engine.generate(reqs)
+        again = {b: graph for b, (graph, _) in static._graphs.items()}  # noqa: SLF001
+        assert again.keys() == graphs.keys()
+        assert all(again[b] is graphs[b] for b in graphs)  # none captured again
+    finally:
+        engine.close()
+    cached = CachedHFEngine(*args).generate(reqs)
+    assert [r.response_ids for r in results] == [r.response_ids for r in cached]
+
+
 def test_a_one_token_prompt_joins_beside_others_unharmed(tok):
     """A request with nothing to prefill (its prompt one token, no prefix) joining in the
     same step as others: nothing of the others' prefill may reach its row."""
