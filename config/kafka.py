@@ -114,7 +114,8 @@ class KafkaConfig(Strict):
     BrokerUnavailable (naming kafka.bootstrap_servers), instead of retrying quietly: a dead
     broker then ends a flush or a poll within this bound, not after librdkafka's timeouts."""
     extra: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    """Raw librdkafka settings applied last to every client (no secrets: see security)."""
+    """Raw librdkafka settings applied last to every client (no secrets: see security).
+    ``debug`` (e.g. ``kafka.extra.debug=cgrp``) logs every librdkafka debug line at INFO."""
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
     security: KafkaSecurityConfig = Field(default_factory=KafkaSecurityConfig)
 

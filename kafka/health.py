@@ -91,13 +91,19 @@ class _LibrdkafkaLog:
     confluent-kafka calls ``log(python_level, "%s [%s] %s", facility, client, text)`` from
     the client's poll. FAIL (a connection failed; librdkafka retries it) is a warning of the
     same kind as ``_BrokerHealth``'s all-brokers-down line, so a client says one of them;
-    MAXPOLL is debug, as ``Reader`` says it naming the config key.
+    MAXPOLL is debug, as ``Reader`` says it naming the config key. ``verbose``: the user
+    asked for librdkafka's debug lines (``kafka.extra.debug``, e.g. ``cgrp``): every line is
+    logged, at INFO at least (rate-limited at DEBUG, they were invisible).
     """
 
-    def __init__(self, limiter: _RateLimitedLog) -> None:
+    def __init__(self, limiter: _RateLimitedLog, verbose: bool = False) -> None:
         self._limiter = limiter
+        self.verbose = verbose
 
     def log(self, level: int, fmt: str, *args: object) -> None:
+        if self.verbose:
+            log.log(max(level, logging.INFO), "librdkafka " + fmt, *args)
+            return
         kind = str(args[0]) if args else ""
         if kind == "FAIL":
             kind, level = "connection", min(level, logging.WARNING)
@@ -115,16 +121,22 @@ class _BrokerHealth:
     life (a delivery, a message, a probe answered) clears the state.
     """
 
-    def __init__(self, bootstrap: str, timeout_s: float) -> None:
+    def __init__(self, bootstrap: str, timeout_s: float, verbose: bool = False) -> None:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
         self.limiter = _RateLimitedLog(log)
+        self.verbose = verbose
+        """librdkafka's debug lines were asked for (``_LibrdkafkaLog``)."""
         self.down_since: float | None = None
         self.last_error = ""
 
+    @classmethod
+    def of(cls, kafka_cfg: KafkaConfig, bootstrap: str) -> _BrokerHealth:
+        return cls(bootstrap, kafka_cfg.broker_down_timeout_s, "debug" in kafka_cfg.extra)
+
     def callbacks(self) -> dict[str, Any]:
         """The client settings that route its errors and log lines here."""
-        return {"error_cb": self.on_error, "logger": _LibrdkafkaLog(self.limiter)}
+        return {"error_cb": self.on_error, "logger": _LibrdkafkaLog(self.limiter, self.verbose)}
 
     def on_error(self, err: KafkaError) -> None:
         if err.code() in _CONNECTION_ERRORS:
@@ -176,7 +188,7 @@ def client_callbacks(kafka_cfg: KafkaConfig, bootstrap: str) -> dict[str, Any]:
     (merge them into its config): its librdkafka lines then go through Python logging,
     rate-limited like the Publisher's and Reader's, instead of ~20 stderr lines a second
     while a broker is down."""
-    return _BrokerHealth(bootstrap, kafka_cfg.broker_down_timeout_s).callbacks()
+    return _BrokerHealth.of(kafka_cfg, bootstrap).callbacks()
 
 
 def admin_client(kafka_cfg: KafkaConfig, bootstrap: str) -> AdminClient:
@@ -184,7 +196,7 @@ def admin_client(kafka_cfg: KafkaConfig, bootstrap: str) -> AdminClient:
     to reach a broker first: BrokerUnavailable (naming kafka.bootstrap_servers) if none
     answers a metadata request within kafka.broker_down_timeout_s, rather than an admin
     request's bare ``_TIMED_OUT`` later."""
-    health = _BrokerHealth(bootstrap, kafka_cfg.broker_down_timeout_s)
+    health = _BrokerHealth.of(kafka_cfg, bootstrap)
     admin = AdminClient({**client_config(kafka_cfg, bootstrap), **health.callbacks()})
     try:
         admin.list_topics(timeout=health.timeout_s)

@@ -56,7 +56,7 @@ class Publisher:
 
     def __init__(self, kafka_cfg: KafkaConfig, bootstrap: str) -> None:
         self.max_message_bytes = kafka_cfg.max_message_bytes
-        self._health = _BrokerHealth(bootstrap, kafka_cfg.broker_down_timeout_s)
+        self._health = _BrokerHealth.of(kafka_cfg, bootstrap)
         conf = producer_config(kafka_cfg, bootstrap)
         conf.update(self._health.callbacks())
         self._producer = Producer(conf)

@@ -83,7 +83,7 @@ class Reader(Generic[T]):
         self._decode = decode
         self._dead_letter = dead_letter
         self._conf = consumer_config(kafka_cfg, bootstrap, group_id)
-        self._health = _BrokerHealth(bootstrap, kafka_cfg.broker_down_timeout_s)
+        self._health = _BrokerHealth.of(kafka_cfg, bootstrap)
         self._max_poll_interval_ms = kafka_cfg.max_poll_interval_ms
         self.group = GroupWatch() if watch_group else None
         watch = self.group.settings() if self.group is not None else {}

@@ -41,7 +41,7 @@ def _side_consumer(conf: dict[str, Any]) -> Consumer:
             "group.id": f"asyncrl-watermarks-{uuid.uuid4().hex[:12]}",
             "enable.partition.eof": True,
             "fetch.wait.max.ms": 10,
-            "logger": _LibrdkafkaLog(_RateLimitedLog(log)),
+            "logger": _LibrdkafkaLog(_RateLimitedLog(log), verbose="debug" in conf),
         }
     )
     return Consumer(side_conf)
