@@ -132,6 +132,7 @@ class _BrokerHealth:
 
     @classmethod
     def of(cls, kafka_cfg: KafkaConfig, bootstrap: str) -> _BrokerHealth:
+        """The health of a client built from ``kafka_cfg`` (its timeout, its debug lines)."""
         return cls(bootstrap, kafka_cfg.broker_down_timeout_s, "debug" in kafka_cfg.extra)
 
     def callbacks(self) -> dict[str, Any]:
