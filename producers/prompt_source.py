@@ -104,7 +104,8 @@ class PromptSource:
         heartbeat: ``kafka.group_watch``)."""
         self.partitions = cfg.kafka.topics.partitions.get("prompts")
         self._unowned_since: float | None = time.monotonic()
-        """When this member last owned a partition (or started); None: warned, this stretch."""
+        """Since when this member has owned no partition (its start, or when it lost its
+        last one); None: warned for this stretch. Read only while it owns none."""
         self.reader.subscribe(
             [self.topic],
             on_assign=self._on_assign,
@@ -119,7 +120,6 @@ class PromptSource:
         if not added or self._closing:
             return
         self.owned |= added
-        self._unowned_since = time.monotonic()
         self._assigned = True  # new partitions start unpaused: keep_alive pauses them again
         if self.on_assign is not None:
             self.on_assign(added)
@@ -137,6 +137,8 @@ class PromptSource:
             except KafkaException as err:  # the new owner redoes a little more; nothing is lost
                 log.warning("commit of revoked prompt partitions %s failed: %s", moving, err)
         self.owned -= moving
+        if not self.owned:
+            self._unowned_since = time.monotonic()
         for p in moving:
             self._open.pop(p, None)
             self._next_commit.pop(p, None)
@@ -180,17 +182,15 @@ class PromptSource:
     def _check_starved(self) -> None:
         """Wanting prompts and owning no partition for ``STARVED_WARN_S``: say why it may be,
         once per such stretch (a worker with nothing to do looks the same as a stuck one)."""
-        if self.owned:
-            self._unowned_since = time.monotonic()
-            return
-        if self._unowned_since is None or time.monotonic() - self._unowned_since < STARVED_WARN_S:
+        since = self._unowned_since
+        if self.owned or since is None or time.monotonic() - since < STARVED_WARN_S:
             return
         log.warning(
             "this worker has owned no prompt partition for %.0f s while it wants prompts: more "
             "workers than the topic's %s partitions (kafka.topics.partitions.prompts), or a "
             "group rebalance that never completed (on the embedded broker, see Tansu's quirks "
             "in docs/design.md)",
-            *(time.monotonic() - self._unowned_since, self.partitions or "?"),
+            *(time.monotonic() - since, self.partitions or "?"),
         )
         self._unowned_since = None
 

@@ -424,6 +424,13 @@ def test_a_worker_left_without_prompt_partitions_says_why_it_may_be(
             r.getMessage() for r in caplog.records if "owned no prompt partition" in r.getMessage()
         ]
         assert len(said) == 1 and "the topic's 1 partitions" in said[0]
+        # A worker that owned its partition a long while and has just lost it (the group's
+        # revoke, here called as the group would) is not starved yet.
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=prompt_source.__name__):
+            owner._on_revoke([(cfg.topic("prompts"), 0)], lost=True)
+            assert not owner.owned and owner.take(0.1) is None
+        assert not [r for r in caplog.records if "owned no prompt" in r.getMessage()]
     finally:
         first.close()
         second.close()
