@@ -20,10 +20,12 @@ from asyncrl.config.offpolicy import FilterGroupsConfig, RolloutCorrectionConfig
 
 
 class DataConfig(Strict):
-    task: Literal["arithmetic", "calculator"] = "arithmetic"
-    """The synthetic task: arithmetic (``07+35=``, single turn), or calculator (``347*86=``,
+    task: Literal["arithmetic", "calculator", "countdown"] = "arithmetic"
+    """The synthetic task: arithmetic (``07+35=``, single turn), calculator (``347*86=``,
     which the tiny model solves only by calling the calculator tool; needs
-    actor_rollout_ref.rollout.multi_turn.enable=true)."""
+    actor_rollout_ref.rollout.multi_turn.enable=true), or countdown (``47-9=`` ->
+    ``47,38,29,20,11,02``: responses of 6 to 102 tokens, a long tail; needs
+    data.max_response_length of 102 or more to finish them all: --config countdown)."""
     train_size: int = Field(2000, ge=1)
     """Number of training prompts in one epoch."""
     val_size: int = Field(200, ge=1)

@@ -68,17 +68,25 @@ def build_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
 
 
 def task_tokenizer(data_cfg: Any) -> PreTrainedTokenizerFast:
-    """The tokenizer of ``data_cfg.task``'s policy (the calculator task adds ``[]?``), the
-    same as the cached policy's, without loading it (``asyncrl inspect --text``)."""
+    """The tokenizer of ``data_cfg.task``'s policy (the calculator task adds ``[]?``, the
+    countdown ``,``), the same as the cached policy's, without loading it (``asyncrl inspect
+    --text``)."""
     if data_cfg.task == "calculator":
         from asyncrl.tasks.calculator import TOOL_CHARS
 
         return build_tokenizer(CHARS + TOOL_CHARS)
+    if data_cfg.task == "countdown":
+        from asyncrl.tasks.countdown import TASK_CHARS
+
+        return build_tokenizer(CHARS + TASK_CHARS)
     return build_tokenizer()
 
 
-def build_model(model_cfg: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForCausalLM:
-    """Randomly initialised float32 Qwen2 (tied embeddings), deterministic in ``seed``.
+def build_model(
+    model_cfg: ModelConfig, vocab_size: int, seed: int, positions: int = 64
+) -> Qwen2ForCausalLM:
+    """Randomly initialised float32 Qwen2 (tied embeddings), deterministic in ``seed``;
+    ``positions``: the longest prompt + response it serves (64 at least).
 
     Special-token ids follow :func:`build_tokenizer` (pad 0, bos 1, eos 2). The global torch
     RNG is left untouched (the init runs under ``fork_rng``).
@@ -90,7 +98,7 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForC
         num_hidden_layers=model_cfg.num_hidden_layers,
         num_attention_heads=model_cfg.num_attention_heads,
         num_key_value_heads=model_cfg.num_attention_heads,
-        max_position_embeddings=64,
+        max_position_embeddings=max(64, positions),
         tie_word_embeddings=True,
         use_cache=False,
         pad_token_id=0,
@@ -104,16 +112,20 @@ def build_model(model_cfg: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForC
 
 
 def encode_problems(
-    tokenizer: PreTrainedTokenizerFast, problems: list[Problem], drop_carry: bool = False
+    tokenizer: PreTrainedTokenizerFast,
+    problems: list[Problem],
+    drop_carry: bool = False,
+    teacher: Callable[[Problem, bool], str] = teacher_answer,
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt_ids, answer_ids + [eos]) per problem: the supervised targets of the warm start.
 
-    With ``drop_carry`` the targets are the sloppy teacher's carry-less answers.
+    With ``drop_carry`` the targets are the sloppy teacher's answers (``teacher``: the task's;
+    arithmetic's drops its carries).
     """
     out = []
     for p in problems:
         prompt = tokenizer(p.prompt)["input_ids"]
-        text = teacher_answer(p, drop_carry)
+        text = teacher(p, drop_carry)
         answer = tokenizer(text, add_special_tokens=False)["input_ids"]
         out.append((prompt, answer + [tokenizer.eos_token_id]))
     return out

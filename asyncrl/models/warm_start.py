@@ -1,7 +1,8 @@
 """The demo policy's supervised warm start, before RL: build a tiny model from its config and
 teach it the task from a teacher's answers, so that RL has something to improve.
 
-Arithmetic: the teacher mostly forgets to carry (:func:`asyncrl.tasks.arithmetic.teacher_answer`).
+Arithmetic: the teacher mostly forgets to carry (:func:`asyncrl.tasks.arithmetic.teacher_answer`);
+the countdown task: it borrows twice (:func:`asyncrl.tasks.countdown.teacher_answer`).
 The calculator task: multi-turn teacher trajectories that call the tool with
 ``warmup_tool_prob``; the loss is on the model's own tokens only, as in RL (tool responses are
 context, mask 0), so the policy learns to write calls and read results.
@@ -25,13 +26,13 @@ import torch
 from asyncrl.models import policy
 from asyncrl.models.tiny import (
     build_model,
-    build_tokenizer,
     encode_problems,
     supervised_step,
     task_tokenizer,
 )
 from asyncrl.producers.agent.factory import greedy_accuracy, held_out_accuracy, held_out_set
-from asyncrl.tasks.arithmetic import EOS_TEXT, Problem, make_splits
+from asyncrl.tasks import splits
+from asyncrl.tasks.arithmetic import EOS_TEXT, Problem, teacher_answer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
@@ -94,9 +95,9 @@ def _train(
             on_step=on_step,
         )
     else:
-        tokenizer = build_tokenizer()
-        model = build_model(mc, len(tokenizer), cfg.data.seed)
-        train, _val = make_splits(cfg.data)
+        tokenizer = task_tokenizer(cfg.data)
+        model = build_model(mc, len(tokenizer), cfg.data.seed, _positions(cfg.data.task))
+        train, _val = splits(cfg.data)
         metrics = warm_start(
             model,
             tokenizer,
@@ -105,8 +106,28 @@ def _train(
             seed=cfg.data.seed,
             max_new_tokens=cfg.data.max_response_length,
             on_step=on_step,
+            teacher=_teacher(cfg.data.task),
         )
     return model, tokenizer, metrics
+
+
+def _positions(task: str) -> int:
+    """The positions of a single-turn task's model (in the cache key through data.task)."""
+    if task == "countdown":
+        from asyncrl.tasks import countdown
+
+        return countdown.POSITIONS
+    return 64
+
+
+def _teacher(task: str) -> Callable[[Problem, bool], str]:
+    """The sloppy teacher of a single-turn task: arithmetic drops carries, countdown borrows
+    twice."""
+    if task == "countdown":
+        from asyncrl.tasks import countdown
+
+        return countdown.teacher_answer
+    return teacher_answer
 
 
 def warm_start(
@@ -117,13 +138,15 @@ def warm_start(
     seed: int = 0,
     max_new_tokens: int = 8,
     on_step: Callable[[int, int, float], None] | None = None,
+    teacher: Callable[[Problem, bool], str] = teacher_answer,
 ) -> dict[str, Any]:
     """Supervised training on the sloppy teacher's answers; returns metrics.
 
     ``on_step(step, total, loss)`` is called after every step (for progress output).
 
-    Each target is the carry-less answer with probability ``warmup_drop_carry_prob``, else the
-    correct one (see :func:`asyncrl.tasks.arithmetic.teacher_answer`).
+    Each target is the sloppy teacher's answer with probability ``warmup_drop_carry_prob``,
+    else the correct one (``teacher``: the task's; arithmetic's drops the carries, see
+    :func:`asyncrl.tasks.arithmetic.teacher_answer`).
 
     Cross-entropy on the answer tokens and EOS only (the prompt is given, not learned), AdamW at
     ``warmup_lr``, batches of ``warmup_batch_size`` drawn with a generator seeded by ``seed``.
@@ -131,8 +154,8 @@ def warm_start(
     *training* prompts reaches ``warmup_target_accuracy`` (val is never used to stop).
     """
     t0 = time.perf_counter()
-    pairs = encode_problems(tokenizer, train_problems)
-    sloppy = encode_problems(tokenizer, train_problems, drop_carry=True)
+    pairs = encode_problems(tokenizer, train_problems, teacher=teacher)
+    sloppy = encode_problems(tokenizer, train_problems, drop_carry=True, teacher=teacher)
     probe = train_problems[:200]
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=model_cfg.warmup_lr, weight_decay=0.0)

@@ -13,13 +13,18 @@ def splits(data_cfg: Any) -> tuple[list[Problem], list[Problem]]:
         from asyncrl.tasks import calculator
 
         return calculator.make_splits(data_cfg)
+    if data_cfg.task == "countdown":
+        from asyncrl.tasks import countdown
+
+        return countdown.make_splits(data_cfg)
     from asyncrl.tasks import arithmetic
 
     return arithmetic.make_splits(data_cfg)
 
 
 def score(task: str, answer: str, messages: list[dict[str, str]]) -> float:
-    """The reward of one trajectory: 1.0 iff its final answer is ``answer``."""
+    """The reward of one trajectory: 1.0 iff its final answer is ``answer`` (arithmetic's
+    rule serves the countdown too: the whole chain is its answer)."""
     if task == "calculator":
         from asyncrl.tasks import calculator
 

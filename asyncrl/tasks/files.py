@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from asyncrl.config import DataConfig, RunConfig
 
 REQUIRED = ("data_source", "reward_model")
-BUILTIN_SOURCES = ("arithmetic", "calculator")
+BUILTIN_SOURCES = ("arithmetic", "calculator", "countdown")
 """data_source values a built-in rule scores (the shipped tasks), with no custom reward."""
 
 
@@ -201,7 +201,7 @@ def load_split(cfg: RunConfig, split: str, tokenizer: Any) -> Split:
 
 
 # --- the built-in tasks in this format ----------------------------------------------------------
-ABILITY = {"arithmetic": "math", "calculator": "math"}
+ABILITY = {"arithmetic": "math", "calculator": "math", "countdown": "math"}
 
 
 def task_rows(data_cfg: DataConfig) -> dict[str, list[dict[str, Any]]]:

@@ -104,3 +104,29 @@ def test_the_baseline_generates_with_the_engine_the_config_names(calculator_cfg,
     colocated(cfg, log=lambda _: None)
     classes = {"hf": "HFEngine", "hf_cached": "CachedHFEngine", "hf_static": "StaticHFEngine"}
     assert [type(e).__name__ for e in made] == [classes[name]]
+
+
+def test_the_countdown_task_warm_starts_and_trains_with_its_long_responses(policy_dir, tmp_path):
+    """The long-tail task end to end in one process: its tokenizer (with ``,``), its model's
+    128 positions, its sloppy teacher, and chains of up to 102 tokens generated and scored."""
+    from asyncrl.models.warm_start import load_policy
+    from asyncrl.tasks.countdown import POSITIONS
+
+    cfg = load_config(
+        "countdown",
+        [
+            f"actor_rollout_ref.model.cache_dir='{policy_dir}'",
+            f"output_dir='{tmp_path}'",
+            "actor_rollout_ref.model.warmup_steps=60",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=2",
+        ],
+    )
+    model, _tok = load_policy(cfg)
+    assert model.config.max_position_embeddings == POSITIONS
+    history = colocated(cfg, log=lambda _: None)
+
+    assert [h["step"] for h in history] == [0, 1, 2]
+    # 60 warm-start steps already write chains of numbers, some of them long ones
+    assert max(h["response_length/max"] for h in history[1:]) > 30
+    assert 0.0 <= history[-1]["val_acc"] <= 1.0
