@@ -3,11 +3,12 @@
 ``47-9=`` asks for ``47,38,29,20,11,02``: every number from ``a`` down by ``b`` while it stays
 at or above 0, zero-padded to two digits. A response holds ``a // b + 1`` numbers, 3 tokens
 each, so its length follows ``b``: 6 numbers at ``47-9=``, 31 at ``92-3=`` (93 tokens). Over
-the problems (``10 <= a <= 99``, ``3 <= b <= 9``, uniform) the mean response is ~27 tokens and
-the longest 102 (``99-3=``): a batch waits for its longest answer, the regime of RL on reasoning models
-where a synchronous step's generation lasts as long as its slowest sample (the seed's long
-tail), at a size that learns in minutes on a CPU. The two shipped tasks' answers are all
-about as long (2-4 and ~25 tokens), so they have no such tail.
+the problems (``10 <= a <= 99``, ``3 <= b <= 9``, uniform) a response is 33 tokens on average
+and 102 at most (``99-3=``), and a batch of 8 prompts waits for its longest: 66 tokens at the
+median. That is the regime of RL on reasoning models, where a synchronous step's generation
+lasts as long as its slowest sample (the seed's long tail), at a size that learns in minutes
+on a CPU. The answers of the two other shipped tasks are all about as long (2-4 and ~25
+tokens), so they have no such tail.
 
 Each step is a two-digit subtraction with a borrow where the units digit is smaller than
 ``b``, which the tiny model learns as it learns carries. The warm start imitates a sloppy
