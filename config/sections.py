@@ -64,6 +64,14 @@ class DataConfig(Strict):
         for name in ("train_files", "val_files"):
             if getattr(self, name) == []:
                 raise ValueError(f"data.{name} is an empty list")
+        if self.task == "countdown" and not self.from_files:
+            from asyncrl.tasks.countdown import PROBLEMS
+
+            if self.train_size + self.val_size > PROBLEMS:
+                raise ValueError(
+                    f"data.train_size + data.val_size = {self.train_size + self.val_size}: the "
+                    f"countdown task has {PROBLEMS} problems (its config: 530 + 100)"
+                )
         return self
 
     @property

@@ -31,6 +31,8 @@ POSITIONS = 128
 """Positions of the task's model: the longest prompt (7 tokens) and response (102) fit."""
 A_RANGE = (10, 99)
 B_RANGE = (3, 9)
+PROBLEMS = (A_RANGE[1] - A_RANGE[0] + 1) * (B_RANGE[1] - B_RANGE[0] + 1)
+"""Every ``a-b=`` of the ranges: 630."""
 
 
 class _DataCfg(Protocol):

@@ -2,10 +2,11 @@
 whose limits hold every chain (a cut chain would score 0 whatever the policy learned)."""
 
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
-from asyncrl.config import DataConfig, load_config
+from asyncrl.config import ConfigError, DataConfig, load_config
 from asyncrl.models.tiny import build_model, task_tokenizer
 from asyncrl.tasks import score, splits
 from asyncrl.tasks.countdown import POSITIONS, chain, make_problem, make_splits, teacher_answer
@@ -35,7 +36,13 @@ def test_splits_are_disjoint_deterministic_and_bounded():
     assert not {p.prompt for p in train} & {p.prompt for p in val}
     assert make_splits(cfg) == (train, val)
     with pytest.raises(ValueError, match="630 problems"):
-        make_splits(DataConfig(task="countdown", train_size=600, val_size=100))
+        make_splits(SimpleNamespace(seed=0, train_size=600, val_size=100))
+
+
+def test_a_config_asking_for_more_problems_than_the_task_has_fails_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"data.train_size \+ data.val_size = 2200"):
+        load_config(None, ["data.task=countdown"])
+    assert load_config(None, ["data.task=countdown", "data.train_size=530", "data.val_size=100"])
 
 
 def test_the_shipped_config_holds_every_chain_and_its_lengths_have_a_long_tail():
