@@ -18,6 +18,10 @@ from asyncrl.config.base import Strict
 from asyncrl.config.kafka import KafkaConfig
 from asyncrl.config.offpolicy import FilterGroupsConfig, RolloutCorrectionConfig
 
+COUNTDOWN_PROBLEMS = 630
+"""The countdown task's problems (``asyncrl.tasks.countdown.PROBLEMS``; config sits below the
+tasks and does not import them)."""
+
 
 class DataConfig(Strict):
     task: Literal["arithmetic", "calculator", "countdown"] = "arithmetic"
@@ -64,14 +68,12 @@ class DataConfig(Strict):
         for name in ("train_files", "val_files"):
             if getattr(self, name) == []:
                 raise ValueError(f"data.{name} is an empty list")
-        if self.task == "countdown" and not self.from_files:
-            from asyncrl.tasks.countdown import PROBLEMS
-
-            if self.train_size + self.val_size > PROBLEMS:
-                raise ValueError(
-                    f"data.train_size + data.val_size = {self.train_size + self.val_size}: the "
-                    f"countdown task has {PROBLEMS} problems (its config: 530 + 100)"
-                )
+        asked = self.train_size + self.val_size
+        if self.task == "countdown" and not self.from_files and asked > COUNTDOWN_PROBLEMS:
+            raise ValueError(
+                f"data.train_size + data.val_size = {asked}: the countdown task has "
+                f"{COUNTDOWN_PROBLEMS} problems (its config: 530 + 100)"
+            )
         return self
 
     @property

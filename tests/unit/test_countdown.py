@@ -7,9 +7,19 @@ from types import SimpleNamespace
 import pytest
 
 from asyncrl.config import ConfigError, DataConfig, load_config
+from asyncrl.config.sections import COUNTDOWN_PROBLEMS
 from asyncrl.models.tiny import build_model, task_tokenizer
 from asyncrl.tasks import score, splits
-from asyncrl.tasks.countdown import POSITIONS, chain, make_problem, make_splits, teacher_answer
+from asyncrl.tasks.countdown import (
+    POSITIONS,
+    PROBLEMS,
+    chain,
+    make_problem,
+    make_splits,
+    teacher_answer,
+)
+
+CONFIG = load_config("countdown", [])
 
 
 def test_a_chain_counts_down_by_b_while_it_stays_at_or_above_zero():
@@ -40,6 +50,7 @@ def test_splits_are_disjoint_deterministic_and_bounded():
 
 
 def test_a_config_asking_for_more_problems_than_the_task_has_fails_naming_the_keys():
+    assert COUNTDOWN_PROBLEMS == PROBLEMS == len({p.prompt for p in sum(splits(CONFIG.data), [])})
     with pytest.raises(ConfigError, match=r"data.train_size \+ data.val_size = 2200"):
         load_config(None, ["data.task=countdown"])
     assert load_config(None, ["data.task=countdown", "data.train_size=530", "data.val_size=100"])
