@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from asyncrl import tasks
 from asyncrl.models import policy
 from asyncrl.models.tiny import (
     build_model,
@@ -31,7 +32,6 @@ from asyncrl.models.tiny import (
     task_tokenizer,
 )
 from asyncrl.producers.agent.factory import greedy_accuracy, held_out_accuracy, held_out_set
-from asyncrl.tasks import splits
 from asyncrl.tasks.arithmetic import EOS_TEXT, Problem, teacher_answer
 
 if TYPE_CHECKING:
@@ -76,17 +76,16 @@ def build(
 def _train(
     cfg: RunConfig, mc: ModelConfig, on_step: OnStep | None
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
+    task = tasks.module(cfg.data.task)
+    tokenizer = task_tokenizer(cfg.data)
+    model = build_model(mc, len(tokenizer), cfg.data.seed, task.POSITIONS)
+    train, _val = tasks.splits(cfg.data)
     if cfg.data.task == "calculator":
-        from asyncrl.tasks import calculator
-
-        tokenizer = task_tokenizer(cfg.data)
-        model = build_model(mc, len(tokenizer), cfg.data.seed)
-        train, _val = calculator.make_splits(cfg.data)
         metrics = warm_start_turns(
             model,
             tokenizer,
             train,
-            calculator.teacher_turns,
+            task.teacher_turns,
             tool_prob=mc.warmup_tool_prob,
             steps=mc.warmup_steps,
             batch_size=mc.warmup_batch_size,
@@ -95,9 +94,6 @@ def _train(
             on_step=on_step,
         )
     else:
-        tokenizer = task_tokenizer(cfg.data)
-        model = build_model(mc, len(tokenizer), cfg.data.seed, _positions(cfg.data.task))
-        train, _val = splits(cfg.data)
         metrics = warm_start(
             model,
             tokenizer,
@@ -106,28 +102,9 @@ def _train(
             seed=cfg.data.seed,
             max_new_tokens=cfg.data.max_response_length,
             on_step=on_step,
-            teacher=_teacher(cfg.data.task),
+            teacher=task.teacher_answer,
         )
     return model, tokenizer, metrics
-
-
-def _positions(task: str) -> int:
-    """The positions of a single-turn task's model (in the cache key through data.task)."""
-    if task == "countdown":
-        from asyncrl.tasks import countdown
-
-        return countdown.POSITIONS
-    return 64
-
-
-def _teacher(task: str) -> Callable[[Problem, bool], str]:
-    """The sloppy teacher of a single-turn task: arithmetic drops carries, countdown borrows
-    twice."""
-    if task == "countdown":
-        from asyncrl.tasks import countdown
-
-        return countdown.teacher_answer
-    return teacher_answer
 
 
 def warm_start(

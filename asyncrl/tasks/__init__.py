@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 from asyncrl.tasks.arithmetic import Problem
 
 
+def module(task: str) -> ModuleType:
+    """The module of a shipped task (``data.task``, validated at load): its ``make_splits``,
+    its warm start's teacher and its model's ``POSITIONS``."""
+    return importlib.import_module(f"asyncrl.tasks.{task}")
+
+
 def splits(data_cfg: Any) -> tuple[list[Problem], list[Problem]]:
     """(train, val) problems of ``data_cfg.task``, the same in every process."""
-    if data_cfg.task == "calculator":
-        from asyncrl.tasks import calculator
-
-        return calculator.make_splits(data_cfg)
-    if data_cfg.task == "countdown":
-        from asyncrl.tasks import countdown
-
-        return countdown.make_splits(data_cfg)
-    from asyncrl.tasks import arithmetic
-
-    return arithmetic.make_splits(data_cfg)
+    return module(data_cfg.task).make_splits(data_cfg)
 
 
 def score(task: str, answer: str, messages: list[dict[str, str]]) -> float:

@@ -16,6 +16,8 @@ from typing import Protocol
 
 EOS_TEXT = "<eos>"
 """Textual end-of-sequence marker; :func:`score` ignores everything from it on."""
+POSITIONS = 64
+"""Positions of the task's model (a prompt and its answer take ~10)."""
 
 
 @dataclass(frozen=True)

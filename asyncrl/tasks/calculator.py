@@ -24,6 +24,8 @@ from asyncrl.tasks.arithmetic import EOS_TEXT, Problem, parse_response
 
 TOOL_CHARS = "[]?"
 """Characters the tool task adds to the demo tokenizer: call brackets and the error mark."""
+POSITIONS = 64
+"""Positions of the task's model (a prompt and its trajectory take ~40)."""
 
 
 class _DataCfg(Protocol):
