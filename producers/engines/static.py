@@ -156,7 +156,7 @@ class StaticHFEngine(HFEngine):
         """Reserve ``rows`` slots of ``length`` columns now, and on a GPU capture the step of
         every bucket up to them: otherwise the first requests grow the cache bucket by bucket
         (8, 16, 32 ... rows), each growth dropping every graph captured so far, and capture
-        again under load. The free rows the captures step are unread (``_decode_step``)."""
+        again under load. The free rows the captures step are unread (``_graph``)."""
         if self._rows:
             return  # a hint for an idle engine; a busy one has grown as it needed
         self._reserve(rows, length)
@@ -164,10 +164,7 @@ class StaticHFEngine(HFEngine):
             return
         b = 1
         while b <= self.slots:
-            if b not in self._graphs:
-                self._ids[:b] = self.pad_token_id
-                self._pos[:b] = 0
-                self._graphs[b] = self._capture(b)
+            self._graph(b)
             b *= 2
 
     # --- a step (module doc, 1-4) -----------------------------------------------------------
@@ -251,14 +248,18 @@ class StaticHFEngine(HFEngine):
         """Step 3: logits ``[>= n, vocab]`` of the next token of rows ``0..n-1``."""
         if not (self.cuda_graphs and self._ids.is_cuda):
             return self.decode(n)
-        b = min(_pow2(n), self.slots)
+        graph, logits = self._graph(min(_pow2(n), self.slots), n)
+        graph.replay()
+        return logits
+
+    def _graph(self, b: int, n: int = 0) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The graph of the ``b``-row bucket (captured on first use), with rows ``n..b-1``
+        (free: no request in them) made harmless for it to step."""
         self._ids[n:b] = self.pad_token_id  # free rows: column 0 of their own row, unread
         self._pos[n:b] = 0
         if b not in self._graphs:
             self._graphs[b] = self._capture(b)
-        graph, logits = self._graphs[b]
-        graph.replay()
-        return logits
+        return self._graphs[b]
 
     def decode(self, b: int) -> torch.Tensor:
         """The step over rows ``0..b-1`` from the ``_ids``/``_pos`` buffers: fixed shapes, no
