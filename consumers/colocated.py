@@ -1,11 +1,14 @@
 """Synchronous single-process GRPO, readable top to bottom: the "colocated sync" baseline.
 
-Every step: take ``ppo_mini_batch_size`` prompts, sample ``rollout.n`` responses for each with
-the current weights (through the same agent loop as the rollout workers, so the calculator
-task's tool calls run here too; each decoding step waits for the calls it started, so a run
-with the same seed repeats exactly), score them, turn rewards into
-group-relative advantages, do one clipped policy-gradient update. No Kafka, no processes, no
-staleness: what the async system must match in accuracy and beat in throughput.
+Every step: take the trainer's step of prompts (``require_batches x ppo_mini_batch_size``),
+sample ``rollout.n`` responses for each with the current weights (through the same agent loop
+as the rollout workers, so the calculator task's tool calls run here too; each decoding step
+waits for the calls it started, so a run with the same seed repeats exactly), score them, turn
+rewards into group-relative advantages, do one clipped policy-gradient update per mini-batch.
+With ``algorithm.filter_groups.enable`` (DAPO's dynamic sampling) the groups whose answers all
+score the same are left out and further batches are generated until the step is full, as
+DAPO's trainer does. No Kafka, no processes, no staleness: what the async system must match in
+accuracy and beat in throughput.
 
     python -m asyncrl.consumers.colocated trainer.seed=1 actor_rollout_ref.rollout.n=8
     python -m asyncrl.consumers.colocated --config calculator
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 
 from asyncrl.config import RunConfig, load_config
+from asyncrl.consumers.dynamic_sampling import check_gen_batches, filter_metrics, no_signal
 from asyncrl.consumers.update import grpo_update
 from asyncrl.models.policy import resolve_device
 from asyncrl.models.tiny import warm_start_metrics
@@ -82,6 +86,33 @@ def rollout(
     return samples
 
 
+def step_batch(
+    runner: AgentRunner, tok: Any, prompts: Iterator[Problem], cfg: RunConfig, step: int
+) -> tuple[list[Sample], int, int]:
+    """One step's samples: ``required_samples`` prompts, rolled out. With dynamic sampling,
+    DAPO's loop (``recipe/dapo/dapo_ray_trainer.py``): generate a batch of that many prompts,
+    leave out the groups with no signal, and generate again until enough are kept (kept ones
+    beyond the step are cut off), failing after ``max_num_gen_batches`` batches. Returns the
+    samples, the groups filtered and the groups generated."""
+    need, n = cfg.required_samples, cfg.actor_rollout_ref.rollout.n
+    fg = cfg.algorithm.filter_groups
+    kept: list[Sample] = []
+    filtered = generated = 0
+    while True:
+        samples = rollout(runner, tok, [next(prompts) for _ in range(need)], n, cfg.data.task)
+        generated += len(samples)
+        if not fg.enable:
+            return samples, 0, generated
+        for s in samples:
+            if no_signal(s, fg) is None:
+                kept.append(s)
+            else:
+                filtered += 1
+        if len(kept) >= need:
+            return kept[:need], filtered, generated
+        check_gen_batches(fg, len(kept), filtered, need, step)
+
+
 def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, Any]]:
     """Run GRPO for ``trainer.total_training_steps`` (or until ``target_accuracy``).
 
@@ -128,15 +159,14 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     )
     t_start = time.perf_counter()
     gen_s = train_s = 0.0
-    n_traj = 0
+    n_traj = n_gen = total_filtered = 0
 
     try:
         for step in range(1, cfg.trainer.total_training_steps + 1):
             # --- rollout: n samples per prompt with the current weights, scored ---------------
             t0 = time.perf_counter()
             model.eval()
-            batch_prompts = [next(prompts) for _ in range(actor.ppo_mini_batch_size)]
-            samples = rollout(runner, tok, batch_prompts, arr.rollout.n, cfg.data.task)
+            samples, filtered, generated = step_batch(runner, tok, prompts, cfg, step)
             t1 = time.perf_counter()
 
             # --- group-relative advantages and one clipped policy-gradient update -------------
@@ -144,7 +174,11 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
             metrics = grpo_update(model, opt, samples, cfg, device, tok.pad_token_id)
             t2 = time.perf_counter()
             n_traj += len(samples) * arr.rollout.n
+            n_gen += generated * arr.rollout.n
             gen_s, train_s = gen_s + (t1 - t0), train_s + (t2 - t1)
+            if cfg.algorithm.filter_groups.enable:
+                total_filtered += filtered
+                metrics.update(filter_metrics(filtered, len(samples), total_filtered))
 
             # --- log, evaluate, stop -----------------------------------------------------------
             row: dict[str, Any] = {
@@ -153,7 +187,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
                 "response_len": metrics["response_length/mean"],
                 "ppo_kl": metrics["actor/ppo_kl"],
                 **metrics,
-                "gen_samples_per_s": n_traj / gen_s,
+                "gen_samples_per_s": n_gen / gen_s,
                 "train_samples_per_s": n_traj / train_s,
             }
             test_freq = cfg.trainer.test_freq

@@ -130,3 +130,65 @@ def test_the_countdown_task_warm_starts_and_trains_with_its_long_responses(polic
     # 60 warm-start steps already write chains of numbers, some of them long ones
     assert max(h["response_length/max"] for h in history[1:]) > 30
     assert 0.0 <= history[-1]["val_acc"] <= 1.0
+
+
+@pytest.fixture
+def demo_run(quick_policy, tmp_path, monkeypatch):
+    """Runs the demo's baseline for 3 steps with ``overrides``; returns its history and the
+    samples each step trained on (what ``grpo_update`` was given)."""
+    from asyncrl.consumers import colocated as module
+
+    trained: list[list] = []
+    update = module.grpo_update
+    monkeypatch.setattr(
+        module,
+        "grpo_update",
+        lambda model, opt, samples, *a, **k: (
+            trained.append(samples) or update(model, opt, samples, *a, **k)
+        ),
+    )
+
+    def run(*overrides: str) -> tuple[list[dict], list[list]]:
+        cfg = load_config(
+            None,
+            [
+                *quick_policy,
+                f"output_dir='{tmp_path}'",
+                "trainer.total_training_steps=3",
+                "trainer.test_freq=0",
+                *overrides,
+            ],
+        )
+        return colocated(cfg, log=lambda _: None), trained
+
+    return run
+
+
+def test_a_baseline_step_trains_on_the_trainers_step_of_samples(demo_run):
+    """require_batches x ppo_mini_batch_size prompts a step, as the async trainer's step (it
+    took one mini-batch whatever require_batches said)."""
+    _, trained = demo_run("async_training.require_batches=2")
+    assert [len(samples) for samples in trained] == [16, 16, 16]
+    assert len({s.prompt_id for samples in trained for s in samples}) == 48
+
+
+def test_dynamic_sampling_trains_only_groups_with_signal_and_fills_the_step(demo_run):
+    """DAPO's loop in the baseline: a group whose answers all score the same is left out and
+    further prompts are generated (the baseline ignored algorithm.filter_groups)."""
+    history, trained = demo_run("algorithm.filter_groups.enable=true")
+    assert [len(samples) for samples in trained] == [8, 8, 8]
+    for samples in trained:
+        assert all(len(set(s.rewards)) > 1 for s in samples)
+    filtered = [h["filter_groups/filtered_groups"] for h in history[1:]]
+    assert sum(filtered) > 0, "the demo's warm start leaves many groups all right or all wrong"
+    assert history[-1]["fully_async/count/filtered_samples"] == sum(filtered)
+    assert all(
+        h["train/num_gen_batches"] >= 2 for h, f in zip(history[1:], filtered, strict=True) if f
+    )
+
+
+def test_dynamic_sampling_fails_as_dapo_after_max_num_gen_batches(demo_run):
+    with pytest.raises(RuntimeError, match="max_num_gen_batches=1"):
+        demo_run(
+            "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=1"
+        )
