@@ -394,6 +394,9 @@ def _follow(
         reader.close()
     summary_path = cfg.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if summary and restarts:
+        # The trainer's summary counts from its last start; what it does not know is here.
+        summary["restarts"] = dict(restarts)
     _print_summary(summary, console, trainer_log)
     return summary
 

@@ -71,6 +71,7 @@ def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(
     assert killed, "the trainer was never killed"
     assert "trainer exited with code -9; restarting it" in out.getvalue()
     assert summary["step"] == steps
+    assert summary["restarts"] == {"trainer": 1}  # its own summary counts from its restart
 
     events = [r.value for r in read_topic(cfg, "control")]
     resumed = [e for e in events if isinstance(e, ev.TrainerResumed)]

@@ -88,7 +88,7 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
         killer.join(30)
     assert killed, "no sync left an unfinished partial sample to kill the worker over"
     assert "rollout-0 exited with code -9; restarting it" in out.getvalue()
-    assert summary["step"] == STEPS
+    assert summary["step"] == STEPS and summary["restarts"] == {"rollout-0": 1}
 
     # The restarted worker (a new incarnation) joined and got the weights.
     events = [r.value for r in read_topic(cfg, "control")]
