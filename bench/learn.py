@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.bench.sync_pause import step_rows
+from asyncrl.bench.sync_pause import step_rows, trainer_restarts
 from asyncrl.config import RunConfig, load_config
 from asyncrl.ops.plots import line_plot
 
@@ -133,10 +133,26 @@ def _async(cfg: RunConfig, console: Console) -> dict[str, Any]:
     from asyncrl.launch.launcher import run
 
     summary = run(cfg, console)
+    row = async_row(cfg, summary, step_rows(cfg))
+    if row.get("trainer_restarts"):
+        console.log(
+            f"[yellow]{cfg.run_id}: the trainer died and was restarted from its checkpoint "
+            f"({row['trainer_restarts']}x, {cfg.run_dir / 'logs' / 'trainer.log'} says why); "
+            "its clock restarted with it, so this run's time to the target is not measured "
+            "and it counts as not reaching it"
+        )
+    return row
+
+
+def async_row(
+    cfg: RunConfig, summary: dict[str, Any], rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """An async run's row from its summary and step rows. A run whose trainer was restarted
+    has no time to the target: the restarted trainer's clock (``perf/elapsed_s``) starts
+    again at its checkpoint, and read as one clock it gave a 10x "speedup"."""
     # From the first worker's join, as colocated starts with its model loaded; the initial
     # accuracy (measured before) at 0.
     t0 = summary.get("first_worker_joined_s") or 0.0
-    rows = step_rows(cfg)
     curve = [(r["perf/elapsed_s"] - t0, r["val/accuracy"]) for r in rows if "val/accuracy" in r]
     if summary.get("val/accuracy_initial") is not None:
         curve.insert(0, (0.0, summary["val/accuracy_initial"]))
@@ -146,6 +162,9 @@ def _async(cfg: RunConfig, console: Console) -> dict[str, Any]:
         # The trainer's own compute over the steps to the target: what the run would take if
         # it never waited for samples, syncs or evaluations.
         row["update_share"] = statistics.median(updates) * row["steps"] / row["time_to_target_s"]
+    restarted = trainer_restarts(summary)
+    if restarted:
+        row.update(time_to_target_s=None, update_share=None, trainer_restarts=restarted)
     return row
 
 

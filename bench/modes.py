@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.bench.sync_pause import partial_totals, step_rows
+from asyncrl.bench.sync_pause import one_trainer, partial_totals, step_rows
 from asyncrl.bench.workloads import SEED_ROWS, Setup, Workload, long_tail, seed, seed_speedup
 from asyncrl.config import RunConfig, load_config
 from asyncrl.telemetry.metrics import stale_in_step
@@ -206,7 +206,7 @@ def modes(
         )
         assert cfg.samples_per_version == w.batch, (name, cfg.samples_per_version)
         console.rule(name)
-        results[name] = _async_row(cfg, run(cfg, console), steps)
+        results[name] = _async_row(cfg, one_trainer(cfg, run(cfg, console)), steps)
 
     console.print(_table(results, w, steps))
     console.print(_where_table(results, w))

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.bench.sync_pause import step_rows
+from asyncrl.bench.sync_pause import step_rows, trainer_restarts
 from asyncrl.config import RunConfig, load_config
 from asyncrl.ops.plots import line_plot
 
@@ -115,6 +115,8 @@ def _row(cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
         curve_step.insert(0, (0, initial))
         curve_time.insert(0, (0.0, initial))
     reached = [i for i, (_, acc) in enumerate(curve_step) if acc >= OFFPOLICY_TARGET]
+    # A restarted trainer's clock starts again at its checkpoint: its times are not the run's.
+    timed = not trainer_restarts(summary)
     trained = sum(int(v) for r in rows for k, v in r.items() if "staleness/count_" in k)
     stale = sum(
         int(v)
@@ -127,8 +129,8 @@ def _row(cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
         "final_accuracy": curve_step[-1][1] if curve_step else None,
         "best_accuracy": max((a for _, a in curve_step), default=None),
         "steps_to_target": curve_step[reached[0]][0] if reached else None,
-        "time_to_target_s": curve_time[reached[0]][0] if reached else None,
-        "elapsed_s": summary["elapsed_s"],
+        "time_to_target_s": curve_time[reached[0]][0] if reached and timed else None,
+        "elapsed_s": summary["elapsed_s"] if timed else None,
         "stale_share": stale / trained if trained else 0.0,
         "staleness_mean": _mean(rows, "fully_async/staleness/mean"),
         "mismatch_kl": _mean(rows, "rollout_corr/kl"),

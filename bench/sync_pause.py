@@ -45,6 +45,25 @@ def step_rows(cfg: RunConfig) -> list[dict[str, Any]]:
         return [row for row in map(json.loads, f) if "step" in row]
 
 
+def trainer_restarts(summary: dict[str, Any]) -> int:
+    """How often the launcher restarted the run's trainer (``launch.run``'s summary). A
+    restarted trainer's summary and its metrics' clock (``perf/elapsed_s``) start again at its
+    checkpoint: times read from them are not the run's."""
+    return int(summary.get("restarts", {}).get("trainer", 0))
+
+
+def one_trainer(cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary``, if the run's trainer was never restarted; else a clear error (a benchmark
+    that read such a run's times would print figures for a part of it)."""
+    if n := trainer_restarts(summary):
+        raise RuntimeError(
+            f"{cfg.run_id}: the trainer died and was restarted from its checkpoint ({n}x; "
+            f"{cfg.run_dir / 'logs' / 'trainer.log'} says why): its clock restarted with it, "
+            "so this run's timings are not a measurement; run the benchmark again"
+        )
+    return summary
+
+
 def partial_totals(rows: list[dict[str, Any]]) -> tuple[int, int]:
     """(partial trajectories trained on, max span) over a run's step rows.
 
@@ -75,7 +94,7 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
             ],
         )
         console.rule(f"mode ({mode})")
-        summary = run(cfg, console)
+        summary = one_trainer(cfg, run(cfg, console))
         n_partial, span = partial_totals(step_rows(cfg))
         results[mode] = {
             **summary,

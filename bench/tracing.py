@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from asyncrl.bench.sync_pause import SYNC_PAUSE_DEFAULTS
+from asyncrl.bench.sync_pause import SYNC_PAUSE_DEFAULTS, one_trainer
 from asyncrl.config import load_config
 
 
@@ -35,7 +35,7 @@ def tracing_cost(config: str | None, overrides: list[str], console: Console) -> 
             ],
         )
         console.rule(f"tracing {label}")
-        summary = run(cfg, console)
+        summary = one_trainer(cfg, run(cfg, console))
         active_s = summary["elapsed_s"] - (summary["first_worker_joined_s"] or 0.0)
         spans = sum(1 for f in (cfg.run_dir / "traces").glob("*.jsonl") for _ in f.open())
         results[label] = {
