@@ -70,15 +70,16 @@ class ShadowWeights:
             if self._closed:
                 return
             self._free.clear()
-            t0 = time.monotonic()
             try:
-                self.sink.receive_into(self.shadow, self.bucket_bytes)
+                stats = self.sink.receive_into(self.shadow, self.bucket_bytes)
             except Exception as err:  # the pair failed (the trainer died), or a mismatch
                 if not self._closed:
                     self.error = err
                     self.ready.set()
                 return
-            self.receive_s = time.monotonic() - t0
+            # The transfer, not the wait for the trainer's next sync that comes before it
+            # (with a sync every step, most of a step: the report's "receive + load").
+            self.receive_s = stats.seconds - stats.waited_s
             checksum = weights_checksum(self.shadow, like=self.like) if self.checksum else ""
             self.received_checksum = checksum
             self.ready.set()

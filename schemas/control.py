@@ -136,6 +136,8 @@ class WeightsPublished(ControlEvent):
 @dataclass
 class WeightsLoaded(ControlEvent):
     load_s: float = 0.0
+    """The worker's receive and load of the weights (in flight: the transfer into its second
+    buffer, not the wait for the trainer to start it)."""
     checksum_ok: bool = True
 
 

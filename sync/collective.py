@@ -109,6 +109,9 @@ class TransferStats:
     the rest of ``seconds`` being signals and waits."""
     copy_way: str = ""
     """A worker's end, reading in place: how it copied (``sync.copy_plan.WAYS``)."""
+    waited_s: float = 0.0
+    """A worker's end: of ``seconds``, the wait for the trainer to start the transfer (an
+    in-flight update's receiving thread waits there for the trainer's next sync)."""
 
     @property
     def gbps(self) -> float:
@@ -780,6 +783,7 @@ class WeightReceiver(_Endpoint):
         self._weights_view: DirectView | None = None
         self._direct_digest = ""  # the manifest checked when the weights were mapped in place
         self._failed_kinds: set[str] = set()
+        self._waited_s = 0.0
         self.worker = -1
 
     def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
@@ -827,11 +831,20 @@ class WeightReceiver(_Endpoint):
         """Receive the trainer's next transfer into ``model``'s tensors, in place."""
         if self._pair is None:
             raise RuntimeError("WeightReceiver.join() must be called before a transfer")
-        pair = self._pair
+        self._waited_s = 0.0
+        stats = self._receive(self._pair, model, bucket_bytes)
+        stats.waited_s = self._waited_s
+        return stats
+
+    def _receive(
+        self, pair: _Pair, model: nn.Module | Mapping[str, Tensor], bucket_bytes: int
+    ) -> TransferStats:
         start = time.perf_counter()
         prep = self._prepare(model, bucket_bytes)  # before the trainer's word: off its clock
         tensors, manifest, buckets = prep.tensors, prep.manifest, prep.buckets
+        asked = time.perf_counter()
         opening = pair.take()
+        self._waited_s = time.perf_counter() - asked
         if opening != _FULL:
             return self._receive_in_place(pair, prep, opening, start, checked=False)
         gpu = self.device.type == "cuda"

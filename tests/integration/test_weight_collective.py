@@ -30,6 +30,7 @@ from asyncrl.sync.collective import (
     WeightSender,
 )
 
+LATE_S = 1.0  # the "late" scenario: the trainer starts each transfer this long after
 PROCESS_DEADLINE_S = 30.0  # hang guard only: a normal run takes 2-7 s, even on a busy box
 COLLECTIVE_TIMEOUT_S = 12.0
 # bucket size per round: small buckets with oversized tensors, one tensor per bucket, one big
@@ -101,6 +102,8 @@ def _worker(
         rounds = ROUND_BUCKET_BYTES if scenario in ("rounds", "cast") else ROUND_BUCKET_BYTES[:1]
         for k, bucket_bytes in enumerate(rounds):
             if isinstance(end, WeightSender):
+                if scenario == "late":
+                    time.sleep(LATE_S)  # the trainer's next sync comes a step later
                 _perturb(model, seed=k)  # the trainer's weights change between syncs
                 sent = end.broadcast(model, bucket_bytes, dtype=cast)
                 assert not sent.failed, sent.failed
@@ -207,6 +210,21 @@ def test_two_processes_three_syncs_bit_exact(tmp_path: Path, shared: bool) -> No
     checked = [True, True, not shared]
     assert [s["checked"] for s in results[0]["stats"]] == checked
     assert [s["checked"] for s in results[1]["stats"]] == checked
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "collective"])
+def test_a_workers_wait_for_the_trainers_transfer_is_told_apart_from_the_transfer(
+    tmp_path: Path, shared: bool
+) -> None:
+    """An in-flight update's thread waits in ``receive_into`` for the trainer's next sync; the
+    report's "weights receive + load" read that wait as the transfer (373 ms a sync, with a
+    sync every step of ~0.3 s, for a model moved in milliseconds)."""
+    results = _run(2, "late", tmp_path, shared=(shared, shared))
+    assert not [r["error"] for r in results if r["error"]]
+    got = results[1]["stats"][0]
+    assert got["waited_s"] >= 0.8 * LATE_S
+    assert got["seconds"] - got["waited_s"] < 0.5 * LATE_S
+    assert results[1]["checksums"] == results[0]["checksums"]
 
 
 def test_three_processes_one_reading_shared_memory_one_over_the_collective(tmp_path: Path):
