@@ -126,8 +126,8 @@ class FilterGroupsConfig(Strict):
     enable: bool = False
     """Dynamic sampling: a group whose trajectories all have the same metric (GRPO advantage 0)
     is left out of the batch, which is filled with further samples. Each such group is logged
-    (SamplesDropped, reason filter_groups), settled like a trained sample, and its slot of the
-    rollout budget handed back. Groups of one trajectory are kept (as DAPO). The sim engine's
+    (SamplesDropped, reason filter_groups), and its worker takes its slot of the rollout budget
+    back as it publishes it. Groups of one trajectory are kept (as DAPO). The sim engine's
     runs, which do not train, ignore it."""
     metric: str | None = None
     """What must differ within a group: score, seq_reward or seq_final_reward (the reward; the

@@ -530,6 +530,14 @@ class RunConfig(Strict):
         return math.floor((1 + self.async_training.staleness_threshold) * self.samples_per_version)
 
     @property
+    def filters_groups(self) -> FilterGroupsConfig | None:
+        """DAPO's dynamic sampling as the run applies it (``algorithm.filter_groups``), or None:
+        off, or the sim engine's run, which trains nothing. The trainer leaves such groups out,
+        and the worker that made one takes its budget slot back as it publishes it."""
+        fg = self.algorithm.filter_groups
+        return fg if fg.enable and self.actor_rollout_ref.rollout.name != "sim" else None
+
+    @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_id
 

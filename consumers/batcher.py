@@ -33,8 +33,8 @@ class Dropped:
     record: Record[Sample]
     reason: str
     kind: str = "max_version_lag"
-    """"max_version_lag" or "filter_groups" (the worker may refill its budget), or "duplicate"
-    (it may not)."""
+    """"max_version_lag" (the trainer refunds the worker's budget), "filter_groups" (the worker
+    took the slot back itself) or "duplicate" (it cost no budget)."""
 
 
 @dataclass
@@ -46,7 +46,9 @@ class SampleBatcher:
     read_position: dict[int, int] = field(default_factory=dict)
     """Partition -> offset after the last record offered."""
     consumed: Counter = field(default_factory=Counter)
-    """Worker id -> samples settled (trained on or dropped), cumulative."""
+    """Worker id -> samples settled (trained on or dropped), cumulative: what its worker's
+    staleness count subtracts. Not the groups dynamic sampling filters, whose slots their
+    worker took back as it published them."""
     dropped: Counter = field(default_factory=Counter)
     """Reason -> samples dropped, cumulative."""
     seen: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -72,19 +74,20 @@ class SampleBatcher:
             reason = f"duplicate of the sample at partition {first[0]} offset {first[1]}"
             return Dropped(rec, reason, kind="duplicate")
         self.seen[sample_id] = (rec.partition, rec.offset)
+        if self.filter_groups is not None:
+            # Before the lag: its worker took the slot back as it published it (it knows the
+            # group has no signal), so it is not counted as consumed, whatever its age.
+            why = no_signal(rec.value, self.filter_groups)
+            if why is not None:
+                self.filtered += 1
+                self._filtered_trailing += 1
+                return Dropped(rec, why, kind=FILTERED)
         lag = current_version - rec.value.param_version
         if self.max_version_lag is not None and lag > self.max_version_lag:
             reason = f"version lag {lag} > max_version_lag {self.max_version_lag}"
             self.consumed[rec.value.worker_id] += 1
             self.dropped["max_version_lag"] += 1
             return Dropped(rec, reason)
-        if self.filter_groups is not None:
-            why = no_signal(rec.value, self.filter_groups)
-            if why is not None:
-                self.consumed[rec.value.worker_id] += 1
-                self.filtered += 1
-                self._filtered_trailing += 1
-                return Dropped(rec, why, kind=FILTERED)
         self.buffer.append(rec)
         self._filtered_before.append(self._filtered_trailing)
         self._filtered_trailing = 0

@@ -5,10 +5,11 @@ has ``np.std == 0`` (groups of one are kept), then generates further batches unt
 ``train_batch_size`` prompts are left, failing after ``max_num_gen_batches``. Here the trainer
 reads a stream, so the filter runs as each sample arrives (``SampleBatcher.offer``):
 
-* a filtered sample is settled at once, like a max_version_lag drop: counted as consumed (it was
-  generated under its version's budget), published as ``SamplesDropped`` naming it with a
-  ``filter_groups:`` reason, and its worker given the slot back (without that, a run at
-  ``staleness_threshold=0`` would wait forever for the samples its filtered groups took);
+* a filtered sample is settled at once: published as ``SamplesDropped`` naming it with a
+  ``filter_groups:`` reason, refunding no one and not counted as consumed, because its worker
+  ran the same test as it published the group and took the slot back then (without that, a
+  run at ``staleness_threshold=0`` would wait forever for the samples its filtered groups
+  took; ``producers/in_flight.py``);
 * the step waits until ``required_samples`` samples are kept, the batch is these;
 * a filtered sample counts towards the first kept sample after it on the log (per step:
   ``filter_groups/filtered_groups``, DAPO's ``train/num_gen_batches``), and the trainer fails

@@ -86,10 +86,9 @@ class Trainer:
         self.simulated = cfg.actor_rollout_ref.rollout.name == "sim"
         """The sim engine's runs model the update's time instead of training (benchmarks)."""
         self.step, version = 0, 0
-        fg = cfg.algorithm.filter_groups
         self.batcher = SampleBatcher(
             max_version_lag=cfg.async_training.max_version_lag,
-            filter_groups=fg if fg.enable and not self.simulated else None,
+            filter_groups=cfg.filters_groups,
         )
         history: dict[str, Any] = {}
         ckpt = latest_checkpoint(cfg.run_dir)
@@ -168,6 +167,9 @@ class Trainer:
         for rec in self.io.samples.poll(timeout):
             dropped = self.batcher.offer(rec, self.version)
             duplicate = dropped is not None and dropped.kind == "duplicate"
+            # A duplicate cost its worker no budget, and a filtered group's worker took its
+            # slot back as it published it: neither refunds anyone.
+            refunds = dropped is not None and dropped.kind not in ("duplicate", FILTERED)
             if not duplicate:
                 self.coordinator.received[(rec.value.worker_id, rec.value.param_version)] += 1
             if dropped is not None:
@@ -177,8 +179,7 @@ class Trainer:
                     ev.SamplesDropped(
                         run_id=self.cfg.run_id,
                         version=self.version,
-                        # A duplicate cost its worker no budget: no worker is refunded.
-                        target_worker=ev.TRAINER if duplicate else rec.value.worker_id,
+                        target_worker=rec.value.worker_id if refunds else ev.TRAINER,
                         count=1,
                         reason=dropped.reason,
                         sample_ids=[rec.value.sample_id],

@@ -20,6 +20,8 @@ from typing import Any
 from rich.console import Console
 
 from asyncrl.config import RunConfig
+from asyncrl.config.offpolicy import FilterGroupsConfig
+from asyncrl.consumers.dynamic_sampling import no_signal
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.partial import PartialSample
 from asyncrl.schemas.prompt import PromptRecord
@@ -268,7 +270,10 @@ def sync_outcomes(control: list[ev.ControlEvent]) -> SyncOutcomes:
 
 
 def budget_allowance(
-    control: list[ev.ControlEvent], partials: list[PartialSample], max_samples_per_version: int
+    control: list[ev.ControlEvent],
+    partials: list[PartialSample],
+    max_samples_per_version: int,
+    taken_back: Counter[int] | None = None,
 ) -> Counter[int]:
     """Per version, the most samples the workers may have started under it, from the log.
 
@@ -283,7 +288,9 @@ def budget_allowance(
     since an older version (at most the opening's ``num_stale``; a sample cut at a sync before
     its first token also counts under the next version, and is among these), or of one whose
     logged partial another worker continues under a later version (at most the partials a
-    worker logged under v beyond those its RolloutPaused counted at the sync).
+    worker logged under v beyond those its RolloutPaused counted at the sync). And, with dynamic
+    sampling, ``taken_back``: per version, the slots of the groups with no signal that workers
+    published under it (``slots_taken_back``).
     """
     allowed: Counter[int] = Counter()
     for e in _of(control, ev.RolloutResumed):
@@ -292,6 +299,7 @@ def budget_allowance(
             allowed[e.version] += e.num_stale
     for e in _of(control, ev.BudgetGranted):
         allowed[e.version] += e.count
+    allowed.update(taken_back or Counter())
     for e in _of(control, ev.SamplesDropped):
         # The trainer's drops refund their worker (a duplicate's refunds nobody); a worker's
         # own, at the run's end, refund nothing.
@@ -316,18 +324,31 @@ def started_per_version(samples: list[Sample]) -> Counter[int]:
     return Counter(s.param_version for s in first.values())
 
 
+def slots_taken_back(samples: list[Sample], filters: FilterGroupsConfig | None) -> Counter[int]:
+    """Per version, the groups with no signal published under it: with dynamic sampling their
+    worker takes each one's slot back as it publishes it (it is published under the version
+    the worker is at, its last token's, ``Sample.param_version_end``)."""
+    if filters is None:
+        return Counter()
+    first = {s.sample_id: s for s in reversed(samples)}
+    return Counter(s.param_version_end for s in first.values() if no_signal(s, filters) is not None)
+
+
 def over_budget_versions(
     samples: list[Sample],
     partials: list[PartialSample],
     control: list[ev.ControlEvent],
     max_samples_per_version: int,
+    filters: FilterGroupsConfig | None = None,
 ) -> list[str]:
     """Versions under which more samples started than ``budget_allowance`` allows. Only
     published samples are counted (a lower bound of what started). A log with no
-    RolloutResumed has no worker budget to check (samples replayed in from another run)."""
+    RolloutResumed has no worker budget to check (samples replayed in from another run).
+    ``filters``: the run's dynamic sampling (``RunConfig.filters_groups``)."""
     if not _of(control, ev.RolloutResumed):
         return []
-    allowed = budget_allowance(control, partials, max_samples_per_version)
+    taken_back = slots_taken_back(samples, filters)
+    allowed = budget_allowance(control, partials, max_samples_per_version, taken_back)
     return [
         f"version {v}: {n} samples started, at most {allowed[v]} allowed"
         for v, n in sorted(started_per_version(samples).items())
@@ -363,8 +384,14 @@ def unfinished_partials(
 # --- the whole audit -------------------------------------------------------------------------
 
 
-def audit(log: RunLog, max_samples_per_version: int, run_id: str = "") -> AuditReport:
-    """Every check over ``log``, with the counts an operator looks at next to them."""
+def audit(
+    log: RunLog,
+    max_samples_per_version: int,
+    run_id: str = "",
+    filters: FilterGroupsConfig | None = None,
+) -> AuditReport:
+    """Every check over ``log``, with the counts an operator looks at next to them;
+    ``filters``: the run's dynamic sampling (``RunConfig.filters_groups``)."""
     c = log.control
     syncs = sync_outcomes(c)
     found: dict[str, list[str]] = {
@@ -378,7 +405,7 @@ def audit(log: RunLog, max_samples_per_version: int, run_id: str = "") -> AuditR
         "version_regressions": version_regressions(c),
         "incomplete_syncs": [f"version {v}" for v in syncs.incomplete],
         "over_budget_versions": over_budget_versions(
-            log.samples, log.partials, c, max_samples_per_version
+            log.samples, log.partials, c, max_samples_per_version, filters
         ),
         "unfinished_partials": unfinished_partials(log.partials, log.samples, c, log.committed),
     }
@@ -469,7 +496,8 @@ def read_run_log(cfg: RunConfig, bootstrap: str) -> RunLog:
 
 def audit_run(cfg: RunConfig, bootstrap: str) -> AuditReport:
     """Read ``cfg``'s run from ``bootstrap`` and audit it against ``cfg``'s budget."""
-    return audit(read_run_log(cfg, bootstrap), cfg.max_samples_per_version, cfg.run_id)
+    log = read_run_log(cfg, bootstrap)
+    return audit(log, cfg.max_samples_per_version, cfg.run_id, cfg.filters_groups)
 
 
 def print_report(report: AuditReport, console: Console) -> None:

@@ -74,7 +74,8 @@ class RolloutBudget:
         return True
 
     def refund(self, count: int) -> None:
-        """The trainer dropped ``count`` of our samples: allow as many more, so it cannot starve."""
+        """``count`` of our samples will not be trained (the trainer dropped them, or they are
+        groups dynamic sampling leaves out): allow as many more, so the trainer cannot starve."""
         self.allowed += max(0, count)
 
 

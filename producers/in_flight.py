@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asyncrl.config.offpolicy import FilterGroupsConfig
+from asyncrl.consumers.dynamic_sampling import no_signal
 from asyncrl.kafka import Record
 from asyncrl.kafka.interfaces import Sink
 from asyncrl.producers.agent.loop import AgentRunner
@@ -28,8 +30,14 @@ from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas.partial import TAG as PARTIAL_TAG
 from asyncrl.schemas.partial import PartialSample, encode_partial
 from asyncrl.schemas.prompt import PromptRecord
+from asyncrl.schemas.sample import (
+    NO_SIGNAL_HEADER,
+    WORKER_HEADER,
+    Sample,
+    Trajectory,
+    encode_sample,
+)
 from asyncrl.schemas.sample import TAG as SAMPLE_TAG
-from asyncrl.schemas.sample import WORKER_HEADER, Sample, Trajectory, encode_sample
 
 
 @dataclass
@@ -231,23 +239,36 @@ class InFlightSamples:
         self.publisher.flush()
         return logged
 
-    def publish(self, sample_id: str, worker_id: int, on_acked: Callable[[], None]) -> None:
+    def publish(
+        self,
+        sample_id: str,
+        worker_id: int,
+        on_acked: Callable[[], None],
+        filters: FilterGroupsConfig | None = None,
+    ) -> bool:
         """Publish a sample whose trajectories are all done; ``on_acked`` runs once the broker
-        has it (the prompt's offset may be committed only then)."""
+        has it (the prompt's offset may be committed only then). With ``filters`` (the run's
+        dynamic sampling), True if the trainer will leave the group out: it is published with
+        ``NO_SIGNAL_HEADER``, and its budget slot is the worker's again."""
         fl = self.samples.pop(sample_id)
         sample = fl.sample(sample_id, worker_id, [fl.done[i] for i in range(self.n)])
         fl.trace.end_segment(tokens=sum(len(t.response_ids) for t in sample.trajectories))
+        headers = {SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: str(worker_id)}
+        flat = filters is not None and no_signal(sample, filters) is not None
+        if flat:
+            headers[NO_SIGNAL_HEADER] = "1"
         with fl.trace.current():
             self.publisher.publish(
                 self.samples_topic,
                 sample_id,
                 encode_sample(sample),
-                headers={SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: str(worker_id)},
+                headers=headers,
                 # Not flushing here keeps the decode loop from stalling a broker round trip
                 # per sample.
                 on_acked=on_acked,
             )
         fl.trace.end()
+        return flat
 
     def hand_back(self, partitions: set[int], log_as: tuple[int, int] | None) -> tuple[int, int]:
         """Stop generating the samples of prompt ``partitions`` (they move to another worker)

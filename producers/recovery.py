@@ -9,7 +9,8 @@ A worker killed mid-run leaves three kinds of work behind, all recoverable from 
   holds every trajectory so far, to be continued rather than restarted (``partials``).
 
 The index also counts each worker's published samples, since a worker's staleness count
-(``produced - consumed``) must include what its previous incarnation produced.
+(``produced - consumed``) must include what its previous incarnation produced (and leave out,
+as the trainer does, the groups dynamic sampling filters: ``no_signal``).
 
 Scanning the whole ``samples`` topic reads keys and headers only (no Arrow decode); it is one
 pass over the run's log at start-up. Later scans (at each new prompt assignment, when workers
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from asyncrl.kafka.records import LogScan
 from asyncrl.schemas.codec import DecodeError
 from asyncrl.schemas.partial import PartialSample, decode_partial
-from asyncrl.schemas.sample import WORKER_HEADER
+from asyncrl.schemas.sample import NO_SIGNAL_HEADER, WORKER_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ class RecoveryIndex:
     """Sample ids already on ``samples``."""
     produced: Counter[int] = field(default_factory=Counter)
     """Samples on ``samples`` per producing worker id."""
+    no_signal: Counter[int] = field(default_factory=Counter)
+    """Of those, the groups dynamic sampling leaves out (``NO_SIGNAL_HEADER``): their worker
+    took their budget slots back, so its staleness count leaves them out."""
     partials: dict[str, PartialSample] = field(default_factory=dict)
     """The newest partial record of every sample not (yet) on ``samples``."""
     skipped: int = 0
@@ -60,6 +64,8 @@ class RecoveryIndex:
             worker = rec.headers.get(WORKER_HEADER)
             if worker is not None:
                 index.produced[int(worker)] += 1
+                if NO_SIGNAL_HEADER in rec.headers:
+                    index.no_signal[int(worker)] += 1
         for rec in scan("partials", after.get("partials")):
             index._advance("partials", rec.partition, rec.offset)
             if rec.key is None or rec.key in index.published:

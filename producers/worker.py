@@ -125,6 +125,10 @@ class RolloutWorker:
         )
         """Which prompt starts next: new, continued from the log, or already published."""
         self.produced = 0
+        self.no_signal = 0
+        """Of ``produced``, the groups dynamic sampling leaves out (``cfg.filters_groups``):
+        their slots came back as they were published, so they are not stale at a sync."""
+        self.filters = cfg.filters_groups
         self.stopping = False
         """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
         self.shadow: ShadowWeights | None = None
@@ -209,6 +213,7 @@ class RolloutWorker:
         # What a previous incarnation left on the partials log counts as stale, like work in
         # flight at a sync; continuing it takes no budget (producers.admission).
         self.produced = self.admission.read_log()
+        self.no_signal = self.admission.recovery.no_signal[self.worker_id]
         self._open_budget(self.follower.join())
         self._start_shadow()
 
@@ -286,10 +291,11 @@ class RolloutWorker:
     ) -> None:
         """This version's budget, minus this worker's stale samples: produced and not consumed
         by the trainer (``consumed``, or at a join the WeightsPublished's), in flight, or
-        logged partials of its previous incarnation."""
+        logged partials of its previous incarnation. Groups dynamic sampling leaves out count
+        on neither side: their slots came back as they were published."""
         consumed = published.consumed if consumed is None else consumed
         stale = num_stale_at_sync(
-            self.produced,
+            self.produced - self.no_signal,
             consumed.get(str(self.worker_id), 0),
             in_flight=len(self.in_flight),
             partial=self.admission.num_stale_partials(),
@@ -335,8 +341,13 @@ class RolloutWorker:
         if len(fl.done) == self.rollout.n:
             # The prompt's offset may be committed only once the broker has the sample.
             acked = functools.partial(prompts.done, fl.prompt)
-            self.in_flight.publish(sample_id, self.worker_id, on_acked=acked)
+            flat = self.in_flight.publish(sample_id, self.worker_id, acked, self.filters)
             self.produced += 1
+            if flat:
+                # The trainer will leave this group out (no signal): its slot is ours again
+                # now, not after the trainer has read it and said so on the control topic.
+                self.no_signal += 1
+                self.budget.refund(1)
 
     # --- the end ---------------------------------------------------------------------------------
     def _leave(self, prompts: PromptFeed) -> None:

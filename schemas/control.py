@@ -103,7 +103,8 @@ class SyncRequested(ControlEvent):
 
     step: int = 0
     consumed: dict[str, int] = field(default_factory=dict)
-    """Samples consumed (trained on or dropped) per worker id, cumulative since the run began."""
+    """Samples consumed (trained on or dropped) per worker id, cumulative since the run began;
+    not the groups dynamic sampling left out, whose slots their worker took back."""
 
 
 @dataclass

@@ -33,6 +33,10 @@ VERSION = 4  # 3: the agent loop's num_turns, tool_calls, tool_errors, tool_s; 4
 TAG = schema_tag(NAME, VERSION)
 WORKER_HEADER = "asyncrl-worker"
 """On every ``samples`` message: the producing worker id (read without decoding the sample)."""
+NO_SIGNAL_HEADER = "asyncrl-no-signal"
+"""On a ``samples`` message whose group dynamic sampling leaves out (every trajectory scored
+the same): its worker took the group's budget slot back as it published it, and a restarted
+incarnation counts these without decoding them."""
 
 _AGENT_FIELDS = [
     pa.field("num_turns", pa.int32(), nullable=False),

@@ -12,8 +12,14 @@ from asyncrl.producers.recovery import RecoveryIndex
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas.partial import TAG as PARTIAL_TAG
 from asyncrl.schemas.partial import PartialSample, encode_partial
+from asyncrl.schemas.sample import (
+    NO_SIGNAL_HEADER,
+    WORKER_HEADER,
+    Sample,
+    Trajectory,
+    encode_sample,
+)
 from asyncrl.schemas.sample import TAG as SAMPLE_TAG
-from asyncrl.schemas.sample import WORKER_HEADER, Sample, Trajectory, encode_sample
 
 pytestmark = [pytest.mark.kafka]
 
@@ -32,6 +38,8 @@ def test_index_reads_published_samples_and_newest_unfinished_partials(run_cfg):
     with Publisher(run_cfg.kafka, run_cfg.kafka.bootstrap_servers) as pub:
         for sid, worker in (("a@0", 0), ("b@0", 1), ("c@0", 0)):
             headers = {SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: str(worker)}
+            if sid == "c@0":  # a group dynamic sampling leaves out: its slot was taken back
+                headers[NO_SIGNAL_HEADER] = "1"
             pub.publish(
                 run_cfg.topic("samples"), sid, encode_sample(_sample(sid, worker, 2)), headers
             )
@@ -43,6 +51,7 @@ def test_index_reads_published_samples_and_newest_unfinished_partials(run_cfg):
     index = RecoveryIndex.from_log(scan)
     assert index.published == {"a@0", "b@0", "c@0"}
     assert index.produced == {0: 2, 1: 1}
+    assert index.no_signal == {0: 1}  # a restarted worker 0 counts 1 of its 2 as not stale
     assert set(index.partials) == {"d@0", "e@0"}  # a@0 finished after its partial
     assert len(index.partials["d@0"].sample.trajectories[0].response_ids) == 3  # newest wins
     assert index.take_partial("d@0") is not None and index.take_partial("d@0") is None

@@ -282,29 +282,44 @@ def test_budget_counts_every_opening_and_what_was_given_back():
     assert counts(dup) == {"over_budget_versions": 1}
 
 
-def test_groups_filtered_by_dynamic_sampling_are_accounted_and_their_refills_in_budget():
-    """filter_groups: the trainer settles a group with no signal and logs it as a SamplesDropped
-    naming it (reason filter_groups), refunding its worker. Under version 1 two groups are
-    filtered (p5, p7, never trained), two refills (p8, p9) take their slots and are trained."""
+def test_groups_filtered_by_dynamic_sampling_give_their_slots_back_as_they_are_published():
+    """filter_groups: the worker takes the slot of a group with no signal back as it publishes
+    it (the trainer will leave it out), so the refill is allowed under the version the group
+    was published at; the trainer's SamplesDropped naming it refunds no one. Under version 1
+    two groups have no signal (p5, p7, never trained), two refills (p8, p9) are trained."""
+    from asyncrl.config.offpolicy import FilterGroupsConfig
+
     log = clean()
     log.steps[-1] = step(3, 1, 4, 6)
     log.steps.append(step(4, 1, 8, 9))
     log.samples += [sample(8, 1), sample(9, 1)]
+    for s in log.samples:
+        if s.sample_id not in (sid(5), sid(7)):
+            s.trajectories[1].reward = 0.0  # a signal: kept
     log.committed |= {sid(8), sid(9)}
     log.control = [e for e in log.control if not isinstance(e, ev.SamplesDropped)]
     filtered = [
         ev.SamplesDropped(
-            RUN, 1, target_worker=0, count=1, reason="filter_groups: ...", sample_ids=[sid(i)]
+            RUN,
+            1,
+            target_worker=ev.TRAINER,
+            count=1,
+            reason="filter_groups: ...",
+            sample_ids=[sid(i)],
         )
         for i in (5, 7)
     ]
     before_finish(log, *filtered)
-    report = audit(log, BUDGET, RUN)
+    report = audit(log, BUDGET, RUN, FilterGroupsConfig(enable=True))
     assert report.ok, report.to_dict()
     assert report.info["dropped_samples"] == 2
-    # Without the trail on the log, the refills are over version 1's budget.
-    silent = dataclasses.replace(log, control=[e for e in log.control if e not in filtered])
-    assert counts(silent) == {"over_budget_versions": 1}
+    # A run without dynamic sampling took no slot back: the refills are over budget.
+    assert counts(log) == {"over_budget_versions": 1}
+    # Nor does a group with a signal give its slot back.
+    p5 = next(s for s in log.samples if s.sample_id == sid(5))
+    p5.trajectories[1].reward = 0.0
+    report = audit(log, BUDGET, RUN, FilterGroupsConfig(enable=True))
+    assert report.violations["over_budget_versions"] == 1
 
 
 def test_budget_counts_a_partial_rollout_under_its_first_version():

@@ -113,10 +113,12 @@ def test_groups_without_signal_are_settled_on_arrival_and_attributed_to_the_next
     ]
     assert "every trajectory's score is 1" in dropped[1].reason
     assert len(b) == 3 and b.filtered == 4
-    # filtered groups are settled: consumed (budget spent), their offsets passed
-    assert b.consumed == {1: 1, 0: 3}
+    # filtered groups are settled, their offsets passed; not consumed: their workers took
+    # their budget slots back as they published them
+    assert b.consumed == {}
     assert b.filtered_ahead(2) == 2 and b.filtered_ahead(4) == 4
     assert [r.offset for r in b.take(2)] == [0, 3]
+    assert b.consumed == {0: 1, 1: 1}
     assert b.taken_filtered == 2  # offsets 1, 2 came before sample 3
     assert b.settled_offsets() == {0: 5}
     # a restart: the unattributed ones (4, 6) go to the first sample queued again
@@ -158,3 +160,15 @@ def test_filtering_off_leaves_the_checkpoint_state_as_it_was():
     b = SampleBatcher()
     b.offer(group(0, [1, 1]), 0)
     assert len(b) == 1 and "filtered" not in b.state()
+
+
+def test_a_stale_group_without_signal_is_filtered_not_dropped_for_its_lag():
+    """Its worker took the slot back as it published it: a max_version_lag drop would count it
+    consumed and refund the slot a second time."""
+    from asyncrl.config.offpolicy import FilterGroupsConfig
+
+    b = SampleBatcher(max_version_lag=1, filter_groups=FilterGroupsConfig(enable=True))
+    flat, kept = group(0, [1, 1], param_version=0), group(1, [1, 0], param_version=0)
+    assert b.offer(flat, current_version=5).kind == "filter_groups"
+    assert b.offer(kept, current_version=5).kind == "max_version_lag"
+    assert b.consumed == {0: 1}

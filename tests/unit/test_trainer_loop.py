@@ -176,7 +176,8 @@ def _publish_sample(broker, cfg, prompt: int, rewards: list[float], worker: int 
 
 def test_dynamic_sampling_fills_the_batch_past_groups_without_signal(tmp_path):
     """filter_groups: the step is formed of the first 4 groups with a signal; the 3 groups
-    between them whose rewards are all equal are logged as filtered, their worker refunded."""
+    between them whose rewards are all equal are logged as filtered. They refund no one (their
+    worker took each slot back as it published it) and are not counted as consumed."""
     cfg = _cfg(
         tmp_path,
         "algorithm.filter_groups.enable=true",
@@ -197,8 +198,10 @@ def test_dynamic_sampling_fills_the_batch_past_groups_without_signal(tmp_path):
     assert step.metrics["train/num_gen_batches"] == 2.0  # 7 read for a step of 4
     dropped = [e for e in broker.events(cfg) if isinstance(e, ev.SamplesDropped)]
     assert [i for e in dropped for i in e.sample_ids] == [ids[0], ids[2], ids[5], ids[7]]
-    assert all(e.target_worker == 0 and e.reason.startswith("filter_groups") for e in dropped)
+    assert all(e.target_worker == ev.TRAINER for e in dropped)
+    assert all(e.reason.startswith("filter_groups") for e in dropped)
     assert summary["filtered"] == 4 and summary["dropped"] == {}
+    assert trainer.batcher.consumed == {0: 4}  # the 4 trained
 
 
 def test_dynamic_sampling_fails_as_dapo_past_max_num_gen_batches(tmp_path):

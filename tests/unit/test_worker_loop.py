@@ -561,3 +561,62 @@ def test_a_sync_cadence_that_does_not_divide_test_freq_skips_no_evaluation(tmp_p
 
     validated = [e for e in run.broker.events(cfg) if isinstance(e, ev.Validated)]
     assert [(e.version, e.step) for e in validated] == [(0, 0), (2, 8)]
+
+
+PARITY_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):
+    """Every third prompt scores 0 (a group with no signal); the others by the response's
+    length parity (a signal in most groups)."""
+    if int(ground_truth) % 3 == 0:
+        return 0.0
+    return float(len(solution_str) % 2)
+'''
+
+
+def test_a_group_without_signal_gives_its_budget_slot_back_as_it_is_published(tmp_path):
+    """Dynamic sampling: the trainer will leave out a group whose answers all score the same,
+    so its worker takes the slot back at once. Before, the slot came back only with the
+    trainer's SamplesDropped (51 ms after the group's last token at the median on the demo);
+    with no trainer to send one, a worker at staleness 0 stopped after its 4 samples, filtered
+    ones included."""
+    import threading
+    import time
+
+    from asyncrl.consumers.dynamic_sampling import no_signal
+    from asyncrl.schemas.sample import NO_SIGNAL_HEADER
+
+    reward = tmp_path / "parity_reward.py"
+    reward.write_text(PARITY_REWARD)
+    cfg = _cfg(
+        tmp_path,
+        "algorithm.filter_groups.enable=true",
+        "async_training.staleness_threshold=0",
+        f"custom_reward_function.path={reward}",
+    )
+    run = Run(cfg, prompts=64)
+    budget = cfg.max_samples_per_version
+    topic = cfg.topic("samples")
+    worker = run.worker
+
+    def finish_once_idle() -> None:  # the budget spent and nothing in flight: all it may make
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            published = run.broker.topics.get(topic)
+            if published and not len(worker.in_flight) and worker.budget.remaining == 0:
+                break
+        run.trainer.finish()
+
+    watcher = threading.Thread(target=finish_once_idle, daemon=True)
+    watcher.start()
+    run.run()
+    watcher.join(5)
+
+    records = run.broker.topics[topic]
+    samples = run.samples()
+    flagged = [NO_SIGNAL_HEADER in r.headers for r in records]
+    fg = cfg.algorithm.filter_groups
+    assert flagged == [no_signal(s, fg) is not None for s in samples]
+    assert any(flagged), "the 100-step warm start answers some groups all wrong"
+    assert flagged.count(False) == budget  # every slot not taken back made a kept group
+    assert worker.no_signal == flagged.count(True) and worker.produced == len(records)
