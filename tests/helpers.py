@@ -103,3 +103,21 @@ def check_log_invariants(cfg) -> dict[str, int]:
     assert report.ok, {k: (n, report.examples.get(k)) for k, n in report.violations.items() if n}
     assert report.info["samples"] > 0 and report.info["prompts_committed"] > 0
     return report.info
+
+
+PARITY_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):
+    """Every third prompt scores 0 whatever the answer (a group with no signal, filtered);
+    the others by the response's length parity (a signal in most groups)."""
+    if int(ground_truth) % 3 == 0:
+        return 0.0
+    return float(len(solution_str) % 2)
+'''
+
+
+def parity_reward(tmp_path: Any) -> str:
+    """``custom_reward_function.path`` of ``PARITY_REWARD``: dynamic sampling filters a share
+    of the groups whatever the policy (the tiny model's early answers are mostly all wrong)."""
+    path = tmp_path / "parity_reward.py"
+    path.write_text(PARITY_REWARD)
+    return f"custom_reward_function.path={path}"

@@ -19,7 +19,13 @@ from asyncrl.kafka import Reader
 from asyncrl.launch.launcher import run
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.step import decode_step
-from tests.helpers import SMALL, check_log_invariants, read_topic, report_recovery
+from tests.helpers import (
+    SMALL,
+    check_log_invariants,
+    parity_reward,
+    read_topic,
+    report_recovery,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -84,6 +90,44 @@ def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(
     info = check_log_invariants(cfg)
     assert info["trainer_restarts"] == 1 and info["run_finished"] == 1
     report_recovery(cfg, "trainer SIGKILL", killed["killed_at"])
+
+
+def test_a_killed_worker_of_a_dynamic_sampling_run_counts_its_filtered_groups_from_the_log(
+    make_run_cfg, quick_policy, tmp_path
+):
+    """With dynamic sampling a worker takes a filtered group's slot back as it publishes it,
+    and the trainer does not count the group as consumed; a restarted worker must leave its
+    previous incarnation's filtered groups out of its stale count too (it finds them on the
+    log by their header), or at staleness 0 it opens its versions with no budget and the run
+    waits for samples that never come."""
+    from asyncrl.schemas.sample import NO_SIGNAL_HEADER
+
+    steps = 8
+    cfg = make_run_cfg(
+        *SMALL,
+        *quick_policy,
+        f"trainer.total_training_steps={steps}",
+        "algorithm.filter_groups.enable=true",
+        "async_training.staleness_threshold=0",
+        "sync.timeout_s=60",
+        parity_reward(tmp_path),
+    )
+    pids: dict[str, int] = {}
+    killed: dict = {}
+    killer = threading.Thread(target=_kill_when, args=(cfg, pids, "rollout-0", 3, killed))
+    killer.start()
+    try:
+        summary = run(cfg, Console(file=io.StringIO(), width=200), on_spawn=pids.__setitem__)
+    finally:
+        killer.join(30)
+    assert killed, "the worker was never killed"
+    assert summary["step"] == steps and summary["restarts"] == {"rollout-0": 1}
+
+    before = [r for r in read_topic(cfg, "samples") if r.timestamp_ms < killed["killed_at"] * 1000]
+    assert any(NO_SIGNAL_HEADER in r.headers for r in before), "no group filtered before"
+    info = check_log_invariants(cfg)  # the refills within budget, each sample trained once
+    assert info["worker_incarnations"] == 2 and info["run_finished"] == 1
+    report_recovery(cfg, "worker SIGKILL, dynamic sampling", killed["killed_at"])
 
 
 def _kill_broker_at(cfg, pids: dict[str, int], at_step: int, out: dict) -> None:

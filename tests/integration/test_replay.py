@@ -97,26 +97,14 @@ def test_topic_replay_delivers_exactly_the_selected_records_in_order(make_run_cf
     ]
 
 
-OFFPOLICY_REWARD = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):
-    """Every third prompt scores 0 whatever the answer (a group with no signal, filtered);
-    the others by the response's length parity (a signal in most groups)."""
-    if int(ground_truth) % 3 == 0:
-        return 0.0
-    return float(len(solution_str) % 2)
-'''
-
-
 def test_step_replay_is_exact_with_every_offpolicy_option_on(make_run_cfg, quick_policy, tmp_path):
     """Issue 17, point 5: decoupled PPO (proximal log-probs, token weights), rejection,
     stale-token masking and dynamic sampling, all on in a stale mode (d) run: each step
     replays bit for bit, the filtered groups are on the log and the audit is clean."""
     from asyncrl.ops.audit import audit_run
     from asyncrl.schemas import control as ev
-    from tests.helpers import read_topic
+    from tests.helpers import parity_reward, read_topic
 
-    reward = tmp_path / "offpolicy_reward.py"
-    reward.write_text(OFFPOLICY_REWARD)
     cfg = make_run_cfg(
         *quick_policy,
         "actor_rollout_ref.rollout.n=4",
@@ -133,7 +121,7 @@ def test_step_replay_is_exact_with_every_offpolicy_option_on(make_run_cfg, quick
         "algorithm.rollout_correction.rollout_rs=token_k1",
         "algorithm.rollout_correction.rollout_rs_threshold=1.5",
         "algorithm.filter_groups.enable=true",
-        f"custom_reward_function.path={reward}",
+        parity_reward(tmp_path),
         "trainer.total_training_steps=5",
         "trainer.save_freq=1",
         "trainer.keep_checkpoints=10",

@@ -25,7 +25,7 @@ from asyncrl.schemas.sample import (
     encode_sample,
 )
 from asyncrl.testing import LocalWeights, MemoryBroker, ScriptedTrainer, worker_io
-from tests.helpers import SMALL, token_logprob_errors
+from tests.helpers import SMALL, parity_reward, token_logprob_errors
 
 WARM = ["actor_rollout_ref.model.warmup_steps=100"]
 STEPPED = "actor_rollout_ref.rollout.engine_thread=false"
@@ -563,16 +563,6 @@ def test_a_sync_cadence_that_does_not_divide_test_freq_skips_no_evaluation(tmp_p
     assert [(e.version, e.step) for e in validated] == [(0, 0), (2, 8)]
 
 
-PARITY_REWARD = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):
-    """Every third prompt scores 0 (a group with no signal); the others by the response's
-    length parity (a signal in most groups)."""
-    if int(ground_truth) % 3 == 0:
-        return 0.0
-    return float(len(solution_str) % 2)
-'''
-
-
 def test_a_group_without_signal_gives_its_budget_slot_back_as_it_is_published(tmp_path):
     """Dynamic sampling: the trainer will leave out a group whose answers all score the same,
     so its worker takes the slot back at once. Before, the slot came back only with the
@@ -585,13 +575,11 @@ def test_a_group_without_signal_gives_its_budget_slot_back_as_it_is_published(tm
     from asyncrl.consumers.dynamic_sampling import no_signal
     from asyncrl.schemas.sample import NO_SIGNAL_HEADER
 
-    reward = tmp_path / "parity_reward.py"
-    reward.write_text(PARITY_REWARD)
     cfg = _cfg(
         tmp_path,
         "algorithm.filter_groups.enable=true",
         "async_training.staleness_threshold=0",
-        f"custom_reward_function.path={reward}",
+        parity_reward(tmp_path),
     )
     run = Run(cfg, prompts=64)
     budget = cfg.max_samples_per_version
