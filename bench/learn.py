@@ -162,6 +162,11 @@ def async_row(
         # The trainer's own compute over the steps to the target: what the run would take if
         # it never waited for samples, syncs or evaluations.
         row["update_share"] = statistics.median(updates) * row["steps"] / row["time_to_target_s"]
+    # Where the rest goes: the trainer's wait for samples a step, the rollout side's idle share.
+    for key, name in (("timing_s/gen", "wait_s"), ("rollouter/idle_ratio", "rollouter_idle")):
+        values = [r[key] for r in rows if key in r]
+        if values:
+            row[name] = statistics.mean(values)
     restarted = trainer_restarts(summary)
     if restarted:
         row.update(time_to_target_s=None, update_share=None, trainer_restarts=restarted)
@@ -200,6 +205,8 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "slowest_s": max(times, default=None),
         "final_accuracy": med("final_accuracy", rows),
         "update_share": med("update_share", reached),
+        "wait_s": med("wait_s", reached),
+        "rollouter_idle": med("rollouter_idle", reached),
         "runs": rows,
     }
 
@@ -207,7 +214,9 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]) -> None:
     """Medians side by side; speedup = the colocated median over the setup's. ``update
     share``: of an async run's time to the target, the part its trainer spent updating (the
-    rest it waited for samples, synced or evaluated)."""
+    rest it waited for samples, synced or evaluated); ``wait s/step``: its trainer's wait for
+    samples a step; ``rollout idle``: the share of the time its workers had nothing to
+    generate (out of budget, or a sync)."""
     table = Table(title=title)
     cols = (
         "setup",
@@ -216,6 +225,8 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
         "time to target s",
         "s/step",
         "update share",
+        "wait s/step",
+        "rollout idle",
         "final acc",
         "speedup",
     )
@@ -234,6 +245,8 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
             "-" if t is None else f"{t:.1f}{spread}",
             "-" if t is None or not steps else f"{t / steps:.3f}",
             "-" if r.get("update_share") is None else f"{r['update_share']:.2f}",
+            "-" if r.get("wait_s") is None else f"{r['wait_s']:.3f}",
+            "-" if r.get("rollouter_idle") is None else f"{r['rollouter_idle']:.2f}",
             f"{r['final_accuracy']:.3f}",
             "-" if t is None or ref is None else f"{ref / t:.2f}x",
         )

@@ -150,6 +150,9 @@ def test_learn_smoke(tmp_path, smoke):
     )
     assert list(results) == ["colocated sync", "async (c)", "async (d)", "async (d in flight)"]
     assert all(r["steps"] == 2 and r["runs"][0]["curve"] for r in results.values())
+    waits = [r["runs"][0].get("wait_s") for name, r in results.items() if name != "colocated sync"]
+    assert all(w is not None and w >= 0 for w in waits)
+    assert "wait s/step" in out.getvalue()
     png = next(tmp_path.glob("bench-learn-*.png"))
     assert png.read_bytes()[:4] == b"\x89PNG"
 
