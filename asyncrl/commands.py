@@ -10,6 +10,10 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _load(args: argparse.Namespace):
@@ -227,9 +231,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def _bench_console() -> Console:
+    """Rich's own width on a terminal; written to a file (``> bench.log``), wide enough for the
+    benchmarks' tables, whose columns rich's default off a terminal (80) cuts to "s/st…"."""
     from rich.console import Console
 
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
     from asyncrl.bench.learn import learn
     from asyncrl.bench.modes import modes
     from asyncrl.bench.offpolicy import offpolicy
@@ -251,7 +262,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         modes(
             args.config,
             args.overrides,
-            Console(),
+            _bench_console(),
             workload=args.workload,
             time_scale=args.time_scale,
         )
@@ -262,7 +273,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         engine(
             args.config,
             args.overrides,
-            Console(),
+            _bench_console(),
             shapes=tuple(args.shapes.split(",")),
             batch=args.batch,
             prompt_len=args.prompt_len,
@@ -277,7 +288,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print("asyncrl bench: --seeds must be at least 1", file=sys.stderr)
             return 2
         if args.name == "learn":
-            learn(args.config, args.overrides, Console(), seeds=args.seeds)
+            learn(args.config, args.overrides, _bench_console(), seeds=args.seeds)
             return 0
         from asyncrl.bench.tuning import tuning
 
@@ -287,7 +298,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ValueError as err:
             print(f"asyncrl bench tuning: --staleness/--trigger: {err}", file=sys.stderr)
             return 2
-        tuning(args.config, args.overrides, Console(), args.seeds, staleness, trigger)
+        tuning(args.config, args.overrides, _bench_console(), args.seeds, staleness, trigger)
         return 0
     if args.seeds != 1:
         print(
@@ -298,9 +309,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"asyncrl bench: --workload applies to modes, not {args.name}", file=sys.stderr)
         return 2
     if args.name == "sync":
-        sync(args.config, args.overrides, Console(), device=args.device)
+        sync(args.config, args.overrides, _bench_console(), device=args.device)
         return 0
-    benchmarks[args.name](args.config, args.overrides, Console())
+    benchmarks[args.name](args.config, args.overrides, _bench_console())
     return 0
 
 
