@@ -163,7 +163,11 @@ def async_row(
         # it never waited for samples, syncs or evaluations.
         row["update_share"] = statistics.median(updates) * row["steps"] / row["time_to_target_s"]
     # Where the rest goes: the trainer's wait for samples a step, the rollout side's idle share.
-    for key, name in (("timing_s/gen", "wait_s"), ("rollouter/idle_ratio", "rollouter_idle")):
+    for key, name in (
+        ("timing_s/gen", "wait_s"),
+        ("rollouter/idle_ratio", "rollouter_idle"),
+        ("rollouter/budget_idle_ratio", "budget_idle"),
+    ):
         values = [r[key] for r in rows if key in r]
         if values:
             row[name] = statistics.mean(values)
@@ -207,6 +211,7 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "update_share": med("update_share", reached),
         "wait_s": med("wait_s", reached),
         "rollouter_idle": med("rollouter_idle", reached),
+        "budget_idle": med("budget_idle", reached),
         "runs": rows,
     }
 
@@ -215,8 +220,8 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
     """Medians side by side; speedup = the colocated median over the setup's. ``update
     share``: of an async run's time to the target, the part its trainer spent updating (the
     rest it waited for samples, synced or evaluated); ``wait s/step``: its trainer's wait for
-    samples a step; ``rollout idle``: the share of the time its workers had nothing to
-    generate (out of budget, or a sync)."""
+    samples a step; ``rollout idle (budget)``: the share of the time its workers had nothing to
+    generate, and of it the share with the version's budget spent."""
     table = Table(title=title)
     cols = (
         "setup",
@@ -226,7 +231,7 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
         "s/step",
         "update share",
         "wait s/step",
-        "rollout idle",
+        "rollout idle (budget)",
         "final acc",
         "speedup",
     )
@@ -246,11 +251,18 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
             "-" if t is None or not steps else f"{t / steps:.3f}",
             "-" if r.get("update_share") is None else f"{r['update_share']:.2f}",
             "-" if r.get("wait_s") is None else f"{r['wait_s']:.3f}",
-            "-" if r.get("rollouter_idle") is None else f"{r['rollouter_idle']:.2f}",
+            _idle(r),
             f"{r['final_accuracy']:.3f}",
             "-" if t is None or ref is None else f"{ref / t:.2f}x",
         )
     console.print(table)
+
+
+def _idle(r: dict[str, Any]) -> str:
+    if r.get("rollouter_idle") is None:
+        return "-"
+    budget = r.get("budget_idle")
+    return f"{r['rollouter_idle']:.2f}" + ("" if budget is None else f" ({budget:.2f})")
 
 
 def _seeds_note(n: int) -> str:

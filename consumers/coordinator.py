@@ -97,6 +97,7 @@ class SyncCoordinator:
         self.validations: list[ev.Validated] = []
         """Rollout-side held-out evaluations read and not yet taken by the trainer's loop."""
         self.rollouter_idle: dict[int, float] = {}
+        self.rollouter_budget_idle: dict[int, float] = {}
         self.first_join: float | None = None
         """When the first worker got its weights: rollout could start (benchmarks time from it)."""
 
@@ -297,6 +298,7 @@ class SyncCoordinator:
             self.load_s[event.version] = max(event.load_s, self.load_s.get(event.version, 0.0))
         if isinstance(event, ev.RolloutResumed):
             self.rollouter_idle[event.worker] = event.idle_ratio
+            self.rollouter_budget_idle[event.worker] = event.budget_idle_ratio
             requested = self.requested_ts.get(event.version)
             if requested is not None:  # the last worker to resume ends the sync
                 took = event.ts - requested

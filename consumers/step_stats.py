@@ -129,7 +129,7 @@ class StepStats:
                 "trainer/queue_size": float(queued),
             }
         )
-        for key in ("trainer/idle_ratio", "rollouter/idle_ratio"):
+        for key in ("trainer/idle_ratio", "rollouter/idle_ratio", "rollouter/budget_idle_ratio"):
             if key in self.history:
                 out[key] = self.history[key]
         out.update(self.last_sync)
@@ -148,12 +148,21 @@ class StepStats:
         except (KafkaException, TimeoutError) as err:  # a metric must not stop training
             log.warning("end offsets of %s: %s", topic, err)
 
-    def close_sync_window(self, trainer_idle: float, rollouter_idle: Iterable[float]) -> None:
-        """At a sync: the idle ratios of the window that ends (logged from this step on)."""
+    def close_sync_window(
+        self,
+        trainer_idle: float,
+        rollouter_idle: Iterable[float],
+        budget_idle: Iterable[float] = (),
+    ) -> None:
+        """At a sync: the idle ratios of the window that ends (logged from this step on); the
+        workers' means, and of their idle time the part out of budget."""
         self.history["trainer/idle_ratio"] = trainer_idle
-        workers = list(rollouter_idle)
-        if workers:
-            self.history["rollouter/idle_ratio"] = sum(workers) / len(workers)
+        for key, ratios in (
+            ("rollouter/idle_ratio", list(rollouter_idle)),
+            ("rollouter/budget_idle_ratio", list(budget_idle)),
+        ):
+            if ratios:
+                self.history[key] = sum(ratios) / len(ratios)
 
 
 def step_metrics(

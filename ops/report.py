@@ -92,6 +92,9 @@ def sync_windows(rows: list[dict[str, Any]], syncs: list[dict[str, Any]]) -> lis
                 **{k: float(v) for k, v in sync.items()},
                 "trainer_idle": float(before.get("trainer/idle_ratio", float("nan"))),
                 "rollouter_idle": float(before.get("rollouter/idle_ratio", float("nan"))),
+                "rollouter_budget_idle": float(
+                    before.get("rollouter/budget_idle_ratio", float("nan"))
+                ),
             }
         )
     return windows
@@ -324,6 +327,7 @@ def _markdown(
             ("SyncRequested -> resumed, mean", f"{mean['resumed_s'] * 1e3:.0f} ms"),
             ("trainer idle ratio, mean of windows", f"{mean['trainer_idle']:.2f}"),
             ("rollouter idle ratio, mean of windows", f"{mean['rollouter_idle']:.2f}"),
+            ("of it out of budget, mean of windows", f"{mean['rollouter_budget_idle']:.2f}"),
         ]
     lines = [f"# Run `{run_id}`", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in facts]

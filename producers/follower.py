@@ -74,6 +74,8 @@ class SyncFollower:
         self.sink: WeightSink | None = None
         self.idle = WaitClock()
         """Idle time (nothing to generate) per sync window: rollouter/idle_ratio."""
+        self.budget_idle = WaitClock()
+        """Of it, the time with the version's budget spent: rollouter/budget_idle_ratio."""
         self.keep_alive: Callable[[], None] = lambda: None
         """Polls the prompts group while the worker waits here (or it would lose its partitions)."""
 
@@ -231,6 +233,7 @@ class SyncFollower:
                 budget=allowed,
                 num_stale=stale,
                 idle_ratio=self.idle.close_window()[0],
+                budget_idle_ratio=self.budget_idle.close_window()[0],
             ),
             flush=flush,
         )

@@ -185,6 +185,7 @@ class RolloutWorker:
                 self.publisher.poll(0)  # acknowledgements: commit the prompts of acked samples
                 self.publisher.check()
                 f.idle.set_waiting(not self.runner.busy)
+                f.budget_idle.set_waiting(not self.runner.busy and not self.budget.remaining)
                 if self.runner.busy:
                     self._advance(prompts)
                 else:

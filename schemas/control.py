@@ -150,6 +150,9 @@ class RolloutResumed(ControlEvent):
     """This worker's samples from older versions not yet consumed at the sync."""
     idle_ratio: float = 0.0
     """rollouter/idle_ratio over the sync window that ends here (time with nothing to generate)."""
+    budget_idle_ratio: float = 0.0
+    """Of that, the part with the version's budget spent (rollouter/budget_idle_ratio): the
+    worker could have generated, the staleness budget held it back."""
 
 
 @dataclass

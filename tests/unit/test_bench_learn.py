@@ -43,12 +43,15 @@ def test_an_async_runs_time_counts_from_the_first_workers_join():
     summary = {"step": 10, "first_worker_joined_s": 1.5, "val/accuracy_initial": 0.4}
     rows = _rows((5, 3.0, 0.8), (10, 5.5, 0.92))
     for r, wait, idle in zip(rows, (0.02, 0.04), (0.1, 0.3), strict=True):
-        r.update({"timing_s/gen": wait, "rollouter/idle_ratio": idle})
+        r.update(
+            {"timing_s/gen": wait, "rollouter/idle_ratio": idle, "rollouter/budget_idle_ratio": 0.1}
+        )
     row = async_row(cfg, summary, rows)
     assert row["time_to_target_s"] == 4.0 and row["steps"] == 10
     assert row["curve"][0] == (0.0, 0.4)
     # where an async run's time goes besides the update: the trainer's wait, the worker's idle
     assert row["wait_s"] == pytest.approx(0.03) and row["rollouter_idle"] == pytest.approx(0.2)
+    assert row["budget_idle"] == pytest.approx(0.1)
     assert median_row([{"seed": 0, **row}])["wait_s"] == pytest.approx(0.03)
 
 

@@ -14,7 +14,8 @@ def _run_dir(tmp_path):
     rows = [
         {"step": 1, "version": 0, "critic/score/mean": 0.2, "perf/elapsed_s": 1.0,
          "perf/samples_per_s": 8.0, "fully_async/staleness/count_0": 8.0,
-         "trainer/idle_ratio": 0.5, "rollouter/idle_ratio": 0.25},
+         "trainer/idle_ratio": 0.5, "rollouter/idle_ratio": 0.25,
+         "rollouter/budget_idle_ratio": 0.2},
         {"sync": {"version": 1, "pause_s": 0.1, "transfer_s": 0.02, "load_s": 0.05,
                   "resumed_s": 0.2}},
         {"step": 2, "version": 1, "critic/score/mean": 0.5, "perf/elapsed_s": 2.0,
@@ -33,12 +34,14 @@ def test_report_states_the_scripted_figures(tmp_path):
     (window,) = sync_windows(*_load(run))
     # The sync that made version 1 closed the window whose last step is step 1.
     assert window["trainer_idle"] == 0.5 and window["rollouter_idle"] == 0.25
+    assert window["rollouter_budget_idle"] == 0.2
     md = write_report(run).read_text()
     assert "| samples trained | 16 |" in md
     assert "| of them stale | 3 (19%) |" in md
     assert "| held-out accuracy, start -> end | 0.400 -> 0.600 |" in md
     assert "| sync pause / transfer, mean (trainer) | 100 / 20 ms |" in md
     assert "| SyncRequested -> resumed, mean | 200 ms |" in md
+    assert "| of it out of budget, mean of windows | 0.20 |" in md
     pngs = sorted(p.name for p in (run / "report").glob("*.png"))
     assert pngs == [
         "idle_ratios.png",

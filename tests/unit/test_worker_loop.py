@@ -608,3 +608,38 @@ def test_a_group_without_signal_gives_its_budget_slot_back_as_it_is_published(tm
     assert any(flagged), "the 100-step warm start answers some groups all wrong"
     assert flagged.count(False) == budget  # every slot not taken back made a kept group
     assert worker.no_signal == flagged.count(True) and worker.produced == len(records)
+
+
+def test_a_worker_out_of_budget_says_so_apart_from_its_other_idle_time(tmp_path):
+    """RolloutResumed.budget_idle_ratio: of the window's idle time, the part with the
+    version's budget spent, which a higher staleness_threshold would have filled (the
+    report and bench learn show it next to the idle ratio)."""
+    import threading
+    import time
+
+    cfg = _cfg(tmp_path, "async_training.staleness_threshold=0")
+    run = Run(cfg, prompts=32)
+    worker = run.worker
+    held = 0.5
+
+    def sync_after_holding_the_spent_worker() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            if worker.produced and not len(worker.in_flight) and not worker.budget.remaining:
+                break
+        time.sleep(held)  # out of budget, nothing else to wait for
+        run.trainer.consumed = {"0": worker.produced}
+        run.sync_new_weights()
+
+    watcher = threading.Thread(target=sync_after_holding_the_spent_worker, daemon=True)
+    watcher.start()
+    run.when_published(cfg.max_samples_per_version + 2, run.trainer.finish)
+    run.run()
+    watcher.join(5)
+
+    first, second = [e for e in run.events() if isinstance(e, ev.RolloutResumed)][:2]
+    assert first.version == 0 and second.version == 1
+    window = second.ts - first.ts
+    assert second.budget_idle_ratio * window >= 0.8 * held
+    assert second.budget_idle_ratio <= second.idle_ratio + 1e-3  # two clocks, a µs apart
