@@ -326,12 +326,15 @@ def started_per_version(samples: list[Sample]) -> Counter[int]:
 
 def slots_taken_back(samples: list[Sample], filters: FilterGroupsConfig | None) -> Counter[int]:
     """Per version, the groups with no signal published under it: with dynamic sampling their
-    worker takes each one's slot back as it publishes it (it is published under the version
-    the worker is at, its last token's, ``Sample.param_version_end``)."""
+    worker takes each one's slot back as it publishes it, at the version it is at. That is its
+    last token's (``Sample.param_version_end``), or the next one for an agent trajectory whose
+    last tool result came back after a sync and ended it: both are allowed, as the trainer's
+    refunds are under the two versions they may reach a worker at."""
     if filters is None:
         return Counter()
     first = {s.sample_id: s for s in reversed(samples)}
-    return Counter(s.param_version_end for s in first.values() if no_signal(s, filters) is not None)
+    flat = [s.param_version_end for s in first.values() if no_signal(s, filters) is not None]
+    return Counter(flat) + Counter(v + 1 for v in flat)
 
 
 def over_budget_versions(
