@@ -783,7 +783,6 @@ class WeightReceiver(_Endpoint):
         self._weights_view: DirectView | None = None
         self._direct_digest = ""  # the manifest checked when the weights were mapped in place
         self._failed_kinds: set[str] = set()
-        self._waited_s = 0.0
         self.worker = -1
 
     def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
@@ -831,20 +830,22 @@ class WeightReceiver(_Endpoint):
         """Receive the trainer's next transfer into ``model``'s tensors, in place."""
         if self._pair is None:
             raise RuntimeError("WeightReceiver.join() must be called before a transfer")
-        self._waited_s = 0.0
-        stats = self._receive(self._pair, model, bucket_bytes)
-        stats.waited_s = self._waited_s
+        pair = self._pair
+        start = time.perf_counter()
+        prep = self._prepare(model, bucket_bytes)  # before the trainer's word: off its clock
+        asked = time.perf_counter()
+        opening = pair.take()
+        waited = time.perf_counter() - asked
+        stats = self._receive(pair, prep, bucket_bytes, opening, start)
+        stats.waited_s = waited
         return stats
 
     def _receive(
-        self, pair: _Pair, model: nn.Module | Mapping[str, Tensor], bucket_bytes: int
+        self, pair: _Pair, prep: _Prepared, bucket_bytes: int, opening: int, start: float
     ) -> TransferStats:
-        start = time.perf_counter()
-        prep = self._prepare(model, bucket_bytes)  # before the trainer's word: off its clock
+        """The transfer ``opening`` (the trainer's word) begins: in place, from the shared
+        slots, or over the collective."""
         tensors, manifest, buckets = prep.tensors, prep.manifest, prep.buckets
-        asked = time.perf_counter()
-        opening = pair.take()
-        self._waited_s = time.perf_counter() - asked
         if opening != _FULL:
             return self._receive_in_place(pair, prep, opening, start, checked=False)
         gpu = self.device.type == "cuda"
