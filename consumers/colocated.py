@@ -95,13 +95,13 @@ def step_batch(
     beyond the step are cut off), failing after ``max_num_gen_batches`` batches. Returns the
     samples, the groups filtered and the groups generated."""
     need, n = cfg.required_samples, cfg.actor_rollout_ref.rollout.n
-    fg = cfg.algorithm.filter_groups
+    fg = cfg.filters_groups  # as the async trainer applies it
     kept: list[Sample] = []
     filtered = generated = 0
     while True:
         samples = rollout(runner, tok, [next(prompts) for _ in range(need)], n, cfg.data.task)
         generated += len(samples)
-        if not fg.enable:
+        if fg is None:
             return samples, 0, generated
         for s in samples:
             if no_signal(s, fg) is None:
@@ -176,7 +176,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
             n_traj += len(samples) * arr.rollout.n
             n_gen += generated * arr.rollout.n
             gen_s, train_s = gen_s + (t1 - t0), train_s + (t2 - t1)
-            if cfg.algorithm.filter_groups.enable:
+            if cfg.filters_groups is not None:
                 total_filtered += filtered
                 metrics.update(filter_metrics(filtered, len(samples), total_filtered))
 
