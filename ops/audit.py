@@ -316,12 +316,16 @@ def budget_allowance(
     return allowed
 
 
+def _distinct(samples: list[Sample]) -> list[Sample]:
+    """Each sample id once, as its first record on the log holds it."""
+    return list({s.sample_id: s for s in reversed(samples)}.values())
+
+
 def started_per_version(samples: list[Sample]) -> Counter[int]:
     """Distinct samples per the version their generation started under: a worker takes a
     budget slot when it admits a prompt, and a partial rollout's sample spans versions, so it
     counts under its earliest (``Sample.param_version``)."""
-    first = {s.sample_id: s for s in reversed(samples)}
-    return Counter(s.param_version for s in first.values())
+    return Counter(s.param_version for s in _distinct(samples))
 
 
 def slots_taken_back(samples: list[Sample], filters: FilterGroupsConfig | None) -> Counter[int]:
@@ -332,8 +336,7 @@ def slots_taken_back(samples: list[Sample], filters: FilterGroupsConfig | None) 
     refunds are under the two versions they may reach a worker at."""
     if filters is None:
         return Counter()
-    first = {s.sample_id: s for s in reversed(samples)}
-    flat = [s.param_version_end for s in first.values() if no_signal(s, filters) is not None]
+    flat = [s.param_version_end for s in _distinct(samples) if no_signal(s, filters) is not None]
     return Counter(flat) + Counter(v + 1 for v in flat)
 
 
