@@ -29,7 +29,15 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.bench.sync_pause import one_trainer, partial_totals, step_rows
-from asyncrl.bench.workloads import SEED_ROWS, Setup, Workload, long_tail, seed, seed_speedup
+from asyncrl.bench.workloads import (
+    SEED_ROWS,
+    Setup,
+    Workload,
+    long_tail,
+    seed,
+    seed_speedup,
+    seed_speedup_equal_tokens,
+)
 from asyncrl.config import RunConfig, load_config
 from asyncrl.telemetry.metrics import stale_in_step
 
@@ -216,7 +224,8 @@ def modes(
     console.print(
         "speedup over colocated sync (steady state): "
         + ", ".join(f"{k.split(' ')[0]} {ref / r['steady_s']:.2f}x" for k, r in results.items())
-        + "  (seed, 128 GPUs: stream 1.58x, + staleness + partial 2.35x)"
+        + "  (seed, 128 GPUs: stream 1.58x, + staleness + partial 2.35x; at equal tokens,"
+        + f" stream {seed_speedup_equal_tokens('(b) stream off-policy'):.2f}x)"
     )
     out = Path(cfg.output_dir) / f"bench-modes-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -235,13 +244,13 @@ def _table(results: dict[str, dict[str, Any]], w: Workload, steps: int) -> Table
     cols = ["setup", "total s", "s/step"]
     cols += ["seed-s/step", "seed s/step"] if scale else []
     cols += ["trainer idle", "rollouter idle", "stale samples", "partial ratio"]
-    cols += ["speedup", "seed speedup", "efficiency"]
+    cols += ["speedup", "seed speedup", "seed's at equal tokens", "efficiency"]
     for col in cols:
         table.add_column(col, justify="right")
     ref = results["colocated sync"]["steady_s"]
     for name, r in results.items():
         per_step = r["steady_s"] / max(r["steps"], 1)
-        seed_x = seed_speedup(name)
+        seed_x, seed_eq = seed_speedup(name), seed_speedup_equal_tokens(name)
         cells = [name, f"{r['total_s']:.1f}", f"{per_step:.2f}"]
         if scale:
             seed_step = SEED_ROWS.get(name, (None, None))[0]
@@ -253,6 +262,7 @@ def _table(results: dict[str, dict[str, Any]], w: Workload, steps: int) -> Table
             f"{r['partial_ratio']:.2f}",
             f"{ref / r['steady_s']:.2f}x",
             f"{seed_x:.2f}x" if seed_x else "-",
+            f"{seed_eq:.2f}x" if seed_eq else "-",
             f"{r['ideal_s'] / r['steady_s']:.2f}",
         ]
         table.add_row(*cells)

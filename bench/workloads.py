@@ -69,6 +69,14 @@ ASYNC_GEN_S = 33.14
 UNIT_GEN_S = 150.72
 """64-GPU colocated: the gen phase of the same 512 x 16 batch, on one unit."""
 STEP_SAMPLES = 512
+SEED_UPDATE_S: dict[str, float] = {
+    "(b) stream off-policy": 98.77,
+    "(d) partial rollout": 113.16,
+    "(d) staleness 0.1": 109.12,
+    "(d) staleness 0.3": 103.22,
+}
+"""The async rows' update_actor per step, on the same 64 trainer GPUs: the one figure of each
+run that measures how many tokens it trained (each run's responses grew as its policy did)."""
 
 
 def seed_speedup(row: str) -> float | None:
@@ -76,6 +84,19 @@ def seed_speedup(row: str) -> float | None:
     if row not in SEED_ROWS:
         return None
     return SEED_ROWS["colocated sync"][1] / SEED_ROWS[row][1]
+
+
+def seed_speedup_equal_tokens(row: str) -> float | None:
+    """``seed_speedup`` with the row's run scaled to the tokens of the 64:64 mode (d) run, the
+    one this workload models: its time times 113.16 / its update_actor. The stream run's
+    updates took 98.77 s, so its responses were ~13% shorter, and its 1.58x is 1.38x at the
+    modelled lengths. Colocated: 1.0; None: the seed has no such row."""
+    if row == "colocated sync":
+        return 1.0
+    if row not in SEED_UPDATE_S:
+        return None
+    ref = SEED_UPDATE_S["(d) partial rollout"]
+    return seed_speedup(row) * SEED_UPDATE_S[row] / ref
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from asyncrl.bench.workloads import (
     fit_rollout,
     seed,
     seed_speedup,
+    seed_speedup_equal_tokens,
     shared_batch_steps,
 )
 from asyncrl.config import SimConfig, load_config
@@ -44,6 +45,18 @@ def test_the_seeds_speedups_come_from_its_400_step_totals():
     assert seed_speedup("(b) stream off-policy") == pytest.approx(1.58, abs=0.01)
     assert seed_speedup("(d) partial rollout") == pytest.approx(2.35, abs=0.01)
     assert seed_speedup("(c) stale samples") is None  # the seed's row is empty
+
+
+def test_at_equal_tokens_the_seeds_stream_row_is_its_time_scaled_by_its_updates():
+    """The stream run trained fewer tokens a step (update_actor 98.77 s against the mode (d)
+    run's 113.16 s on the same 64 GPUs): at the modelled run's tokens its 1.58x is ~1.38x."""
+    assert seed_speedup_equal_tokens("(d) partial rollout") == seed_speedup("(d) partial rollout")
+    stream = seed_speedup_equal_tokens("(b) stream off-policy")
+    assert stream == pytest.approx(seed_speedup("(b) stream off-policy") * 98.77 / 113.16)
+    assert stream == pytest.approx(1.38, abs=0.01)
+    assert seed_speedup_equal_tokens("(d) staleness 0.3") == pytest.approx(2.15, abs=0.01)
+    assert seed_speedup_equal_tokens("colocated sync") == 1.0
+    assert seed_speedup_equal_tokens("(c) stale samples") is None
 
 
 @pytest.mark.parametrize("scheduling", ["shared", "fcfs"])
