@@ -160,6 +160,7 @@ def test_checksum_pieces_each_count(monkeypatch) -> None:
     from asyncrl.sync import checksum
 
     monkeypatch.setattr(checksum, "CHUNK", 64)
+    monkeypatch.setattr(checksum, "INLINE_BYTES", 0)  # these small weights too: on the pool
     m = Tied()
     before = weights_checksum(m)
     assert before.startswith("sha256-tree:") and before == weights_checksum(m)
@@ -170,6 +171,27 @@ def test_checksum_pieces_each_count(monkeypatch) -> None:
             assert weights_checksum(m) != before
             flat[i] ^= 1
     assert weights_checksum(m) == before
+
+
+def test_small_weights_are_hashed_without_a_pool_to_the_same_digest(monkeypatch) -> None:
+    """A sync of a small policy waits for its checksum: starting a thread pool cost more than
+    the hashing, so weights under INLINE_BYTES are hashed on the calling thread."""
+    from asyncrl.sync import checksum
+
+    monkeypatch.setattr(checksum, "CHUNK", 64)
+    m = Tied()
+    monkeypatch.setattr(checksum, "INLINE_BYTES", 0)
+    pooled = weights_checksum(m)
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a thread pool was started for a small model")
+
+    monkeypatch.setattr(checksum, "INLINE_BYTES", 8 << 20)
+    monkeypatch.setattr(checksum, "ThreadPoolExecutor", no_pool)
+    assert weights_checksum(m) == pooled
+    monkeypatch.setattr(checksum, "INLINE_BYTES", 16)  # above it: the pool again
+    with pytest.raises(AssertionError, match="thread pool"):
+        weights_checksum(m)
 
 
 def test_a_checksum_of_an_older_log_is_computed_its_way() -> None:
