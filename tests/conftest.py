@@ -39,13 +39,14 @@ def make_run_cfg(broker: str, tmp_path: Path) -> Callable[..., RunConfig]:
     """
     from asyncrl.config import load_config
     from asyncrl.kafka.topics import create_run_topics
+    from tests.helpers import on_session_broker
 
     def make(*overrides: str, create_topics: bool = True, config: str | None = None) -> RunConfig:
         cfg = load_config(
             config,
             overrides=[
                 f"run_id=t{uuid.uuid4().hex[:8]}",
-                f"kafka.bootstrap_servers='{broker}'",
+                *on_session_broker(broker),
                 f"output_dir='{tmp_path / 'runs'}'",
                 *overrides,
             ],

@@ -121,3 +121,16 @@ def parity_reward(tmp_path: Any) -> str:
     path = tmp_path / "parity_reward.py"
     path.write_text(PARITY_REWARD)
     return f"custom_reward_function.path={path}"
+
+
+def on_session_broker(bootstrap: str) -> tuple[str, ...]:
+    """Overrides that point a run at the session's embedded Tansu, with the group session
+    timeout ``asyncrl run`` gives the Tansu it starts (EMBEDDED_SESSION_TIMEOUT_MS): Tansu
+    answers a group join after about half of it, so a run pointed at it as at any broker
+    (6 s) waited ~3 s for its prompts at every worker start, ~2 s more than `make run`."""
+    from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS
+
+    return (
+        f"kafka.bootstrap_servers='{bootstrap}'",
+        f"kafka.session_timeout_ms={EMBEDDED_SESSION_TIMEOUT_MS}",
+    )

@@ -6,6 +6,7 @@ import pytest
 from rich.console import Console
 
 from asyncrl.bench.sync_pause import sync_pause
+from tests.helpers import on_session_broker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -13,7 +14,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 @pytest.fixture
 def smoke(broker, tmp_path, quick_policy) -> list[str]:
     """A protocol-test policy on the session broker, writing under the test's tmp_path."""
-    return [*quick_policy, f"kafka.bootstrap_servers='{broker}'", f"output_dir='{tmp_path}'"]
+    return [*quick_policy, *on_session_broker(broker), f"output_dir='{tmp_path}'"]
 
 
 def test_sync_pause_smoke(smoke):
@@ -101,7 +102,7 @@ def test_transport_smoke(broker, tmp_path):
     out = io.StringIO()
     results = transport(
         None,
-        [f"kafka.bootstrap_servers='{broker}'", f"output_dir='{tmp_path}'"],
+        [*on_session_broker(broker), f"output_dir='{tmp_path}'"],
         Console(file=out, width=200),
         sizes=(1024,),
         samples={1024: 3},
@@ -213,7 +214,7 @@ def test_offpolicy_smoke(broker, tmp_path, demo_policy):
             # The demo's warm start: most groups have a signal. (The quick one's rewards are
             # nearly all 0, so dynamic sampling filters nearly every group.)
             *demo_policy,
-            f"kafka.bootstrap_servers='{broker}'",
+            *on_session_broker(broker),
             f"output_dir='{tmp_path}'",
             "trainer.total_training_steps=2",
             "trainer.test_freq=1",

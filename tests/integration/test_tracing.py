@@ -21,7 +21,7 @@ from asyncrl.config import load_config
 from asyncrl.kafka import Publisher
 from asyncrl.kafka.records import read_records
 from asyncrl.telemetry import tracing
-from tests.helpers import read_topic
+from tests.helpers import on_session_broker, read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -43,7 +43,7 @@ def test_a_step_links_exactly_the_samples_it_trained_on(broker, tmp_path, quick_
         *quick_policy,
         f"run_id=t{uuid.uuid4().hex[:8]}",
         f"output_dir='{tmp_path}'",
-        f"kafka.bootstrap_servers='{broker}'",
+        *on_session_broker(broker),
         "tracing.enabled=true",
         "tracing.exporter=file",
         "actor_rollout_ref.rollout.name=sim",
