@@ -30,7 +30,7 @@ from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.launch.log_archive import ArchiveError
 from asyncrl.launch.preflight import check_startable
-from asyncrl.launch.process import spawn
+from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
 from asyncrl.launch.progress import StepProgress
 
 
@@ -220,6 +220,8 @@ def run(
     fault tests, or an operator's tooling, find the trainer and workers."""
     check_startable(cfg, "run")  # a bad value fails now, naming its key (launch/preflight.py)
     console = console or Console()
+    if cfg.launcher == "local":
+        start_role_server()  # its imports overlap the set-up below
     embedded = cfg.kafka.bootstrap_servers is None
     if embedded:
         cfg = for_embedded_broker(cfg)
@@ -298,7 +300,11 @@ def _restore_log(cfg: RunConfig, bootstrap: str, console: Console) -> None:
     console.log(f"restored {n} records of {log_dir(cfg)} in {time.monotonic() - t0:.1f} s")
 
 
-def _spawn_local(name: str, cmd: list[str], log_path: Path) -> tuple[subprocess.Popen, Path]:
+def _spawn_local(name: str, cmd: list[str], log_path: Path) -> tuple[_Process, Path]:
+    """A role's command (``python -m asyncrl ...``) forked from the preloaded server where
+    there is one (``launch/process.py``), any other command as a fresh process."""
+    if cmd[:3] == [sys.executable, "-m", "asyncrl"] and preloaded_available():
+        return spawn_role(cmd[3:], log_path)
     return spawn(cmd, log_path)
 
 

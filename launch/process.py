@@ -3,18 +3,29 @@
 Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` is set in the child between fork and exec, so a
 broker or a worker is killed by the kernel when its parent dies, even by SIGKILL, where no
 Python cleanup runs.
+
+A role (``asyncrl train``, ``asyncrl rollout``) is forked from a server process that has
+imported torch and transformers once (:func:`spawn_role`): a fresh interpreter spends ~7 s of
+CPU on those imports on a 2-core machine, at every start and every restart of every role. The
+server imports nothing that starts a thread (pyarrow's allocator does: it is imported in each
+child), and it exits when its parent does; each child dies with it (PDEATHSIG), so the chain
+still ends with the launcher.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
+import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -65,3 +76,130 @@ def spawn(cmd: list[str], log_path: Path) -> tuple[subprocess.Popen, Path]:
             close_fds=True,
         )
     return proc, log_path
+
+
+PRELOAD = [
+    "torch",
+    "transformers",
+    "transformers.models.qwen2.modeling_qwen2",
+    "numpy",
+    "pydantic",
+    "confluent_kafka",
+    "rich",
+    "yaml",
+]
+"""What the fork server imports before it forks any role: the costly imports every role makes,
+none of which starts a thread."""
+
+_server: Any = None
+
+
+def _context() -> Any:
+    """The fork server's context, started on first use with this process's environment (plus
+    what ``child_env`` adds: transformers reads HF_HUB_OFFLINE when it is imported)."""
+    global _server
+    if _server is None:
+        for key, value in child_env().items():
+            os.environ.setdefault(key, value)
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        _server = ctx
+    return _server
+
+
+def preloaded_available() -> bool:
+    """Roles can be forked from a preloaded server here (Linux; not disabled by
+    ``ASYNCRL_SPAWN=exec``, which starts every role as a fresh interpreter)."""
+    return (
+        sys.platform.startswith("linux")
+        and "forkserver" in multiprocessing.get_all_start_methods()
+        and os.environ.get("ASYNCRL_SPAWN", "") != "exec"
+    )
+
+
+def start_role_server() -> None:
+    """Start the fork server now, so its imports overlap what the caller does before its
+    first role (the broker's start, the topics, the prompts); returns at once."""
+    if preloaded_available():
+        _context()
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def _role_main(argv: list[str], log_path: str, env: dict[str, str]) -> None:
+    """A role's process, as ``python -m asyncrl <argv>`` with its output to ``log_path``."""
+    # The server exits once every holder of its "alive" pipe has closed it; multiprocessing
+    # hands each child a copy (so the server outlives its children). Without ours, the
+    # server exits when the launcher does, even by SIGKILL, and this child with it.
+    from multiprocessing import forkserver
+
+    server: Any = getattr(forkserver, "_forkserver", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        server._forkserver_alive_fd = None
+    libc = _libc()
+    if libc is not None:  # die with the fork server
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() == 1:
+            os._exit(1)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(write_through=True)  # type: ignore[union-attr]
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = ["asyncrl", *argv]
+    try:  # as `python -m asyncrl <argv>`, which ends in SystemExit(its exit code)
+        runpy.run_module("asyncrl", run_name="__main__", alter_sys=True)
+    finally:
+        atexit._run_exitfuncs()  # the server's child ends with os._exit: flush spans, etc.
+
+
+class RoleProcess:
+    """A role forked from the preloaded server, with the part of ``subprocess.Popen`` the
+    launcher and the tests use (``poll``, ``wait``, ``kill``, ``terminate``,
+    ``send_signal``, ``pid``, ``returncode``)."""
+
+    def __init__(self, process: Any) -> None:
+        self._process = process
+        self.pid: int = process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+        return int(self._process.exitcode)
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+def spawn_role(argv: list[str], log_path: Path) -> tuple[RoleProcess, Path]:
+    """Start ``asyncrl <argv>`` forked from the preloaded server, its stdout and stderr to
+    ``log_path``; it dies with this process."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    ctx = _context()
+    process = ctx.Process(
+        target=_role_main, args=(argv, str(log_path), child_env()), name=" ".join(argv[:1])
+    )
+    process.start()
+    return RoleProcess(process), log_path

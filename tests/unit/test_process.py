@@ -1,0 +1,71 @@
+"""Roles forked from the preloaded server (launch/process.py): real processes, as
+``python -m asyncrl <argv>`` would be, that still end with the process that started them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from asyncrl.launch.process import preloaded_available, spawn_role
+
+pytestmark = pytest.mark.skipif(not preloaded_available(), reason="needs Linux's forkserver")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_a_forked_role_writes_its_log_and_reports_its_exit_code(tmp_path):
+    ok, log = spawn_role(["--help"], tmp_path / "help.log")
+    assert ok.wait(120) == 0 and ok.returncode == 0
+    assert "usage: asyncrl" in log.read_text()
+    bad, log = spawn_role(["no-such-command"], tmp_path / "bad.log")
+    assert bad.wait(60) == 2  # argparse's usage error, as from the command line
+    assert "invalid choice: 'no-such-command'" in log.read_text()
+
+
+def test_a_forked_role_ends_with_the_launcher_even_when_it_is_sigkilled(tmp_path):
+    """multiprocessing hands each child a copy of the server's "alive" pipe, so the server
+    (and, through PDEATHSIG, the child) would outlive a killed launcher; a role closes its
+    copy, and ends with it."""
+    log = tmp_path / "broker.log"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from pathlib import Path\n"
+            "from asyncrl.launch.process import spawn_role\n"
+            f"proc, _ = spawn_role(['broker'], Path({str(log)!r}))\n"
+            "print(proc.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pid = -1
+    try:
+        assert launcher.stdout is not None
+        pid = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "127.0.0.1" in log.read_text()):  # its broker is up
+            assert time.monotonic() < deadline and _alive(pid), "the role never started"
+            time.sleep(0.1)
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), "the role outlived the process that started it"
+    finally:
+        launcher.kill()
+        if pid > 0 and _alive(pid):
+            os.kill(pid, 9)
