@@ -93,10 +93,11 @@ def seed_speedup_equal_tokens(row: str) -> float | None:
     modelled lengths. Colocated: 1.0; None: the seed has no such row."""
     if row == "colocated sync":
         return 1.0
-    if row not in SEED_UPDATE_S:
+    speedup = seed_speedup(row)
+    if speedup is None or row not in SEED_UPDATE_S:
         return None
     ref = SEED_UPDATE_S["(d) partial rollout"]
-    return seed_speedup(row) * SEED_UPDATE_S[row] / ref
+    return speedup * SEED_UPDATE_S[row] / ref
 
 
 @dataclass(frozen=True)

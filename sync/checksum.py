@@ -102,7 +102,7 @@ def weights_checksum(
 class _InlineExecutor(Executor):
     """Runs each call at once on the calling thread (its future is done when returned)."""
 
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def,unused-ignore]
         future: Future[bytes] = Future()
         future.set_result(fn(*args, **kwargs))
         return future
