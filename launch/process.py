@@ -91,20 +91,20 @@ PRELOAD = [
 """What the fork server imports before it forks any role: the costly imports every role makes,
 none of which starts a thread."""
 
-_server: Any = None
+_forkserver_context: Any = None
 
 
 def _context() -> Any:
     """The fork server's context, started on first use with this process's environment (plus
     what ``child_env`` adds: transformers reads HF_HUB_OFFLINE when it is imported)."""
-    global _server
-    if _server is None:
+    global _forkserver_context
+    if _forkserver_context is None:
         for key, value in child_env().items():
             os.environ.setdefault(key, value)
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        _server = ctx
-    return _server
+        _forkserver_context = ctx
+    return _forkserver_context
 
 
 def preloaded_available() -> bool:
