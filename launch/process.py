@@ -20,9 +20,11 @@ import ctypes.util
 import multiprocessing
 import os
 import runpy
+import select
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -127,8 +129,27 @@ def start_role_server() -> None:
         forkserver.ensure_running()
 
 
-def _role_main(argv: list[str], log_path: str, env: dict[str, str]) -> None:
+def _die_with(launcher: int) -> None:
+    """Kill this process the moment ``launcher`` exits (a thread waits on its pidfd): the
+    server would end it too, but only once its interpreter has shut down, ~1.5 s later, while
+    this role went on consuming and publishing for a run that was gone."""
+    try:
+        fd = os.pidfd_open(launcher)
+    except ProcessLookupError:  # gone already
+        os._exit(1)
+    except (AttributeError, OSError):  # no pidfd here: the server's chain alone
+        return
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="die-with-launcher", daemon=True).start()
+
+
+def _role_main(argv: list[str], log_path: str, env: dict[str, str], launcher: int) -> None:
     """A role's process, as ``python -m asyncrl <argv>`` with its output to ``log_path``."""
+    _die_with(launcher)
     # The server exits once every holder of its "alive" pipe has closed it; multiprocessing
     # hands each child a copy (so the server outlives its children). Without ours, the
     # server exits when the launcher does, even by SIGKILL, and this child with it.
@@ -199,7 +220,9 @@ def spawn_role(argv: list[str], log_path: Path) -> tuple[RoleProcess, Path]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     ctx = _context()
     process = ctx.Process(
-        target=_role_main, args=(argv, str(log_path), child_env()), name=" ".join(argv[:1])
+        target=_role_main,
+        args=(argv, str(log_path), child_env(), os.getpid()),
+        name=" ".join(argv[:1]),
     )
     process.start()
     return RoleProcess(process), log_path
