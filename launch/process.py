@@ -8,8 +8,9 @@ A role (``asyncrl train``, ``asyncrl rollout``) is forked from a server process 
 imported torch and transformers once (:func:`spawn_role`): a fresh interpreter spends ~7 s of
 CPU on those imports on a 2-core machine, at every start and every restart of every role. The
 server imports nothing that starts a thread (pyarrow's allocator does: it is imported in each
-child), and it exits when its parent does; each child dies with it (PDEATHSIG), so the chain
-still ends with the launcher.
+child). A role still ends with the launcher: a thread of its own waits on the launcher's pidfd,
+and, where there is none, the server exits with the launcher and the role with the server
+(PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def spawn_role(argv: list[str], log_path: Path) -> tuple[RoleProcess, Path]:
     process = ctx.Process(
         target=_role_main,
         args=(argv, str(log_path), child_env(), os.getpid()),
-        name=" ".join(argv[:1]),
+        name=argv[0] if argv else "asyncrl",
     )
     process.start()
     return RoleProcess(process), log_path
