@@ -273,8 +273,7 @@ class MemoryPromptSource:
         self.buffer: list[Record[PromptRecord]] = []
         self.open: set[int] = set()
         """Offsets taken and not done."""
-        self.closed_settling: bool | None = None
-        """How the worker closed it: ``settle`` (the run goes on without it), None: open."""
+        self.closed = False
         on_assign({0})
 
     def keep_alive(self) -> None:
@@ -309,8 +308,8 @@ class MemoryPromptSource:
         self.on_revoke({0}, lost)
         self.open.clear()
 
-    def close(self, settle: bool = False) -> None:
-        self.closed_settling = settle
+    def close(self) -> None:
+        self.closed = True
 
 
 class ScriptedTrainer:

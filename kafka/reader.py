@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RELEASE_WAIT_S = 5.0
+"""How long ``Reader.close(leave_group=False)`` waits for the client's release."""
+
 
 def _coordinates(msg: Message) -> tuple[str, int, int]:
     """A fetched message's topic, partition and offset (the stubs type them optional: an error
@@ -77,8 +81,8 @@ class Reader(Generic[T]):
         dead_letter: tuple[Publisher, str] | None = None,
         watch_group: bool = False,
     ) -> None:
-        """``watch_group``: keep this member's view of the group's rebalances (``group``), for
-        a member that must not leave mid-rebalance (``kafka.group_watch``)."""
+        """``watch_group``: keep this member's join state (``group``), for a member that
+        may leave without a LeaveGroup (``close``)."""
         self.group_id = group_id
         self._decode = decode
         self._dead_letter = dead_letter
@@ -416,12 +420,42 @@ class Reader(Generic[T]):
             self._conf, topic, exact, min(_METADATA_TIMEOUT_S, self._health.timeout_s)
         )
 
-    def close(self) -> None:
-        """Leave the group and release the client. Idempotent."""
+    def close(self, leave_group: bool = True) -> None:
+        """Leave the group and release the client. Idempotent.
+
+        ``leave_group=False``: release the client without a LeaveGroup, as a crashed member
+        would; the group drops this member when its session times out. Why: on Tansu a
+        member that leaves while the group is forming can wedge it for good, and one that
+        times out never does (``prompt_source``'s module doc). Commit first: nothing is.
+        Only while the member's own join is quiet (``GroupWatch.quiet``), or the release
+        may never return (``kafka.group_watch``)."""
         with self._dl_lock:  # no commit from a late dead-letter acknowledgement after this
             closing, self._closed = not self._closed, True
-        if closing:
+        if not closing:
+            return
+        if leave_group:
             self._consumer.close()
+            return
+        # confluent-kafka destroys a consumer that was never closed without its close
+        # sequence (no LeaveGroup, no rebalance callbacks), as soon as the last reference
+        # goes. One held elsewhere would keep heartbeating for a member nobody polls: leave
+        # properly then.
+        held = [self._consumer]
+        del self._consumer  # any use after close fails loudly instead of rejoining
+        if sys.getrefcount(held[0]) > 2:  # the list's and getrefcount's argument
+            log.warning("consumer still referenced elsewhere: leaving its group instead")
+            held.pop().close()
+            return
+        # Released on a thread, so that a destroy that never returns (kafka.group_watch)
+        # is left behind instead of hanging its caller; the process's exit ends it.
+        release = threading.Thread(target=held.clear, name="kafka-release", daemon=True)
+        release.start()
+        release.join(RELEASE_WAIT_S)
+        if release.is_alive():
+            log.error(
+                "releasing a consumer of group %s did not finish in %.0f s: left behind",
+                *(self.group_id, RELEASE_WAIT_S),
+            )
 
     def __enter__(self) -> Reader[T]:
         return self

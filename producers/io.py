@@ -45,8 +45,8 @@ class PromptFeed(Protocol):
 
     def done(self, rec: Record[PromptRecord]) -> None: ...
 
-    def close(self, settle: bool = False) -> None:
-        """Leave; ``settle``: the run goes on without this worker (wait out a rebalance)."""
+    def close(self) -> None:
+        """Commit what is done and leave; what is open goes to the next owner."""
         ...
 
 

@@ -15,14 +15,17 @@ Offsets are committed only up to the first prompt not yet turned into a publishe
 (``done`` must be called after the sample is acknowledged by the broker), so a crash loses
 no prompt: at worst one is generated twice.
 
-A source closed before its first assignment (a worker that fails during start-up) first
-waits, polling, for that assignment, then leaves: on Tansu 0.6 a member leaving a group before
-its join completes wedges the group, and no later member is ever assigned a partition (a
-restarted worker then waits for prompts for good; measured: nothing in 120 s, recreating the
-consumer does not help, while a member killed mid-join only costs its session timeout). The
-same holds for any rebalance: a worker stopped (or failing) while the run goes on leaves only
-once the group has settled (``kafka.group_watch``; a worker stopped while another was joining
-left the other two workers' prompts unassigned for good, and the run stalled).
+A source leaves its group without a LeaveGroup (``Reader.close(leave_group=False)``): the
+group drops the member when its session times out, as if the worker had crashed. On Tansu
+0.6 a LeaveGroup can wedge the group for good, and a timed-out member never does: a group
+that is forming keeps its leader, and a LeaveGroup while it forms removes the member without
+clearing it, so if the leader left no member can complete the round and nothing is assigned
+again (a worker that failed during start-up, mid-join, left its restart waiting for prompts
+for good; a worker stopped while another joined left the run's prompts unassigned and the
+trainer waited for samples until it timed out). Tansu's session expiry clears the leader.
+The price: a stopped worker's partitions move after one session timeout (2 s on the
+embedded broker, 6 s by default elsewhere) instead of at once. A join of its own under way
+is waited out first (``kafka.group_watch``: releasing the client mid-join can hang).
 
 A rebalance (a worker joins or leaves) moves some partitions to another worker. Before they
 are released, ``on_revoke`` lets the worker hand back what it holds of them (stop generating
@@ -90,18 +93,12 @@ class PromptSource:
         self._next_commit: dict[int, int] = {}  # partition -> highest offset taken + 1
         self.owned: set[int] = set()
         self._closing = False
-        self._joined = False
+        self.joined = False
         """The group has answered this member's join (an assignment, maybe empty)."""
         session_ms = cfg.kafka.session_timeout_ms or EXTERNAL_SESSION_TIMEOUT_MS
         self.join_wait_s = 2 * session_ms / 1000 + 2
-        """How long ``close`` waits for an unfinished join (the module doc): a Tansu join
-        takes about half the session timeout, one after a dead member's expiry about two."""
-        self.settle_wait_s = 3 * self.join_wait_s
-        """How long ``close(settle=True)`` waits for a rebalance to end: a cooperative one
-        takes two rounds or more (11 s seen on Tansu with a 2 s session)."""
-        self.quiet_s = 3 * cfg.kafka.heartbeat_interval_ms / 1000
-        """Settled: no rebalance seen for this long (a member learns of one at its next
-        heartbeat: ``kafka.group_watch``)."""
+        """How long ``close`` waits for a join under way to end: a Tansu join takes about
+        half the session timeout, one after a dead member's expiry about two."""
         self.partitions = cfg.kafka.topics.partitions.get("prompts")
         self._unowned_since: float | None = time.monotonic()
         """Since when this member has owned no partition (its start, or when it lost its
@@ -115,7 +112,7 @@ class PromptSource:
 
     # --- group membership -------------------------------------------------------------------
     def _on_assign(self, partitions: list[tuple[str, int]]) -> None:
-        self._joined = True
+        self.joined = True
         added = {p for _topic, p in partitions}
         if not added or self._closing:
             return
@@ -244,37 +241,24 @@ class PromptSource:
     def in_progress(self) -> int:
         return sum(len(s) for s in self._open.values())
 
-    def close(self, settle: bool = False) -> None:
-        """Leave the group. ``settle``: the run goes on without this member, so leave only
-        once the group has settled (or after ``settle_wait_s``); otherwise only once its own
-        join has completed (or after ``join_wait_s``). See the module doc."""
+    def close(self) -> None:
+        """Commit what is done and leave the group by session expiry (the module doc): what
+        is still open goes to the partitions' next owner. A join of this member under way
+        is waited out first (``kafka.group_watch``), polling with everything paused; what
+        the polls fetch is dropped, uncommitted."""
         self.commit()
-        self._closing = True  # leaving the group revokes everything: nothing left to hand back
-        if settle:
-            since = time.monotonic()
-            self._wait_until(
-                lambda: self._joined and self._settled(since),
-                self.settle_wait_s,
-                "the group settled",
-            )
-        else:
-            self._wait_until(lambda: self._joined, self.join_wait_s, "its join completed")
-        self.reader.close()
-
-    def _settled(self, since: float) -> bool:
+        self._closing = True  # nothing is handed back from here: the next owner re-reads
         assert self.reader.group is not None  # watched: see __init__
-        return self.reader.group.settled(self.quiet_s, since)
-
-    def _wait_until(self, done: Callable[[], bool], wait_s: float, what: str) -> None:
-        """Poll until ``done()`` or ``wait_s``: never leave mid-rebalance (the module doc).
-        What the polls fetch is dropped, uncommitted: the group hands it to the next member."""
-        deadline = time.monotonic() + wait_s
-        while not done() and time.monotonic() < deadline:
+        deadline = time.monotonic() + self.join_wait_s
+        while not self.reader.group.quiet() and time.monotonic() < deadline:
             self.reader.pause_all()
-            self.reader.poll(0.1)
-        if not done():
-            log.warning(
-                "left the prompts group before %s (%.0f s): on Tansu the group may assign "
-                "no partition to the other members",
-                *(what, wait_s),
-            )
+            self.reader.poll(0.05)
+        if self.reader.group.quiet():
+            self.reader.close(leave_group=False)
+            return
+        log.warning(
+            "the prompts group kept this worker rebalancing for %.0f s: leaving it with a "
+            "LeaveGroup, which on Tansu may leave the other workers without prompts",
+            self.join_wait_s,
+        )
+        self.reader.close()

@@ -367,7 +367,7 @@ class RolloutWorker:
             reason, self.produced, dropped=sorted(self.in_flight) if finished else []
         )
         self.publisher.flush()
-        prompts.close(settle=not finished)  # the others go on: never leave mid-rebalance
+        prompts.close()
         if self.shadow is not None:
             self.shadow.close()
         self.follower.close()

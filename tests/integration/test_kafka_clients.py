@@ -223,3 +223,42 @@ def test_consumer_group_gets_messages_quickly(run_cfg: RunConfig, broker: str) -
         reader.commit(next_offsets)
         assert reader.committed(list(next_offsets)) == next_offsets
     assert elapsed < 10.0
+
+
+def test_a_reader_released_without_leaving_is_dropped_at_its_session_timeout(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    """``Reader.close(leave_group=False)`` sends no LeaveGroup (on Tansu one can wedge a
+    forming group): the group moves the member's partitions only once its session has timed
+    out, as for a crashed member, and nothing waits on the release."""
+    cfg = make_run_cfg("kafka.topics.partitions.prompts=2")
+    topic, group = cfg.topic("prompts"), f"{cfg.run_id}-g"
+    owned: list[set[int]] = [set(), set()]
+    readers = [Reader(cfg.kafka, broker, raw_decode, group_id=group, watch_group=True)]
+    readers.append(Reader(cfg.kafka, broker, raw_decode, group_id=group, watch_group=True))
+    for mine, reader in zip(owned, readers, strict=True):
+        reader.subscribe(
+            [topic],
+            on_assign=lambda parts, mine=mine: mine.update(p for _t, p in parts),
+            on_revoke=lambda parts, mine=mine: mine.difference_update(p for _t, p in parts),
+        )
+
+    def poll_until(done: Callable[[], bool], *polled: Reader) -> None:
+        deadline = time.monotonic() + 30
+        while not done() and time.monotonic() < deadline:
+            for r in polled:
+                r.poll(0.05)
+
+    watches = [r.group for r in readers]
+    poll_until(lambda: all(owned) and all(w is not None and w.quiet() for w in watches), *readers)
+    assert owned[0] | owned[1] == {0, 1} and owned[0] and owned[1]
+    released_at = time.monotonic()
+    readers[0].close(leave_group=False)
+    assert time.monotonic() - released_at < 1.0  # no close sequence to wait for
+    poll_until(lambda: owned[1] == {0, 1}, readers[1])
+    moved_after = time.monotonic() - released_at
+    took_over = set(owned[1])
+    readers[1].close()  # (revokes what it owns)
+    assert took_over == {0, 1}
+    assert cfg.kafka.session_timeout_ms is not None
+    assert moved_after >= cfg.kafka.session_timeout_ms / 1000, "it left with a LeaveGroup"

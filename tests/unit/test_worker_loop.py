@@ -169,16 +169,16 @@ def test_a_mode_c_sync_finishes_in_flight_samples_then_loads_the_new_version(tmp
     assert resumed[1].budget == run.cfg.max_samples_per_version - resumed[1].num_stale
     assert all(e.checksum_ok for e in loaded)
     assert _same_weights(run.worker.engine.model, run.model)
-    assert run.sources[0].closed_settling is False  # the run is over: no rebalance to wait out
+    assert run.sources[0].closed
 
 
-def test_a_stopped_worker_leaves_the_prompts_group_only_once_it_settled(tmp_path):
-    """Stopped while the run goes on (SIGTERM), a worker leaves the group only after any
-    rebalance (kafka.group_watch: on Tansu, leaving mid-rebalance wedges the group)."""
+def test_a_stopped_worker_leaves_the_prompts_group_and_says_why(tmp_path):
+    """Stopped while the run goes on (SIGTERM), a worker closes its prompts (the group hands
+    what it held to the next owner) and says it stopped, not that the run finished."""
     run = Run(_cfg(tmp_path))
     run.when_published(2, run.worker.stop)
     assert run.run() >= 2
-    assert run.sources[0].closed_settling is True
+    assert run.sources[0].closed
     stopped = [e for e in run.events() if isinstance(e, ev.WorkerStopped)]
     assert [e.reason for e in stopped] == ["stopped"]
 
