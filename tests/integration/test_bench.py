@@ -149,9 +149,10 @@ def test_learn_smoke(tmp_path, smoke):
         ],
         Console(file=out, width=160),
     )
-    assert list(results) == ["colocated sync", "async (c)", "async (d)", "async (d in flight)"]
+    asyncs = ["async (c)", "async (d)", "async (d in flight)"]
+    assert list(results) == ["colocated sync", *_slower_colocated(results), *asyncs]
     assert all(r["steps"] == 2 and r["runs"][0]["curve"] for r in results.values())
-    waits = [r["runs"][0].get("wait_s") for name, r in results.items() if name != "colocated sync"]
+    waits = [r["runs"][0].get("wait_s") for name, r in results.items() if name in asyncs]
     assert all(w is not None and w >= 0 for w in waits)
     assert "wait s/step" in out.getvalue()
     png = next(tmp_path.glob("bench-learn-*.png"))
@@ -174,7 +175,11 @@ def test_tuning_runs_each_cell_of_the_grid_once_per_seed(tmp_path, smoke):
         staleness=(1.0,),
         trigger=(2,),
     )
-    assert list(results) == ["colocated sync", "staleness=1 trigger=2"]
+    assert list(results) == [
+        "colocated sync",
+        *_slower_colocated(results),
+        "staleness=1 trigger=2",
+    ]
     cell = results["staleness=1 trigger=2"]
     assert [r["seed"] for r in cell["runs"]] == [0, 1]
     assert cell["runs_n"] == 2 and all(r["steps"] == 2 for r in cell["runs"])
@@ -228,3 +233,11 @@ def test_offpolicy_smoke(broker, tmp_path, demo_policy):
     assert results["dynamic sampling"]["filtered_groups"] is not None
     assert "off-policy stress ablation" in out.getvalue()
     assert len(list(tmp_path.glob("bench-offpolicy-*.png"))) == 2
+
+
+def _slower_colocated(results: dict) -> list[str]:
+    """The colocated rows after the baseline: those of the other torch thread counts."""
+    from asyncrl.bench.learn import colocated_name, colocated_threads
+
+    best = results["colocated sync"]["threads"]
+    return [colocated_name(n) for n in colocated_threads() if n != best]

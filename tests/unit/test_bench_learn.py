@@ -2,7 +2,14 @@
 
 import pytest
 
-from asyncrl.bench.learn import async_row, median_row
+from asyncrl.bench.learn import (
+    COLOCATED,
+    async_row,
+    best_colocated,
+    colocated_name,
+    colocated_threads,
+    median_row,
+)
 from asyncrl.bench.sync_pause import one_trainer
 from asyncrl.config import load_config
 
@@ -80,3 +87,21 @@ def test_a_throughput_benchmark_refuses_a_run_whose_trainer_was_restarted():
     assert one_trainer(cfg, {"step": 3}) == {"step": 3}
     with pytest.raises(RuntimeError, match="bench-x: the trainer died and was restarted"):
         one_trainer(cfg, {"step": 3, "restarts": {"trainer": 2}})
+
+
+def test_the_baseline_is_the_faster_colocated_row(monkeypatch):
+    """With a core taken by another process, the colocated loop took 3.6 s with one torch
+    thread and 11.6 s with two: the baseline is whichever is faster on the machine at hand,
+    the other row stays, named."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert colocated_threads() == [1, 2]
+    one, two = median_row([_run(0, 70, 3.6)]), median_row([_run(0, 70, 11.6)])
+    results = best_colocated(
+        {colocated_name(1): one, colocated_name(2): two, "async (c)": median_row([_run(0, 85, 7)])}
+    )
+    assert list(results) == [COLOCATED, "colocated sync, 2 threads", "async (c)"]
+    assert results[COLOCATED]["threads"] == 1
+    assert results[COLOCATED]["time_to_target_s"] == 3.6
+    never = median_row([_run(0, 400, None, 0.8)])  # one that got there beats one that did not
+    results = best_colocated({colocated_name(1): never, colocated_name(2): two})
+    assert results[COLOCATED]["threads"] == 2 and list(results)[1] == "colocated sync, 1 thread"
