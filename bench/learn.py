@@ -10,11 +10,13 @@ setups (so a drift in the machine's load touches each alike), and compares media
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +59,9 @@ def best_colocated(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, An
     """``results`` with the faster colocated row (the median time to the target; one that
     got there over one that did not) as ``COLOCATED`` first, labelled with its thread count,
     and the slower one(s) after it under their own names."""
-    variants = {n: results[colocated_name(n)] for n in colocated_threads()}
-    if not all(colocated_name(n) in results for n in variants):
+    if not all(colocated_name(n) in results for n in colocated_threads()):
         return results
+    variants = {n: results[colocated_name(n)] for n in colocated_threads()}
 
     def time_of(n: int) -> float:
         t = variants[n]["time_to_target_s"]
@@ -139,37 +141,26 @@ def run_setups(
     given = load_config(config, base).trainer
     if given.target_accuracy is None:
         base.append(f"trainer.target_accuracy={LEARN_TARGET}")
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for name in setups:
-        runs.update(
-            {colocated_name(n): [] for n in colocated_threads()}
-            if name == COLOCATED
-            else {name: []}
-        )
+    # (row, its overrides, how it runs): the colocated setup once per thread count
+    plan: list[tuple[str, list[str], Callable[[RunConfig, Console], dict[str, Any]]]] = []
+    for name, settings in setups.items():
+        if name == COLOCATED:
+            for n in colocated_threads():
+                plan.append((colocated_name(n), settings, functools.partial(_colocated, threads=n)))
+        else:
+            plan.append((name, settings, _async))
+    runs: dict[str, list[dict[str, Any]]] = {row: [] for row, _, _ in plan}
     for i in range(seeds):
         seed = given.seed + i
-        for name, settings in setups.items():
-            if name == COLOCATED:
-                for threads in colocated_threads():
-                    row_name = colocated_name(threads)
-                    cfg = load_config(
-                        config,
-                        [*base, *settings, f"trainer.seed={seed}", _run_id(row_name, seed, stamp)],
-                    )
-                    console.rule(f"{row_name}, trainer.seed={seed}")
-                    runs[row_name].append({"seed": seed, **_colocated(cfg, console, threads)})
-                continue
+        for row, settings, run in plan:
+            slug = re.sub(r"[^A-Za-z0-9_-]", "", row.replace(" ", "-"))  # a valid run_id
             cfg = load_config(
-                config, [*base, *settings, f"trainer.seed={seed}", _run_id(name, seed, stamp)]
+                config,
+                [*base, *settings, f"trainer.seed={seed}", f"run_id=learn-{slug}-{seed}-{stamp}"],
             )
-            console.rule(f"{name}, trainer.seed={seed}")
-            runs[name].append({"seed": seed, **_async(cfg, console)})
+            console.rule(f"{row}, trainer.seed={seed}")
+            runs[row].append({"seed": seed, **run(cfg, console)})
     return runs
-
-
-def _run_id(name: str, seed: int, stamp: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9_-]", "", name.replace(" ", "-"))  # a valid run_id
-    return f"run_id=learn-{slug}-{seed}-{stamp}"
 
 
 def _colocated(cfg: RunConfig, console: Console, threads: int) -> dict[str, Any]:
