@@ -98,38 +98,44 @@ class TensorBoardWriter:
         self._w.close()
 
 
-class WaitClock:
-    """Time spent waiting, per window (idle ratios): ``with clock.waiting():`` around a wait
-    (the trainer), or ``set_waiting(flag)`` where waiting starts and ends in different places
-    (a rollout worker, idle between decoding steps). A wait still open when a window closes
-    counts in both windows, each its part."""
+class LevelClock:
+    """The time-weighted mean of a level per window: ``set(level)`` where the level changes
+    (how full a rollout worker's engine is). The level set last holds until the next ``set``,
+    across a window's end: each window counts its part."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.window_start = clock()
-        self.waited = 0.0
-        self._since: float | None = None
+        self._level = 0.0
+        self._since = self.window_start
+        self._area = 0.0
+
+    def set(self, level: float) -> None:
+        now = self.clock()
+        self._area += self._level * (now - self._since)
+        self._level, self._since = level, now
+
+    def close_window(self) -> tuple[float, float]:
+        """(mean level, window seconds) of the window that ends now; opens the next one."""
+        now = self.clock()
+        span = max(now - self.window_start, 1e-9)
+        area = self._area + self._level * (now - self._since)
+        self.window_start = self._since = now
+        self._area = 0.0
+        return area / span, span
+
+
+class WaitClock(LevelClock):
+    """Time spent waiting, per window (idle ratios): ``with clock.waiting():`` around a wait
+    (the trainer), or ``set_waiting(flag)`` where waiting starts and ends in different places
+    (a rollout worker, idle between decoding steps). ``close_window`` gives the idle ratio; a
+    wait still open when a window closes counts in both windows, each its part."""
 
     def set_waiting(self, waiting: bool) -> None:
-        now = self.clock()
-        if waiting and self._since is None:
-            self._since = now
-        elif not waiting and self._since is not None:
-            self.waited += now - self._since
-            self._since = None
+        self.set(1.0 if waiting else 0.0)
 
     def waiting(self) -> _Waiting:
         return _Waiting(self)
-
-    def close_window(self) -> tuple[float, float]:
-        """(idle ratio, window seconds) of the window that ends now; opens the next one."""
-        now = self.clock()
-        span = max(now - self.window_start, 1e-9)
-        waited = self.waited + (now - self._since if self._since is not None else 0.0)
-        self.window_start, self.waited = now, 0.0
-        if self._since is not None:
-            self._since = now
-        return waited / span, span
 
 
 class _Waiting:

@@ -3,7 +3,7 @@
 import pytest
 
 from asyncrl.consumers.step_stats import staleness_metrics
-from asyncrl.telemetry.metrics import WaitClock
+from asyncrl.telemetry.metrics import LevelClock, WaitClock
 
 
 class Clock:
@@ -49,6 +49,23 @@ def test_rollouter_idle_ratio_spans_windows():
     ic.set_waiting(False)
     clock.t = 110.0
     assert ic.close_window() == (pytest.approx(0.5), pytest.approx(4.0))
+
+
+def test_engine_occupancy_is_the_time_weighted_level_of_each_window():
+    """Full (1.0) 100-104, a quarter full 104-108, empty 108-110: (4 + 1 + 0) / 10 = 0.5.
+    The level set last holds into the next window: a quarter from 110 to 114 -> 0.25."""
+    clock = Clock()
+    level = LevelClock(clock)
+    level.set(1.0)
+    clock.t = 104.0
+    level.set(0.25)
+    clock.t = 108.0
+    level.set(0.0)
+    clock.t = 110.0
+    level.set(0.25)
+    assert level.close_window() == (pytest.approx(0.5), pytest.approx(10.0))
+    clock.t = 114.0
+    assert level.close_window() == (pytest.approx(0.25), pytest.approx(4.0))
 
 
 def test_staleness_metrics():
