@@ -33,7 +33,7 @@ from opentelemetry.trace import Span
 
 from asyncrl.config import RunConfig
 from asyncrl.consumers import spans
-from asyncrl.consumers.step_stats import mean, param_sync_metrics
+from asyncrl.consumers.step_stats import ROLLOUTER_RATIOS, mean, param_sync_metrics
 from asyncrl.producers.budget import worker_share
 from asyncrl.schemas import control as ev
 from asyncrl.sync.channel import ControlChannel
@@ -96,8 +96,8 @@ class SyncCoordinator:
         self.pauses: list[float] = []
         self.validations: list[ev.Validated] = []
         """Rollout-side held-out evaluations read and not yet taken by the trainer's loop."""
-        self.rollouter_idle: dict[int, float] = {}
-        self.rollouter_budget_idle: dict[int, float] = {}
+        self.rollouter: dict[str, dict[int, float]] = {key: {} for key in ROLLOUTER_RATIOS}
+        """Per metric (``rollouter/...``), each worker's value over its last sync window."""
         self.first_join: float | None = None
         """When the first worker got its weights: rollout could start (benchmarks time from it)."""
 
@@ -297,8 +297,10 @@ class SyncCoordinator:
         if isinstance(event, ev.WeightsLoaded) and event.version in self.requested_ts:
             self.load_s[event.version] = max(event.load_s, self.load_s.get(event.version, 0.0))
         if isinstance(event, ev.RolloutResumed):
-            self.rollouter_idle[event.worker] = event.idle_ratio
-            self.rollouter_budget_idle[event.worker] = event.budget_idle_ratio
+            for key, field in ROLLOUTER_RATIOS.items():
+                value = getattr(event, field)
+                if value >= 0:  # -1: a worker that does not measure it
+                    self.rollouter[key][event.worker] = value
             requested = self.requested_ts.get(event.version)
             if requested is not None:  # the last worker to resume ends the sync
                 took = event.ts - requested

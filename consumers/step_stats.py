@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,15 @@ from asyncrl.schemas.sample import Sample
 from asyncrl.telemetry.metrics import throughput_metrics, timing_metrics
 
 log = logging.getLogger(__name__)
+
+ROLLOUTER_RATIOS = {
+    "rollouter/idle_ratio": "idle_ratio",
+    "rollouter/budget_idle_ratio": "budget_idle_ratio",
+    "rollouter/engine_occupancy": "engine_occupancy",
+    "rollouter/budget_unfilled_ratio": "budget_unfilled_ratio",
+}
+"""Each worker's figures of a sync window (metric -> RolloutResumed field), logged as their
+mean over the workers."""
 
 STALE_SAMPLES = "fully_async/count/stale_samples_processed"
 STALE_TRAJECTORIES = "fully_async/count/stale_trajectory_processed"
@@ -129,7 +138,7 @@ class StepStats:
                 "trainer/queue_size": float(queued),
             }
         )
-        for key in ("trainer/idle_ratio", "rollouter/idle_ratio", "rollouter/budget_idle_ratio"):
+        for key in ("trainer/idle_ratio", *ROLLOUTER_RATIOS):
             if key in self.history:
                 out[key] = self.history[key]
         out.update(self.last_sync)
@@ -149,20 +158,14 @@ class StepStats:
             log.warning("end offsets of %s: %s", topic, err)
 
     def close_sync_window(
-        self,
-        trainer_idle: float,
-        rollouter_idle: Iterable[float],
-        budget_idle: Iterable[float] = (),
+        self, trainer_idle: float, rollouter: Mapping[str, Mapping[int, float]] | None = None
     ) -> None:
-        """At a sync: the idle ratios of the window that ends (logged from this step on); the
-        workers' means, and of their idle time the part out of budget."""
+        """At a sync: the ratios of the window that ends (logged from this step on): the
+        trainer's idle ratio, and each ``rollouter/...`` figure as the workers' mean."""
         self.history["trainer/idle_ratio"] = trainer_idle
-        for key, ratios in (
-            ("rollouter/idle_ratio", list(rollouter_idle)),
-            ("rollouter/budget_idle_ratio", list(budget_idle)),
-        ):
-            if ratios:
-                self.history[key] = sum(ratios) / len(ratios)
+        for key, per_worker in (rollouter or {}).items():
+            if per_worker:
+                self.history[key] = sum(per_worker.values()) / len(per_worker)
 
 
 def step_metrics(

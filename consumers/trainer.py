@@ -305,11 +305,7 @@ class Trainer:
             synced = self.step % at.trigger_parameter_sync_step == 0
             if synced:
                 idle, _window = self.wait_clock.close_window()
-                self.stats.close_sync_window(
-                    idle,
-                    self.coordinator.rollouter_idle.values(),
-                    self.coordinator.rollouter_budget_idle.values(),
-                )
+                self.stats.close_sync_window(idle, self.coordinator.rollouter)
             metrics.update(
                 self.stats.of_step(
                     [r.value for r in batch],

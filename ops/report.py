@@ -95,6 +95,10 @@ def sync_windows(rows: list[dict[str, Any]], syncs: list[dict[str, Any]]) -> lis
                 "rollouter_budget_idle": float(
                     before.get("rollouter/budget_idle_ratio", float("nan"))
                 ),
+                "engine_occupancy": float(before.get("rollouter/engine_occupancy", float("nan"))),
+                "budget_unfilled": float(
+                    before.get("rollouter/budget_unfilled_ratio", float("nan"))
+                ),
             }
         )
     return windows
@@ -328,6 +332,9 @@ def _markdown(
             ("trainer idle ratio, mean of windows", f"{mean['trainer_idle']:.2f}"),
             ("rollouter idle ratio, mean of windows", f"{mean['rollouter_idle']:.2f}"),
             ("of it out of budget, mean of windows", f"{mean['rollouter_budget_idle']:.2f}"),
+            # measured from a worker's first budget on: the first window may have none
+            ("engine occupancy, mean of windows", _measured(windows, "engine_occupancy")),
+            ("engine left empty out of budget, mean", _measured(windows, "budget_unfilled")),
         ]
     lines = [f"# Run `{run_id}`", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in facts]
@@ -343,6 +350,12 @@ def _acc(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if start is None and end is None:
         return "not evaluated"
     return f"{'-' if start is None else f'{start:.3f}'} -> {'-' if end is None else f'{end:.3f}'}"
+
+
+def _measured(windows: list[dict[str, float]], key: str) -> str:
+    """The mean of ``key`` over the windows that measured it; '-' where none did."""
+    values = [w[key] for w in windows if w[key] == w[key]]  # NaN: not measured
+    return f"{sum(values) / len(values):.2f}" if values else "-"
 
 
 def _ms(mean: dict[str, float], *keys: str) -> str:

@@ -26,7 +26,7 @@ from asyncrl.sync.channel import ControlChannel, SyncTimeout
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import ManifestMismatchError
 from asyncrl.sync.transport import WeightSink
-from asyncrl.telemetry.metrics import WaitClock
+from asyncrl.telemetry.metrics import LevelClock, WaitClock
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,17 @@ class SyncFollower:
         self.trainer_back = False
         """A new trainer's TrainerResumed has arrived (it hosts the collective by now)."""
         self.finished = False
+        self.opened = False
+        """A budget has been opened: the engine's figures cover a window of work from here."""
         self.sink: WeightSink | None = None
         self.idle = WaitClock()
         """Idle time (nothing to generate) per sync window: rollouter/idle_ratio."""
         self.budget_idle = WaitClock()
         """Of it, the time with the version's budget spent: rollouter/budget_idle_ratio."""
+        self.occupancy = LevelClock()
+        """How full the engine is (its share of a full batch): rollouter/engine_occupancy."""
+        self.budget_unfilled = LevelClock()
+        """The engine's empty share while the budget is spent: rollouter/budget_unfilled_ratio."""
         self.keep_alive: Callable[[], None] = lambda: None
         """Polls the prompts group while the worker waits here (or it would lose its partitions)."""
 
@@ -223,8 +229,17 @@ class SyncFollower:
         self.control.publish(loaded, flush=flush)
 
     def resume(self, stale: int, published: ev.WeightsPublished, flush: bool = True) -> None:
-        """Step 5: open this version's budget (the members' share, minus ``stale``)."""
+        """Step 5: open this version's budget (the members' share, minus ``stale``). The
+        engine's figures of the window before this process's first budget (its start-up,
+        nothing admitted) are not measured (-1): they would read as an empty engine."""
         allowed = self.budget.reset(self.version, stale, self._members(published))
+        occupancy, unfilled = (
+            self.occupancy.close_window()[0],
+            self.budget_unfilled.close_window()[0],
+        )
+        if not self.opened:
+            occupancy = unfilled = -1.0
+            self.opened = True
         self.control.publish(
             ev.RolloutResumed(
                 run_id=self.cfg.run_id,
@@ -234,6 +249,8 @@ class SyncFollower:
                 num_stale=stale,
                 idle_ratio=self.idle.close_window()[0],
                 budget_idle_ratio=self.budget_idle.close_window()[0],
+                engine_occupancy=occupancy,
+                budget_unfilled_ratio=unfilled,
             ),
             flush=flush,
         )

@@ -117,6 +117,10 @@ class RolloutWorker:
             cfg, worker_id, self.incarnation, io.control, io.weights, self.engine
         )
         """Versions, budget and the sync hand-shake with the trainer (producers.follower)."""
+        self.full_batch = self.engine.full_batch or (
+            self.rollout.max_concurrent_samples * self.rollout.n
+        )
+        """The engine's full batch, or where it has none what this worker may admit at once."""
         self.in_flight = InFlightSamples(self.runner, self.publisher, cfg.topic, self.rollout.n)
         self.validator = RolloutValidator(cfg, worker_id, io.control, self.tokenizer)
         """Held-out evaluation on this side (use_trainer_do_validate=false, worker 0)."""
@@ -184,8 +188,7 @@ class RolloutWorker:
                     pass
                 self.publisher.poll(0)  # acknowledgements: commit the prompts of acked samples
                 self.publisher.check()
-                f.idle.set_waiting(not self.runner.busy)
-                f.budget_idle.set_waiting(not self.runner.busy and not self.budget.remaining)
+                self._gauge()
                 if self.runner.busy:
                     self._advance(prompts)
                 else:
@@ -228,12 +231,26 @@ class RolloutWorker:
         if not decoding:  # only tool calls (or user replies) under way
             self.follower.poll(0.002)
 
+    def _gauge(self) -> None:
+        """Where this worker stands now, for its sync window's figures: idle, idle out of
+        budget, how full the engine is, and its empty share with the budget spent (the
+        throughput the staleness budget costs: a version's last long responses decoding
+        alone while the worker may start nothing)."""
+        f, spent = self.follower, not self.budget.remaining
+        busy = self.runner.busy
+        f.idle.set_waiting(not busy)
+        f.budget_idle.set_waiting(not busy and spent)
+        fill = min(self.engine.num_active, self.full_batch) / self.full_batch
+        f.occupancy.set(fill)
+        f.budget_unfilled.set(1.0 - fill if spent else 0.0)
+
     # --- a sync, steps 2-5 of the module docstring ----------------------------------------------
     def _sync(self, request: ev.SyncRequested) -> None:
         f = self.follower
         attrs = {"asyncrl.version": request.version, "asyncrl.worker": self.worker_id}
         with sync_span("sync.pause", request.headers, f.sync_seen_ns, **attrs):
             n_partial = self._interrupt() if self.partial_rollout else 0  # 2. (c): all finished
+            self._gauge()  # nothing decodes until the new weights are in
             f.paused(request, n_partial, self.produced)
         with sync_span("weights.load", request.headers, **attrs):
             try:

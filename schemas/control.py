@@ -153,6 +153,13 @@ class RolloutResumed(ControlEvent):
     budget_idle_ratio: float = 0.0
     """Of that, the part with the version's budget spent (rollouter/budget_idle_ratio): the
     worker could have generated, the staleness budget held it back."""
+    engine_occupancy: float = -1.0
+    """rollouter/engine_occupancy over the window: the time-weighted mean of the requests
+    decoding over the engine's full batch (capped at 1; 0 while idle). -1: not measured."""
+    budget_unfilled_ratio: float = -1.0
+    """rollouter/budget_unfilled_ratio: the time-weighted mean of the engine's empty share while
+    the version's budget was spent (idle time out of budget counts whole): the throughput the
+    staleness budget cost this window. -1: not measured."""
 
 
 @dataclass

@@ -53,6 +53,10 @@ class BackgroundEngine:
         with self._cv:
             return len(self._submitted) + self._running + len(self._finished)
 
+    @property
+    def full_batch(self) -> int | None:
+        return self.engine.full_batch
+
     def add(self, req: GenRequest) -> None:
         with self._cv:
             self._check()

@@ -82,6 +82,13 @@ class Engine(Protocol):
         """Requests added whose results have not been collected (or aborted) yet."""
         ...
 
+    @property
+    def full_batch(self) -> int | None:
+        """How many requests decode at once at the engine's full throughput (vLLM's
+        ``max_num_seqs``); None: no fixed number (a rollout worker then measures how full the
+        engine is against what it may admit itself: ``rollouter/engine_occupancy``)."""
+        ...
+
     def add(self, req: GenRequest) -> None:
         """Queue ``req``; it is generated from the next decoding step on."""
         ...
@@ -157,6 +164,10 @@ class StepwiseEngine:
     @property
     def num_active(self) -> int:
         return len(self._active)
+
+    @property
+    def full_batch(self) -> int | None:
+        return None
 
     def add(self, req: GenRequest) -> None:
         if req.request_id in self._active:

@@ -87,6 +87,11 @@ class SimEngine(StepwiseEngine):
         target = target_length(req.request_id, req.max_new_tokens, self.sim)
         return _SimActive(base.req, base.ids, base.logprobs, target=target)
 
+    @property
+    def full_batch(self) -> int:
+        """``capacity``: fcfs decodes at most that many; shared slows down above it."""
+        return self.sim.capacity
+
     def step_s(self) -> float:
         """The modelled duration of the next decoding step (see module doc)."""
         if self.sim.scheduling == "fcfs":

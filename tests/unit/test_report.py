@@ -15,7 +15,8 @@ def _run_dir(tmp_path):
         {"step": 1, "version": 0, "critic/score/mean": 0.2, "perf/elapsed_s": 1.0,
          "perf/samples_per_s": 8.0, "fully_async/staleness/count_0": 8.0,
          "trainer/idle_ratio": 0.5, "rollouter/idle_ratio": 0.25,
-         "rollouter/budget_idle_ratio": 0.2},
+         "rollouter/budget_idle_ratio": 0.2, "rollouter/engine_occupancy": 0.7,
+         "rollouter/budget_unfilled_ratio": 0.25},
         {"sync": {"version": 1, "pause_s": 0.1, "transfer_s": 0.02, "load_s": 0.05,
                   "resumed_s": 0.2}},
         {"step": 2, "version": 1, "critic/score/mean": 0.5, "perf/elapsed_s": 2.0,
@@ -42,6 +43,8 @@ def test_report_states_the_scripted_figures(tmp_path):
     assert "| sync pause / transfer, mean (trainer) | 100 / 20 ms |" in md
     assert "| SyncRequested -> resumed, mean | 200 ms |" in md
     assert "| of it out of budget, mean of windows | 0.20 |" in md
+    assert "| engine occupancy, mean of windows | 0.70 |" in md
+    assert "| engine left empty out of budget, mean | 0.25 |" in md
     pngs = sorted(p.name for p in (run / "report").glob("*.png"))
     assert pngs == [
         "idle_ratios.png",

@@ -4,6 +4,7 @@ tests in tests/integration cover those)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from asyncrl.config import load_config
@@ -290,3 +291,47 @@ def test_a_step_records_the_checksum_of_its_start_where_a_replay_can_load_it(tmp
     for k in (3, 5):  # started from the checkpoints of steps 2 and 4
         load_checkpoint(tmp_path / "mem" / "checkpoints" / f"step_{k - 1:06d}", model)
         assert steps[k].weights_checksum == weights_checksum(model)
+
+
+def test_the_workers_engine_figures_are_averaged_and_unmeasured_ones_left_out(tmp_path):
+    """rollouter/engine_occupancy and budget_unfilled_ratio: the mean over the workers of
+    their last RolloutResumed; a worker's start-up window (-1, not measured) counts for
+    nothing, so it cannot read as an empty engine."""
+    from asyncrl.consumers.step_stats import StepStats
+
+    cfg = _cfg(tmp_path, "actor_rollout_ref.rollout.num_workers=2")
+    broker = MemoryBroker()
+    coordinator = SyncCoordinator(
+        cfg,
+        broker.control(cfg),
+        model=torch.nn.Linear(2, 2),
+        checksum=lambda dtype=None: "c",
+        position=lambda: (0, {}),
+        write_row=lambda row: None,
+        wait_clock=WaitClock(),
+    )
+    resumed = [(0, 0.8, 0.1), (1, -1.0, -1.0)]  # worker 1 just started
+    for worker, occupancy, unfilled in resumed:
+        coordinator.on_event(
+            ev.RolloutResumed(
+                run_id=cfg.run_id,
+                version=1,
+                worker=worker,
+                idle_ratio=0.2,
+                engine_occupancy=occupancy,
+                budget_unfilled_ratio=unfilled,
+            )
+        )
+    stats = StepStats({}, n_devices=1)
+    stats.close_sync_window(0.3, coordinator.rollouter)
+    assert stats.history["rollouter/engine_occupancy"] == pytest.approx(0.8)
+    assert stats.history["rollouter/budget_unfilled_ratio"] == pytest.approx(0.1)
+    assert stats.history["rollouter/idle_ratio"] == pytest.approx(0.2)  # both workers
+    coordinator.on_event(
+        ev.RolloutResumed(
+            run_id=cfg.run_id, version=2, worker=1, engine_occupancy=0.4, budget_unfilled_ratio=0.3
+        )
+    )
+    stats.close_sync_window(0.3, coordinator.rollouter)
+    assert stats.history["rollouter/engine_occupancy"] == pytest.approx(0.6)
+    assert stats.history["rollouter/budget_unfilled_ratio"] == pytest.approx(0.2)

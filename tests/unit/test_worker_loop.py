@@ -643,3 +643,52 @@ def test_a_worker_out_of_budget_says_so_apart_from_its_other_idle_time(tmp_path)
     window = second.ts - first.ts
     assert second.budget_idle_ratio * window >= 0.8 * held
     assert second.budget_idle_ratio <= second.idle_ratio + 1e-3  # two clocks, a µs apart
+
+
+def test_a_worker_says_how_full_its_engine_ran_and_what_the_budget_left_empty(tmp_path):
+    """RolloutResumed.engine_occupancy and budget_unfilled_ratio: a version's samples all
+    start at once, their short responses end, and the long ones decode alone while the
+    budget is spent (the drain that idle_ratio does not see: the worker is busy). The
+    engine's empty share then counts as the budget's, whole once the worker is idle too; the
+    start-up window before the first budget is not measured (-1)."""
+    import threading
+    import time
+
+    cfg = _cfg(
+        tmp_path,
+        "async_training.staleness_threshold=0",
+        "actor_rollout_ref.rollout.name=sim",
+        "sim.capacity=16",  # the version's 4 samples x n=4 fill the engine exactly
+        "sim.decode_step_s=0.01",
+        "sim.long_tail_fraction=0.25",
+        "sim.short_mean_fraction=0.1",
+        "data.max_response_length=32",
+    )
+    run = Run(cfg, prompts=32)
+    worker = run.worker
+    assert worker.full_batch == 16
+
+    def sync_once_the_version_is_done() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            if worker.produced and not len(worker.in_flight) and not worker.budget.remaining:
+                break
+        time.sleep(0.2)  # out of budget and idle: the engine is empty, all of it the budget's
+        run.trainer.consumed = {"0": worker.produced}
+        run.sync_new_weights()
+
+    watcher = threading.Thread(target=sync_once_the_version_is_done, daemon=True)
+    watcher.start()
+    run.when_published(cfg.max_samples_per_version + 2, run.trainer.finish)
+    run.run()
+    watcher.join(5)
+
+    first, second = [e for e in run.events() if isinstance(e, ev.RolloutResumed)][:2]
+    assert (first.engine_occupancy, first.budget_unfilled_ratio) == (-1.0, -1.0)
+    assert 0.0 < second.engine_occupancy < 0.9, "the long responses decoded alone a while"
+    # The budget was spent from the first admission on: what the engine left empty is the
+    # budget's, but for the few ms before the worker admitted its samples.
+    assert second.budget_unfilled_ratio == pytest.approx(1 - second.engine_occupancy, abs=0.05)
+    assert second.budget_unfilled_ratio >= second.budget_idle_ratio - 1e-3
+    assert second.budget_unfilled_ratio > second.budget_idle_ratio + 0.05, "busy, not idle"
