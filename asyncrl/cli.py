@@ -318,8 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--staleness",
-        default="0.5,1,2",
-        help="tuning only: comma-separated async_training.staleness_threshold values",
+        default=None,
+        help="comma-separated async_training.staleness_threshold values; tuning: the grid's "
+        "(default 0.5,1,2); modes: the mode (d) ablation's (default 0.1,0.3, the seed's)",
     )
     p.add_argument(
         "--trigger",

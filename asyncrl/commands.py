@@ -258,6 +258,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "tracing": tracing_cost,
         "tools": tools,
     }
+    try:
+        staleness = (
+            None if args.staleness is None else tuple(float(v) for v in args.staleness.split(","))
+        )
+    except ValueError as err:
+        print(f"asyncrl bench {args.name}: --staleness: {err}", file=sys.stderr)
+        return 2
+    if staleness is not None and args.name not in ("modes", "tuning"):
+        print(
+            f"asyncrl bench: --staleness applies to modes and tuning, not {args.name}",
+            file=sys.stderr,
+        )
+        return 2
     if args.name == "modes":
         modes(
             args.config,
@@ -265,6 +278,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             _bench_console(),
             workload=args.workload,
             time_scale=args.time_scale,
+            staleness=staleness,
         )
         return 0
     if args.name == "engine":
@@ -290,15 +304,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.name == "learn":
             learn(args.config, args.overrides, _bench_console(), seeds=args.seeds)
             return 0
-        from asyncrl.bench.tuning import tuning
+        from asyncrl.bench.tuning import STALENESS, tuning
 
         try:
-            staleness = tuple(float(v) for v in args.staleness.split(","))
             trigger = tuple(int(v) for v in args.trigger.split(","))
         except ValueError as err:
-            print(f"asyncrl bench tuning: --staleness/--trigger: {err}", file=sys.stderr)
+            print(f"asyncrl bench tuning: --trigger: {err}", file=sys.stderr)
             return 2
-        tuning(args.config, args.overrides, _bench_console(), args.seeds, staleness, trigger)
+        grid = staleness or STALENESS
+        tuning(args.config, args.overrides, _bench_console(), args.seeds, grid, trigger)
         return 0
     if args.seeds != 1:
         print(

@@ -20,7 +20,9 @@ train_s_per_sample); for colocated sync the two phases add up, since they cannot
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -67,7 +69,7 @@ def colocated_sim(cfg: RunConfig, steps: int, batch: int, train_s: float) -> dic
     n, max_len = cfg.actor_rollout_ref.rollout.n, cfg.data.max_response_length
     warmup = 1 if steps > 1 else 0
     gen_s = train_s_total = total = 0.0
-    tokens = 0
+    tokens = decode_steps = 0
     t_all = time.monotonic()
     for k in range(steps):
         t0 = time.monotonic()
@@ -76,12 +78,14 @@ def colocated_sim(cfg: RunConfig, steps: int, batch: int, train_s: float) -> dic
             for i in range(batch)
             for j in range(n)
         ]
+        steps_before = engine.steps
         step_tokens = sum(len(r.response_ids) for r in engine.generate(reqs))
         t1 = time.monotonic()
         time.sleep(train_s * batch)
         t2 = time.monotonic()
         if k >= warmup:
             tokens += step_tokens
+            decode_steps += engine.steps - steps_before
             gen_s, train_s_total, total = gen_s + t1 - t0, train_s_total + t2 - t1, total + t2 - t0
     counted = steps - warmup
     gen_ideal = tokens * sim.decode_step_s / sim.capacity
@@ -98,6 +102,10 @@ def colocated_sim(cfg: RunConfig, steps: int, batch: int, train_s: float) -> dic
         "per_step": {"gen": gen_s / counted, "train": train_s_total / counted},
         "rollout_util": gen_ideal / total,
         "train_util": counted * batch * train_s / total,
+        # the engine's batch while it generates (a step's last responses decode alone), and
+        # empty while the step trains
+        "occupancy": tokens / max(decode_steps * sim.capacity, 1) * gen_s / total,
+        "budget_unfilled": None,
     }
 
 
@@ -147,6 +155,8 @@ def _async_row(cfg: RunConfig, summary: dict[str, Any], steps: int) -> dict[str,
         "per_step": where,
         "rollout_util": rollout_ideal / steady,
         "train_util": train_ideal / steady,
+        "occupancy": mean("rollouter/engine_occupancy"),
+        "budget_unfilled": mean("rollouter/budget_unfilled_ratio"),
     }
 
 
@@ -169,6 +179,7 @@ def modes(
     workload: str = "seed",
     time_scale: float = 0.01,
     only: tuple[str, ...] | None = None,
+    staleness: tuple[float, ...] | None = None,
 ) -> dict[str, Any]:
     """Colocated sync vs modes (a)-(d), plus the staleness ablation; print and return the table.
 
@@ -177,6 +188,8 @@ def modes(
     updates), so a smoke run is ``asyncrl bench modes trainer.total_training_steps=2``.
     ``time_scale``: seconds here per second of the seed, for ``workload="seed"``. ``only``:
     run these async setups alone (by the start of their names, e.g. ``("(d)",)``).
+    ``staleness``: the ablation's staleness_threshold values in mode (d) (default: the
+    workload's, the seed's 0.1 and 0.3).
     """
     from asyncrl.launch.launcher import prepare_policy, run
 
@@ -189,6 +202,10 @@ def modes(
         overrides = [o for o in overrides if o not in given]
         console.log(f"{steps} steps (sync windows) per setup, from trainer.total_training_steps")
     w = make_workload(workload, config, overrides, time_scale)
+    if staleness is not None:
+        trigger, require, _, partial = w.setups["(d) partial rollout"]
+        rows = {f"(d) staleness {x:g}": (trigger, require, x, partial) for x in staleness}
+        w = dataclasses.replace(w, ablation=rows)
     steps = steps or w.default_steps
     results: dict[str, dict[str, Any]] = {}
 
@@ -270,11 +287,13 @@ def _table(results: dict[str, dict[str, Any]], w: Workload, steps: int) -> Table
 
 
 def _where_table(results: dict[str, dict[str, Any]], w: Workload) -> Table:
-    """Per step, where the trainer's time goes, and how busy each side is (its ideal share)."""
+    """Per step, where the trainer's time goes, how busy each side is (its ideal share), and
+    how full the rollout engine is: the mean of its batch over a full one, and of the empty
+    rest the part with the version's budget spent (what the staleness budget cost)."""
     unit = 1 / w.time_scale if w.time_scale else 1.0
     table = Table(title=f"per step, {'seed seconds' if w.time_scale else 'seconds'}")
     cols = ("setup", "update", "wait for samples", "sync", "of it: pause", "other")
-    for col in (*cols, "rollout busy", "trainer busy"):
+    for col in (*cols, "rollout busy", "trainer busy", "engine full", "empty, out of budget"):
         table.add_column(col, justify="right")
     digits = 1 if w.time_scale else 3
     for name, r in results.items():
@@ -285,5 +304,11 @@ def _where_table(results: dict[str, dict[str, Any]], w: Workload) -> Table:
             keys = ("update", "wait for samples", "sync", "sync pause", "other")
             cells = [f"{p[k] * unit:.{digits}f}" for k in keys]
         busy = [f"{r['rollout_util']:.2f}", f"{r['train_util']:.2f}"]
+        busy += [_ratio(r.get("occupancy")), _ratio(r.get("budget_unfilled"))]
         table.add_row(name, *cells, *busy)
     return table
+
+
+def _ratio(value: float | None) -> str:
+    """A ratio to two places; '-' where there is none (not measured, or no budget)."""
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}"

@@ -72,7 +72,9 @@ def test_modes_smoke(tmp_path, smoke):
 
 
 def test_modes_seed_workload_smoke(smoke):
-    """The seed-shaped workload at a tiny time scale: colocated sync and mode (d), 2 steps."""
+    """The seed-shaped workload at a tiny time scale: colocated sync, mode (d) and the
+    ablation at a staleness given (``--staleness``), 3 steps; each row says how full its
+    engine ran."""
     from asyncrl.bench.modes import modes
 
     out = io.StringIO()
@@ -80,17 +82,21 @@ def test_modes_seed_workload_smoke(smoke):
         None,
         [
             *smoke,
-            "trainer.total_training_steps=2",
+            "trainer.total_training_steps=3",
         ],
         Console(file=out, width=220),
         workload="seed",
         time_scale=0.002,
-        only=("(d) partial",),
+        only=("(d) partial", "(d) staleness"),
+        staleness=(0.75,),
     )
-    assert list(results) == ["colocated sync", "(d) partial rollout"]
+    assert list(results) == ["colocated sync", "(d) partial rollout", "(d) staleness 0.75"]
     d = results["(d) partial rollout"]
-    assert d["local_updates"] == 8 and d["steps"] == 1  # 2 windows of 4 updates, 1 warm-up
+    assert d["local_updates"] == 12 and d["steps"] == 2  # 3 windows of 4 updates, 1 warm-up
     assert all(r["ideal_s"] > 0 and r["steady_s"] > 0 for r in results.values())
+    for r in results.values():
+        assert 0 < r["occupancy"] <= 1
+    assert 0 <= d["budget_unfilled"] <= 1 - d["occupancy"] + 0.01
     text = out.getvalue()
     assert "2.35x" in text  # the seed's speedup of mode (d), beside ours
     assert "seed-shaped" in text and "150.72" in text  # how the model was derived

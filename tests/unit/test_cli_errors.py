@@ -108,3 +108,14 @@ def test_a_subcommands_help_lists_every_config_key_with_its_docstring(
     assert "async_training.staleness_threshold  [float, default 0.5]" in out
     assert " ".join(field.description.split())[:60] in " ".join(out.split())
     assert "actor_rollout_ref.rollout.n  [" in out and "kafka.bootstrap_servers  [" in out
+
+
+def test_bench_staleness_is_checked_before_any_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--staleness`` sets the grid of ``bench tuning`` and the ablation of ``bench modes``;
+    a value that is not a number, or the option given to another benchmark, ends at once."""
+    assert main(["bench", "modes", "--staleness", "0.1,x"]) == 2
+    assert "asyncrl bench modes: --staleness: could not convert string to float: 'x'" in (
+        capsys.readouterr().err
+    )
+    assert main(["bench", "learn", "--staleness", "1"]) == 2
+    assert "--staleness applies to modes and tuning, not learn" in capsys.readouterr().err
