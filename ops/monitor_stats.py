@@ -31,6 +31,9 @@ class VersionStats:
     accuracy: float | None = None
     trainer_idle: float | None = None
     rollouter_idle: dict[int, float] = field(default_factory=dict)
+    """Each worker's idle ratio while this version was the newest (its next RolloutResumed)."""
+    engine_occupancy: dict[int, float] = field(default_factory=dict)
+    """Each worker's rollouter/engine_occupancy over the same window."""
 
 
 class RunMonitor:
@@ -80,7 +83,11 @@ class RunMonitor:
 
     def add_event(self, e: ev.ControlEvent) -> None:
         if isinstance(e, ev.RolloutResumed):
-            self.versions[e.version].rollouter_idle[e.worker] = e.idle_ratio
+            if e.version > 0:  # it closes the window of the version before (0: start-up)
+                v = self.versions[e.version - 1]
+                v.rollouter_idle[e.worker] = e.idle_ratio
+                if e.engine_occupancy >= 0:
+                    v.engine_occupancy[e.worker] = e.engine_occupancy
         elif isinstance(e, ev.WorkerStarted):
             self.workers[e.worker] = e.incarnation
         elif isinstance(e, ev.WorkerStopped):
@@ -110,11 +117,12 @@ class RunMonitor:
         table = Table(
             title="per weight version (newest last)",
             caption="made: samples published under the version; used: trained on at it; "
-            "0/1/2+: how many versions behind; idle T/R: trainer/rollouters",
+            "0/1/2+: how many versions behind; idle T/R: trainer/rollouters; engine: how "
+            "full the rollouters' engines ran",
         )
         for col in (
             "version", "made", "reward", "partial", "used", "stale", "0/1/2+", "acc",
-            "idle T", "idle R",
+            "idle T", "idle R", "engine",
         ):  # fmt: skip
             table.add_column(col, justify="right")
         for version in sorted(self.versions)[-last_versions:]:
@@ -130,13 +138,14 @@ class RunMonitor:
                 f"{st[0]}/{st[1]}/{sum(n for k, n in st.items() if k >= 2)}" if st else "-",
                 _f(v.accuracy, ".3f"),
                 _f(v.trainer_idle),
-                _f(
-                    sum(v.rollouter_idle.values()) / len(v.rollouter_idle)
-                    if v.rollouter_idle
-                    else None
-                ),
+                _f(_mean(v.rollouter_idle)),
+                _f(_mean(v.engine_occupancy)),
             )
         return Group(head, table)
+
+
+def _mean(per_worker: dict[int, float]) -> float | None:
+    return sum(per_worker.values()) / len(per_worker) if per_worker else None
 
 
 def _f(value: float | None, spec: str = ".2f") -> str:

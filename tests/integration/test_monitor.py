@@ -10,6 +10,7 @@ from rich.console import Console
 
 from asyncrl.launch.launcher import run
 from asyncrl.ops.monitor import monitor
+from asyncrl.schemas import control as ev
 from tests.helpers import read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -71,6 +72,16 @@ def test_monitor_agrees_with_the_log(make_run_cfg, quick_policy, engine, tmp_pat
     assert {v: st.stale for v, st in mon.versions.items() if st.stale} == {
         v: n for v, n in stale_at.items() if n
     }
+    # A RolloutResumed closes the window of the version before it: its ratios are that one's.
+    control = [r.value for r in read_topic(cfg, "control")]
+    resumed = [e for e in control if isinstance(e, ev.RolloutResumed) and e.worker == 0]
+    idle = {e.version - 1: e.idle_ratio for e in resumed if e.version > 0}
+    assert {v: st.rollouter_idle[0] for v, st in mon.versions.items() if st.rollouter_idle} == idle
+    full = {e.version - 1: e.engine_occupancy for e in resumed if e.version > 0}
+    assert {
+        v: st.engine_occupancy[0] for v, st in mon.versions.items() if st.engine_occupancy
+    } == full
+    assert all(0 <= x <= 1 for x in full.values())
     assert mon.workers and mon.dead_letters == 0
     assert "per weight version" in out.getvalue()
     assert list(cwd.iterdir()) == []  # faust's data directory was a temporary one
