@@ -214,6 +214,8 @@ def async_row(
         ("timing_s/gen", "wait_s"),
         ("rollouter/idle_ratio", "rollouter_idle"),
         ("rollouter/budget_idle_ratio", "budget_idle"),
+        ("rollouter/engine_occupancy", "engine_full"),
+        ("rollouter/budget_unfilled_ratio", "budget_unfilled"),
     ):
         values = [r[key] for r in rows if key in r]
         if values:
@@ -259,6 +261,8 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "wait_s": med("wait_s", reached),
         "rollouter_idle": med("rollouter_idle", reached),
         "budget_idle": med("budget_idle", reached),
+        "engine_full": med("engine_full", reached),
+        "budget_unfilled": med("budget_unfilled", reached),
         "runs": rows,
     }
 
@@ -268,7 +272,8 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
     share``: of an async run's time to the target, the part its trainer spent updating (the
     rest it waited for samples, synced or evaluated); ``wait s/step``: its trainer's wait for
     samples a step; ``rollout idle (budget)``: the share of the time its workers had nothing to
-    generate, and of it the share with the version's budget spent."""
+    generate, and of it the share with the version's budget spent; ``engine full (budget)``:
+    how full their engines ran, and the empty share with the budget spent."""
     table = Table(title=title)
     cols = (
         "setup",
@@ -279,6 +284,7 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
         "update share",
         "wait s/step",
         "rollout idle (budget)",
+        "engine full (budget)",
         "final acc",
         "speedup",
     )
@@ -300,6 +306,7 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
             "-" if r.get("update_share") is None else f"{r['update_share']:.2f}",
             "-" if r.get("wait_s") is None else f"{r['wait_s']:.3f}",
             _idle(r),
+            _share(r, "engine_full", "budget_unfilled"),
             f"{r['final_accuracy']:.3f}",
             "-" if t is None or ref is None else f"{ref / t:.2f}x",
         )
@@ -307,10 +314,15 @@ def print_table(console: Console, title: str, results: dict[str, dict[str, Any]]
 
 
 def _idle(r: dict[str, Any]) -> str:
-    if r.get("rollouter_idle") is None:
+    return _share(r, "rollouter_idle", "budget_idle")
+
+
+def _share(r: dict[str, Any], key: str, budget_key: str) -> str:
+    """``key``'s median, and in brackets the part of it with the budget spent."""
+    if r.get(key) is None:
         return "-"
-    budget = r.get("budget_idle")
-    return f"{r['rollouter_idle']:.2f}" + ("" if budget is None else f" ({budget:.2f})")
+    budget = r.get(budget_key)
+    return f"{r[key]:.2f}" + ("" if budget is None else f" ({budget:.2f})")
 
 
 def _seeds_note(n: int) -> str:

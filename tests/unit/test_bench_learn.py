@@ -51,7 +51,13 @@ def test_an_async_runs_time_counts_from_the_first_workers_join():
     rows = _rows((5, 3.0, 0.8), (10, 5.5, 0.92))
     for r, wait, idle in zip(rows, (0.02, 0.04), (0.1, 0.3), strict=True):
         r.update(
-            {"timing_s/gen": wait, "rollouter/idle_ratio": idle, "rollouter/budget_idle_ratio": 0.1}
+            {
+                "timing_s/gen": wait,
+                "rollouter/idle_ratio": idle,
+                "rollouter/budget_idle_ratio": 0.1,
+                "rollouter/engine_occupancy": 0.6,
+                "rollouter/budget_unfilled_ratio": idle,
+            }
         )
     row = async_row(cfg, summary, rows)
     assert row["time_to_target_s"] == 4.0 and row["steps"] == 10
@@ -59,7 +65,10 @@ def test_an_async_runs_time_counts_from_the_first_workers_join():
     # where an async run's time goes besides the update: the trainer's wait, the worker's idle
     assert row["wait_s"] == pytest.approx(0.03) and row["rollouter_idle"] == pytest.approx(0.2)
     assert row["budget_idle"] == pytest.approx(0.1)
-    assert median_row([{"seed": 0, **row}])["wait_s"] == pytest.approx(0.03)
+    # how full its engine ran, and the empty share the budget cost
+    assert row["engine_full"] == pytest.approx(0.6) and row["budget_unfilled"] == pytest.approx(0.2)
+    median = median_row([{"seed": 0, **row}])
+    assert median["wait_s"] == pytest.approx(0.03) and median["engine_full"] == pytest.approx(0.6)
 
 
 def test_a_run_whose_trainer_was_restarted_has_no_time_to_the_target():
