@@ -47,14 +47,18 @@ WORKLOADS = ("seed", "long-tail")
 
 
 def _setup_overrides(w: Workload, setup: Setup) -> list[str]:
+    """A setup's keys, after the user's overrides. A user's
+    ``async_training.in_flight_update=true`` holds in the partial-rollout rows and is turned
+    off in the others, which cannot update in flight (mode (d) only)."""
     trigger, require, staleness, partial = setup
-    return [
+    keys = [
         f"actor_rollout_ref.actor.ppo_mini_batch_size={w.mini_batch}",
         f"async_training.require_batches={require}",
         f"async_training.trigger_parameter_sync_step={trigger}",
         f"async_training.staleness_threshold={staleness}",
         f"async_training.partial_rollout={'true' if partial else 'false'}",
     ]
+    return keys if partial else [*keys, "async_training.in_flight_update=false"]
 
 
 def colocated_sim(cfg: RunConfig, steps: int, batch: int, train_s: float) -> dict[str, Any]:
@@ -210,6 +214,7 @@ def modes(
     results: dict[str, dict[str, Any]] = {}
 
     cfg = load_config(config, [*w.overrides, f"run_id=modes-colocated-{stamp}"])
+    in_flight = cfg.async_training.in_flight_update
     prepare_policy(cfg, console)  # once, before the async runs start their processes
     console.rule("colocated sync (modelled in one process, both units)")
     results["colocated sync"] = colocated_sim(cfg, steps, w.batch, w.colocated_train_s_per_sample)
@@ -237,6 +242,8 @@ def modes(
     console.print(_where_table(results, w))
     for note in w.notes:
         console.print(note)
+    if in_flight:
+        console.print("the (d) rows update in flight (async_training.in_flight_update=true)")
     ref = results["colocated sync"]["steady_s"]
     console.print(
         "speedup over colocated sync (steady state): "

@@ -122,6 +122,9 @@ class Workload:
 
 COMMON = [
     "actor_rollout_ref.rollout.name=sim",
+    # Each setup sets its own; this one only lets a user's in_flight_update=true load (the
+    # colocated baseline and the fit ignore both keys).
+    "async_training.partial_rollout=true",
     "trainer.target_accuracy=null",
     "trainer.test_freq=0",
     "trainer.save_freq=0",

@@ -91,3 +91,15 @@ def test_the_fit_follows_the_configured_scheduling():
         assert fit.colocated_gen_s / 0.01 == pytest.approx(177.85)
         assert fit.unit_gen_s / 0.01 == pytest.approx(150.72, rel=0.01)
     assert fcfs.capacity != shared.capacity
+
+
+def test_in_flight_updates_asked_for_apply_to_the_partial_rollout_rows_alone():
+    """``asyncrl bench modes async_training.in_flight_update=true``: modes (a)-(c) cannot
+    update in flight (the config refuses it without partial rollout), so they run as
+    always, and the mode (d) rows update in flight."""
+    from asyncrl.bench.modes import _setup_overrides
+
+    w = seed(None, ["async_training.in_flight_update=true"], time_scale=0.02)
+    for name, setup in {**w.setups, **w.ablation}.items():
+        cfg = load_config(None, [*w.overrides, *_setup_overrides(w, setup)])
+        assert cfg.async_training.in_flight_update == name.startswith("(d)"), name
