@@ -126,15 +126,7 @@ def test_workers_join_and_leave_the_coordinator(tmp_path):
     for w in (0, 1):
         weights.sink(w)
     rows: list[dict] = []
-    coordinator = SyncCoordinator(
-        cfg,
-        broker.control(cfg),
-        model=torch.nn.Linear(2, 2),
-        checksum=lambda dtype=None: "c",
-        position=lambda: (0, {}),
-        write_row=rows.append,
-        wait_clock=WaitClock(),
-    )
+    coordinator = _coordinator(cfg, broker, rows)
     coordinator.sender = weights
     coordinator.control.start()
     worker = {w: broker.control(cfg, worker=w, incarnation=f"i{w}") for w in (0, 1)}
@@ -300,16 +292,7 @@ def test_the_workers_engine_figures_are_averaged_and_unmeasured_ones_left_out(tm
     from asyncrl.consumers.step_stats import StepStats
 
     cfg = _cfg(tmp_path, "actor_rollout_ref.rollout.num_workers=2")
-    broker = MemoryBroker()
-    coordinator = SyncCoordinator(
-        cfg,
-        broker.control(cfg),
-        model=torch.nn.Linear(2, 2),
-        checksum=lambda dtype=None: "c",
-        position=lambda: (0, {}),
-        write_row=lambda row: None,
-        wait_clock=WaitClock(),
-    )
+    coordinator = _coordinator(cfg, MemoryBroker())
     resumed = [(0, 0.8, 0.1), (1, -1.0, -1.0)]  # worker 1 just started
     for worker, occupancy, unfilled in resumed:
         coordinator.on_event(
@@ -335,3 +318,17 @@ def test_the_workers_engine_figures_are_averaged_and_unmeasured_ones_left_out(tm
     stats.close_sync_window(0.3, coordinator.rollouter)
     assert stats.history["rollouter/engine_occupancy"] == pytest.approx(0.6)
     assert stats.history["rollouter/budget_unfilled_ratio"] == pytest.approx(0.2)
+
+
+def _coordinator(cfg, broker: MemoryBroker, rows: list[dict] | None = None) -> SyncCoordinator:
+    """A trainer's coordinator on ``broker`` over a stand-in model; its sync rows go to
+    ``rows``."""
+    return SyncCoordinator(
+        cfg,
+        broker.control(cfg),
+        model=torch.nn.Linear(2, 2),
+        checksum=lambda dtype=None: "c",
+        position=lambda: (0, {}),
+        write_row=(rows if rows is not None else []).append,
+        wait_clock=WaitClock(),
+    )

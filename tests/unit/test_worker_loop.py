@@ -614,31 +614,9 @@ def test_a_worker_out_of_budget_says_so_apart_from_its_other_idle_time(tmp_path)
     """RolloutResumed.budget_idle_ratio: of the window's idle time, the part with the
     version's budget spent, which a higher staleness_threshold would have filled (the
     report and bench learn show it next to the idle ratio)."""
-    import threading
-    import time
-
     cfg = _cfg(tmp_path, "async_training.staleness_threshold=0")
-    run = Run(cfg, prompts=32)
-    worker = run.worker
     held = 0.5
-
-    def sync_after_holding_the_spent_worker() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            time.sleep(0.02)
-            if worker.produced and not len(worker.in_flight) and not worker.budget.remaining:
-                break
-        time.sleep(held)  # out of budget, nothing else to wait for
-        run.trainer.consumed = {"0": worker.produced}
-        run.sync_new_weights()
-
-    watcher = threading.Thread(target=sync_after_holding_the_spent_worker, daemon=True)
-    watcher.start()
-    run.when_published(cfg.max_samples_per_version + 2, run.trainer.finish)
-    run.run()
-    watcher.join(5)
-
-    first, second = [e for e in run.events() if isinstance(e, ev.RolloutResumed)][:2]
+    first, second = _resumed_around_a_spent_version(Run(cfg, prompts=32), held)
     assert first.version == 0 and second.version == 1
     window = second.ts - first.ts
     assert second.budget_idle_ratio * window >= 0.8 * held
@@ -651,9 +629,6 @@ def test_a_worker_says_how_full_its_engine_ran_and_what_the_budget_left_empty(tm
     budget is spent (the drain that idle_ratio does not see: the worker is busy). The
     engine's empty share then counts as the budget's, whole once the worker is idle too; the
     start-up window before the first budget is not measured (-1)."""
-    import threading
-    import time
-
     cfg = _cfg(
         tmp_path,
         "async_training.staleness_threshold=0",
@@ -665,26 +640,9 @@ def test_a_worker_says_how_full_its_engine_ran_and_what_the_budget_left_empty(tm
         "data.max_response_length=32",
     )
     run = Run(cfg, prompts=32)
-    worker = run.worker
-    assert worker.full_batch == 16
-
-    def sync_once_the_version_is_done() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            time.sleep(0.01)
-            if worker.produced and not len(worker.in_flight) and not worker.budget.remaining:
-                break
-        time.sleep(0.2)  # out of budget and idle: the engine is empty, all of it the budget's
-        run.trainer.consumed = {"0": worker.produced}
-        run.sync_new_weights()
-
-    watcher = threading.Thread(target=sync_once_the_version_is_done, daemon=True)
-    watcher.start()
-    run.when_published(cfg.max_samples_per_version + 2, run.trainer.finish)
-    run.run()
-    watcher.join(5)
-
-    first, second = [e for e in run.events() if isinstance(e, ev.RolloutResumed)][:2]
+    assert run.worker.full_batch == 16
+    # held out of budget and idle 0.2 s: the engine empty, all of it the budget's
+    first, second = _resumed_around_a_spent_version(run, 0.2)
     assert (first.engine_occupancy, first.budget_unfilled_ratio) == (-1.0, -1.0)
     assert 0.0 < second.engine_occupancy < 0.9, "the long responses decoded alone a while"
     # The budget was spent from the first admission on: what the engine left empty is the
@@ -692,3 +650,30 @@ def test_a_worker_says_how_full_its_engine_ran_and_what_the_budget_left_empty(tm
     assert second.budget_unfilled_ratio == pytest.approx(1 - second.engine_occupancy, abs=0.05)
     assert second.budget_unfilled_ratio >= second.budget_idle_ratio - 1e-3
     assert second.budget_unfilled_ratio > second.budget_idle_ratio + 0.05, "busy, not idle"
+
+
+def _resumed_around_a_spent_version(run: Run, held: float) -> list[ev.RolloutResumed]:
+    """Run the worker; once it has produced its version's budget and has nothing in flight,
+    hold it there ``held`` seconds, then sync; finish two samples into the next version.
+    Returns the RolloutResumed of the start and of that sync."""
+    import threading
+    import time
+
+    worker = run.worker
+
+    def sync_after_holding_the_spent_worker() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            if worker.produced and not len(worker.in_flight) and not worker.budget.remaining:
+                break
+        time.sleep(held)  # out of budget, nothing else to wait for
+        run.trainer.consumed = {"0": worker.produced}
+        run.sync_new_weights()
+
+    watcher = threading.Thread(target=sync_after_holding_the_spent_worker, daemon=True)
+    watcher.start()
+    run.when_published(run.cfg.max_samples_per_version + 2, run.trainer.finish)
+    run.run()
+    watcher.join(5)
+    return [e for e in run.events() if isinstance(e, ev.RolloutResumed)][:2]
