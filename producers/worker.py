@@ -231,12 +231,13 @@ class RolloutWorker:
         if not decoding:  # only tool calls (or user replies) under way
             self.follower.poll(0.002)
 
-    def _gauge(self) -> None:
+    def _gauge(self, syncing: bool = False) -> None:
         """Where this worker stands now, for its sync window's figures: idle, idle out of
         budget, how full the engine is, and its empty share with the budget spent (the
         throughput the staleness budget costs: a version's last long responses decoding
-        alone while the worker may start nothing)."""
-        f, spent = self.follower, not self.budget.remaining
+        alone while the worker may start nothing). ``syncing``: from the pause to the new
+        budget the worker waits for the sync, not for budget."""
+        f, spent = self.follower, not syncing and not self.budget.remaining
         busy = self.runner.busy
         f.idle.set_waiting(not busy)
         f.budget_idle.set_waiting(not busy and spent)
@@ -250,7 +251,7 @@ class RolloutWorker:
         attrs = {"asyncrl.version": request.version, "asyncrl.worker": self.worker_id}
         with sync_span("sync.pause", request.headers, f.sync_seen_ns, **attrs):
             n_partial = self._interrupt() if self.partial_rollout else 0  # 2. (c): all finished
-            self._gauge()  # nothing decodes until the new weights are in
+            self._gauge(syncing=True)  # nothing decodes until the new weights are in
             f.paused(request, n_partial, self.produced)
         with sync_span("weights.load", request.headers, **attrs):
             try:

@@ -652,6 +652,29 @@ def test_a_worker_says_how_full_its_engine_ran_and_what_the_budget_left_empty(tm
     assert second.budget_unfilled_ratio > second.budget_idle_ratio + 0.05, "busy, not idle"
 
 
+def test_a_sync_pause_is_idle_time_but_not_the_budgets(tmp_path):
+    """From the pause to the new weights the worker waits for the sync, whatever its budget:
+    that time is idle (rollouter/idle_ratio), and neither budget figure counts it. Here the
+    trainer takes 0.4 s to send the weights after the pause."""
+    import time
+
+    cfg = _cfg(tmp_path, "async_training.staleness_threshold=0")
+    run = Run(cfg, prompts=32)
+    send, held = run.trainer._send, 0.4
+
+    def slow_send(workers, members=None):
+        if run.trainer.version > 0:  # a sync's weights, not a join's
+            time.sleep(held)
+        send(workers, members)
+
+    run.trainer._send = slow_send
+    first, second = _resumed_around_a_spent_version(run, 0.0)
+    window = second.ts - first.ts
+    assert second.idle_ratio * window >= 0.9 * held
+    assert second.budget_idle_ratio * window < 0.5 * held
+    assert second.budget_unfilled_ratio * window < 0.5 * held
+
+
 def _resumed_around_a_spent_version(run: Run, held: float) -> list[ev.RolloutResumed]:
     """Run the worker; once it has produced its version's budget and has nothing in flight,
     hold it there ``held`` seconds, then sync; finish two samples into the next version.
