@@ -646,8 +646,11 @@ def test_a_worker_says_how_full_its_engine_ran_and_what_the_budget_left_empty(tm
     assert (first.engine_occupancy, first.budget_unfilled_ratio) == (-1.0, -1.0)
     assert 0.0 < second.engine_occupancy < 0.9, "the long responses decoded alone a while"
     # The budget was spent from the first admission on: what the engine left empty is the
-    # budget's, but for the few ms before the worker admitted its samples.
-    assert second.budget_unfilled_ratio == pytest.approx(1 - second.engine_occupancy, abs=0.05)
+    # budget's, but for the few ms before the worker admitted its samples and the sync's
+    # pause (~10 ms here: its weights come at once).
+    window = second.ts - first.ts
+    not_budget = 1 - second.engine_occupancy - second.budget_unfilled_ratio
+    assert 0 <= not_budget * window < 0.1
     assert second.budget_unfilled_ratio >= second.budget_idle_ratio - 1e-3
     assert second.budget_unfilled_ratio > second.budget_idle_ratio + 0.05, "busy, not idle"
 
@@ -670,9 +673,12 @@ def test_a_sync_pause_is_idle_time_but_not_the_budgets(tmp_path):
     run.trainer._send = slow_send
     first, second = _resumed_around_a_spent_version(run, 0.0)
     window = second.ts - first.ts
+    # (The worker may also wait out of budget before the sync begins: that part is the
+    # budget's, so each figure's share outside the budget is what must hold the pause.)
     assert second.idle_ratio * window >= 0.9 * held
-    assert second.budget_idle_ratio * window < 0.5 * held
-    assert second.budget_unfilled_ratio * window < 0.5 * held
+    assert (second.idle_ratio - second.budget_idle_ratio) * window >= 0.9 * held
+    empty = 1 - second.engine_occupancy
+    assert (empty - second.budget_unfilled_ratio) * window >= 0.9 * held
 
 
 def _resumed_around_a_spent_version(run: Run, held: float) -> list[ev.RolloutResumed]:
