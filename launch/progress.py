@@ -1,8 +1,8 @@
 """Live progress of a run, read back from its ``steps`` topic (so any process can show it).
 
 A progress bar over the training steps with the latest step, version, reward, held-out
-accuracy, samples/s, stale count and idle ratios; each evaluation also prints a line, so
-the log of a non-interactive run still tells the story.
+accuracy, samples/s, stale count, idle ratios and how full the rollout engine ran; each
+evaluation also prints a line, so the log of a non-interactive run still tells the story.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class StepProgress:
             f"v{rec.version} reward {_fmt(m.get('critic/score/mean'))} "
             f"acc {_fmt(self.accuracy)} {_fmt(m.get('perf/samples_per_s'), '.1f')} samples/s "
             f"stale {self.stale} idle trainer {_fmt(m.get('trainer/idle_ratio'))} "
-            f"rollout {_fmt(m.get('rollouter/idle_ratio'))}"
+            f"rollout {_fmt(m.get('rollouter/idle_ratio'))} "
+            f"engine full {_fmt(m.get('rollouter/engine_occupancy'))}"
         )
         self.progress.update(self.task, completed=rec.step, description=desc)

@@ -1,0 +1,30 @@
+"""The live progress line of a run: what it states from a step record's metrics."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from asyncrl.config import load_config
+from asyncrl.launch.progress import StepProgress
+from asyncrl.schemas.step import StepRecord
+
+
+def test_the_progress_line_shows_the_idle_ratios_and_how_full_the_engine_ran():
+    cfg = load_config(None, ["trainer.total_training_steps=10"])
+    out = io.StringIO()
+    metrics = {
+        "critic/score/mean": 0.5,
+        "perf/samples_per_s": 12.0,
+        "trainer/idle_ratio": 0.16,
+        "rollouter/idle_ratio": 0.32,
+        "rollouter/engine_occupancy": 0.62,
+    }
+    rec = StepRecord("r", step=3, version=1, ts=0.0, sample_ids=[], partitions=[], offsets=[])
+    rec.metrics = metrics
+    with StepProgress(cfg, Console(file=out, width=240)) as progress:
+        progress.update(rec)
+    text = out.getvalue()
+    assert "idle trainer 0.16 rollout 0.32 engine full 0.62" in text
+    assert "3/10" in text
