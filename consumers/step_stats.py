@@ -165,7 +165,7 @@ class StepStats:
         self.history["trainer/idle_ratio"] = trainer_idle
         for key, per_worker in (rollouter or {}).items():
             if per_worker:
-                self.history[key] = sum(per_worker.values()) / len(per_worker)
+                self.history[key] = mean(per_worker.values())
 
 
 def step_metrics(
