@@ -262,3 +262,40 @@ def test_a_reader_released_without_leaving_is_dropped_at_its_session_timeout(
     assert took_over == {0, 1}
     assert cfg.kafka.session_timeout_ms is not None
     assert moved_after >= cfg.kafka.session_timeout_ms / 1000, "it left with a LeaveGroup"
+
+
+def test_a_reader_whose_prefetch_queue_filled_reads_on_without_a_pause(
+    run_cfg: RunConfig, broker: str
+) -> None:
+    """A trainer busy updating lets large groups pile up in its consumer's prefetch queue
+    (``queued.max.messages.kbytes``, 64 MB by default: ~50 groups of 16 x 8K tokens), while
+    the workers publish more. Once the queue was over its limit, librdkafka's default
+    (``fetch.queue.backoff.ms``) held the next fetch back for 1 s, so after draining the
+    queue the trainer waited for the groups published meanwhile: reading a burst ran at half
+    the broker's rate (bench transport). Here the limit is 64 KB; five times, 200 KB arrive
+    and fill it during an update, and 200 KB more are published before the next read."""
+    run_cfg.kafka.extra = {"queued.max.messages.kbytes": 64}
+    topic = run_cfg.topic("samples")
+    reading, got, sent = 0.0, 0, 0
+    with (
+        Publisher(run_cfg.kafka, broker) as pub,
+        Reader(run_cfg.kafka, broker, raw_decode) as reader,
+    ):
+
+        def publish(k: int) -> int:
+            for i in range(k):
+                pub.publish(topic, str(sent + i), b"x" * 20_000)
+            pub.flush()
+            return k
+
+        reader.assign(topic)
+        for _ in range(5):
+            sent += publish(10)
+            time.sleep(0.2)  # an update: the reader's prefetch fills past its limit
+            sent += publish(10)  # the workers go on
+            t0 = time.monotonic()
+            step = _poll_n(reader, sent - got, timeout=5.0)
+            reading += time.monotonic() - t0
+            got += len(step)
+            assert got == sent, f"{got} of {sent} messages within 5 s"
+    assert reading < 1.5, f"reading {sent} messages took {reading:.1f} s besides the updates"
