@@ -9,6 +9,8 @@
 #                                                 # asyncrl run, hf_static; ENGINES="hf_static
 #                                                 # hf_cached" adds the slow one, ~150 s more)
 #   bash tools/gpu_check.sh fp32                  # the same in float32 (the dtypes before bf16)
+#   bash tools/gpu_check.sh cpu                   # ~200 s: bench learn on the host's CPUs alone
+# With 15 minutes of device time a session, in this order: tests, learn, sync, cpu, run.
 # The device tool gives a machine back 30 s after a call: send the next group at once.
 # Installs the carried wheels and asyncrl (editable, no build isolation), then runs each step
 # under its own time limit, its output in $OUT/<step>.log (or runs/gpu-check/), and goes on
@@ -79,6 +81,15 @@ run_learn() {  # issue 15 on a GPU: time to 0.9, colocated vs async (c), (d), (d
     for d in "$OUT"/learn-*/; do [ -d "$d" ] && keep_logs "$(basename "$d")"; done
 }
 
+run_cpu() {  # issue 15's CPU bar where cores are not scarce: the 2-core machine's bench learn
+    # on the device host's 16 CPUs, no GPU (colocated with 1 or 16 threads, the async roles one
+    # thread each, the broker a core of its own): does async win when the two roles do not
+    # share two cores? (docs/benchmarks.md, "the two cores are nearly full")
+    step cpu-learn 300 env CUDA_VISIBLE_DEVICES= "$PY" -m asyncrl bench learn --seeds 3 \
+        "output_dir=$OUT"
+    for d in "$OUT"/learn-*/; do [ -d "$d" ] && keep_logs "$(basename "$d")"; done
+}
+
 real_run() {  # real_run NAME ENGINE OVERRIDES...: a model-sized workload, both roles on the GPU
     local name=$1 engine=$2
     shift 2
@@ -106,8 +117,8 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests engine sync run learn real fp32)
 for s in "${steps[@]}"; do
     case $s in
-        tests | engine | sync | run | learn | real | fp32) "run_$s" ;;
-        *) echo "unknown step $s (tests, engine, sync, run, learn, real, fp32)"; exit 2 ;;
+        tests | engine | sync | run | learn | real | fp32 | cpu) "run_$s" ;;
+        *) echo "unknown step $s (tests, engine, sync, run, learn, real, fp32, cpu)"; exit 2 ;;
     esac
 done
 echo "== summary"
