@@ -52,6 +52,9 @@ keep_logs() {  # keep_logs RUN_ID: its processes' logs as top-level files, the l
     for f in "$d"/logs/*.log; do [ -f "$f" ] && cp "$f" "$OUT/$1-$(basename "$f")"; done
     rm -rf "$d/log" "$d/checkpoints" "$d/logs"
 }
+keep_logs_of() {  # keep_logs_of PREFIX: keep_logs of every run in $OUT named PREFIX-*
+    for d in "$OUT/$1"-*/; do [ -d "$d" ] && keep_logs "$(basename "$d")"; done
+}
 
 run_tests() {  # every GPU-marked test, then the engines' and the run's on the GPU's side
     step tests 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
@@ -67,7 +70,7 @@ run_sync() {  # where an in-place handoff's time goes; CUDA IPC handoffs (in pla
     # (the whole-sync half warm-starts the demo policy first: 60 s on a fresh machine)
     step phases 60 "$PY" tools/handoff_phases.py --shape 500M --device cuda
     step sync 300 "$PY" -m asyncrl bench sync --device cuda "output_dir=$OUT"
-    for d in "$OUT"/sync-pause-*/; do [ -d "$d" ] && keep_logs "$(basename "$d")"; done
+    keep_logs_of sync-pause
 }
 run_run() {  # `make run`'s job with both roles on the GPU, then its log's invariants
     step run 200 "$PY" -m asyncrl run run_id=gpu-demo actor_rollout_ref.rollout.device=auto \
@@ -78,7 +81,7 @@ run_run() {  # `make run`'s job with both roles on the GPU, then its log's invar
 run_learn() {  # issue 15 on a GPU: time to 0.9, colocated vs async (c), (d), (d in flight)
     step learn 330 "$PY" -m asyncrl bench learn actor_rollout_ref.rollout.device=auto \
         trainer.device=auto "output_dir=$OUT"
-    for d in "$OUT"/learn-*/; do [ -d "$d" ] && keep_logs "$(basename "$d")"; done
+    keep_logs_of learn
 }
 
 run_cpu() {  # issue 15's CPU bar where cores are not scarce: the 2-core machine's bench learn
@@ -87,7 +90,7 @@ run_cpu() {  # issue 15's CPU bar where cores are not scarce: the 2-core machine
     # share two cores? (docs/benchmarks.md, "the two cores are nearly full")
     step cpu-learn 300 env CUDA_VISIBLE_DEVICES= "$PY" -m asyncrl bench learn --seeds 3 \
         "output_dir=$OUT"
-    for d in "$OUT"/learn-*/; do [ -d "$d" ] && keep_logs "$(basename "$d")"; done
+    keep_logs_of learn
 }
 
 real_run() {  # real_run NAME ENGINE OVERRIDES...: a model-sized workload, both roles on the GPU
