@@ -5,6 +5,8 @@ crash mid-write leaves the previous checkpoint intact; ``latest`` names the newe
 The trainer copies what a checkpoint holds into host memory (``snapshot``) and a thread writes
 it (``CheckpointWriter``) while the next steps train: a real model's checkpoint is gigabytes.
 Loaded with ``weights_only=True``: these are our own files, but there is no reason to allow code.
+torch is imported where tensors are written or read, not with the module: the launcher asks
+``latest_checkpoint`` at start-up, and importing torch there cost ~1 s of every ``asyncrl run``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -49,6 +52,8 @@ class Snapshot:
 def snapshot(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState
 ) -> Snapshot:
+    import torch
+
     copies: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def host(x: Any) -> Any:
@@ -89,6 +94,8 @@ def save_checkpoint(
 
 
 def write_checkpoint(run_dir: Path, snap: Snapshot, keep: int = 3) -> Path:
+    import torch
+
     root = _ckpt_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{snap.step:06d}"
@@ -167,6 +174,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> TrainerState:
+    import torch
+
     model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))

@@ -29,8 +29,8 @@ import torch
 from asyncrl.config import RunConfig, load_config
 from asyncrl.consumers.dynamic_sampling import check_gen_batches, filter_metrics, no_signal
 from asyncrl.consumers.update import grpo_update
+from asyncrl.models.cache import warm_start_metrics
 from asyncrl.models.policy import resolve_device
-from asyncrl.models.tiny import warm_start_metrics
 from asyncrl.models.warm_start import load_policy
 from asyncrl.producers.agent.factory import held_out_accuracy, make_runner
 from asyncrl.producers.agent.loop import AgentRunner

@@ -106,11 +106,9 @@ def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
 
 
 def prepare_policy(cfg: RunConfig, console: Console) -> None:
-    """Build and warm-start the policy once, before any process needs it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from asyncrl.models.tiny import policy_dir, warm_start_metrics
-    from asyncrl.models.warm_start import load_policy
+    """Build and warm-start the policy once, before any process needs it. A cached one is
+    only looked up (no torch here: the roles load it)."""
+    from asyncrl.models.cache import policy_dir, warm_start_metrics
 
     if cfg.actor_rollout_ref.model.path is not None:
         from asyncrl.models.policy import load_tokenizer
@@ -122,8 +120,24 @@ def prepare_policy(cfg: RunConfig, console: Console) -> None:
         )
         return
     t0 = time.monotonic()
-    if warm_start_metrics(cfg) is None:
+    ws = warm_start_metrics(cfg)
+    if ws is None:
         console.log(f"warm-starting the policy (once per config; cached in {policy_dir(cfg)})")
+        _warm_start(cfg, console)
+        ws = warm_start_metrics(cfg) or {}
+    acc = ws.get("warmup_val_accuracy")
+    console.log(
+        f"policy ready in {time.monotonic() - t0:.1f} s"
+        + (f" (warm start: held-out accuracy {acc:.3f})" if acc is not None else "")
+    )
+
+
+def _warm_start(cfg: RunConfig, console: Console) -> None:
+    """The warm start itself (~1 min on two cores), with a progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from asyncrl.models.warm_start import load_policy
+
     with Progress(
         TextColumn("[bold]warm start"),
         BarColumn(),
@@ -139,12 +153,6 @@ def prepare_policy(cfg: RunConfig, console: Console) -> None:
             progress.update(task, completed=step, description=f"loss {loss:.3f}")
 
         load_policy(cfg, on_step=on_step)
-    ws = warm_start_metrics(cfg) or {}
-    acc = ws.get("warmup_val_accuracy")
-    console.log(
-        f"policy ready in {time.monotonic() - t0:.1f} s"
-        + (f" (warm start: held-out accuracy {acc:.3f})" if acc is not None else "")
-    )
 
 
 def _log_data(cfg: RunConfig, console: Console, split: str, read: Any) -> None:

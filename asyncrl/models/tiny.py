@@ -13,7 +13,6 @@ which the weight-sync checksum relies on) and only the first process pays the wa
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,17 +26,13 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from asyncrl.models.cache import CHARS, METRICS_FILE, policy_dir
 from asyncrl.tasks.arithmetic import Problem, teacher_answer
 
 if TYPE_CHECKING:
     from asyncrl.config import ModelConfig, RunConfig
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-CHARS = "0123456789+-*=() "
-"""Every character the tokenizer knows; anything else maps to <unk>."""
-CACHE_FORMAT = 3
-"""Bump when the tokenizer, architecture or warm-start recipe changes: it invalidates caches."""
-METRICS_FILE = "warm_start.json"
 Builder = Callable[
     ["RunConfig"], "tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]"
 ]
@@ -161,36 +156,6 @@ def supervised_step(
     return float(loss.detach())
 
 
-NOT_IN_CACHE_KEY = {
-    "model": {"cache_dir", "path", "trust_remote_code"},
-    # Response length caps generation only, not the warm start (answers are <= 4 tokens),
-    # so benchmarks with long modelled responses reuse the demo's policy. Dataset files feed
-    # RL only (the warm start is on data.task's problems).
-    "data": {"max_response_length", "train_files", "val_files", "prompt_key", "shuffle"},
-}
-"""Config fields that do not change the warm-started weights."""
-
-
-def cache_key(cfg: RunConfig) -> str:
-    """Hash of everything that determines the warm-started weights (not where they are kept)."""
-    spec = {
-        "format": CACHE_FORMAT,
-        "model": cfg.actor_rollout_ref.model.model_dump(
-            mode="json", exclude=NOT_IN_CACHE_KEY["model"]
-        ),
-        "data": cfg.data.model_dump(mode="json", exclude=NOT_IN_CACHE_KEY["data"]),
-        "chars": CHARS,
-    }
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def policy_dir(cfg: RunConfig) -> Path:
-    """Where :func:`load_policy` keeps this config's warm-started model."""
-    root = cfg.actor_rollout_ref.model.cache_dir
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "asyncrl" / "models"
-    return base / cache_key(cfg)
-
-
 def load_policy(
     cfg: RunConfig, build: Builder | None = None
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
@@ -228,9 +193,3 @@ def load_policy(
     model = Qwen2ForCausalLM.from_pretrained(final, dtype=torch.float32).eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(final)
     return model, tokenizer
-
-
-def warm_start_metrics(cfg: RunConfig) -> dict[str, Any] | None:
-    """The metrics recorded when this config's cached policy was built (None if not cached)."""
-    path = policy_dir(cfg) / METRICS_FILE
-    return json.loads(path.read_text()) if path.exists() else None

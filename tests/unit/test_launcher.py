@@ -100,3 +100,44 @@ def test_a_failed_trainer_reports_what_the_workers_said_last(tmp_path):
 
     worker = _failure_report("rollout-0", 1, logs / "rollout-0.log")
     assert "line 39" in worker and "trainer.log" not in worker and "rollout-2" not in worker
+
+
+def test_the_launchers_set_up_imports_no_torch_when_the_policy_is_cached(tmp_path):
+    """The roles import torch and transformers from the fork server while the launcher sets
+    the run up; the launcher importing them too (to look for a checkpoint, to load the
+    cached policy) cost ~2 s of every ``asyncrl run`` (docs/benchmarks.md, start-up)."""
+    import json
+    import subprocess
+    import sys
+
+    from asyncrl.models.cache import METRICS_FILE, policy_dir
+
+    overrides = [
+        "run_id=demo",
+        f"output_dir='{tmp_path}'",
+        f"actor_rollout_ref.model.cache_dir='{tmp_path / 'cache'}'",
+    ]
+    cfg = load_config(overrides=overrides)
+    entry = policy_dir(cfg)
+    entry.mkdir(parents=True)
+    (entry / METRICS_FILE).write_text(json.dumps({"warmup_val_accuracy": 0.39}))
+    (cfg.run_dir).mkdir(parents=True)
+    (cfg.run_dir / "summary.json").write_text("{}")  # a finished run to move aside
+    script = f"""
+import io, sys
+from rich.console import Console
+from asyncrl.config import load_config
+from asyncrl.launch.launcher import prepare_policy, resume_or_set_aside
+cfg = load_config(overrides={overrides!r})
+out = io.StringIO()
+resume_or_set_aside(cfg, Console(file=out))
+prepare_policy(cfg, Console(file=out, width=200))
+print(out.getvalue())
+print("heavy:", sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert "heavy: []" in done.stdout, done.stdout + done.stderr
+    assert "held-out accuracy 0.390" in done.stdout
+    assert _set_aside(tmp_path, cfg), "the finished run was moved aside"
