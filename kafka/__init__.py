@@ -49,7 +49,7 @@ from asyncrl.kafka.settings import (
     redacted,
     security_settings,
 )
-from asyncrl.kafka.watermarks import count_records, read_watermarks
+from asyncrl.kafka.watermarks import count_records, read_topics_watermarks, read_watermarks
 
 __all__ = [
     "HEADER_ERROR",
@@ -70,6 +70,7 @@ __all__ = [
     "count_records",
     "producer_config",
     "raw_decode",
+    "read_topics_watermarks",
     "read_watermarks",
     "redacted",
     "security_settings",

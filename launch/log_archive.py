@@ -260,14 +260,11 @@ class Archiver:
                 f.close()
 
     def _ends(self, consumer, assignment) -> dict[tuple[str, int], int]:
-        from asyncrl.kafka import consumer_config, read_watermarks
+        from asyncrl.kafka import consumer_config, read_topics_watermarks
 
         conf = consumer_config(self.cfg.kafka, self.bootstrap, None)
-        ends = {}
-        for topic in {tp.topic for tp in assignment}:
-            for p, (_low, high) in read_watermarks(conf, topic).items():
-                ends[(topic, p)] = high
-        return ends
+        topics = sorted({tp.topic for tp in assignment})
+        return {tp: high for tp, (_low, high) in read_topics_watermarks(conf, topics).items()}
 
     def _write(self, msg) -> None:
         f = self._file(msg.topic(), msg.partition())

@@ -14,8 +14,11 @@ from asyncrl.kafka import (
     Publisher,
     Reader,
     Record,
+    consumer_config,
     count_records,
     raw_decode,
+    read_topics_watermarks,
+    read_watermarks,
 )
 from asyncrl.kafka.topics import RUN_TOPICS, create_run_topics, delete_run_topics
 from asyncrl.schemas import DecodeError
@@ -299,3 +302,22 @@ def test_a_reader_whose_prefetch_queue_filled_reads_on_without_a_pause(
             got += len(step)
             assert got == sent, f"{got} of {sent} messages within 5 s"
     assert reading < 1.5, f"reading {sent} messages took {reading:.1f} s besides the updates"
+
+
+def test_watermarks_of_several_topics_at_once_are_each_topics_exact_ends(run_cfg, broker):
+    """One side consumer for all topics (the log archiver's last read of a run) gives what one
+    per topic gives, ends corrected past the last batch (Tansu's high watermark is the last
+    batch's base offset + 1: records published together end up in one batch)."""
+    samples, steps = run_cfg.topic("samples"), run_cfg.topic("steps")
+    with Publisher(run_cfg.kafka, broker) as pub:
+        for i in range(40):  # keyed over the partitions; linger batches them
+            pub.publish(samples, f"s{i}", b"x")
+        for i in range(5):
+            pub.publish(steps, str(i), b"y")
+    conf = consumer_config(run_cfg.kafka, broker, None)
+    together = read_topics_watermarks(conf, [samples, steps])
+    apart = {(t, p): m for t in (samples, steps) for p, m in read_watermarks(conf, t).items()}
+    assert together == apart
+    assert sum(high - low for (t, _), (low, high) in together.items() if t == samples) == 40
+    assert sum(high - low for (t, _), (low, high) in together.items() if t == steps) == 5
+    assert {t for t, _ in together} == {samples, steps}
