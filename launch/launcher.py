@@ -362,7 +362,7 @@ def _follow(
     try:
         with StepProgress(cfg, console) as progress:
             while True:
-                for rec in reader.poll(0.2):
+                for rec in reader.poll(0.05):
                     progress.update(rec.value)
                 if broker is not None and not broker.running:
                     raise BrokerDied(
@@ -401,18 +401,27 @@ def _follow(
                         break
                     raise RunFailed(_failure_report(name, rc, log_path))
                 if procs["trainer"][0].poll() == 0:
-                    for rec in reader.poll(0.5):
-                        progress.update(rec.value)
                     break
+            # The steps the trainer recorded before it exited, up to its last (the summary
+            # names it), instead of a fixed wait: it only wrote the summary once they were on
+            # the log.
+            summary = _read_summary(cfg)
+            deadline = time.monotonic() + 2.0
+            while progress.last_step < summary.get("step", 0) and time.monotonic() < deadline:
+                for rec in reader.poll(0.05):
+                    progress.update(rec.value)
     finally:
         reader.close()
-    summary_path = cfg.run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if summary and restarts:
         # The trainer's summary counts from its last start; what it does not know is here.
         summary["restarts"] = dict(restarts)
     _print_summary(summary, console, trainer_log)
     return summary
+
+
+def _read_summary(cfg: RunConfig) -> dict[str, Any]:
+    path = cfg.run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _wait_workers(procs: dict[str, tuple[_Process, Path]], timeout_s: float) -> None:

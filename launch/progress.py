@@ -26,6 +26,8 @@ class StepProgress:
         self.total = cfg.trainer.total_training_steps
         self.accuracy: float | None = None
         self.stale = 0
+        self.last_step = 0
+        """The latest step shown."""
         self.progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -51,6 +53,7 @@ class StepProgress:
 
     def update(self, rec: StepRecord) -> None:
         m = rec.metrics
+        self.last_step = max(self.last_step, rec.step)
         # verl's counter is the run's running total: the latest value is the count so far.
         self.stale = int(m.get("fully_async/count/stale_samples_processed", self.stale))
         if "val/accuracy" in m:

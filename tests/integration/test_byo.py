@@ -85,6 +85,7 @@ def test_your_model_data_and_reward_learn(make_run_cfg, demo_policy, tmp_path, c
     assert "loaded by each process, no warm start" in log
     assert "data: 2000 of the 2003 prompts in data.train_files (3 longer than" in log
     assert "data: 200 of the 200 prompts in data.val_files" in log
+    assert "60/60" in log, "the progress shows the trainer's last step before the summary"
 
     initial, final = summary["val/accuracy_initial"], summary["val/accuracy"]
     print(f"\nheld-out accuracy {initial:.3f} -> {final:.3f} in {summary['step']} steps")
