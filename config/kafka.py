@@ -95,7 +95,8 @@ class KafkaConfig(Strict):
     """Largest message we produce; checked client-side before sending (Tansu does not enforce it)."""
     session_timeout_ms: int | None = Field(None, ge=1000)
     """Consumer-group session timeout. Tansu answers a group join after about half of it
-    (measured: ~1.1 s at 2000, ~3.1 s at 6000, ~23 s at librdkafka's 45000), so unset it is
+    (measured: ~1.1 s at 2000, ~3.1 s at 6000, ~23 s at librdkafka's 45000; and ~1.1 s at
+    300-1000 too: a shorter one gains nothing), so unset it is
     2000 on the embedded broker (asyncrl run starting Tansu itself) and 6000 elsewhere (Apache
     Kafka refuses less than its group.min.session.timeout.ms, 6000 by default)."""
     heartbeat_interval_ms: int = Field(500, ge=100)
