@@ -120,6 +120,10 @@ def preloaded_available() -> bool:
     )
 
 
+_at_exit: list[Callable[[], None]] = []
+"""What this process registered to run at its exit (once each)."""
+
+
 def start_role_server() -> None:
     """Start the fork server now, so its imports overlap what the caller does before its
     first role (the broker's start, the topics, the prompts); returns at once."""
@@ -128,6 +132,28 @@ def start_role_server() -> None:
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
+        if _stop_role_server not in _at_exit:
+            _at_exit.append(_stop_role_server)
+            atexit.register(_stop_role_server)
+
+
+def _stop_role_server() -> None:
+    """Kill the fork server as this process exits. Left to itself it ends once it sees the
+    launcher gone, through an interpreter shutdown with torch and transformers loaded
+    (~0.8 s), holding the launcher's stdout and stderr meanwhile: ``asyncrl run | tee`` (or
+    a test reading its output) waited that long after the launcher had exited. Its roles
+    end with the launcher anyway (``_die_with``)."""
+    from multiprocessing import forkserver
+
+    server: Any = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if not pid:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def _die_with(launcher: int) -> None:

@@ -72,3 +72,24 @@ def test_a_forked_role_ends_with_the_launcher_even_when_it_is_sigkilled(tmp_path
         launcher.kill()
         if pid > 0 and _alive(pid):
             os.kill(pid, 9)
+
+
+def test_the_role_server_ends_with_the_process_that_started_it():
+    """Not ~0.8 s later, after its own interpreter shutdown: meanwhile it held the launcher's
+    stdout and stderr, and ``asyncrl run | tee`` (or a test reading its output) waited."""
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from multiprocessing import forkserver\n"
+            "from asyncrl.launch.process import start_role_server\n"
+            "start_role_server()\n"
+            "print(forkserver._forkserver._forkserver_pid, flush=True)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    server = int(launcher.stdout.readline())
+    assert launcher.wait(120) == 0  # the process, not its output: the server holds that too
+    assert not _alive(server), "the fork server outlived the process that started it"
