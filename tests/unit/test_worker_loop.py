@@ -5,6 +5,8 @@ the same paths over Kafka and the collective."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -642,15 +644,21 @@ def test_a_worker_says_how_full_its_engine_ran_and_what_the_budget_left_empty(tm
     run = Run(cfg, prompts=32)
     assert run.worker.full_batch == 16
     # held out of budget and idle 0.2 s: the engine empty, all of it the budget's
-    first, second = _resumed_around_a_spent_version(run, 0.2)
+    gc.disable()  # a collection of the (by then large) suite process mid-window is no budget
+    try:
+        first, second = _resumed_around_a_spent_version(run, 0.2)
+    finally:
+        gc.enable()
     assert (first.engine_occupancy, first.budget_unfilled_ratio) == (-1.0, -1.0)
     assert 0.0 < second.engine_occupancy < 0.9, "the long responses decoded alone a while"
     # The budget was spent from the first admission on: what the engine left empty is the
-    # budget's, but for the few ms before the worker admitted its samples and the sync's
-    # pause (~10 ms here: its weights come at once).
+    # budget's, but for the few ms before the worker admitted its samples and the sync
+    # (~20 ms here, from the request to the new budget: its weights come at once).
     window = second.ts - first.ts
+    requested = next(e for e in run.events() if isinstance(e, ev.SyncRequested))
+    syncing = second.ts - requested.ts
     not_budget = 1 - second.engine_occupancy - second.budget_unfilled_ratio
-    assert 0 <= not_budget * window < 0.1
+    assert 0 <= not_budget * window < 0.1 + syncing
     assert second.budget_unfilled_ratio >= second.budget_idle_ratio - 1e-3
     assert second.budget_unfilled_ratio > second.budget_idle_ratio + 0.05, "busy, not idle"
 
