@@ -107,6 +107,7 @@ def _context() -> Any:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
         _forkserver_context = ctx
+        atexit.register(_stop_role_server)  # once: the context is made once
     return _forkserver_context
 
 
@@ -120,10 +121,6 @@ def preloaded_available() -> bool:
     )
 
 
-_at_exit: list[Callable[[], None]] = []
-"""What this process registered to run at its exit (once each)."""
-
-
 def start_role_server() -> None:
     """Start the fork server now, so its imports overlap what the caller does before its
     first role (the broker's start, the topics, the prompts); returns at once."""
@@ -132,9 +129,6 @@ def start_role_server() -> None:
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
-        if _stop_role_server not in _at_exit:
-            _at_exit.append(_stop_role_server)
-            atexit.register(_stop_role_server)
 
 
 def _stop_role_server() -> None:

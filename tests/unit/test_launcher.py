@@ -105,7 +105,7 @@ def test_a_failed_trainer_reports_what_the_workers_said_last(tmp_path):
 def test_the_launchers_set_up_imports_no_torch_when_the_policy_is_cached(tmp_path):
     """The roles import torch and transformers from the fork server while the launcher sets
     the run up; the launcher importing them too (to look for a checkpoint, to load the
-    cached policy) cost ~2 s of every ``asyncrl run`` (docs/benchmarks.md, start-up)."""
+    cached policy) cost ~2 s of every ``asyncrl run`` (docs/design.md, "Processes")."""
     import json
     import subprocess
     import sys
