@@ -80,13 +80,15 @@ class Reader(Generic[T]):
         group_id: str | None = None,
         dead_letter: tuple[Publisher, str] | None = None,
         watch_group: bool = False,
+        background: bool = False,
     ) -> None:
         """``watch_group``: keep this member's join state (``group``), for a member that
-        may leave without a LeaveGroup (``close``)."""
+        may leave without a LeaveGroup (``close``). ``background``: nobody waits on this
+        reader's latency (``consumer_config``)."""
         self.group_id = group_id
         self._decode = decode
         self._dead_letter = dead_letter
-        self._conf = consumer_config(kafka_cfg, bootstrap, group_id)
+        self._conf = consumer_config(kafka_cfg, bootstrap, group_id, background)
         self._health = _BrokerHealth.of(kafka_cfg, bootstrap)
         self._max_poll_interval_ms = kafka_cfg.max_poll_interval_ms
         self.group = GroupWatch() if watch_group else None

@@ -357,7 +357,7 @@ def _follow(
 
     restarts: dict[str, int] = {}
     trainer_log = procs["trainer"][1]
-    reader = Reader(cfg.kafka, bootstrap, decode_step)
+    reader = Reader(cfg.kafka, bootstrap, decode_step, background=True)
     reader.assign(cfg.topic("steps"))
     try:
         with StepProgress(cfg, console) as progress:

@@ -213,7 +213,7 @@ class Archiver:
 
         consumer = None
         try:
-            conf = consumer_config(self.cfg.kafka, self.bootstrap, None)
+            conf = consumer_config(self.cfg.kafka, self.bootstrap, None, background=True)
             consumer = Consumer({**conf, **client_callbacks(self.cfg.kafka, self.bootstrap)})
             topics = [self.cfg.topic(name) for name in self.cfg.kafka.topics.partitions]
             assignment = []

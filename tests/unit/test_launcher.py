@@ -8,7 +8,7 @@ from rich.console import Console
 
 from asyncrl.config import load_config
 from asyncrl.consumers.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
-from asyncrl.kafka.settings import consumer_config
+from asyncrl.kafka.settings import BACKGROUND_FETCH_WAIT_MS, consumer_config
 from asyncrl.launch.launcher import _failure_report, for_embedded_broker, resume_or_set_aside
 from asyncrl.launch.log_archive import ArchivedRecord, PartitionFile, log_dir
 
@@ -79,6 +79,17 @@ def test_the_group_session_is_short_on_the_embedded_broker_only(tmp_path):
     assert cfg.kafka.session_timeout_ms is None, "the caller's config is not changed"
     chosen = load_config(overrides=["kafka.session_timeout_ms=9000"])
     assert for_embedded_broker(chosen).kafka.session_timeout_ms == 9000
+
+
+def test_readers_nobody_waits_on_ask_the_broker_less_often(tmp_path):
+    """The launcher's progress and archive readers wait longer per fetch than the roles' (an
+    idle fetch costs Tansu a request per wait), never shorter than the config's own wait."""
+    cfg = _cfg(tmp_path)
+    role = consumer_config(cfg.kafka, "k:9092", "g")["fetch.wait.max.ms"]
+    background = consumer_config(cfg.kafka, "k:9092", "g", background=True)["fetch.wait.max.ms"]
+    assert role == cfg.kafka.fetch_wait_max_ms < background == BACKGROUND_FETCH_WAIT_MS
+    slow = load_config(overrides=["kafka.fetch_wait_max_ms=500"]).kafka
+    assert consumer_config(slow, "k:9092", "g", background=True)["fetch.wait.max.ms"] == 500
 
 
 def test_a_failed_trainer_reports_what_the_workers_said_last(tmp_path):
