@@ -127,13 +127,17 @@ def _model_path(cfg: RunConfig) -> Check:
 
 
 def _data_files(cfg: RunConfig) -> list[Check]:
+    """Each file there, parquet, with the prompt (data.prompt_key) and reward columns: what the
+    launcher's read of the rows would stop on, found from the files' footers before it starts."""
     if not cfg.data.from_files:
         return []
+    from asyncrl.tasks.files import check_file
+
     checks = []
     for split, paths in (("train", cfg.data.train_paths), ("val", cfg.data.val_paths)):
-        missing = [p for p in paths if not Path(p).expanduser().is_file()]
-        detail = f"{', '.join(missing)}: no such file" if missing else ", ".join(paths)
-        checks.append(Check(f"data.{split}_files", not missing, detail))
+        problems = [p for p in (check_file(path, cfg.data.prompt_key) for path in paths) if p]
+        detail = "; ".join(problems) if problems else ", ".join(paths)
+        checks.append(Check(f"data.{split}_files", not problems, detail))
     return checks
 
 

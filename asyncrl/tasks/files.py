@@ -121,6 +121,29 @@ def _prompt(value: Any, where: str, key: str) -> str | list[dict[str, Any]]:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
+def check_file(path: str, prompt_key: str) -> str | None:
+    """Why ``path`` cannot be read as a dataset (no such file, not parquet, a column missing),
+    ``"<path>: <why>"``, or None. Reads the parquet footer alone, not the rows: the start-up
+    checks (launch/preflight.py) run it too, so a dry run finds what :func:`read_rows` would."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not Path(path).expanduser().is_file():
+        return f"{path}: no such file"
+    try:
+        columns = pq.read_schema(Path(path).expanduser()).names
+    except (pa.ArrowInvalid, OSError) as err:
+        return f"{path}: not a parquet file ({err})"
+    missing = [c for c in (prompt_key, *REQUIRED) if c not in columns]
+    if not missing:
+        return None
+    return (
+        f"{path}: no column {', '.join(map(repr, missing))}"
+        + (" (data.prompt_key)" if prompt_key in missing else "")
+        + f"; its columns: {', '.join(columns)}"
+    )
+
+
 def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRow]:
     """Every row of ``paths`` (read in order); ConfigError names ``config_key`` and the file
     for a missing file, a missing column or a malformed value."""
@@ -131,19 +154,13 @@ def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRo
     rows: list[DataRow] = []
     for k, path in enumerate(paths):
         where = f"{config_key}: {path}"
-        if not Path(path).expanduser().is_file():
-            raise ConfigError(f"{where}: no such file")
+        problem = check_file(path, prompt_key)
+        if problem is not None:
+            raise ConfigError(f"{config_key}: {problem}")
         try:
             table = pq.read_table(Path(path).expanduser())
         except (pa.ArrowInvalid, OSError) as err:
             raise ConfigError(f"{where}: not a parquet file ({err})") from None
-        missing = [c for c in (prompt_key, *REQUIRED) if c not in table.column_names]
-        if missing:
-            raise ConfigError(
-                f"{where}: no column {', '.join(map(repr, missing))}"
-                + (" (data.prompt_key)" if prompt_key in missing else "")
-                + f"; its columns: {', '.join(table.column_names)}"
-            )
         for i, row in enumerate(table.to_pylist()):
             reward_model = row["reward_model"]
             if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:

@@ -1,0 +1,103 @@
+"""A data file without the prompt column (data.prompt_key) or the reward column fails the
+start-up checks, naming the key and the file: ``asyncrl run --dry-run`` said ``ok`` and exit 0
+for it, and the real run then stopped in its set-up, a logs folder left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.launch.launcher import run
+from asyncrl.launch.preflight import check_startable, dry_run, startup_checks
+from asyncrl.tasks.files import check_file, export_task
+
+
+@pytest.fixture
+def exported(tmp_path: Path) -> dict[str, Path]:
+    """The arithmetic task as verl-format files (columns data_source, prompt, reward_model...)."""
+    cfg = load_config(overrides=["data.train_size=8", "data.val_size=4"])
+    return export_task(cfg.data, tmp_path / "data")
+
+
+def _overrides(tmp_path: Path, train: Path, val: Path, *more: str) -> list[str]:
+    return [
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        f"output_dir={tmp_path / 'runs'}",
+        "run_id=pf",
+        *more,
+    ]
+
+
+def test_a_missing_prompt_column_fails_the_check_naming_data_prompt_key(
+    tmp_path: Path, exported: dict[str, Path]
+) -> None:
+    cfg = load_config(
+        overrides=_overrides(
+            tmp_path, exported["train"], exported["val"], "data.prompt_key=question"
+        )
+    )
+    failed = {c.key: c.detail for c in startup_checks(cfg, "run") if c.ok is False}
+    assert set(failed) == {"data.train_files", "data.val_files"}
+    assert failed["data.train_files"].startswith(
+        f"{exported['train']}: no column 'question' (data.prompt_key)"
+    )
+    with pytest.raises(ConfigError, match=r"data.val_files: .*val.parquet: no column 'question'"):
+        check_startable(cfg, "train")
+    check_startable(cfg, "rollout")  # workers read prompts from the topic, not the files
+
+
+def test_a_missing_reward_column_fails_the_check_naming_the_file(
+    tmp_path: Path, exported: dict[str, Path]
+) -> None:
+    no_reward = tmp_path / "no_reward.parquet"
+    pq.write_table(pq.read_table(exported["train"]).drop_columns(["reward_model"]), no_reward)
+    cfg = load_config(overrides=_overrides(tmp_path, no_reward, exported["val"]))
+    with pytest.raises(ConfigError) as err:
+        check_startable(cfg, "run")
+    assert f"data.train_files: {no_reward}: no column 'reward_model'" in str(err.value)
+    assert "data.prompt_key" not in str(err.value) and "data.val_files" not in str(err.value)
+
+
+def test_the_dry_run_prints_the_failure_and_exits_non_zero(
+    tmp_path: Path, exported: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    overrides = _overrides(tmp_path, exported["train"], exported["val"], "data.prompt_key=question")
+    assert dry_run(None, overrides) != 0
+    out = capsys.readouterr().out
+    assert f"FAIL data.train_files: {exported['train']}: no column 'question' (data" in out
+    assert "the run would not start" in out
+    assert dry_run(None, _overrides(tmp_path, exported["train"], exported["val"])) == 0
+
+
+def test_the_real_run_stops_before_it_makes_its_run_folder(
+    tmp_path: Path, exported: dict[str, Path]
+) -> None:
+    cfg = load_config(
+        overrides=_overrides(
+            tmp_path, exported["train"], exported["val"], "data.prompt_key=question"
+        )
+    )
+    with pytest.raises(ConfigError, match=r"no column 'question' \(data.prompt_key\)"):
+        run(cfg)
+    assert not cfg.run_dir.exists()
+
+
+def test_the_check_reads_the_schema_not_the_rows(
+    tmp_path: Path, exported: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_rows(*_a: object, **_k: object) -> None:
+        raise AssertionError("read the rows")
+
+    monkeypatch.setattr(pq, "read_table", no_rows)
+    assert check_file(str(exported["train"]), "prompt") is None
+    assert "no column 'question'" in (check_file(str(exported["train"]), "question") or "")
+    not_parquet = tmp_path / "rows.csv"
+    not_parquet.write_text("a,b\n1,2\n")
+    assert "not a parquet file" in (check_file(str(not_parquet), "prompt") or "")
+    assert check_file(str(tmp_path / "nope.parquet"), "prompt") == (
+        f"{tmp_path / 'nope.parquet'}: no such file"
+    )
