@@ -295,7 +295,12 @@ def _format_validation(err: ValidationError, assigned: dict[str, _Assignment]) -
             (a.decision.source for k, a in assigned.items() if key == k or key.startswith(k + ".")),
             None,
         )
-        lines.append(f"{key}{f' ({source})' if source else ''}: {e['msg']}")
+        got = e.get("input")
+        shown = ""
+        if isinstance(got, str | int | float | bool):
+            text = repr(got) if isinstance(got, str) else _show(got)
+            shown = f" (got {text if len(text) <= 80 else text[:77] + '...'})"
+        lines.append(f"{key}{f' ({source})' if source else ''}: {e['msg']}{shown}")
     return lines
 
 

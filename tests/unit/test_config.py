@@ -39,6 +39,21 @@ def test_bad_config_names_the_key(override, key):
     assert key in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "override, shown",
+    [
+        ("trainer.total_training_steps=abc", "(got 'abc')"),
+        ("async_training.staleness_threshold=-1", "(got -1)"),
+        ("actor_rollout_ref.rollout.name=vllm2", "(got 'vllm2')"),
+    ],
+)
+def test_a_bad_value_is_shown_beside_its_key(override, shown):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[override])
+    line = next(x for x in str(err.value).splitlines() if override.split("=")[0] in x)
+    assert line.endswith(shown)
+
+
 def test_partial_rollout_needs_staleness():
     with pytest.raises(ConfigError, match="partial_rollout"):
         load_config(
