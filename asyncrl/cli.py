@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "A run of the embedded broker is read from its archived log (OUTPUT_DIR/RUN/log) "
         "unless kafka.bootstrap_servers is given.",
     )
-    p.add_argument("run", help="the run_id to audit")
+    p.add_argument("run", help="a run_id under --output-dir, or a run directory")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument(
         "--output-dir", default="runs", help="where run directories live (default: runs)"
@@ -232,10 +232,16 @@ def build_parser() -> argparse.ArgumentParser:
         "weight version: samples produced, mean reward, partial ratio, samples consumed, stale "
         "count and staleness spread, held-out accuracy, trainer and rollouter idle ratios; and "
         "run-wide queue lag, drops, dead-lettered records and workers. Stops at RunFinished "
-        "(or Ctrl-C). Needs kafka.bootstrap_servers (the run's broker or Kafka cluster).",
+        "(or Ctrl-C). Reads from the run's broker: the one its resolved config names "
+        "(OUTPUT_DIR/RUN/config.yaml: a live `asyncrl run`'s embedded broker is found so), "
+        "or kafka.bootstrap_servers. A finished run's archived log is read by inspect, audit "
+        "and report.",
     )
-    p.add_argument("run", help="the run_id to watch")
+    p.add_argument("run", help="a run_id under --output-dir, or a run directory")
     p.add_argument("--once", action="store_true", help="print what is there now and exit")
+    p.add_argument(
+        "--output-dir", default="runs", help="where run directories live (default: runs)"
+    )
     p.add_argument(
         "--engine",
         choices=["auto", "faust", "kafka"],
@@ -413,11 +419,11 @@ def _usage_errors() -> tuple[type[Exception], ...]:
 def _expected_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says all (file and line, config key, a process's log tail): shown
     as one message, not a traceback. Imported lazily, so ``--help`` stays instant."""
-    from asyncrl.kafka import BrokerUnavailable
+    from asyncrl.kafka import BrokerUnavailable, UnknownTopic
     from asyncrl.launch.broker import BrokerError
     from asyncrl.launch.launcher import RunFailed
 
-    return (*_usage_errors(), BrokerUnavailable, BrokerError, RunFailed)
+    return (*_usage_errors(), BrokerUnavailable, UnknownTopic, BrokerError, RunFailed)
 
 
 if __name__ == "__main__":

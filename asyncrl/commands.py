@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -29,12 +30,100 @@ def _log_broker(cfg, args: argparse.Namespace, role: str) -> Iterator[str]:
     kafka.bootstrap_servers is given on this command line; else the configured broker."""
     from asyncrl.launch.log_archive import has_archive, offline_broker
 
-    named = any(o.partition("=")[0] == "kafka.bootstrap_servers" for o in args.overrides)
+    named = _named_bootstrap(args)
     if has_archive(cfg) and not named:
         with offline_broker(cfg) as bootstrap:
             yield bootstrap
     else:
-        yield _need_bootstrap(cfg, role)
+        yield _reading_bootstrap(cfg, role, named)
+
+
+def _named_bootstrap(args: argparse.Namespace) -> bool:
+    return any(o.partition("=")[0] == "kafka.bootstrap_servers" for o in args.overrides)
+
+
+def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
+    """The configured broker of a command that reads a run (inspect, audit, monitor, replay),
+    checked first where a wrong guess is cheap to tell: a run_id that names no run here, or
+    a loopback address nothing listens on (a finished run's embedded broker, whose port its
+    saved config still names), fail at once instead of after the broker-down timeout."""
+    if not cfg.kafka.bootstrap_servers:
+        if not cfg.run_dir.exists():
+            raise SystemExit(f"asyncrl {role}: {_no_such_run(cfg)}")
+        return _need_bootstrap(cfg, role)
+    closed = _closed_loopback(cfg.kafka.bootstrap_servers)
+    if closed is None:
+        return cfg.kafka.bootstrap_servers
+    from asyncrl.launch.log_archive import has_archive, log_dir
+
+    if has_archive(cfg) and not named:
+        raise SystemExit(
+            f"asyncrl {role}: run {cfg.run_id!r} has ended: nothing listens at its broker's "
+            f"{closed} any more. Its log is archived in {log_dir(cfg)}: `asyncrl inspect "
+            f"samples run_id={cfg.run_id}`, `asyncrl audit {cfg.run_id}` and `asyncrl report "
+            f"{cfg.run_id}` read it without a broker"
+        )
+    raise SystemExit(
+        f"asyncrl {role}: nothing listens at {closed} (kafka.bootstrap_servers): start the "
+        "broker, or pass the address of the one holding the run"
+    )
+
+
+def _run_config(args: argparse.Namespace):
+    """The config of RUN (``args.run``: a run_id under --output-dir, or a run directory): its
+    resolved config.yaml when it has one, else --config; the command line's overrides on top.
+    The saved config names the run's broker, so a live run is found without its address."""
+    from pathlib import Path
+
+    from asyncrl.config import load_config
+
+    output_dir, run = Path(args.output_dir), args.run
+    given = Path(run)
+    if len(given.parts) > 1:  # a path (runs/demo, /abs/run), not a run_id
+        output_dir, run = given.resolve().parent, given.resolve().name
+    resolved = output_dir / run / "config.yaml"
+    config = args.config or (resolved if resolved.exists() else None)
+    cfg = load_config(config, [*args.overrides, f"run_id={run}"])
+    cfg.output_dir = str(output_dir)
+    return cfg
+
+
+SET_ASIDE = re.compile(r"\.\d{8}-\d{6}$")
+"""A finished run's directory moved aside by the next run of its run_id (launcher)."""
+
+
+def _no_such_run(cfg) -> str:
+    from pathlib import Path
+
+    out = Path(cfg.output_dir)
+    here = sorted(
+        p.name
+        for p in out.glob("*/")
+        if (p / "config.yaml").exists() and not SET_ASIDE.search(p.name)  # runs/<id>.<time>
+    )
+    listed = f" (runs there: {', '.join(here[:12])}{', ...' if len(here) > 12 else ''})"
+    return (
+        f"no run {cfg.run_id!r} in {out}/{listed if here else ''}; for a run "
+        "on a Kafka cluster, pass kafka.bootstrap_servers=HOST:PORT"
+    )
+
+
+def _closed_loopback(bootstrap: str) -> str | None:
+    """The first loopback HOST:PORT of ``bootstrap`` that refuses a connection, when every
+    address is on loopback (None otherwise: a remote broker may be slow, not gone)."""
+    import socket
+
+    addresses = [a.strip().rpartition(":") for a in bootstrap.split(",") if a.strip()]
+    if not addresses or any(h not in ("127.0.0.1", "localhost", "::1") for h, _, _ in addresses):
+        return None
+    for host, _, port in addresses:
+        if not port.isdigit():
+            return None
+        with socket.socket(socket.AF_INET6 if host == "::1" else socket.AF_INET) as sock:
+            sock.settimeout(1.0)
+            if sock.connect_ex((host, int(port))) == 0:
+                return None
+    return ",".join(f"{h}:{p}" for h, _, p in addresses)
 
 
 def _check_startable(cfg, role: str) -> None:
@@ -173,18 +262,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from rich.console import Console
 
-    from asyncrl.config import load_config
     from asyncrl.launch.log_archive import ArchiveError
     from asyncrl.ops.audit import AuditError, audit_run, print_report
 
-    resolved = Path(args.output_dir) / args.run / "config.yaml"
-    config = args.config or (resolved if resolved.exists() else None)
-    cfg = load_config(config, [*args.overrides, f"run_id={args.run}"])
-    cfg.output_dir = args.output_dir
+    cfg = _run_config(args)
     try:
         with _log_broker(cfg, args, "audit") as bootstrap:
             report = audit_run(cfg, bootstrap)
@@ -209,7 +293,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             with _log_broker(cfg, args, "replay") as bootstrap:
                 replay_step(cfg, bootstrap, int(args.target), Console())
         else:
-            bootstrap = _need_bootstrap(cfg, "replay topic")  # writes to a live run's topic
+            # writes to a live run's topic: its broker, up
+            bootstrap = _reading_bootstrap(cfg, "replay topic", named=True)
             if not args.to_run:
                 raise ReplayError("replay topic needs --to-run RUN_ID")
             versions = None
@@ -332,11 +417,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_monitor(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.config import load_config
     from asyncrl.ops.monitor import monitor
 
-    cfg = load_config(args.config, [*args.overrides, f"run_id={args.run}"])
-    bootstrap = _need_bootstrap(cfg, "monitor")
+    cfg = _run_config(args)
+    bootstrap = _reading_bootstrap(cfg, "monitor", _named_bootstrap(args))
     with contextlib.suppress(KeyboardInterrupt):
         monitor(cfg, bootstrap, Console(), follow=not args.once, engine=args.engine)
     return 0

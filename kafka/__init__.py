@@ -30,7 +30,7 @@ Modules: ``settings`` (config -> librdkafka keys), ``health`` (logging, broker d
 topics), ``records`` (a topic read back, start to end).
 """
 
-from asyncrl.kafka.health import BrokerUnavailable, admin_client, client_callbacks
+from asyncrl.kafka.health import BrokerUnavailable, UnknownTopic, admin_client, client_callbacks
 from asyncrl.kafka.publisher import KafkaDeliveryError, MessageTooLarge, Publisher
 from asyncrl.kafka.reader import Reader
 from asyncrl.kafka.record import (
@@ -63,6 +63,7 @@ __all__ = [
     "Publisher",
     "Reader",
     "Record",
+    "UnknownTopic",
     "admin_client",
     "client_callbacks",
     "client_config",

@@ -57,6 +57,23 @@ class BrokerUnavailable(RuntimeError):
         )
 
 
+class UnknownTopic(KafkaException):
+    """A topic the broker does not have: a run_id that names no run there, or a run whose
+    topics were never created on this broker. Still a KafkaException (code
+    UNKNOWN_TOPIC_OR_PART) for callers that test the code; its message is one line."""
+
+    def __init__(self, topic: str, bootstrap: str, problem: object = None) -> None:
+        super().__init__(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"{topic}: {problem}"))
+        self.topic, self.bootstrap = topic, bootstrap
+
+    def __str__(self) -> str:
+        run = self.topic.rsplit(".", 1)[0]
+        return (
+            f"no topic {self.topic} on the broker at {self.bootstrap}: no run {run!r} there "
+            "(check run_id), or its topics were never created on this broker"
+        )
+
+
 class _RateLimitedLog:
     """Log lines by kind, at most one per kind every ``_LOG_EVERY_S``; the rest are counted and
     the count is appended to the next line of that kind. Thread-safe (callbacks run in

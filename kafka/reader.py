@@ -150,7 +150,7 @@ class Reader(Generic[T]):
             self._consumer,
             topic,
             self._health.bootstrap,
-            min(_METADATA_TIMEOUT_S, self._health.timeout_s),
+            self._health.timeout_s,
             self._health,
         )
 
@@ -418,9 +418,7 @@ class Reader(Generic[T]):
         offset + 1 as high watermark, by fetching the last batch (~50 ms). Runs on a side
         consumer, so an active fetch of this reader does not delay it.
         """
-        return read_watermarks(
-            self._conf, topic, exact, min(_METADATA_TIMEOUT_S, self._health.timeout_s)
-        )
+        return read_watermarks(self._conf, topic, exact, self._health.timeout_s)
 
     def close(self, leave_group: bool = True) -> None:
         """Leave the group and release the client. Idempotent.

@@ -19,6 +19,7 @@ from asyncrl.kafka.health import (
     _CONNECTION_ERRORS,
     _METADATA_TIMEOUT_S,
     BrokerUnavailable,
+    UnknownTopic,
     _BrokerHealth,
     _LibrdkafkaLog,
     _RateLimitedLog,
@@ -65,8 +66,7 @@ def _topic_partitions(
         raise
     tmd = md.topics.get(topic)
     if tmd is None or tmd.error is not None:
-        problem = tmd.error if tmd is not None else "not in metadata"
-        raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"{topic}: {problem}"))
+        raise UnknownTopic(topic, bootstrap, tmd.error if tmd is not None else "not in metadata")
     return sorted(tmd.partitions)
 
 
@@ -133,6 +133,6 @@ def count_records(kafka_cfg: KafkaConfig, bootstrap: str, topic: str) -> int:
     marks = read_watermarks(
         consumer_config(kafka_cfg, bootstrap, None),
         topic,
-        metadata_timeout=min(_METADATA_TIMEOUT_S, kafka_cfg.broker_down_timeout_s),
+        metadata_timeout=kafka_cfg.broker_down_timeout_s,
     )
     return sum(high - low for low, high in marks.values())

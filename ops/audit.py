@@ -456,7 +456,7 @@ def read_run_log(cfg: RunConfig, bootstrap: str) -> RunLog:
     group's committed offsets. A record that does not decode is counted, not fatal."""
     from confluent_kafka import KafkaException
 
-    from asyncrl.kafka import Reader, raw_decode
+    from asyncrl.kafka import Reader, UnknownTopic, raw_decode
     from asyncrl.kafka.records import read_records
     from asyncrl.schemas import DecodeError
     from asyncrl.schemas.partial import decode_partial
@@ -469,6 +469,8 @@ def read_run_log(cfg: RunConfig, bootstrap: str) -> RunLog:
     def read(name: str, decode: Callable[[bytes | None, dict[str, bytes]], Any]) -> list[Any]:
         try:
             records = list(read_records(cfg, bootstrap, name))
+        except UnknownTopic as err:
+            raise AuditError(str(err)) from None
         except KafkaException as err:
             raise AuditError(f"cannot read {cfg.topic(name)} on {bootstrap}: {err}") from None
         if len({r.partition for r in records}) > 1:  # log order across partitions: by time

@@ -14,6 +14,7 @@ from asyncrl.kafka import (
     Publisher,
     Reader,
     Record,
+    UnknownTopic,
     consumer_config,
     count_records,
     raw_decode,
@@ -321,3 +322,25 @@ def test_watermarks_of_several_topics_at_once_are_each_topics_exact_ends(run_cfg
     assert sum(high - low for (t, _), (low, high) in together.items() if t == samples) == 40
     assert sum(high - low for (t, _), (low, high) in together.items() if t == steps) == 5
     assert {t for t, _ in together} == {samples, steps}
+
+
+def test_a_topic_the_broker_lacks_is_one_line_naming_it_and_the_run(
+    run_cfg: RunConfig, broker: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run_id with no topics on the broker: UnknownTopic (still the KafkaException code
+    callers test), and through the CLI one line, not librdkafka's nested error text."""
+    from confluent_kafka import KafkaError
+
+    from asyncrl.cli import main
+
+    with Reader(run_cfg.kafka, broker, raw_decode) as reader, pytest.raises(UnknownTopic) as exc:
+        reader.partitions("nosuchrun.samples")
+    assert exc.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert str(exc.value) == (
+        f"no topic nosuchrun.samples on the broker at {broker}: no run 'nosuchrun' there "
+        "(check run_id), or its topics were never created on this broker"
+    )
+    command = ["inspect", "samples", "run_id=nosuchrun", f"kafka.bootstrap_servers='{broker}'"]
+    assert main(command) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("asyncrl inspect: no topic nosuchrun.") and "Traceback" not in err

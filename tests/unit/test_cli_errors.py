@@ -47,7 +47,7 @@ def test_an_unreachable_broker_is_one_line_naming_the_key() -> None:
     t0 = time.monotonic()
     out = subprocess.run(
         [
-            *[sys.executable, "-m", "asyncrl", "inspect", "control"],
+            *[sys.executable, "-m", "asyncrl", "prepare", "sync.master_port=29500"],
             f"kafka.bootstrap_servers='{bootstrap}'",
             "kafka.broker_down_timeout_s=1",
         ],
@@ -59,10 +59,83 @@ def test_an_unreachable_broker_is_one_line_naming_the_key() -> None:
     assert out.returncode == 1, out.stderr
     assert time.monotonic() - t0 < 15
     err = out.stderr.splitlines()
-    assert err[-1].startswith("asyncrl inspect: no Kafka broker reachable at " + bootstrap)
+    assert err[-1].startswith("asyncrl prepare: no Kafka broker reachable at " + bootstrap)
     assert "kafka.bootstrap_servers" in err[-1]
     assert "Traceback" not in out.stderr
     assert len(err) <= 3, out.stderr
+
+
+def test_a_reading_command_fails_at_once_on_a_loopback_port_nothing_listens_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """inspect, audit, monitor and replay read a run: a dead loopback address (often a
+    finished run's embedded broker, still named by its saved config) ends at once, in one
+    line, not after kafka.broker_down_timeout_s."""
+    bootstrap = f"127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "control", f"kafka.bootstrap_servers='{bootstrap}'"])
+    assert time.monotonic() - t0 < 5
+    assert str(exc.value) == (
+        f"asyncrl inspect: nothing listens at {bootstrap} (kafka.bootstrap_servers): start the "
+        "broker, or pass the address of the one holding the run"
+    )
+
+
+def _saved_run(output_dir: Path, run_id: str, bootstrap: str, archived: bool) -> Path:
+    """A run directory as `asyncrl run` leaves it: its resolved config, maybe its log."""
+    from asyncrl.launch.log_archive import ArchivedRecord, PartitionFile
+
+    run_dir = output_dir / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(
+        f"run_id: {run_id}\nkafka:\n  bootstrap_servers: '{bootstrap}'\n"
+    )
+    if archived:
+        f = PartitionFile(run_dir / "log" / f"{run_id}.samples" / "0.log")
+        f.append(ArchivedRecord(0, 0, b"k", b"v", []))
+        f.close()
+    return run_dir
+
+
+def test_a_run_id_that_names_no_run_says_so_and_lists_the_runs_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _saved_run(tmp_path, "first", "127.0.0.1:1", archived=True)
+    _saved_run(tmp_path, "first.20261126-101010", "127.0.0.1:1", archived=True)  # set aside
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "nosuch", "--output-dir", str(tmp_path)])
+    message = str(exc.value)
+    assert message.startswith(f"asyncrl audit: no run 'nosuch' in {tmp_path}/ (runs there: first)")
+    assert "kafka.bootstrap_servers" in message
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "samples", "run_id=nosuch", f"output_dir='{tmp_path}'"])
+    assert str(exc.value).startswith("asyncrl inspect: no run 'nosuch' in")
+
+
+def test_monitor_of_a_finished_run_points_to_its_archived_log(tmp_path: Path) -> None:
+    """monitor reads the run's saved config (so a live run's embedded broker is found by its
+    run_id alone); once that broker is gone, it says where the run's log is instead."""
+    run_dir = _saved_run(tmp_path, "done", f"127.0.0.1:{free_port()}", archived=True)
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as exc:
+        main(["monitor", "done", "--once", "--output-dir", str(tmp_path)])
+    assert time.monotonic() - t0 < 5
+    message = str(exc.value)
+    assert message.startswith("asyncrl monitor: run 'done' has ended")
+    assert str(run_dir / "log") in message and "asyncrl audit done" in message
+
+
+def test_audit_and_monitor_take_a_run_directory_as_report_does(tmp_path: Path) -> None:
+    import argparse
+
+    from asyncrl.commands import _run_config
+
+    run_dir = _saved_run(tmp_path / "elsewhere", "r7", "127.0.0.1:1", archived=False)
+    args = argparse.Namespace(run=str(run_dir), output_dir="runs", config=None, overrides=[])
+    cfg = _run_config(args)
+    assert (cfg.run_id, cfg.run_dir) == ("r7", run_dir.resolve())
+    assert cfg.kafka.bootstrap_servers == "127.0.0.1:1"
 
 
 def test_a_failed_run_prints_the_log_tail_as_a_message(
