@@ -116,6 +116,32 @@ def verl_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _demo_settings(quote: str) -> str:
+    """The keys the demo's file sets to other values than their defaults, ``key: value``."""
+    import yaml
+
+    from asyncrl.config.base import DEFAULT_CONFIG
+
+    defaults = RunConfig().model_dump()
+
+    def leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            out += leaves(v, key + ".") if isinstance(v, dict) else [(key, v)]
+        return out
+
+    def default(key: str) -> Any:
+        node: Any = defaults
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    demo = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    changed = [(k, v) for k, v in leaves(demo) if default(k) != v]
+    return ", ".join(f"{quote}{k}: {json.dumps(v)}{quote}" for k, v in changed)
+
+
 def config_reference() -> str:
     lines = [
         "# Configuration reference",
@@ -125,6 +151,11 @@ def config_reference() -> str:
         "override on the command line (`asyncrl run async_training.staleness_threshold=0.3`).",
         "Unknown keys and bad values stop the run at start-up with the key named; verl's own",
         "names load too (see [verl's keys](#verls-keys) below).",
+        "",
+        "The defaults below are what a key takes when the run's YAML file does not set it. With no",
+        "`--config`, the run's file is the demo's, `asyncrl/configs/default.yaml`, which sets",
+        f"{_demo_settings('`')}; a file of your own starts from the defaults below, not from the",
+        "demo's file.",
         "",
         "| key | type | default | meaning |",
         "|---|---|---|---|",
@@ -141,7 +172,10 @@ def config_help(width: int = 100) -> str:
 
     lines = [
         "config keys (set them in --config FILE or as key.path=value; verl's names load too;",
-        "docs/configuration.md is the same list as a table):",
+        "docs/configuration.md is the same list as a table). A default is what a key takes when",
+        "the --config file does not set it; with no --config the file is the demo's",
+        "(asyncrl/configs/default.yaml), which sets:",
+        *textwrap.wrap(_demo_settings(""), width, initial_indent="  ", subsequent_indent="  "),
     ]
     for key, type_name, default, desc in _rows(RunConfig, ""):
         head = f"  {key}  [{type_name}" + (f", default {default.strip('`')}]" if default else "]")
