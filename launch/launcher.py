@@ -288,8 +288,10 @@ def run(
             # Drained to the broker's end before the broker goes (a dead broker: as it is).
             try:
                 archiver.stop(drain=broker is not None and broker.running)
+                total, added = archiver.total, archiver.archived
+                counts = f"{total} records" + (f", {added} of them new" if added < total else "")
                 console.log(
-                    f"log archived: {archiver.directory} ({archiver.archived} records); "
+                    f"log archived: {archiver.directory} ({counts}); "
                     f"`asyncrl inspect samples run_id={cfg.run_id}` or `asyncrl audit "
                     f"{cfg.run_id}` reads it with no broker running"
                 )
@@ -359,11 +361,18 @@ def _follow(
     trainer_log = procs["trainer"][1]
     reader = Reader(cfg.kafka, bootstrap, decode_step, background=True)
     reader.assign(cfg.topic("steps"))
+    # Steps already on the log (a resumed run's earlier launches) move the bar silently.
+    earlier = {p: high for p, (_low, high) in reader.watermarks(cfg.topic("steps")).items()}
     try:
         with StepProgress(cfg, console) as progress:
             while True:
                 for rec in reader.poll(0.05):
-                    progress.update(rec.value)
+                    if rec.offset < earlier.get(rec.partition, 0):
+                        progress.update(rec.value, earlier=True)
+                        if rec.offset == earlier[rec.partition] - 1:
+                            progress.resumed()
+                    else:
+                        progress.update(rec.value)
                 if broker is not None and not broker.running:
                     raise BrokerDied(
                         f"the embedded broker (pid {broker.pid}) died; the run's log is archived "

@@ -194,6 +194,11 @@ class Archiver:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="log-archiver", daemon=True)
 
+    @property
+    def total(self) -> int:
+        """Records in the archive, earlier launches' included (``archived``: this one's)."""
+        return sum(f.next_offset for f in self.files.values())
+
     def _file(self, topic: str, partition: int) -> PartitionFile:
         key = (topic, partition)
         if key not in self.files:

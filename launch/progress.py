@@ -51,13 +51,16 @@ class StepProgress:
     ) -> None:
         self.progress.__exit__(exc_type, exc, tb)
 
-    def update(self, rec: StepRecord) -> None:
+    def update(self, rec: StepRecord, earlier: bool = False) -> None:
+        """Show one step of the run; ``earlier``: a step of an earlier launch of a resumed run,
+        read back from its log, which moves the bar and prints nothing."""
         m = rec.metrics
         self.last_step = max(self.last_step, rec.step)
         # verl's counter is the run's running total: the latest value is the count so far.
         self.stale = int(m.get("fully_async/count/stale_samples_processed", self.stale))
         if "val/accuracy" in m:
             self.accuracy = m["val/accuracy"]
+        if "val/accuracy" in m and not earlier:
             tools = (
                 f"  tool use {m['val/tool_use']:.2f} (rollout {_fmt(m.get('agent/tool_use_rate'))}, "
                 f"errors/traj {_fmt(m.get('agent/tool_errors/mean'))})"
@@ -78,3 +81,11 @@ class StepProgress:
             f"engine full {_fmt(m.get('rollouter/engine_occupancy'))}"
         )
         self.progress.update(self.task, completed=rec.step, description=desc)
+
+    def resumed(self) -> None:
+        """The earlier launches' steps are all read: one line says where this launch goes on."""
+        self.console.log(
+            f"resumed: steps 1-{self.last_step} are on the log from an earlier launch "
+            f"(held-out accuracy {_fmt(self.accuracy)}); the trainer goes on from its last "
+            "checkpoint"
+        )
