@@ -32,6 +32,9 @@ def _log_broker(cfg, args: argparse.Namespace, role: str) -> Iterator[str]:
 
     named = _named_bootstrap(args)
     if has_archive(cfg) and not named:
+        from asyncrl.launch.log_archive import log_dir
+
+        logging.getLogger("asyncrl").info("reading the run's archived log, %s", log_dir(cfg))
         with offline_broker(cfg) as bootstrap:
             yield bootstrap
     else:

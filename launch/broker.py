@@ -124,7 +124,7 @@ class EmbeddedBroker:
                 self._spawn(binary)
                 self._wait_ready()
                 atexit.register(self.stop)
-                log.info("embedded Tansu broker pid %s on %s", self.pid, self.bootstrap)
+                log.debug("embedded Tansu broker pid %s on %s", self.pid, self.bootstrap)
                 return self.bootstrap
             except BrokerError as err:
                 last_err = err
