@@ -6,7 +6,8 @@ on a run still going. Writes into
 ``<run_dir>/report/``:
 
 - ``reward_accuracy_step.png`` / ``reward_accuracy_time.png``: training reward per step and
-  held-out accuracy at each evaluation, against the step and against wall time;
+  held-out accuracy at each evaluation, against the step and against the trainer's time (a
+  run resumed after a kill: its launches joined, ``join_launches``);
 - ``staleness.png``: how many versions behind each trained sample was (``version -
   param_version`` at consumption), summed over the run;
 - ``idle_ratios.png``: trainer and rollouter idle ratio of each sync window;
@@ -65,7 +66,37 @@ def load_rows(
                 summary = row["summary"]
     if not rows:
         raise ReportError(f"{run_dir / 'metrics.jsonl'} holds no step yet")
-    return rows, syncs, summary
+    return join_launches(rows), syncs, summary
+
+
+def join_launches(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step rows of a run resumed after a kill, as one run. Each launch's trainer counts
+    ``perf/elapsed_s`` and its running ``perf/samples_per_s`` from its own start, and goes
+    on from its last checkpoint, so the steps after it were done twice: the later row of a
+    step replaces the earlier (the trainer voided it), elapsed time goes on from where the
+    previous launch stopped, and samples/s is the whole run's so far. ``launch`` numbers
+    each row's launch from 1."""
+    joined: list[dict[str, Any]] = []
+    offset = samples_before = 0.0
+    prev_t = prev_samples = 0.0
+    launch = 1
+    for raw in rows:
+        t = float(raw.get("perf/elapsed_s", 0.0))
+        if t < prev_t:  # a new launch: its clock starts again
+            launch += 1
+            offset += prev_t
+            samples_before += prev_samples
+        samples = float(raw.get("perf/samples_per_s", 0.0)) * t
+        prev_t, prev_samples = t, samples
+        row = dict(raw, launch=launch)
+        if "perf/elapsed_s" in raw:
+            row["perf/elapsed_s"] = offset + t
+            if "perf/samples_per_s" in raw and offset + t > 0:
+                row["perf/samples_per_s"] = (samples_before + samples) / (offset + t)
+        while joined and joined[-1]["step"] >= row["step"]:
+            joined.pop()  # voided by the restart
+        joined.append(row)
+    return joined
 
 
 def staleness_counts(rows: list[dict[str, Any]]) -> dict[int, int]:
@@ -308,8 +339,10 @@ def _markdown(
     last = rows[-1]
     trained = sum(counts.values())
     stale = sum(n for k, n in counts.items() if k > 0)
+    launches = last.get("launch", 1)
     facts = [
         ("steps", last["step"]),
+        *([("launches (resumed after a kill)", launches)] if launches > 1 else []),
         ("weight version", last["version"]),
         ("finished because", summary.get("reason", "(still running)")),
         ("held-out accuracy, start -> end", _acc(summary, rows)),
@@ -325,7 +358,8 @@ def _markdown(
         facts += [
             # The trainer's count (summary.json) when the run has one: a last sync whose
             # workers had not all resumed when the run ended has no window row.
-            ("syncs", summary.get("syncs", len(windows))),
+            # (a resumed run's summary counts its last launch's alone)
+            ("syncs", summary.get("syncs", len(windows)) if launches == 1 else len(windows)),
             ("sync pause / transfer, mean (trainer)", _ms(mean, "pause_s", "transfer_s")),
             ("weights receive + load, mean (slowest worker)", _ms(mean, "load_s")),
             ("SyncRequested -> resumed, mean", f"{mean['resumed_s'] * 1e3:.0f} ms"),

@@ -119,3 +119,33 @@ def test_report_states_the_off_policy_figures_of_a_run_that_has_them(tmp_path):
     # a run without them: no such line, no such plot
     plain = write_report(_run_dir(tmp_path / "plain")).read_text()
     assert "importance weight" not in plain and "offpolicy.png" not in plain
+
+
+def test_a_run_resumed_after_a_kill_reads_as_one_run(tmp_path):
+    """Each launch's trainer counts time and samples/s from its own start and redoes the
+    steps after its last checkpoint: the report joins the launches, the redone steps once."""
+    run = tmp_path / "runs" / "resumed"
+    run.mkdir(parents=True)
+
+    def step(n: int, t: float, rate: float, version: int) -> dict:
+        return {"step": n, "version": version, "critic/score/mean": 0.5, "perf/elapsed_s": t,
+                "perf/samples_per_s": rate, "fully_async/staleness/count_0": 8.0}  # fmt: skip
+
+    sync = {"version": 1, "pause_s": 0.1, "transfer_s": 0.02, "load_s": 0.05, "resumed_s": 0.2}
+    rows = [
+        step(1, 1.0, 8.0, 0), {"sync": sync}, step(2, 2.0, 8.0, 1), step(3, 3.0, 8.0, 1),
+        # killed after step 3; the checkpoint was step 2: step 3 again, under version 2
+        step(3, 0.5, 16.0, 2), {"sync": {**sync, "version": 3}}, step(4, 1.0, 16.0, 3),
+        {"summary": {"reason": "total_training_steps reached", "syncs": 1, "dropped": {}}},
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    joined, _ = _load(run)
+    assert [r["step"] for r in joined] == [1, 2, 3, 4]
+    assert [r["launch"] for r in joined] == [1, 1, 2, 2]
+    assert [r["perf/elapsed_s"] for r in joined] == [1.0, 2.0, 3.5, 4.0]
+    # 24 samples in the first launch's 3 s, 16 in the second's 1 s
+    assert joined[-1]["perf/samples_per_s"] == pytest.approx(40 / 4.0)
+    md = write_report(run).read_text()
+    assert "| launches (resumed after a kill) | 2 |" in md
+    assert "| wall time | 4.0 s |" in md and "| samples trained | 32 |" in md
+    assert "| syncs | 2 |" in md  # the summary's 1 is the last launch's alone
