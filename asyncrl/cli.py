@@ -173,7 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topic", choices=["samples", "partials", "control", "steps", "dead-letter"])
     p.add_argument("--from", dest="start", type=int, default=0, help="first offset (default 0)")
     p.add_argument("--to", dest="end", type=int, default=None, help="stop before this offset")
-    p.add_argument("--since", help="records at or after this time (ISO 8601, UTC, or epoch ms)")
+    p.add_argument(
+        "--since",
+        help="records at or after this time: ISO 8601 (UTC unless it names a zone), a time of "
+        "day as the tables show it (HH:MM:SS, UTC, the latest such moment), or epoch ms",
+    )
     p.add_argument("--until", help="records before this time")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--text", action="store_true", help="decode token ids to text")
@@ -218,7 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to-run", help="topic: the run_id whose topic receives the records")
     p.add_argument("--from", dest="start", type=int, default=0, help="topic: first offset")
     p.add_argument("--to", dest="end", type=int, default=None, help="topic: stop before offset")
-    p.add_argument("--since", help="topic: records at or after this time (ISO 8601 or epoch ms)")
+    p.add_argument(
+        "--since",
+        help="topic: records at or after this time (ISO 8601, HH:MM:SS in UTC, or epoch ms)",
+    )
     p.add_argument("--until", help="topic: records before this time")
     p.add_argument("--versions", help="topic: param_version range, e.g. 3..7")
     p.add_argument("--sample-ids", help="topic: comma-separated sample ids")

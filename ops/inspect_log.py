@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+from datetime import time as dt_time
 from typing import Any
 
 from rich.console import Console
@@ -33,15 +34,25 @@ from asyncrl.telemetry.metrics import stale_in_step
 TOPICS = ("samples", "partials", "control", "steps", "dead-letter")
 
 
-def parse_time(text: str) -> int:
-    """Epoch milliseconds from ``1700000000000`` or an ISO time (``2026-11-22T07:49:57``, UTC
-    unless it names a zone)."""
+def parse_time(text: str, now: datetime | None = None) -> int:
+    """Epoch milliseconds from ``1700000000000``, an ISO time (``2026-11-22T07:49:57``, UTC
+    unless it names a zone), or a time of day as the tables show it (``07:49:57.123``, UTC):
+    the latest such moment up to ``now``, today's or else yesterday's."""
     if text.isdigit():
         return int(text)
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"not a time: {text!r} (epoch ms or ISO 8601)") from None
+        try:
+            of_day = dt_time.fromisoformat(text)
+        except ValueError:
+            raise ValueError(
+                f"not a time: {text!r} (epoch ms, ISO 8601, or HH:MM:SS in UTC)"
+            ) from None
+        now = now or datetime.now(timezone.utc)
+        when = datetime.combine(now.date(), of_day, timezone.utc)
+        if when > now:
+            when -= timedelta(days=1)
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return int(when.timestamp() * 1000)
