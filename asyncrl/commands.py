@@ -129,6 +129,21 @@ def _closed_loopback(bootstrap: str) -> str | None:
     return ",".join(f"{h}:{p}" for h, _, p in addresses)
 
 
+PIPED_WIDTH = 160
+"""Columns of a table written to a pipe or file, where rich would assume 80 and fold every
+cell (``inspect ... | less``); COLUMNS, when set, wins."""
+
+
+def table_console() -> Console:
+    """A console for wide tables: the terminal's width, or ``PIPED_WIDTH`` off a terminal."""
+    import os
+
+    from rich.console import Console
+
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=PIPED_WIDTH) if piped else Console()
+
+
 def _check_startable(cfg, role: str) -> None:
     """Start-up checks (launch/preflight.py): a bad value fails here, naming its key."""
     from asyncrl.launch.preflight import check_startable
@@ -245,7 +260,6 @@ def _time_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from asyncrl.ops.inspect_log import inspect_topic
 
@@ -257,7 +271,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return 2
     with _log_broker(cfg, args, "inspect") as bootstrap:
         inspect_topic(
-            cfg, bootstrap, args.topic, Console(), args.start, args.end, args.json, args.text,
+            cfg, bootstrap, args.topic, table_console(), args.start, args.end, args.json, args.text,
             since, until,
         )  # fmt: skip
     return 0
@@ -265,8 +279,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     import json
-
-    from rich.console import Console
 
     from asyncrl.launch.log_archive import ArchiveError
     from asyncrl.ops.audit import AuditError, audit_run, print_report
@@ -281,7 +293,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
-        print_report(report, Console())
+        print_report(report, table_console())
     return 0 if report.ok else 1
 
 
@@ -418,14 +430,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from asyncrl.ops.monitor import monitor
 
     cfg = _run_config(args)
     bootstrap = _reading_bootstrap(cfg, "monitor", _named_bootstrap(args))
     with contextlib.suppress(KeyboardInterrupt):
-        monitor(cfg, bootstrap, Console(), follow=not args.once, engine=args.engine)
+        monitor(cfg, bootstrap, table_console(), follow=not args.once, engine=args.engine)
     return 0
 
 
