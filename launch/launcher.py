@@ -424,7 +424,7 @@ def _follow(
     if summary and restarts:
         # The trainer's summary counts from its last start; what it does not know is here.
         summary["restarts"] = dict(restarts)
-    _print_summary(summary, console, trainer_log)
+    _print_summary(summary, console, trainer_log, resumed=any(earlier.values()))
     return summary
 
 
@@ -444,11 +444,18 @@ def _wait_workers(procs: dict[str, tuple[_Process, Path]], timeout_s: float) -> 
             proc.terminate()
 
 
-def _print_summary(summary: dict[str, Any], console: Console, trainer_log: Path) -> None:
+def _print_summary(
+    summary: dict[str, Any], console: Console, trainer_log: Path, resumed: bool = False
+) -> None:
+    """The trainer's summary; of a resumed run, its times and counts are this launch's
+    (``asyncrl report`` joins the launches)."""
     if not summary:
         console.print(f"[yellow]no summary written; see {trainer_log}[/]")
         return
-    table = Table(title="run summary", show_header=False)
+    title = "run summary" + (
+        " (this launch: the run resumed; `asyncrl report` joins them)" if resumed else ""
+    )
+    table = Table(title=title, show_header=False)
     for key, value in summary.items():
         if isinstance(value, float):
             value = f"{value:.3f}"
