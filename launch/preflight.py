@@ -155,15 +155,37 @@ def _reward_function(cfg: RunConfig, here: bool) -> Check:
     return Check("custom_reward_function.path", True, f"{crf.path}: {crf.name} loads")
 
 
-def startup_checks(cfg: RunConfig, role: str) -> list[Check]:
-    """Every start-up check for ``role`` (run, train or rollout), passed or not."""
+def _data_rows(cfg: RunConfig, checks: list[Check]) -> list[Check]:
+    """The dry run's look at every row of the data files whose columns passed: malformed
+    values, no rows, a data_source no reward scores. A real run finds the same in its set-up
+    (``tasks.files.load_split``), which reads the rows anyway: not read twice there."""
+    from asyncrl.tasks.files import checked_rows
+
+    out = []
+    for check in checks:
+        if not check.key.startswith("data.") or check.ok is False:
+            out.append(check)
+            continue
+        try:
+            n = len(checked_rows(cfg, check.key.removeprefix("data.").removesuffix("_files")))
+        except ConfigError as err:
+            out.append(Check(check.key, False, str(err).removeprefix(f"{check.key}: ")))
+        else:
+            out.append(Check(check.key, True, f"{check.detail} ({n} rows)"))
+    return out
+
+
+def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]:
+    """Every start-up check for ``role`` (run, train or rollout), passed or not; ``rows``:
+    the data files' rows too (the dry run)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     here = role != "run" or cfg.launcher == "local"  # this process starts the one that needs it
     checks = [_tool_config(cfg), _model_path(cfg)]
     checks.append(_reward_function(cfg, here))
     if role != "rollout":
-        checks += _data_files(cfg)
+        data = _data_files(cfg)
+        checks += _data_rows(cfg, data) if rows else data
     checks += _cuda(cfg, role, here)
     if role != "rollout" and "tensorboard" in cfg.trainer.logger:
         checks.append(_package("trainer.logger", "tensorboard", "tensorboard"))
@@ -209,7 +231,7 @@ def dry_run(config: str | None, overrides: list[str], role: str = "run") -> int:
         print(f"# {title}: {len(lines) or 'none'}")
         for line in lines:
             print(f"  {line}")
-    checks = startup_checks(cfg, role)
+    checks = startup_checks(cfg, role, rows=True)
     failed = [c for c in checks if c.ok is False]
     print(f"# start-up checks ({role}): {len(checks) - len(failed)} passed, {len(failed)} failed")
     for check in checks:

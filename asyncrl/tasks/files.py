@@ -196,6 +196,20 @@ def load_split(cfg: RunConfig, split: str, tokenizer: Any) -> Split:
     """The ``train`` or ``val`` rows of ``data.train_files``/``val_files``, over-long prompts
     left out."""
     key = f"data.{split}_files"
+    rows = checked_rows(cfg, split)
+    kept, too_long = filter_overlong(rows, tokenizer, cfg.data.max_prompt_length)
+    if not kept:
+        raise ConfigError(
+            f"{key}: all {len(rows)} prompts are longer than data.max_prompt_length="
+            f"{cfg.data.max_prompt_length} tokens after the chat template"
+        )
+    return Split(kept, len(rows), too_long)
+
+
+def checked_rows(cfg: RunConfig, split: str) -> list[DataRow]:
+    """The rows of a split with every check that needs no tokenizer (well-formed values, at
+    least one row, a reward for each data_source): what ``asyncrl run --dry-run`` reads."""
+    key = f"data.{split}_files"
     paths = cfg.data.train_paths if split == "train" else cfg.data.val_paths
     rows = read_rows(paths, cfg.data.prompt_key, key)
     if not rows:
@@ -208,13 +222,7 @@ def load_split(cfg: RunConfig, split: str, tokenizer: Any) -> Split:
                 f"{', '.join(unknown)}, which no built-in rule scores (built-in: "
                 f"{', '.join(BUILTIN_SOURCES)}): name your compute_score file"
             )
-    kept, too_long = filter_overlong(rows, tokenizer, cfg.data.max_prompt_length)
-    if not kept:
-        raise ConfigError(
-            f"{key}: all {len(rows)} prompts are longer than data.max_prompt_length="
-            f"{cfg.data.max_prompt_length} tokens after the chat template"
-        )
-    return Split(kept, len(rows), too_long)
+    return rows
 
 
 # --- the built-in tasks in this format ----------------------------------------------------------

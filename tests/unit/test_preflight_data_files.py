@@ -101,3 +101,32 @@ def test_the_check_reads_the_schema_not_the_rows(
     assert check_file(str(tmp_path / "nope.parquet"), "prompt") == (
         f"{tmp_path / 'nope.parquet'}: no such file"
     )
+
+
+def test_the_dry_run_reads_the_rows_too_and_names_a_bad_one(
+    tmp_path: Path, exported: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What only the rows show (a malformed prompt, a data_source no rule scores) fails the dry run, as the real run's set-up would; the real start-up checks leave
+    the rows to the set-up, which reads them anyway."""
+    import pyarrow as pa
+
+    table = pq.read_table(exported["train"])
+    rows = table.to_pylist()
+    rows[3]["prompt"] = []
+    no_prompt = tmp_path / "no_prompt.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), no_prompt)
+    assert dry_run(None, _overrides(tmp_path, no_prompt, exported["val"])) == 2
+    out = capsys.readouterr().out
+    assert f"FAIL data.train_files: {no_prompt}: row 3: " in out
+
+    rows = table.to_pylist()
+    rows[0]["data_source"] = "my_dataset"
+    unknown = tmp_path / "unknown_source.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), unknown)
+    assert dry_run(None, _overrides(tmp_path, unknown, exported["val"])) == 2
+    assert "data_source my_dataset, which no built-in rule scores" in capsys.readouterr().out
+    cfg = load_config(overrides=_overrides(tmp_path, unknown, exported["val"]))
+    assert all(c.ok is not False for c in startup_checks(cfg, "run"))  # left to the set-up
+
+    assert dry_run(None, _overrides(tmp_path, exported["train"], exported["val"])) == 0
+    assert f"ok   data.train_files: {exported['train']} (8 rows)" in capsys.readouterr().out
