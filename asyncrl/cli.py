@@ -38,10 +38,10 @@ examples:
   asyncrl inspect control run_id=demo kafka.bootstrap_servers=127.0.0.1:9092
   asyncrl audit demo                            check a run's log: exits 1 on a violation
   asyncrl replay step 12 --config runs/demo/config.yaml   re-run step 12 from the log
-  asyncrl monitor demo kafka.bootstrap_servers=127.0.0.1:9092   live per-version health
+  asyncrl monitor demo                          live per-version health of a running run
   asyncrl report demo                           plots and a summary of runs/demo (report/)
   asyncrl export-data --out data/arithmetic     the task as verl-format parquet (data.train_files)
-  asyncrl bench modes                           colocated sync vs modes (a)-(d), seed-shaped sim
+  asyncrl bench modes                           colocated sync vs modes (a)-(d), seed-shaped sim (~3 min)
   asyncrl bench sync-pause                      sync pause and its hops: (c), (d), (d) in flight
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
   asyncrl bench learn --config calculator       the same with the agent loop and its tool calls

@@ -61,10 +61,12 @@ def _setup_overrides(w: Workload, setup: Setup) -> list[str]:
     return keys if partial else [*keys, "async_training.in_flight_update=false"]
 
 
-def colocated_sim(cfg: RunConfig, steps: int, batch: int, train_s: float) -> dict[str, Any]:
+def colocated_sim(
+    cfg: RunConfig, steps: int, batch: int, train_s: float, console: Console | None = None
+) -> dict[str, Any]:
     """Colocated sync on the same latency model: generate a whole batch (both units: twice
     the capacity), then train on it (``train_s`` per sample); no Kafka. The first step is the
-    warm-up (when there are two or more)."""
+    warm-up (when there are two or more). ``console``: a line per step (each takes seconds)."""
     from asyncrl.producers.engines.base import GenRequest
     from asyncrl.producers.engines.sim import SimEngine
 
@@ -87,6 +89,11 @@ def colocated_sim(cfg: RunConfig, steps: int, batch: int, train_s: float) -> dic
         t1 = time.monotonic()
         time.sleep(train_s * batch)
         t2 = time.monotonic()
+        if console is not None:
+            console.log(
+                f"step {k + 1}/{steps}{' (warm-up)' if k < warmup else ''}: {t2 - t0:.1f} s "
+                f"(generate {t1 - t0:.1f} s, train {t2 - t1:.1f} s)"
+            )
         if k >= warmup:
             tokens += step_tokens
             decode_steps += engine.steps - steps_before
@@ -217,7 +224,9 @@ def modes(
     in_flight = cfg.async_training.in_flight_update
     prepare_policy(cfg, console)  # once, before the async runs start their processes
     console.rule("colocated sync (modelled in one process, both units)")
-    results["colocated sync"] = colocated_sim(cfg, steps, w.batch, w.colocated_train_s_per_sample)
+    results["colocated sync"] = colocated_sim(
+        cfg, steps, w.batch, w.colocated_train_s_per_sample, console
+    )
 
     setups = {**w.setups, **(w.ablation if ablation else {})}
     if only is not None:
