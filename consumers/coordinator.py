@@ -13,7 +13,12 @@ A sync, in this order (DESIGN.md section 4):
    close the sync's metrics row (``sync`` in ``metrics.jsonl``).
 
 Membership: a worker announces itself (WorkerStarted) and is accepted into the collective; outside
-a sync it gets the current weights at once. A new incarnation of a member replaces the old one.
+a sync it gets the current weights at once, if they are still those of the current version. If
+the trainer has updated them since (``trigger_parameter_sync_step`` > 1: local updates between
+syncs), sending them under the current version would give that version two sets of weights, and
+the joiner's samples the wrong version: it is ``deferred`` instead, and the trainer syncs a new
+version before its next step (the joiner counts as paused: nothing is in flight there). A new
+incarnation of a member replaces the old one.
 A worker that stops (WorkerStopped), or whose pair fails, leaves; what it had not delivered of
 its share of the current version is granted to the others (BudgetGranted), or the version might
 never fill.
@@ -100,6 +105,11 @@ class SyncCoordinator:
         """Per metric (``rollouter/...``), each worker's value over its last sync window."""
         self.first_join: float | None = None
         """When the first worker got its weights: rollout could start (benchmarks time from it)."""
+        self.current = True
+        """The model holds the weights of ``version`` (no update since they were published)."""
+        self.deferred: dict[int, str] = {}
+        """Workers (-> incarnation) that joined after an update: they get the next version's
+        weights, at a sync the trainer starts before its next step."""
 
     def take_version_above(self, last: int, step: int, resumed: bool) -> ev.TrainerResumed | None:
         """A restarted trainer's weights are those of its checkpoint, but an earlier trainer may
@@ -125,6 +135,10 @@ class SyncCoordinator:
             checkpoint_version=checkpoint_version,
             last_logged_version=last,
         )
+
+    def weights_changed(self) -> None:
+        """The trainer updated the model: it no longer holds the current version's weights."""
+        self.current = False
 
     @property
     def members(self) -> dict[int, str]:
@@ -172,6 +186,8 @@ class SyncCoordinator:
             )
         )
         if workers is None:
+            self.current = True
+            self.deferred.clear()
             self.trainer_side[self.version] = {"pause_s": pause_wait_s, "transfer_s": transfer_s}
             if step > 0:
                 self.pauses.append(pause_wait_s)
@@ -201,8 +217,9 @@ class SyncCoordinator:
         return param_sync_metrics(time.monotonic() - t0, side["pause_s"], side["transfer_s"])
 
     def _wait_for_pauses(self, version: int) -> None:
-        """Until every member has paused for ``version`` (step 2)."""
-        waiting = dict(self.members)
+        """Until every member has paused for ``version`` (step 2); a deferred joiner has
+        nothing in flight."""
+        waiting = {w: i for w, i in self.members.items() if self.deferred.get(w) != i}
         deadline = time.monotonic() + self.cfg.sync.timeout_s
         while waiting:
             for event in self.control.poll(0.1):
@@ -239,8 +256,17 @@ class SyncCoordinator:
             event.incarnation,
             f", replacing {old}" if old else "",
         )
-        if not syncing:
+        if syncing:
+            pass  # this sync's weights reach it: it counts as paused
+        elif self.current:
             self.publish_weights(workers=[event.worker])
+        else:
+            self.deferred[event.worker] = event.incarnation
+            log.info(
+                "worker %d joined after the weights moved past version %d: it gets version "
+                "%d, synced before the next step",
+                *(event.worker, self.version, self.version + 1),
+            )
         if self.first_join is None:
             self.first_join = time.monotonic()
         return True

@@ -188,8 +188,18 @@ class Trainer:
 
     def _wait_for_batch(self, n: int) -> list[Record[Sample]]:
         deadline = time.monotonic() + self.cfg.sync.timeout_s
+        while True:
+            self._wait_for_samples(n, deadline)
+            if not self.coordinator.deferred:
+                return self.batcher.take(n)
+            # A worker joined after an update: a new version now, not the current one's
+            # number on newer weights (coordinator module doc). It may be the only worker.
+            self.stats.last_sync = self.coordinator.sync()
+
+    def _wait_for_samples(self, n: int, deadline: float) -> None:
+        """Until ``n`` samples are in, or a joined worker waits for a new version."""
         with self.wait_clock.waiting():
-            while len(self.batcher) < n:
+            while len(self.batcher) < n and not self.coordinator.deferred:
                 self.coordinator.handle_control()
                 self._read_samples(0.1)
                 if self.batcher.filter_groups is not None:
@@ -209,7 +219,6 @@ class Trainer:
                         f"{self.cfg.topic('samples')} within {self.cfg.sync.timeout_s:.0f} s "
                         f"(sync.timeout_s): {why}"
                     )
-        return self.batcher.take(n)
 
     # --- one update -----------------------------------------------------------------------------
     def train_step(self, batch: list[Record[Sample]]) -> dict[str, float]:
@@ -296,6 +305,7 @@ class Trainer:
             metrics = self.train_step(batch)  # 2
             t_end = time.monotonic()
             self._checksums.clear()  # the update changed the weights
+            self.coordinator.weights_changed()
             self.step += 1
             self.stats.count_generated(self.io.samples, self.cfg.topic("samples"))
             timing = {"gen": gen_s, "update_actor": t_end - t_update, "step": t_end - t_step}

@@ -92,6 +92,38 @@ def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(
     report_recovery(cfg, "trainer SIGKILL", killed["killed_at"])
 
 
+def test_a_trainer_killed_between_syncs_never_gives_a_version_two_sets_of_weights(
+    make_run_cfg, quick_policy
+):
+    """The demo's cadence (a sync every 4 steps, groups of 8, an evaluation every 5 steps):
+    the restarted trainer trains on the samples already logged before the worker rejoins it,
+    so the worker joins after an update. Sending it those weights under the resumed version
+    gave that version two checksums (audit: reused_versions); it now gets a new version."""
+    cfg = make_run_cfg(
+        *quick_policy,
+        "trainer.total_training_steps=20",
+        "trainer.save_freq=3",
+        "trainer.test_freq=5",
+        "async_training.trigger_parameter_sync_step=4",
+    )
+    pids: dict[str, int] = {}
+    killed: dict = {}
+    killer = threading.Thread(target=_kill_when, args=(cfg, pids, "trainer", 7, killed))
+    killer.start()
+    out = io.StringIO()
+    try:
+        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
+    finally:
+        killer.join(30)
+    assert killed and "trainer exited with code -9; restarting it" in out.getvalue()
+    assert summary["step"] == 20
+    info = check_log_invariants(cfg)  # reused_versions among them
+    assert info["trainer_restarts"] == 1
+    report_recovery(
+        cfg, "trainer SIGKILL between syncs (a sync every 4 steps)", killed["killed_at"]
+    )
+
+
 def test_a_killed_worker_of_a_dynamic_sampling_run_counts_its_filtered_groups_from_the_log(
     make_run_cfg, quick_policy, tmp_path
 ):

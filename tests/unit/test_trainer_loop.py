@@ -119,6 +119,55 @@ def test_a_mode_c_sync_waits_for_the_pause_then_sends_the_weights(tmp_path):
     trainer.close()
 
 
+def test_a_worker_joining_after_an_update_gets_a_new_version_not_the_old_number(tmp_path):
+    """With local updates between syncs (trigger_parameter_sync_step=2), a worker that joins
+    after step 1 (a restarted worker, or the workers' rejoin after a trainer restart) must not
+    get the updated weights under version 0, which the other worker holds as they were: the
+    trainer syncs version 1 at once, the joiner counted as paused. Each version names one set
+    of weights (``asyncrl audit``: reused_versions)."""
+    cfg = _cfg(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "async_training.trigger_parameter_sync_step=2",
+        "actor_rollout_ref.rollout.num_workers=2",
+        "sync.master_port=1",
+    )
+    broker = MemoryBroker()
+    weights = LocalWeights()
+    weights.sink(0)
+    joiner = weights.sink(1)
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights))
+    control = {w: broker.control(cfg, worker=w, incarnation=f"i{w}") for w in (0, 1)}
+
+    def scripted(record) -> None:
+        """Worker 0 pauses when asked; worker 1 starts once step 1 is on the log, and the
+        samples of step 2 follow."""
+        if record.topic == cfg.topic("control"):
+            event = ev.decode_event(record.value, record.headers)
+            if isinstance(event, ev.SyncRequested):
+                control[0].publish(
+                    ev.RolloutPaused(run_id=cfg.run_id, version=event.version, worker=0)
+                )
+        elif record.topic == cfg.topic("steps") and decode_step(record.value).step == 1:
+            control[1].publish(ev.WorkerStarted(run_id=cfg.run_id, version=0, worker=1))
+            _publish_group(broker, cfg, prompt=1, version=0)
+
+    broker.reactions.append(scripted)
+    control[0].publish(ev.WorkerStarted(run_id=cfg.run_id, version=0, worker=0))
+    _publish_group(broker, cfg, prompt=0, version=0)  # a step's samples: the group of one
+    trainer.run()
+
+    published = [e for e in broker.events(cfg) if isinstance(e, ev.WeightsPublished)]
+    checksums: dict[int, set[str]] = {}
+    for e in published:
+        checksums.setdefault(e.version, set()).add(e.checksum)
+    assert all(len(c) == 1 for c in checksums.values()), checksums
+    assert [(e.version, e.incarnations) for e in published] == [(0, ["i0"]), (1, ["i0", "i1"])]
+    assert weights.sent == [[0], [0, 1]]  # worker 1's first weights came with version 1
+    assert joiner.sent and trainer.step == 2
+    trainer.close()
+
+
 def test_workers_join_and_leave_the_coordinator(tmp_path):
     cfg = _cfg(tmp_path, "actor_rollout_ref.rollout.num_workers=2")
     broker = MemoryBroker()
