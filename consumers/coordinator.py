@@ -271,9 +271,10 @@ class SyncCoordinator:
             self.first_join = time.monotonic()
         return True
 
-    def leave(self, worker: int, why: str) -> None:
+    def leave(self, worker: int, why: str, level: int = logging.WARNING) -> None:
+        """``level``: INFO for a worker that said it stops (WorkerStopped), WARNING else."""
         if self.sender is not None and worker in self.members:
-            log.warning("worker %d leaves the weight collective: %s", worker, why)
+            log.log(level, "worker %d leaves the weight collective: %s", worker, why)
             self.sender.disconnect(worker)
             self._hand_over_share(worker)
 
@@ -343,7 +344,8 @@ class SyncCoordinator:
             isinstance(event, ev.WorkerStopped)
             and self.members.get(event.worker) == event.incarnation
         ):
-            self.leave(event.worker, f"stopped ({event.reason})")
+            why = event.reason if event.reason.startswith("stop") else f"stopped ({event.reason})"
+            self.leave(event.worker, why, logging.INFO)
 
     def _resumed_by(self, version: int, worker: int) -> None:
         """Once every member resumed ``version``, log the whole sync as one metrics row (step 4)."""
