@@ -81,13 +81,16 @@ class Reader(Generic[T]):
         dead_letter: tuple[Publisher, str] | None = None,
         watch_group: bool = False,
         background: bool = False,
+        skipped_because: str = "no dead-letter topic given",
     ) -> None:
         """``watch_group``: keep this member's join state (``group``), for a member that
         may leave without a LeaveGroup (``close``). ``background``: nobody waits on this
-        reader's latency (``consumer_config``)."""
+        reader's latency (``consumer_config``). ``skipped_because``: why an undecodable
+        message is skipped here when no ``dead_letter`` is given (another reader copies it)."""
         self.group_id = group_id
         self._decode = decode
         self._dead_letter = dead_letter
+        self._skipped_because = skipped_because
         self._conf = consumer_config(kafka_cfg, bootstrap, group_id, background)
         self._health = _BrokerHealth.of(kafka_cfg, bootstrap)
         self._max_poll_interval_ms = kafka_cfg.max_poll_interval_ms
@@ -294,7 +297,9 @@ class Reader(Generic[T]):
         where = f"{topic}[{partition}]@{offset}"
         if self._dead_letter is None:
             self.dropped += 1
-            log.warning("skipping undecodable message %s (no dead-letter topic): %s", where, err)
+            log.warning(
+                "skipping undecodable message %s (%s): %s", where, self._skipped_because, err
+            )
             return
         publisher, dlq_topic = self._dead_letter
         dl_headers: dict[str, str | bytes] = dict(headers)

@@ -81,7 +81,13 @@ class ControlChannel:
         copies a bad record to dead-letter (once per run, not once per process); workers skip
         it with a warning."""
         dead_letter = (publisher, cfg.topic("dead-letter")) if worker == ev.TRAINER else None
-        reader = Reader(cfg.kafka, bootstrap, ev.decode_event, dead_letter=dead_letter)
+        reader = Reader(
+            cfg.kafka,
+            bootstrap,
+            ev.decode_event,
+            dead_letter=dead_letter,
+            skipped_because="the trainer copies bad control records to dead-letter",
+        )
         return cls(cfg, publisher, reader, worker, timeout_s, incarnation)
 
     def start(self, from_beginning: bool = False) -> None:
