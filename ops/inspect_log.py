@@ -21,6 +21,7 @@ from asyncrl.config import RunConfig
 from asyncrl.kafka import (
     HEADER_ERROR,
     HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_PARTITION,
     HEADER_SOURCE_TOPIC,
 )
 from asyncrl.kafka.records import read_records
@@ -174,7 +175,9 @@ def _dead_letter_row(rec, _text, _consumed) -> dict[str, Any]:
         "offset": rec.offset,
         "time": _ts(rec.timestamp_ms),
         "key": rec.key,
-        "source": f"{h.get(HEADER_SOURCE_TOPIC, b'').decode()}@"
+        # topic[partition]@offset, as the readers' logs name it
+        "source": f"{h.get(HEADER_SOURCE_TOPIC, b'').decode()}"
+        f"[{h.get(HEADER_SOURCE_PARTITION, b'?').decode()}]@"
         f"{h.get(HEADER_SOURCE_OFFSET, b'').decode()}",
         "bytes": len(rec.value or b""),
         "error": h.get(HEADER_ERROR, b"").decode(errors="replace"),

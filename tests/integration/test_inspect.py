@@ -53,7 +53,7 @@ def test_inspect_samples_control_steps_and_dead_letter(make_run_cfg, quick_polic
     assert [r["step"] for r in steps] == [1, 2, 3]
 
     [dead] = _rows(cfg, "dead-letter")
-    assert dead["source"] == f"{cfg.topic('samples')}@0"
+    assert dead["source"] == f"{cfg.topic('samples')}[0]@0"  # topic[partition]@offset
     assert "Arrow" in dead["error"]
 
 
