@@ -23,6 +23,22 @@ def _load(args: argparse.Namespace):
     return load_config(args.config, args.overrides)
 
 
+def _load_run(args: argparse.Namespace):
+    """The config of a command that reads a run (inspect, replay): --config, else the run's
+    own saved config (OUTPUT_DIR/RUN_ID/config.yaml, which names its broker), else the
+    demo's; the overrides on top. A first word without ``=`` is the run_id
+    (``asyncrl inspect steps myrun``), as audit and monitor take it."""
+    from asyncrl.config import load_config
+
+    if args.overrides and "=" not in args.overrides[0]:
+        args.overrides = [f"run_id={args.overrides[0]}", *args.overrides[1:]]
+    cfg = _load(args)
+    saved = cfg.run_dir / "config.yaml"
+    if args.config is None and saved.exists():
+        cfg = load_config(saved, args.overrides)
+    return cfg
+
+
 @contextlib.contextmanager
 def _log_broker(cfg, args: argparse.Namespace, role: str) -> Iterator[str]:
     """The broker holding the run's log: the run's archived log (``asyncrl run`` with the
@@ -204,7 +220,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         trainer.close()
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    logging.getLogger("asyncrl.train").info("done: %s", summary)
+    logging.getLogger("asyncrl.train").info(
+        "done at step %s, version %s (%s); summary in %s",
+        *(summary.get("step"), summary.get("version"), summary.get("reason")),
+        cfg.run_dir / "summary.json",
+    )
     return 0
 
 
@@ -263,7 +283,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     from asyncrl.ops.inspect_log import inspect_topic
 
-    cfg = _load(args)
+    cfg = _load_run(args)
     try:
         since, until = _time_range(args)
     except ValueError as err:
@@ -302,7 +322,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from asyncrl.ops.replay import ReplayError, replay_step, replay_topic
 
-    cfg = _load(args)
+    cfg = _load_run(args)
     try:
         if args.what == "step":
             with _log_broker(cfg, args, "replay") as bootstrap:

@@ -192,3 +192,15 @@ def test_bench_staleness_is_checked_before_any_run(capsys: pytest.CaptureFixture
     )
     assert main(["bench", "learn", "--staleness", "1"]) == 2
     assert "--staleness applies to modes and tuning, not learn" in capsys.readouterr().err
+
+
+def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
+    tmp_path: Path,
+) -> None:
+    """A run started role by role (no archive): `asyncrl inspect steps RUN` reads the broker
+    its config.yaml names, as audit does, instead of asking for kafka.bootstrap_servers."""
+    bootstrap = f"127.0.0.1:{free_port()}"
+    _saved_run(tmp_path, "byhand", bootstrap, archived=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "steps", "byhand", f"output_dir='{tmp_path}'"])
+    assert str(exc.value).startswith(f"asyncrl inspect: nothing listens at {bootstrap}")
