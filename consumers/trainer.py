@@ -61,6 +61,9 @@ from asyncrl.telemetry.metrics import JsonlWriter, TensorBoardWriter, WaitClock
 
 log = logging.getLogger(__name__)
 
+WAIT_NOTE_S = 10.0
+"""A step that waits this long for its samples says so in the log, once."""
+
 
 class Trainer:
     def __init__(
@@ -197,9 +200,21 @@ class Trainer:
             self.stats.last_sync = self.coordinator.sync()
 
     def _wait_for_samples(self, n: int, deadline: float) -> None:
-        """Until ``n`` samples are in, or a joined worker waits for a new version."""
+        """Until ``n`` samples are in, or a joined worker waits for a new version. A wait past
+        ``WAIT_NOTE_S`` is said once in the log (a role started by hand: is a worker up?)."""
+        noted: float | None = time.monotonic() + WAIT_NOTE_S
         with self.wait_clock.waiting():
             while len(self.batcher) < n and not self.coordinator.deferred:
+                if noted is not None and time.monotonic() > noted:
+                    noted = None
+                    members = sorted(self.coordinator.members)
+                    log.info(
+                        "step %d waits for samples: %d of %d in; %s",
+                        *(self.step + 1, len(self.batcher), n),
+                        f"workers joined: {members}"
+                        if members
+                        else "no rollout worker has joined yet (asyncrl rollout --worker-id N)",
+                    )
                 self.coordinator.handle_control()
                 self._read_samples(0.1)
                 if self.batcher.filter_groups is not None:
@@ -334,6 +349,14 @@ class Trainer:
             with trace.use_span(step_span, end_on_exit=True):
                 self._record_step(batch, metrics, checksum_before)  # 3
             self.on_step({"step": self.step, "version": self.version, **metrics})
+            log.info(
+                "step %d, version %d: reward %.3f%s, %.1f samples/s",
+                *(self.step, self.version, metrics.get("critic/score/mean", float("nan"))),
+                f", held-out accuracy {metrics['val/accuracy']:.3f}"
+                if "val/accuracy" in metrics
+                else "",
+                metrics.get("perf/samples_per_s", 0.0),
+            )
             target = tc.target_accuracy
             if target is not None and "val/accuracy" in metrics and (accuracy or 0.0) >= target:
                 reason = f"target accuracy {target:.2f} reached"
