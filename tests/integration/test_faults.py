@@ -45,6 +45,23 @@ def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) ->
                 return
 
 
+def _run_killing_the_trainer(cfg, at_step: int) -> tuple[dict, float]:
+    """``asyncrl run``'s job with the trainer SIGKILLed at ``at_step``; (the summary, when it
+    was killed), once ``asyncrl run`` has said it restarts it."""
+    pids: dict[str, int] = {}
+    killed: dict = {}
+    killer = threading.Thread(target=_kill_when, args=(cfg, pids, "trainer", at_step, killed))
+    killer.start()
+    out = io.StringIO()
+    try:
+        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
+    finally:
+        killer.join(30)
+    assert killed, "the trainer was never killed"
+    assert "trainer exited with code -9; restarting it" in out.getvalue()
+    return summary, killed["killed_at"]
+
+
 SYNCS = {
     "paused": [],  # mode (c): the hand-shake with pauses
     # The worker receives on a thread: the killed trainer's pair fails there, mid-generation.
@@ -65,17 +82,7 @@ def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(
         "async_training.staleness_threshold=0.5",
         *SYNCS[sync],
     )
-    pids: dict[str, int] = {}
-    killed: dict = {}
-    killer = threading.Thread(target=_kill_when, args=(cfg, pids, "trainer", 5, killed))
-    killer.start()
-    out = io.StringIO()
-    try:
-        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
-    finally:
-        killer.join(30)
-    assert killed, "the trainer was never killed"
-    assert "trainer exited with code -9; restarting it" in out.getvalue()
+    summary, killed_at = _run_killing_the_trainer(cfg, at_step=5)
     assert summary["step"] == steps
     assert summary["restarts"] == {"trainer": 1}  # its own summary counts from its restart
 
@@ -89,7 +96,7 @@ def test_a_killed_trainer_is_restarted_and_resumes_from_its_checkpoint(
     assert "joining the new trainer" in log_text
     info = check_log_invariants(cfg)
     assert info["trainer_restarts"] == 1 and info["run_finished"] == 1
-    report_recovery(cfg, "trainer SIGKILL", killed["killed_at"])
+    report_recovery(cfg, "trainer SIGKILL", killed_at)
 
 
 def test_a_trainer_killed_between_syncs_never_gives_a_version_two_sets_of_weights(
@@ -106,22 +113,11 @@ def test_a_trainer_killed_between_syncs_never_gives_a_version_two_sets_of_weight
         "trainer.test_freq=5",
         "async_training.trigger_parameter_sync_step=4",
     )
-    pids: dict[str, int] = {}
-    killed: dict = {}
-    killer = threading.Thread(target=_kill_when, args=(cfg, pids, "trainer", 7, killed))
-    killer.start()
-    out = io.StringIO()
-    try:
-        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
-    finally:
-        killer.join(30)
-    assert killed and "trainer exited with code -9; restarting it" in out.getvalue()
+    summary, killed_at = _run_killing_the_trainer(cfg, at_step=7)
     assert summary["step"] == 20
     info = check_log_invariants(cfg)  # reused_versions among them
     assert info["trainer_restarts"] == 1
-    report_recovery(
-        cfg, "trainer SIGKILL between syncs (a sync every 4 steps)", killed["killed_at"]
-    )
+    report_recovery(cfg, "trainer SIGKILL between syncs (a sync every 4 steps)", killed_at)
 
 
 def test_a_killed_worker_of_a_dynamic_sampling_run_counts_its_filtered_groups_from_the_log(
