@@ -241,8 +241,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     # SIGTERM (docker stop, Ray, kill): leave cleanly; unfinished prompts go back to the group.
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     produced = worker.run()
+    before = worker.produced_before
     logging.getLogger("asyncrl.rollout").info(
-        "worker %d produced %d samples", args.worker_id, produced
+        "worker %d produced %d samples%s",
+        *(args.worker_id, produced - before),
+        f" ({produced} under its id, with the {before} of earlier processes)" if before else "",
     )
     return 0
 

@@ -129,6 +129,8 @@ class RolloutWorker:
         )
         """Which prompt starts next: new, continued from the log, or already published."""
         self.produced = 0
+        self.produced_before = 0
+        """Of ``produced``, the samples earlier incarnations of this worker id published."""
         self.no_signal = 0
         """Of ``produced``, the groups dynamic sampling leaves out (``cfg.filters_groups``):
         their slots came back as they were published, so they are not stale at a sync."""
@@ -216,7 +218,7 @@ class RolloutWorker:
         self.io.control.start()
         # What a previous incarnation left on the partials log counts as stale, like work in
         # flight at a sync; continuing it takes no budget (producers.admission).
-        self.produced = self.admission.read_log()
+        self.produced = self.produced_before = self.admission.read_log()
         self.no_signal = self.admission.recovery.no_signal[self.worker_id]
         self._open_budget(self.follower.join())
         self._start_shadow()
