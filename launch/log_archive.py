@@ -166,6 +166,11 @@ class PartitionFile:
         self._file.write(_encode(rec))
         self.next_offset = rec.offset + 1
 
+    def flush(self) -> None:
+        """Hand what was appended to the OS: it then outlives a killed process (not a
+        crashed machine: ``sync``)."""
+        self._file.flush()
+
     def sync(self) -> None:
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -243,12 +248,18 @@ class Archiver:
                     if time.monotonic() > draining_until:
                         log.warning("log archive: %s not archived to its end within 30 s", behind)
                         break
+                written: set[PartitionFile] = set()
                 for msg in consumer.consume(num_messages=2000, timeout=0.05):
                     err = msg.error()
                     if err is not None and err.code() != KafkaError._PARTITION_EOF:
                         log.warning("log archive: %s", err)
                     elif err is None:
-                        self._write(msg)
+                        written.add(self._write(msg))
+                # Each batch reaches the OS before the next is read: a SIGKILLed launcher left
+                # a large sample flushed (past the buffer) and the small control records
+                # before it in the buffer, an archive no run ever wrote (audit: over budget).
+                for f in written:
+                    f.flush()
                 if time.monotonic() - last_sync > _SYNC_EVERY_S:
                     self._sync()
                     last_sync = time.monotonic()
@@ -271,10 +282,10 @@ class Archiver:
         topics = sorted({tp.topic for tp in assignment})
         return {tp: high for tp, (_low, high) in read_topics_watermarks(conf, topics).items()}
 
-    def _write(self, msg) -> None:
+    def _write(self, msg) -> PartitionFile:
         f = self._file(msg.topic(), msg.partition())
         if msg.offset() < f.next_offset:
-            return  # already archived (a re-read after a reconnect)
+            return f  # already archived (a re-read after a reconnect)
         f.append(
             ArchivedRecord(
                 msg.offset(),
@@ -285,6 +296,7 @@ class Archiver:
             )
         )
         self.archived += 1
+        return f
 
     def _sync(self, groups: bool = True) -> None:
         """Flush the files to disk, and save the groups' offsets once the archive holds every

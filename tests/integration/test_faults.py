@@ -222,6 +222,50 @@ def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(
     assert main(["audit", cfg.run_id, "--output-dir", str(cfg.output_dir)]) == 0
 
 
+def test_a_sigkilled_asyncrl_run_leaves_an_archive_that_audits_clean(make_run_cfg, quick_policy):
+    """`asyncrl run` SIGKILLed (its archiver with it, no clean close): the archive must still
+    be a log some run wrote. Its files were flushed only every second, so a large sample past
+    the write buffer reached the disk while the small control records before it did not:
+    `asyncrl audit` then found samples of a version whose budget was never opened."""
+    import subprocess
+
+    from asyncrl.cli import main
+    from asyncrl.config import dump_config
+
+    steps = 30
+    cfg = make_run_cfg(
+        *quick_policy,
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=5",
+        "trainer.test_freq=0",
+        create_topics=False,
+    )
+    cfg.kafka.bootstrap_servers = None  # the embedded broker, archived by the launcher
+    config = cfg.run_dir.parent / f"{cfg.run_id}.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, config)
+    command = [sys.executable, "-m", "asyncrl", "run", "--config", str(config)]
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        metrics = cfg.run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if metrics.exists() and '"step": 12,' in metrics.read_text():
+                break
+            time.sleep(0.02)
+        assert launcher.poll() is None, "the run ended before it could be killed"
+        launcher.kill()  # broker, trainer and workers die with it
+    finally:
+        launcher.wait(30)
+    time.sleep(1)
+    where = ["--output-dir", str(cfg.output_dir)]
+    assert main(["audit", cfg.run_id, *where]) == 0  # the archive as the kill left it
+
+    summary = run(cfg, Console(file=io.StringIO(), width=200))  # the same command again
+    assert summary["step"] == steps
+    assert main(["audit", cfg.run_id, *where]) == 0
+
+
 def _bad_records(topic_name: str) -> list[tuple[bytes, dict[str, str]]]:
     """Garbage, a truncated record and a wrongly tagged one, for ``topic_name``."""
     from asyncrl.schemas import SCHEMA_HEADER
