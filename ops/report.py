@@ -363,9 +363,10 @@ def _markdown(
             ("sync pause / transfer, mean (trainer)", _ms(mean, "pause_s", "transfer_s")),
             ("weights receive + load, mean (slowest worker)", _ms(mean, "load_s")),
             ("SyncRequested -> resumed, mean", f"{mean['resumed_s'] * 1e3:.0f} ms"),
-            ("trainer idle ratio, mean of windows", f"{mean['trainer_idle']:.2f}"),
-            ("rollouter idle ratio, mean of windows", f"{mean['rollouter_idle']:.2f}"),
-            ("of it out of budget, mean of windows", f"{mean['rollouter_budget_idle']:.2f}"),
+            # (a window after a trainer restart has no step at the version before it: NaN)
+            ("trainer idle ratio, mean of windows", _measured(windows, "trainer_idle")),
+            ("rollouter idle ratio, mean of windows", _measured(windows, "rollouter_idle")),
+            ("of it out of budget, mean of windows", _measured(windows, "rollouter_budget_idle")),
             # measured from a worker's first budget on: the first window may have none
             ("engine occupancy, mean of windows", _measured(windows, "engine_occupancy")),
             ("engine left empty out of budget, mean", _measured(windows, "budget_unfilled")),

@@ -129,13 +129,15 @@ def test_a_run_resumed_after_a_kill_reads_as_one_run(tmp_path):
 
     def step(n: int, t: float, rate: float, version: int) -> dict:
         return {"step": n, "version": version, "critic/score/mean": 0.5, "perf/elapsed_s": t,
-                "perf/samples_per_s": rate, "fully_async/staleness/count_0": 8.0}  # fmt: skip
+                "perf/samples_per_s": rate, "fully_async/staleness/count_0": 8.0,
+                "trainer/idle_ratio": 0.5, "rollouter/idle_ratio": 0.25}  # fmt: skip
 
     sync = {"version": 1, "pause_s": 0.1, "transfer_s": 0.02, "load_s": 0.05, "resumed_s": 0.2}
     rows = [
         step(1, 1.0, 8.0, 0), {"sync": sync}, step(2, 2.0, 8.0, 1), step(3, 3.0, 8.0, 1),
         # killed after step 3; the checkpoint was step 2: step 3 again, under version 2
         step(3, 0.5, 16.0, 2), {"sync": {**sync, "version": 3}}, step(4, 1.0, 16.0, 3),
+        {"sync": {**sync, "version": 5}},  # no step at version 4 (a restart's gap): no ratios
         {"summary": {"reason": "total_training_steps reached", "syncs": 1, "dropped": {}}},
     ]  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -148,4 +150,5 @@ def test_a_run_resumed_after_a_kill_reads_as_one_run(tmp_path):
     md = write_report(run).read_text()
     assert "| launches (resumed after a kill) | 2 |" in md
     assert "| wall time | 4.0 s |" in md and "| samples trained | 32 |" in md
-    assert "| syncs | 2 |" in md  # the summary's 1 is the last launch's alone
+    assert "| syncs | 3 |" in md  # the summary's 1 is the last launch's alone
+    assert "| trainer idle ratio, mean of windows | 0.50 |" in md  # the gap's NaN left out
