@@ -424,7 +424,8 @@ def _follow(
     if summary and restarts:
         # The trainer's summary counts from its last start; what it does not know is here.
         summary["restarts"] = dict(restarts)
-    _print_summary(summary, console, trainer_log, resumed=any(earlier.values()))
+    resumed = any(earlier.values()) or bool(restarts.get("trainer"))
+    _print_summary(summary, console, trainer_log, resumed=resumed)
     return summary
 
 
@@ -447,13 +448,15 @@ def _wait_workers(procs: dict[str, tuple[_Process, Path]], timeout_s: float) -> 
 def _print_summary(
     summary: dict[str, Any], console: Console, trainer_log: Path, resumed: bool = False
 ) -> None:
-    """The trainer's summary; of a resumed run, its times and counts are this launch's
-    (``asyncrl report`` joins the launches)."""
+    """The trainer's summary; of a resumed run or a restarted trainer, its times and counts
+    are from the trainer's last start (``asyncrl report`` joins the launches)."""
     if not summary:
         console.print(f"[yellow]no summary written; see {trainer_log}[/]")
         return
     title = "run summary" + (
-        " (this launch: the run resumed; `asyncrl report` joins them)" if resumed else ""
+        " (since the trainer's last start: `asyncrl report` counts the whole run)"
+        if resumed
+        else ""
     )
     table = Table(title=title, show_header=False)
     for key, value in summary.items():

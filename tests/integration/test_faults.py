@@ -59,6 +59,7 @@ def _run_killing_the_trainer(cfg, at_step: int) -> tuple[dict, float]:
         killer.join(30)
     assert killed, "the trainer was never killed"
     assert "trainer exited with code -9; restarting it" in out.getvalue()
+    assert "run summary (since the trainer's last start" in out.getvalue()
     return summary, killed["killed_at"]
 
 
@@ -384,7 +385,7 @@ def test_asyncrl_run_killed_and_started_again_resumes_without_doubling_anything(
     assert "fed 0 prompts" in out.getvalue() and "were there already" in out.getvalue()
     # the first launch's steps move the bar without being printed again as this launch's
     assert out.getvalue().count("resumed: steps 1-") == 1, out.getvalue()
-    assert "run summary (this launch: the run resumed" in out.getvalue()
+    assert "run summary (since the trainer's last start" in out.getvalue()
     assert len(read_topic(cfg, "prompts")) == fed_before  # no prompt fed twice
     events = [r.value for r in read_topic(cfg, "control")]
     assert len([e for e in events if isinstance(e, ev.TrainerResumed)]) == 1
