@@ -90,6 +90,13 @@ def default_of(key: str) -> Any:
     return _MISSING
 
 
+def close_to_ours(key: str) -> str | None:
+    """asyncrl's own key that ``key`` is very likely a misspelling of (a typo under a section
+    whose other keys verl has and asyncrl refuses: ``optim.lrr``), or None."""
+    close = difflib.get_close_matches(key, our_leaf_keys(), n=1, cutoff=0.9)
+    return close[0] if close else None
+
+
 def _nearest(key: str) -> str:
     candidates = [
         *our_leaf_keys(),

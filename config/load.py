@@ -35,6 +35,7 @@ from asyncrl.config.keys import (
     _is_our_leaf,
     _is_our_section,
     _nearest,
+    close_to_ours,
     default_of,
     our_key,
 )
@@ -375,7 +376,9 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
             d.kind, d.why = "ignored", rule.why
         elif rule.kind == "refused":
             d.kind, d.why = "refused", rule.why
-            problems.append(f"{d.where()}: not supported by asyncrl: {rule.why}")
+            typo = None if e.key in verl_keys.VERL_KEYS else close_to_ours(e.key)
+            hint = f" (did you mean {typo}?)" if typo else ""
+            problems.append(f"{d.where()}: not supported by asyncrl: {rule.why}{hint}")
         else:
             later.append((order, e, rule, d))
 

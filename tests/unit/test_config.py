@@ -101,3 +101,14 @@ def test_cli_bad_config_exits_2_naming_the_key():
     )
     assert out.returncode == 2
     assert "trainer.total_training_stepz" in out.stderr
+
+
+def test_a_typo_under_a_section_verl_refuses_names_the_key_meant():
+    """``optim.*`` is verl's LR schedule, refused as a whole; a misspelt ``optim.lr`` there
+    says which key was meant, not only why verl's keys are refused."""
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["actor_rollout_ref.actor.optim.lrr=1e-3"])
+    assert "(did you mean actor_rollout_ref.actor.optim.lr?)" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"])
+    assert "did you mean" not in str(err.value)  # verl's own key: the reason alone
