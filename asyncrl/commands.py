@@ -69,6 +69,11 @@ def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
     if not cfg.kafka.bootstrap_servers:
         if not cfg.run_dir.exists():
             raise SystemExit(f"asyncrl {role}: {_no_such_run(cfg)}")
+        if not (cfg.run_dir / "config.yaml").exists():  # written once its set-up is done
+            raise SystemExit(
+                f"asyncrl {role}: run {cfg.run_id!r} never got past its start-up: "
+                f"{cfg.run_dir} holds no config.yaml and no log (see {cfg.run_dir / 'logs'})"
+            )
         return _need_bootstrap(cfg, role)
     closed = _closed_loopback(cfg.kafka.bootstrap_servers)
     if closed is None:

@@ -204,3 +204,10 @@ def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
     with pytest.raises(SystemExit) as exc:
         main(["inspect", "steps", "byhand", f"output_dir='{tmp_path}'"])
     assert str(exc.value).startswith(f"asyncrl inspect: nothing listens at {bootstrap}")
+
+
+def test_a_run_that_never_started_is_said_so(tmp_path: Path) -> None:
+    (tmp_path / "early" / "logs").mkdir(parents=True)  # a run that failed in its set-up
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "early", "--output-dir", str(tmp_path)])
+    assert "run 'early' never got past its start-up" in str(exc.value)
