@@ -28,6 +28,8 @@ class StepProgress:
         self.stale = 0
         self.last_step = 0
         """The latest step shown."""
+        self.reward_failures = 0
+        """Trajectories whose reward function failed (raised, timed out), over the run."""
         self.progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -56,6 +58,7 @@ class StepProgress:
         read back from its log, which moves the bar and prints nothing."""
         m = rec.metrics
         self.last_step = max(self.last_step, rec.step)
+        self.reward_failures += int(m.get("reward/failures", 0))
         # verl's counter is the run's running total: the latest value is the count so far.
         self.stale = int(m.get("fully_async/count/stale_samples_processed", self.stale))
         if "val/accuracy" in m:
@@ -79,6 +82,7 @@ class StepProgress:
             f"stale {self.stale} idle trainer {_fmt(m.get('trainer/idle_ratio'))} "
             f"rollout {_fmt(m.get('rollouter/idle_ratio'))} "
             f"engine full {_fmt(m.get('rollouter/engine_occupancy'))}"
+            + (f" [red]reward failures {self.reward_failures}[/]" if self.reward_failures else "")
         )
         self.progress.update(self.task, completed=rec.step, description=desc)
 

@@ -28,3 +28,21 @@ def test_the_progress_line_shows_the_idle_ratios_and_how_full_the_engine_ran():
     text = out.getvalue()
     assert "idle trainer 0.16 rollout 0.32 engine full 0.62" in text
     assert "3/10" in text
+
+
+def test_reward_failures_show_on_the_progress_line_once_there_are_any():
+    """A reward function that raises or times out is counted in the metrics; the terminal
+    said nothing of it."""
+    cfg = load_config(None, ["trainer.total_training_steps=10"])
+    out = io.StringIO()
+    with StepProgress(cfg, Console(file=out, width=240)) as progress:
+        for step, failures in ((1, 0.0), (2, 3.0), (3, 2.0)):
+            rec = StepRecord(
+                "r", step=step, version=1, ts=0.0, sample_ids=[], partitions=[], offsets=[]
+            )
+            rec.metrics = {"critic/score/mean": 0.5, "reward/failures": failures}
+            progress.update(rec)
+            if step == 1:
+                assert progress.reward_failures == 0
+    assert progress.reward_failures == 5
+    assert "reward failures 5" in out.getvalue()
