@@ -223,12 +223,32 @@ def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(
     assert main(["audit", cfg.run_id, "--output-dir", str(cfg.output_dir)]) == 0
 
 
+def _kill_asyncrl_run_at(cfg, config, step: int) -> float:
+    """``asyncrl run --config CONFIG`` as a process, SIGKILLed once metrics.jsonl shows
+    ``step``; when it was killed."""
+    import subprocess
+
+    command = [sys.executable, "-m", "asyncrl", "run", "--config", str(config)]
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        metrics = cfg.run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if metrics.exists() and f'"step": {step},' in metrics.read_text():
+                break
+            time.sleep(0.02)
+        assert launcher.poll() is None, "the run ended before it could be killed"
+        launcher.kill()
+        return time.time()
+    finally:
+        launcher.wait(30)
+
+
 def test_a_sigkilled_asyncrl_run_leaves_an_archive_that_audits_clean(make_run_cfg, quick_policy):
     """`asyncrl run` SIGKILLed (its archiver with it, no clean close): the archive must still
     be a log some run wrote. Its files were flushed only every second, so a large sample past
     the write buffer reached the disk while the small control records before it did not:
     `asyncrl audit` then found samples of a version whose budget was never opened."""
-    import subprocess
 
     from asyncrl.cli import main
     from asyncrl.config import dump_config
@@ -245,19 +265,7 @@ def test_a_sigkilled_asyncrl_run_leaves_an_archive_that_audits_clean(make_run_cf
     config = cfg.run_dir.parent / f"{cfg.run_id}.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, config)
-    command = [sys.executable, "-m", "asyncrl", "run", "--config", str(config)]
-    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        metrics = cfg.run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and launcher.poll() is None:
-            if metrics.exists() and '"step": 12,' in metrics.read_text():
-                break
-            time.sleep(0.02)
-        assert launcher.poll() is None, "the run ended before it could be killed"
-        launcher.kill()  # broker, trainer and workers die with it
-    finally:
-        launcher.wait(30)
+    _kill_asyncrl_run_at(cfg, config, step=12)  # broker, trainer and workers die with it
     time.sleep(1)
     where = ["--output-dir", str(cfg.output_dir)]
     assert main(["audit", cfg.run_id, *where]) == 0  # the archive as the kill left it
@@ -346,7 +354,6 @@ def test_bad_records_on_every_topic_are_dead_lettered_once_and_the_run_goes_on(
 def test_asyncrl_run_killed_and_started_again_resumes_without_doubling_anything(
     make_run_cfg, quick_policy, tmp_path
 ):
-    import subprocess
 
     from asyncrl.config import dump_config
 
@@ -360,23 +367,7 @@ def test_asyncrl_run_killed_and_started_again_resumes_without_doubling_anything(
     )
     config = tmp_path / "run.yaml"
     dump_config(cfg, config)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "asyncrl", "run", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        metrics = cfg.run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and launcher.poll() is None:
-            if metrics.exists() and '"step": 3,' in metrics.read_text():
-                break
-            time.sleep(0.05)
-        assert launcher.poll() is None, "the run ended before it could be killed"
-        launcher.kill()  # the whole run: launcher, and with it trainer and workers
-        killed_at = time.time()
-    finally:
-        launcher.wait(30)
+    killed_at = _kill_asyncrl_run_at(cfg, config, step=3)  # with it, trainer and workers
     fed_before = len(read_topic(cfg, "prompts"))
 
     out = io.StringIO()
