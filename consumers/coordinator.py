@@ -105,8 +105,8 @@ class SyncCoordinator:
         """Per metric (``rollouter/...``), each worker's value over its last sync window."""
         self.first_join: float | None = None
         """When the first worker got its weights: rollout could start (benchmarks time from it)."""
-        self.current = True
-        """The model holds the weights of ``version`` (no update since they were published)."""
+        self._published_at = position()[0]
+        """The trainer's step when the weights of ``version`` were published (or loaded)."""
         self.deferred: dict[int, str] = {}
         """Workers (-> incarnation) that joined after an update: they get the next version's
         weights, at a sync the trainer starts before its next step."""
@@ -136,9 +136,10 @@ class SyncCoordinator:
             last_logged_version=last,
         )
 
-    def weights_changed(self) -> None:
-        """The trainer updated the model: it no longer holds the current version's weights."""
-        self.current = False
+    @property
+    def current(self) -> bool:
+        """The model holds the weights of ``version``: no update since they were published."""
+        return self.position()[0] == self._published_at
 
     @property
     def members(self) -> dict[int, str]:
@@ -186,7 +187,7 @@ class SyncCoordinator:
             )
         )
         if workers is None:
-            self.current = True
+            self._published_at = step
             self.deferred.clear()
             self.trainer_side[self.version] = {"pause_s": pause_wait_s, "transfer_s": transfer_s}
             if step > 0:

@@ -320,7 +320,6 @@ class Trainer:
             metrics = self.train_step(batch)  # 2
             t_end = time.monotonic()
             self._checksums.clear()  # the update changed the weights
-            self.coordinator.weights_changed()
             self.step += 1
             self.stats.count_generated(self.io.samples, self.cfg.topic("samples"))
             timing = {"gen": gen_s, "update_actor": t_end - t_update, "step": t_end - t_step}
