@@ -126,18 +126,31 @@ def _model_path(cfg: RunConfig) -> Check:
     return Check(PATH_KEY, problem is None, problem or f"{path}: a Hugging Face checkpoint")
 
 
-def _data_files(cfg: RunConfig) -> list[Check]:
+def _data_files(cfg: RunConfig, rows: bool = False) -> list[Check]:
     """Each file there, parquet, with the prompt (data.prompt_key) and reward columns: what the
-    launcher's read of the rows would stop on, found from the files' footers before it starts."""
+    launcher's read of the rows would stop on, found from the files' footers before it starts.
+    ``rows`` (the dry run): every row too, malformed values, no rows, a data_source no reward
+    scores; a real run finds those in its set-up (``tasks.files.load_split``), which reads the
+    rows anyway: not read twice there."""
     if not cfg.data.from_files:
         return []
-    from asyncrl.tasks.files import check_file
+    from asyncrl.tasks.files import check_file, checked_rows
 
     checks = []
     for split, paths in (("train", cfg.data.train_paths), ("val", cfg.data.val_paths)):
+        key = f"data.{split}_files"
         problems = [p for p in (check_file(path, cfg.data.prompt_key) for path in paths) if p]
-        detail = "; ".join(problems) if problems else ", ".join(paths)
-        checks.append(Check(f"data.{split}_files", not problems, detail))
+        if problems:
+            checks.append(Check(key, False, "; ".join(problems)))
+            continue
+        detail = ", ".join(paths)
+        if rows:
+            try:
+                detail += f" ({len(checked_rows(cfg, split))} rows)"
+            except ConfigError as err:
+                checks.append(Check(key, False, str(err).removeprefix(f"{key}: ")))
+                continue
+        checks.append(Check(key, True, detail))
     return checks
 
 
@@ -155,26 +168,6 @@ def _reward_function(cfg: RunConfig, here: bool) -> Check:
     return Check("custom_reward_function.path", True, f"{crf.path}: {crf.name} loads")
 
 
-def _data_rows(cfg: RunConfig, checks: list[Check]) -> list[Check]:
-    """The dry run's look at every row of the data files whose columns passed: malformed
-    values, no rows, a data_source no reward scores. A real run finds the same in its set-up
-    (``tasks.files.load_split``), which reads the rows anyway: not read twice there."""
-    from asyncrl.tasks.files import checked_rows
-
-    out = []
-    for check in checks:
-        if not check.key.startswith("data.") or check.ok is False:
-            out.append(check)
-            continue
-        try:
-            n = len(checked_rows(cfg, check.key.removeprefix("data.").removesuffix("_files")))
-        except ConfigError as err:
-            out.append(Check(check.key, False, str(err).removeprefix(f"{check.key}: ")))
-        else:
-            out.append(Check(check.key, True, f"{check.detail} ({n} rows)"))
-    return out
-
-
 def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]:
     """Every start-up check for ``role`` (run, train or rollout), passed or not; ``rows``:
     the data files' rows too (the dry run)."""
@@ -184,8 +177,7 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     checks = [_tool_config(cfg), _model_path(cfg)]
     checks.append(_reward_function(cfg, here))
     if role != "rollout":
-        data = _data_files(cfg)
-        checks += _data_rows(cfg, data) if rows else data
+        checks += _data_files(cfg, rows)
     checks += _cuda(cfg, role, here)
     if role != "rollout" and "tensorboard" in cfg.trainer.logger:
         checks.append(_package("trainer.logger", "tensorboard", "tensorboard"))
