@@ -32,11 +32,16 @@ def _load_run(args: argparse.Namespace):
 
     if args.overrides and "=" not in args.overrides[0]:
         args.overrides = [f"run_id={args.overrides[0]}", *args.overrides[1:]]
-    cfg = _load(args)
-    saved = cfg.run_dir / "config.yaml"
-    if args.config is None and saved.exists():
-        cfg = load_config(saved, args.overrides)
-    return cfg
+    cfg = _load(args)  # where the run is: its run_id and output_dir
+    config = _config_file(args, cfg.run_dir)
+    return cfg if config == args.config else load_config(config, args.overrides)
+
+
+def _config_file(args: argparse.Namespace, run_dir):
+    """--config, else the run's saved config.yaml when it has one (it names the run's
+    broker), else None (the demo's)."""
+    saved = run_dir / "config.yaml"
+    return args.config or (saved if saved.exists() else None)
 
 
 @contextlib.contextmanager
@@ -105,9 +110,7 @@ def _run_config(args: argparse.Namespace):
     given = Path(run)
     if len(given.parts) > 1:  # a path (runs/demo, /abs/run), not a run_id
         output_dir, run = given.resolve().parent, given.resolve().name
-    resolved = output_dir / run / "config.yaml"
-    config = args.config or (resolved if resolved.exists() else None)
-    cfg = load_config(config, [*args.overrides, f"run_id={run}"])
+    cfg = load_config(_config_file(args, output_dir / run), [*args.overrides, f"run_id={run}"])
     cfg.output_dir = str(output_dir)
     return cfg
 
@@ -133,8 +136,8 @@ def _no_such_run(cfg) -> str:
 
 
 def _closed_loopback(bootstrap: str) -> str | None:
-    """The first loopback HOST:PORT of ``bootstrap`` that refuses a connection, when every
-    address is on loopback (None otherwise: a remote broker may be slow, not gone)."""
+    """``bootstrap`` when every address in it is on loopback and refuses a connection; None
+    otherwise (one answers, or a remote broker may be slow, not gone)."""
     import socket
 
     addresses = [a.strip().rpartition(":") for a in bootstrap.split(",") if a.strip()]
@@ -288,7 +291,6 @@ def _time_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-
     from asyncrl.ops.inspect_log import inspect_topic
 
     cfg = _load_run(args)
@@ -458,7 +460,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-
     from asyncrl.ops.monitor import monitor
 
     cfg = _run_config(args)
