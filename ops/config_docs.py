@@ -121,25 +121,13 @@ def _demo_settings(quote: str) -> str:
     import yaml
 
     from asyncrl.config.base import DEFAULT_CONFIG
+    from asyncrl.config.keys import default_of
+    from asyncrl.config.load import Entry, _flatten
 
-    defaults = RunConfig().model_dump()
-
-    def leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        for k, v in node.items():
-            key = f"{prefix}{k}"
-            out += leaves(v, key + ".") if isinstance(v, dict) else [(key, v)]
-        return out
-
-    def default(key: str) -> Any:
-        node: Any = defaults
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        return node
-
-    demo = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    changed = [(k, v) for k, v in leaves(demo) if default(k) != v]
-    return ", ".join(f"{quote}{k}: {json.dumps(v)}{quote}" for k, v in changed)
+    entries: list[Entry] = []
+    _flatten("", yaml.safe_load(DEFAULT_CONFIG.read_text()), str(DEFAULT_CONFIG), entries)
+    changed = [e for e in entries if default_of(e.key) != e.value]
+    return ", ".join(f"{quote}{e.key}: {json.dumps(e.value)}{quote}" for e in changed)
 
 
 def config_reference() -> str:
