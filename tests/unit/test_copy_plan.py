@@ -117,3 +117,38 @@ def test_only_plain_copies_of_whole_words_are_widened():
     )
     assert _as_words(a, b.float()) is None  # a cast
     assert _as_words(torch.zeros(32, 64, dtype=torch.bfloat16).t(), b) is None
+
+
+def test_only_pairs_back_to_back_at_both_ends_merge():
+    """Tensors apart never merge; one buffer's slices merge only where both ends continue
+    exactly where they stopped (a gap may hold someone else's memory)."""
+    pairs = _pairs()
+    assert len(CopyPlan(pairs).pairs) == len(pairs)
+    src, dst = torch.arange(40.0), torch.zeros(40)
+    back_to_back = [(dst[0:10], src[0:10]), (dst[10:25], src[10:25]), (dst[25:40], src[25:40])]
+    plan = CopyPlan(back_to_back[::-1])  # in another order than memory's (a sorted manifest)
+    assert len(plan.pairs) == 1 and plan.tensors == 3
+    plan.run()
+    assert torch.equal(dst, src)
+    gap = [(dst[0:10], src[0:10]), (dst[11:20], src[10:19])]  # the target skips one
+    swapped = [(dst[10:20], src[0:10]), (dst[0:10], src[10:20])]  # the target goes backwards
+    cast = [(dst[0:10], src[0:10]), (dst[10:20].to(torch.bfloat16), src[10:20])]
+    for name, case in {"gap": gap, "swapped": swapped, "other storage": cast}.items():
+        assert len(CopyPlan(case).pairs) == 2, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("way", WAYS)
+def test_on_a_gpu_flat_weights_are_one_copy(way):
+    from asyncrl.bench.sync import on_device, qwen2_like_state
+
+    src = on_device(qwen2_like_state("5M", fill=True), "cuda")  # flat on a GPU
+    dst = on_device(qwen2_like_state("5M", fill=False), "cuda")
+    names = sorted(n for n in src if n != "lm_head.weight")  # a manifest's order; tied: once
+    plan = CopyPlan([(dst[n], src[n]) for n in names], way=way)
+    assert len(plan.pairs) == 1
+    plan.run()
+    plan.synchronize()
+    for n in names:
+        assert torch.equal(dst[n], src[n]), n
