@@ -73,6 +73,7 @@ class Trainer:
         on_step: Callable[[dict], None] | None = None,
         io: TrainerIO | None = None,
     ):
+        from asyncrl.models.flat import flatten_parameters
         from asyncrl.models.warm_start import load_policy
 
         self.cfg = cfg
@@ -82,6 +83,8 @@ class Trainer:
         torch.manual_seed(cfg.trainer.seed)
         self.model, self.tokenizer = load_policy(cfg)
         self.model.to(self.device).train()
+        if self.device.type == "cuda":  # a worker on this GPU copies them in one piece
+            flatten_parameters(self.model)
         optim = cfg.actor_rollout_ref.actor.optim
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay

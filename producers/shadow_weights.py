@@ -13,7 +13,6 @@ rejoins) or the worker closes it. Memory: one more copy of the weights on the wo
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -21,10 +20,12 @@ import time
 import torch
 
 from asyncrl.config import RunConfig
+from asyncrl.models.flat import copy_model
 from asyncrl.producers.engines.base import Engine
 from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.collective import ManifestMismatchError
+from asyncrl.sync.copy_plan import CopyPlan
 from asyncrl.sync.transport import WeightSink
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,8 @@ class ShadowWeights:
         self.sink = sink
         self.bucket_bytes = bucket_bytes
         self.checksum = checksum
-        self.shadow = copy.deepcopy(model)  # keeps tied weights tied: the same manifest
+        self.shadow = copy_model(model)  # tied weights still tied (the same manifest), flat
+        # where the model is: each swap is then one copy
         self.shadow.requires_grad_(False)
         self.ready = threading.Event()
         """A transfer is in the shadow, not swapped in yet."""
@@ -105,11 +107,12 @@ class ShadowWeights:
         """Copy the received weights into ``model`` (in place, between two decoding steps) and
         let the thread receive the next transfer; returns the received weights' checksum."""
         assert self.ready.is_set() and self.error is None
-        with torch.no_grad():
-            for live, received in zip(model.parameters(), self.shadow.parameters(), strict=True):
-                live.copy_(received)
-            for buf, got in zip(model.buffers(), self.shadow.buffers(), strict=True):
-                buf.copy_(got)
+        pairs = [
+            *zip(model.parameters(), self.shadow.parameters(), strict=True),
+            *zip(model.buffers(), self.shadow.buffers(), strict=True),
+        ]
+        # A flat model (on a GPU, models.flat) and its deep copy: one copy in all.
+        CopyPlan(pairs, way="large_apart").run()
         checksum = self.received_checksum
         self.ready.clear()
         self._free.set()

@@ -85,6 +85,7 @@ class RolloutWorker:
         bootstrap: str | None = None,
         io: WorkerIO | None = None,
     ) -> None:
+        from asyncrl.models.flat import flatten_parameters
         from asyncrl.models.policy import resolve_device, rollout_dtype
         from asyncrl.models.warm_start import load_policy
         from asyncrl.producers.engines.factory import make_engine
@@ -96,7 +97,10 @@ class RolloutWorker:
         self.rollout = cfg.actor_rollout_ref.rollout
         self.partial_rollout = cfg.async_training.mode == "d"
         model, self.tokenizer = load_policy(cfg, dtype=rollout_dtype(cfg))
-        model.to(resolve_device(self.rollout.device)).eval()
+        device = resolve_device(self.rollout.device)
+        model.to(device).eval()
+        if device.type == "cuda":  # weights read in place are then one copy (models.flat)
+            flatten_parameters(model)
         seed = cfg.trainer.seed + 1000 * (worker_id + 1)
         self.engine = make_engine(
             cfg, model, self.tokenizer, seed, thread=self.rollout.engine_thread
