@@ -60,7 +60,7 @@ from .buckets import (
     untied_aliases,
     weight_manifest,
 )
-from .direct import DirectOffer, DirectView, ExposedWeights, fingerprint
+from .direct import DirectOffer, DirectView, ExposedWeights, fingerprint, placement
 from .shared_slots import SharedSlots, SlotsOffer, SlotsView, host_id
 
 __all__ = [
@@ -156,18 +156,21 @@ class _Prepared:
     key: tuple = ()
     """The names and where their tensors live (``_prepare``'s cache key): equal keys, the
     same memory."""
-    _targets: list[list[Tensor]] | None = field(default=None, repr=False)
+    _kept: dict[str, list[list[Tensor]]] = field(default_factory=dict, repr=False)
+    """Derived once per key: shared by the copies ``_prepare`` hands out for each transfer
+    (``dataclasses.replace`` passes the same dict)."""
 
     def targets(self) -> list[list[Tensor]]:
         """Per manifest entry, the tensors a received value goes into: the entry's own, and
-        each tied name that does not share its storage (an untied copy). Kept: a worker
-        reading in place asks at every transfer."""
-        if self._targets is None:
-            self._targets = [
+        each tied name that does not share its storage (an untied copy). Kept for the key
+        (the same memory): a worker reading in place asks at every transfer, and building
+        them took ~0.25 ms of a 0.5B handoff's ~1.7 ms on an H200."""
+        if "targets" not in self._kept:
+            self._kept["targets"] = [
                 [self.tensors[spec.name], *untied_aliases(spec, self.tensors)]
                 for spec in self.manifest
             ]
-        return self._targets
+        return self._kept["targets"]
 
 
 class _Pair:
@@ -317,7 +320,7 @@ class _Endpoint:
         kept while the same names live in the same memory (recomputing them took ~1 ms a
         transfer at 0.5B, as long as the copy of the weights on a GPU)."""
         tensors = named_tensors(model)
-        key = (int(bucket_bytes), dtype, tuple(tensors), fingerprint(list(tensors.values())))
+        key = (int(bucket_bytes), dtype, tuple(tensors), placement(list(tensors.values())))
         kept = self._prepared.get(key)
         if kept is None:
             manifest = weight_manifest(tensors, dtype)
@@ -594,9 +597,11 @@ class WeightSender(_Endpoint):
                     live.pop(w, None)
             pending[slot] = []
 
+        served = False  # a bucket was packed or sent: this end's GPU work may be queued
         for i, bucket in enumerate(buckets):
             if not live:
                 break
+            served = True
             slot = i % 2
             settle(slot)  # this buffer was sent two buckets ago: free to refill
             for slots in in_use.values():
@@ -631,7 +636,8 @@ class WeightSender(_Endpoint):
                 live[w] = self._pairs[w][1]
             except Exception as err:
                 failed[w] = f"{type(err).__name__}: {err}"
-        self._sync_device()
+        if served:  # read in place alone, nothing was queued here since the sync above
+            self._sync_device()
         for w, why in failed.items():
             log.warning("weights not delivered to worker %d (pair closed): %s", w, why)
             self.disconnect(w)
