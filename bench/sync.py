@@ -28,7 +28,9 @@ on the GPU: ``in place`` and ``shared memory`` are then CUDA IPC handoffs (from 
 round on, the worker reads the trainer's GPU memory), ``memcpy`` a device-to-device copy, and
 the ways that
 would only measure host staging (per-tensor, safetensors) are left out (first run on an H100
-on 2026-11-24: docs/benchmarks.md).
+on 2026-11-24: docs/benchmarks.md). Both ends' weights then lie in one buffer per dtype, as the
+roles keep them on a GPU (``asyncrl.models.flat``); ``in place, apart`` is the same handoff
+with each tensor in memory of its own, as before 2026-11-26.
 
 The ``checksum`` rows time each checksum format over the same weights (sync/checksum.py):
 what each end of a verified sync adds to it (sha256-tree where the weights are on a CPU,
@@ -148,16 +150,33 @@ def memcpy_seconds(nbytes: int, rounds: int, device: str = "cpu") -> float:
     return statistics.median(times[1:])
 
 
-def on_device(state: dict[str, Any], device: str) -> dict[str, Any]:
-    """``state`` moved to ``device``, its tied tensors still one tensor."""
+def on_device(state: dict[str, Any], device: str, flat: bool | None = None) -> dict[str, Any]:
+    """``state`` moved to ``device``, its tied tensors still one tensor; in one buffer per
+    dtype where ``flat`` (default: on a GPU, as the roles keep their weights there)."""
+    from asyncrl.models.flat import flat_copies
+
     moved: dict[int, Any] = {}
-    return {name: moved.setdefault(t.data_ptr(), t.to(device)) for name, t in state.items()}
+    out = {name: moved.setdefault(t.data_ptr(), t.to(device)) for name, t in state.items()}
+    if flat if flat is not None else not str(device).startswith("cpu"):
+        out = flat_copies(out)
+    return out
+
+
+def _apart(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``state`` with each tensor in memory of its own (tied ones still one)."""
+    copies: dict[int, Any] = {}
+    return {name: copies.setdefault(t.data_ptr(), t.clone()) for name, t in state.items()}
+
+
+APART = "in place, apart"
+"""The in-place handoff between weights that are not flat (each tensor in memory of its own)."""
 
 
 def methods_for(device: str) -> tuple[str, ...]:
-    """The ways measured: on a GPU, the two a run uses (per-tensor and safetensors would
-    time host staging, already measured on the CPU)."""
-    return METHODS if device == "cpu" else ("shared memory", "in place", "bucketed")
+    """The ways measured: on a GPU, the two a run uses and the in-place one between weights
+    kept apart (per-tensor and safetensors would time host staging, already measured on the
+    CPU)."""
+    return METHODS if device == "cpu" else ("shared memory", "in place", APART, "bucketed")
 
 
 def _method_bucket_bytes(method: str, bucket_bytes: int) -> int:
@@ -197,6 +216,7 @@ def sync(
     for shape in shapes:
         console.rule(f"{shape} parameters")
         state = on_device(qwen2_like_state(shape, fill=True), device)
+        apart = _apart(state) if APART in methods else state
         nbytes = _nbytes(state)
         params = nbytes // 2
         console.log(f"{shape}: {params / 1e6:.0f}M parameters, {nbytes / 1e9:.2f} GB bf16")
@@ -235,9 +255,12 @@ def sync(
                         path = save_snapshot(state, snap_dir, r)
                         store.set(f"snapshot/{r}", str(path))
                     else:  # the slots are offered for that way only
-                        sender.shared_memory = method in ("shared memory", "in place")
-                        sender.in_place = method == "in place"
-                        sent = sender.broadcast(state, _method_bucket_bytes(method, bucket_bytes))
+                        sender.shared_memory = method in ("shared memory", "in place", APART)
+                        sender.in_place = method in ("in place", APART)
+                        sent = sender.broadcast(
+                            apart if method == APART else state,
+                            _method_bucket_bytes(method, bucket_bytes),
+                        )
                         shared, medium = sent.stats.shared, sent.stats.medium
                     store.wait([f"done/{method}/{r}"], _WAIT)
                     times.append(float(store.get(f"done/{method}/{r}")) - t0)
@@ -300,12 +323,14 @@ def sync(
             f"{slots['gbps'] / row['memcpy']['gbps']:.0%}, bucketed "
             f"{row['bucketed']['gbps'] / row['memcpy']['gbps']:.0%}"
         )
-        if "copy_s" in direct:
-            parts.append(
-                f"in place: the worker's copy ({direct['copy_way']}) "
-                f"{direct['copy_s'] * 1e3:.2f} ms of {direct['s'] * 1e3:.2f} ms, "
-                f"{row['memcpy']['s'] / direct['copy_s']:.0%} of memcpy's bandwidth"
-            )
+        for way in ("in place", APART):
+            f = row.get(way, {})
+            if "copy_s" in f:
+                parts.append(
+                    f"{way}: the worker's copy ({f['copy_way']}) "
+                    f"{f['copy_s'] * 1e3:.2f} ms of {f['s'] * 1e3:.2f} ms, "
+                    f"{row['memcpy']['s'] / f['copy_s']:.0%} of memcpy's bandwidth"
+                )
         tree, wsum = (row[way]["s"] for way in CHECKSUMS)
         parts.append(f"checksum sha256 / on-device format = {tree / wsum:.2f}x")
         console.print(f"{shape}: " + ", ".join(parts))
@@ -357,11 +382,13 @@ def _receive(argv: list[str]) -> None:
         p.add_argument(name, required=True)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    state = on_device(qwen2_like_state(a.shape, fill=False), a.device)
+    flat = on_device(qwen2_like_state(a.shape, fill=False), a.device)
+    apart = _apart(flat) if APART in methods_for(a.device) else flat
     store = dist.TCPStore("127.0.0.1", a.store_port, is_master=False, timeout=_WAIT)
     receiver = WeightReceiver("127.0.0.1", a.weights_port, backend=a.backend, device=a.device)
     receiver.join(0, "bench", lambda: store.set("announce", "1"))
     for method in methods_for(a.device):
+        state = apart if method == APART else flat
         for t in state.values():
             t.zero_()
         for r in range(a.rounds):
@@ -371,11 +398,13 @@ def _receive(argv: list[str]) -> None:
                 path = store.get(f"snapshot/{r}").decode()
                 load_snapshot(state, path)
                 Path(path).unlink()
+                done = time.time()
             else:
                 got = receiver.receive_into(state, _method_bucket_bytes(method, a.bucket_bytes))
+                done = time.time()  # before the store's round trips
                 if got.copy_s is not None:  # read in place: the copy's own time, and its way
                     store.set(f"copy/{method}/{r}", f"{got.copy_s!r} {got.copy_way}")
-            store.set(f"done/{method}/{r}", repr(time.time()))
+            store.set(f"done/{method}/{r}", repr(done))
         store.set(f"checksum/{method}", weights_checksum(state))
     receiver.close()
 

@@ -10,6 +10,7 @@
 #                                                 # hf_cached" adds the slow one, ~150 s more)
 #   bash tools/gpu_check.sh fp32                  # the same in float32 (the dtypes before bf16)
 #   bash tools/gpu_check.sh cpu                   # ~200 s: bench learn on the host's CPUs alone
+#   bash tools/gpu_check.sh handoff tests run     # ~400 s: the handoff bar, the GPU tests, make run
 # With 15 minutes of device time a session, in this order: tests, learn, sync, cpu, run.
 # The device tool gives a machine back 30 s after a call: send the next group at once.
 # Installs the carried wheels and asyncrl (editable, no build isolation), then runs each step
@@ -64,6 +65,15 @@ run_engine() {  # issue 14's bar: 0.5B shape, batch 256, 256 new tokens, >= 20x 
         --prompt-len 64 --new-tokens 256 "output_dir=$OUT"  # --profile: hf_cached's ran > 300 s
     step engine-demo 90 "$PY" -m asyncrl bench engine --shapes demo --new-tokens 128 \
         "output_dir=$OUT"
+}
+run_handoff() {  # issue 14's handoff bar alone (~150 s): where its time goes with the weights
+    # flat (as the roles keep them on a GPU) and apart, then bench sync's transfers without
+    # its whole-sync half, the in-place rows side by side
+    step phases 90 "$PY" tools/handoff_phases.py --shape 500M --device cuda
+    step phases-apart 90 "$PY" tools/handoff_phases.py --shape 500M --device cuda --apart
+    step transfer 200 "$PY" -c "from rich.console import Console
+from asyncrl.bench.sync import sync
+sync(None, ['output_dir=$OUT'], Console(width=180), device='cuda', pause_resume=False)"
 }
 run_sync() {  # where an in-place handoff's time goes; CUDA IPC handoffs (in place, slots) vs a
     # device-to-device copy (>= 0.5 of it at 0.5B), checksums
@@ -120,8 +130,9 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests engine sync run learn real fp32)
 for s in "${steps[@]}"; do
     case $s in
-        tests | engine | sync | run | learn | real | fp32 | cpu) "run_$s" ;;
-        *) echo "unknown step $s (tests, engine, sync, run, learn, real, fp32, cpu)"; exit 2 ;;
+        tests | engine | handoff | sync | run | learn | real | fp32 | cpu) "run_$s" ;;
+        *) echo "unknown step $s (tests, engine, handoff, sync, run, learn, real, fp32, cpu)"
+            exit 2 ;;
     esac
 done
 echo "== summary"

@@ -39,13 +39,15 @@ def _wrap(owner: Any, name: str, tag: str) -> None:
     setattr(owner, name, stamped)
 
 
-def _state(shape: str, device: str, fill: bool) -> dict[str, Any]:
+def _state(a: argparse.Namespace, fill: bool) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)  # one core each end, as bench sync
     from asyncrl.bench.sync import on_device, qwen2_like_state
 
-    return on_device(qwen2_like_state(shape, fill=fill), device)
+    return on_device(
+        qwen2_like_state(a.shape, fill=fill), a.device, flat=False if a.apart else None
+    )
 
 
 def trainer(a: argparse.Namespace) -> None:
@@ -60,7 +62,7 @@ def trainer(a: argparse.Namespace) -> None:
     _wrap(c._Pair, "signal", "signal")
     _wrap(c._Pair, "open", "opening sent")
     _wrap(c, "_check_ack", "acknowledgement checked")
-    state = _state(a.shape, a.device, fill=True)
+    state = _state(a, fill=True)
     store_port, weights_port = free_port(), free_port()
     store = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
     sender = c.WeightSender("127.0.0.1", weights_port, device=a.device, timeout_s=120)
@@ -91,7 +93,10 @@ def trainer(a: argparse.Namespace) -> None:
     finally:
         child.wait(timeout=60)
         sender.close()
-    print(f"{a.shape} on {a.device}, medium {medium}: median ms after the trainer's call")
+    layout = "apart" if a.apart or a.device == "cpu" else "flat"
+    print(
+        f"{a.shape} on {a.device} ({layout}), medium {medium}: median ms after the trainer's call"
+    )
     for key in sorted(rows[0], key=lambda k: statistics.median(r[k] for r in rows)):
         print(f"  {statistics.median(r[key] for r in rows) * 1e3:8.3f}  {key}")
 
@@ -107,7 +112,7 @@ def worker(store_port: int, weights_port: int, a: argparse.Namespace) -> None:
     _wrap(direct.DirectView, "synchronize", "copy finished")
     _wrap(c._Pair, "acknowledge", "acknowledgement sent")
     _wrap(c._Pair, "signal", "signal")
-    state = _state(a.shape, a.device, fill=False)
+    state = _state(a, fill=False)
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=WAIT)
     receiver = c.WeightReceiver("127.0.0.1", weights_port, device=a.device)
     receiver.join(0, "phases", lambda: store.set("announce", "1"))
@@ -118,6 +123,9 @@ def worker(store_port: int, weights_port: int, a: argparse.Namespace) -> None:
         STAMPS.append(("receive returned", time.time()))
         if r == WARM - 1:
             print(f"worker: {got.medium}, copy way {got.copy_way or '-'}", flush=True)
+            view = getattr(receiver, "_weights_view", None)
+            if view is not None and view._plan is not None:
+                print(f"worker: {view._plan.tensors} tensors in {len(view._plan.pairs)} copies")
         store.set(f"done/{r}", json.dumps(STAMPS))
     receiver.close()
 
@@ -137,6 +145,12 @@ def main(argv: list[str]) -> None:
     p.add_argument("--shape", default="50M", help="a bench sync shape: 5M, 50M, 500M")
     p.add_argument("--device", default="cpu", help="cpu, cuda")
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument(
+        "--apart",
+        action="store_true",
+        help="each tensor in memory of its own (default: one buffer per dtype on a GPU, as the "
+        "roles keep their weights there)",
+    )
     if argv[:1] == ["--worker"]:
         worker(int(argv[1]), int(argv[2]), p.parse_args(argv[3:]))
     else:

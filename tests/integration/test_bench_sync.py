@@ -15,6 +15,7 @@ from asyncrl.bench.sync import (
     qwen2_like_state,
     sync,
 )
+from asyncrl.sync.copy_plan import WAYS
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +30,12 @@ def test_qwen2_like_state_has_the_named_size():
 def test_on_device_keeps_tied_weights_tied_and_a_gpu_measures_what_a_run_uses():
     state = on_device(qwen2_like_state("5M", fill=False), "cpu")
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    assert len({t.untyped_storage().data_ptr() for t in state.values()}) == len(state) - 1
+    flat = on_device(state, "cpu", flat=True)  # as the roles keep their weights on a GPU
+    assert flat["lm_head.weight"] is flat["model.embed_tokens.weight"]
+    assert len({t.untyped_storage().data_ptr() for t in flat.values()}) == 1
     assert methods_for("cpu") == METHODS
-    assert methods_for("cuda:0") == ("shared memory", "in place", "bucketed")
+    assert methods_for("cuda:0") == ("shared memory", "in place", "in place, apart", "bucketed")
 
 
 def test_sync_smoke(tmp_path):
@@ -77,3 +82,5 @@ def test_sync_on_a_gpu_hands_over_by_cuda_ipc(tmp_path):
     row = figures["transfer"]["5M"]
     assert row["shared memory"]["medium"] == "cuda"  # from the warm-up round on
     assert row["in place"]["medium"] == "direct_cuda"
+    assert row["in place, apart"]["medium"] == "direct_cuda"  # both layouts delivered every bit
+    assert {row[w]["copy_way"] for w in ("in place", "in place, apart")} <= set(WAYS)
