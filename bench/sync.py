@@ -304,7 +304,7 @@ def sync(
             table.add_row(
                 shape,
                 method,
-                f"{f['s']:.3f}",
+                f"{f['s']:.4f}",
                 f"{f['gbps']:.2f}",
                 f"{f['gbps'] / row['memcpy']['gbps']:.2f}",
             )
