@@ -32,7 +32,8 @@ def flatten_parameters(model: nn.Module) -> int:
     views. Tied parameters stay one. Returns how many buffers were made.
 
     Call it before anything keeps the parameters' addresses (CUDA graphs) and after the model
-    reached its device and dtype (a later ``.to`` moves them apart again)."""
+    reached its device and dtype (a later ``.to`` moves them apart again), before the
+    optimizer's state exists: for a moment a dtype's parameters are held twice."""
     params = list(model.parameters())  # each tied parameter once
     views = _packed(params)
     for p, view in zip(params, views, strict=True):
@@ -59,7 +60,7 @@ def flat_copies(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 def _packed(tensors: list[Tensor]) -> list[Tensor]:
     """Each tensor copied into one new buffer per (device, dtype), in order, each start
-    aligned to ``ALIGN_BYTES``."""
+    aligned to ``ALIGN_ELEMENTS``."""
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((t.device, t.dtype), []).append(i)
