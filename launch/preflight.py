@@ -50,6 +50,37 @@ def _tool_config(cfg: RunConfig) -> Check:
     return Check(key, True, f"{path}: tools {', '.join(sorted(tools))}")
 
 
+def _tool_call_format(cfg: RunConfig) -> Check | None:
+    """Whether the policy's tokenizer can end a tool call in ``multi_turn.format`` (the
+    compact format stops at a ``]`` token, which the arithmetic task's tokenizer lacks: the
+    roles would fail at start-up, again at each restart). None where multi-turn is off or the
+    tools or the model are reported by their own checks."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return None
+    from asyncrl.models.policy import load_tokenizer
+    from asyncrl.producers.agent.factory import shipped_tools_path
+    from asyncrl.producers.agent.loop import stop_token_ids
+    from asyncrl.producers.agent.parser import make_parser
+    from asyncrl.producers.tools.registry import load_tools
+
+    key = "actor_rollout_ref.rollout.multi_turn.format"
+    try:
+        tools = load_tools(Path(mt.tool_config_path or shipped_tools_path()))
+        tokenizer = load_tokenizer(cfg)
+    except Exception:  # a bad tool config or model: their own checks say so
+        return None
+    try:
+        stop_token_ids(tokenizer, make_parser(mt.format, tools))
+    except ValueError as err:
+        if cfg.actor_rollout_ref.model.path:
+            whose = f"{cfg.actor_rollout_ref.model.path}'s tokenizer"
+        else:  # the built-in tokenizers are the tasks' characters
+            whose = f"data.task={cfg.data.task}'s tokenizer; data.task=calculator has the tokens"
+        return Check(key, False, f"{mt.format}: {err} ({whose})")
+    return Check(key, True, f"{mt.format}: the tokenizer ends a tool call")
+
+
 def _cuda(cfg: RunConfig, role: str, here: bool) -> list[Check]:
     """The keys that need CUDA in the processes ``role`` starts (a worker does not need the
     trainer's GPU, nor the trainer a worker's)."""
@@ -175,6 +206,8 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     here = role != "run" or cfg.launcher == "local"  # this process starts the one that needs it
     checks = [_tool_config(cfg), _model_path(cfg)]
+    if (tool_format := _tool_call_format(cfg)) is not None:
+        checks.append(tool_format)
     checks.append(_reward_function(cfg, here))
     if role != "rollout":
         checks += _data_files(cfg, rows)

@@ -75,12 +75,7 @@ class AgentLoop:
         self.limits = limits
         self.interaction = interaction
         self.greedy = greedy
-        self.stop_token_ids = []
-        for text in parser.stop_texts:
-            token_id = tokenizer.convert_tokens_to_ids(text)
-            if token_id is None or token_id == tokenizer.unk_token_id:
-                raise ValueError(f"the tokenizer has no single token for {text!r}")
-            self.stop_token_ids.append(token_id)
+        self.stop_token_ids = stop_token_ids(tokenizer, parser)
 
     # --- generating ----------------------------------------------------------------------------
     def request(self, request_id: str, state: AgentState) -> GenRequest:
@@ -302,3 +297,15 @@ class AgentRunner:
                     return done
             if not self.engine.num_active:
                 (idle or (lambda: time.sleep(0.001)))()
+
+
+def stop_token_ids(tokenizer: Any, parser: ToolParser) -> list[int]:
+    """The token of each text that ends a tool call in ``parser``'s format; ValueError where
+    the tokenizer has no single token for one (the start-up checks ask too)."""
+    ids = []
+    for text in parser.stop_texts:
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise ValueError(f"the tokenizer has no single token for {text!r}")
+        ids.append(token_id)
+    return ids
