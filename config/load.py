@@ -301,7 +301,8 @@ def _format_validation(err: ValidationError, assigned: dict[str, _Assignment]) -
         if isinstance(got, str | int | float | bool):
             text = repr(got) if isinstance(got, str) else _show(got)
             shown = f" (got {text if len(text) <= 80 else text[:77] + '...'})"
-        lines.append(f"{key}{f' ({source})' if source else ''}: {e['msg']}{shown}")
+        msg = e["msg"].removeprefix("Value error, ")  # our validators' own sentences
+        lines.append(f"{key}{f' ({source})' if source else ''}: {msg}{shown}")
     return lines
 
 

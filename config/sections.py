@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import (
     Field,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -96,6 +98,11 @@ def _paths(value: str | list[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
+def _head_counts(hidden: int, most: int = 4) -> list[int]:
+    """Up to ``most`` head counts that split ``hidden`` into an even head width."""
+    return [h for h in range(1, hidden + 1) if hidden % h == 0 and (hidden // h) % 2 == 0][:most]
+
+
 class ModelConfig(Strict):
     path: str | None = None
     """A local Hugging Face checkpoint directory (config.json, weights, tokenizer and its chat
@@ -109,7 +116,20 @@ class ModelConfig(Strict):
     num_hidden_layers: int = Field(2, ge=1)
     """Transformer layers of the demo model."""
     num_attention_heads: int = Field(4, ge=1)
-    """Attention heads of the demo model (must divide hidden_size)."""
+    """Attention heads of the demo model (must divide hidden_size into an even head width)."""
+
+    @field_validator("num_attention_heads")
+    @classmethod
+    def _divides_hidden_size(cls, heads: int, info: ValidationInfo) -> int:
+        hidden = info.data.get("hidden_size")
+        if hidden is not None and (hidden % heads or (hidden // heads) % 2):
+            raise ValueError(
+                f"must divide hidden_size={hidden} into an even head width (rotary "
+                f"embeddings rotate pairs of dimensions), e.g. "
+                f"{', '.join(str(h) for h in _head_counts(hidden))}"
+            )
+        return heads
+
     intermediate_size: int = Field(256, ge=8)
     """MLP width of the demo model."""
     warmup_steps: int = Field(1500, ge=0)

@@ -54,6 +54,22 @@ def test_a_bad_value_is_shown_beside_its_key(override, shown):
     assert line.endswith(shown)
 
 
+@pytest.mark.parametrize("heads", ["5", "32"])  # no divisor; a head width of 3
+def test_attention_heads_that_do_not_split_the_width_evenly_name_the_key(heads):
+    """The warm start died with a raw traceback from transformers before."""
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            overrides=[
+                "actor_rollout_ref.model.hidden_size=96",
+                f"actor_rollout_ref.model.num_attention_heads={heads}",
+            ]
+        )
+    line = str(err.value).splitlines()[1]
+    assert line.startswith("  actor_rollout_ref.model.num_attention_heads (command line): must")
+    assert "hidden_size=96" in line and "e.g. 1, 2, 3, 4" in line
+    assert load_config(overrides=["actor_rollout_ref.model.num_attention_heads=8"])
+
+
 def test_partial_rollout_needs_staleness():
     with pytest.raises(ConfigError, match="partial_rollout"):
         load_config(
