@@ -104,7 +104,14 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
         }
         hops[mode] = hop_medians(sync_hops(run_control_events(cfg)))
     table = Table(title="sync pause: modes (c), (d) and (d) in flight, same workload")
-    cols = ("mode", "syncs", "pause mean s", "pause max s", "pause->resumed s", "samples/s")
+    cols = (
+        "mode",
+        "syncs",
+        "pause mean s",
+        "pause max s",
+        "requested->resumed mean s",
+        "samples/s",
+    )
     for col in (*cols, "partial trajectories"):
         table.add_column(col, justify="right")
     for mode, r in results.items():
@@ -113,7 +120,7 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
             str(r["syncs"]),
             f"{r['sync_pause_s_mean']:.3f}",
             f"{r['sync_pause_s_max']:.3f}",
-            f"{r['sync_resumed_s_mean']:.3f}",
+            _seconds(r["sync_resumed_s_mean"]),
             f"{r['samples_per_s']:.1f}",
             str(r["partial_trajectories"]),
         )
@@ -125,7 +132,7 @@ def sync_pause(config: str | None, overrides: list[str], console: Console) -> di
         f"mean sync pause: mode (c) {c['sync_pause_s_mean'] * 1e3:.0f} ms, "
         f"mode (d) {d['sync_pause_s_mean'] * 1e3:.0f} ms: (c)/(d) = {ratio:.2f}x; "
         f"whole sync (SyncRequested -> last RolloutResumed): "
-        f"(c) {c['sync_resumed_s_mean'] * 1e3:.0f} ms, (d) {d['sync_resumed_s_mean'] * 1e3:.0f} ms; "
+        f"(c) {_ms(c['sync_resumed_s_mean'])}, (d) {_ms(d['sync_resumed_s_mean'])}; "
         f"throughput (d)/(c) = {d['samples_per_s'] / c['samples_per_s']:.2f}x"
     )
     return {**results, "pause_ratio_c_over_d": ratio, "hops": hops}
@@ -143,3 +150,12 @@ def hop_table(hops: dict[str, dict[str, float]]) -> Table:
                 label, *(f"{h[key] * 1e3:.1f}" if key in h else "" for h in hops.values())
             )
     return table
+
+
+def _seconds(value: float | None) -> str:
+    """A summary's time, or "-" where the trainer read none (sync_resumed_s_*)."""
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.0f} ms"

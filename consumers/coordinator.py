@@ -52,6 +52,11 @@ Position = Callable[[], tuple[int, dict[int, int]]]
 """The trainer's step and samples consumed per worker, for the events that carry them."""
 
 
+RESUMES_WAIT_S = 0.5
+"""At the run's end, how long the summary waits for the last syncs' RolloutResumed (a worker
+resumes tens of ms after a sync; one that died never does)."""
+
+
 class SyncCoordinator:
     def __init__(
         self,
@@ -371,15 +376,31 @@ class SyncCoordinator:
             }
         )
 
-    def summary(self) -> dict[str, Any]:
-        """The run's syncs, for the trainer's summary."""
+    def summary(self, wait_s: float = RESUMES_WAIT_S) -> dict[str, Any]:
+        """The run's syncs, for the trainer's summary. The times to resume are of the syncs
+        whose last RolloutResumed this trainer read (waiting up to ``wait_s`` for those it
+        has not: it trains on while the workers resume); None where it read none."""
+        self._read_resumes(wait_s)
+        resumed = list(self.resumed_s.values())
         return {
             "syncs": len(self.pauses),
             "sync_pause_s_mean": mean(self.pauses),
             "sync_pause_s_max": max(self.pauses, default=0.0),
-            "sync_resumed_s_mean": mean(self.resumed_s.values()),
-            "sync_resumed_s_max": max(self.resumed_s.values(), default=0.0),
+            "sync_resumed_s_mean": mean(resumed) if resumed else None,
+            "sync_resumed_s_max": max(resumed) if resumed else None,
+            "sync_resumed_seen": f"{len(resumed)} of {len(self.requested_ts)}",
         }
+
+    def _read_resumes(self, wait_s: float) -> None:
+        """Read ``control`` for the RolloutResumed events of requested syncs not yet seen to
+        end, up to ``wait_s`` (the run is over: other events are left unserved)."""
+        deadline = time.monotonic() + wait_s
+        while (
+            any(v not in self.resumed_s for v in self.requested_ts) and time.monotonic() < deadline
+        ):
+            for event in self.control.poll(0.05):
+                if isinstance(event, ev.RolloutResumed):
+                    self.on_event(event)
 
     def close(self) -> None:
         if self.sender is not None:

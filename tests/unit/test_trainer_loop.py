@@ -381,3 +381,27 @@ def _coordinator(cfg, broker: MemoryBroker, rows: list[dict] | None = None) -> S
         write_row=(rows if rows is not None else []).append,
         wait_clock=WaitClock(),
     )
+
+
+def test_the_summary_reads_the_last_syncs_resumes_and_says_none_when_it_saw_none(tmp_path):
+    """The trainer trains on while the workers resume: the summary's sync_resumed_s_mean read
+    0.000 for a run whose one sync's RolloutResumed it never read."""
+    cfg = _cfg(tmp_path)
+    broker = MemoryBroker()
+    coordinator = _coordinator(cfg, broker)
+    coordinator.control.start()
+    assert coordinator.summary(wait_s=0.0)["sync_resumed_s_mean"] is None  # no syncs
+    coordinator.requested_ts = {1: 100.0, 2: 200.0}
+    coordinator.on_event(ev.RolloutResumed(run_id=cfg.run_id, version=1, worker=0, ts=100.02))
+    worker_side = broker.control(cfg, worker=0, incarnation="w0")
+    worker_side.publish(ev.RolloutResumed(run_id=cfg.run_id, version=2, worker=0, ts=200.04))
+    summary = coordinator.summary(wait_s=5.0)
+    assert summary["sync_resumed_s_mean"] == pytest.approx(0.03)
+    assert summary["sync_resumed_s_max"] == pytest.approx(0.04)
+    assert summary["sync_resumed_seen"] == "2 of 2"
+
+    unseen = _coordinator(cfg, MemoryBroker())
+    unseen.control.start()
+    unseen.requested_ts = {1: 100.0}
+    summary = unseen.summary(wait_s=0.1)  # a worker that died never resumes: bounded
+    assert summary["sync_resumed_s_mean"] is None and summary["sync_resumed_seen"] == "0 of 1"
