@@ -257,9 +257,16 @@ def run(
         console.log(
             f"mode ({at.mode}): staleness_threshold={at.staleness_threshold} "
             f"trigger_parameter_sync_step={at.trigger_parameter_sync_step} "
-            f"require_batches={at.require_batches} partial_rollout={at.partial_rollout}; "
+            f"require_batches={at.require_batches} partial_rollout={at.partial_rollout}"
+            f"{' in_flight_update=True' if at.in_flight_update else ''}; "
             f"{resolved.actor_rollout_ref.rollout.num_workers} rollout worker(s)"
         )
+        if resolved.actor_rollout_ref.rollout.num_workers == 0:
+            console.log(
+                "[yellow]rollout.num_workers=0: no worker is started here; the trainer waits "
+                f"for workers started elsewhere (`asyncrl rollout --config {config_path} "
+                "--worker-id 0`, docs/cluster.md)[/]"
+            )
         start: Callable[[str, list[str], Path], tuple[_Process, Path]]
         if resolved.launcher == "ray":
             from asyncrl.launch.ray_launcher import RayLauncher
