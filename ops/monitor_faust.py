@@ -14,7 +14,10 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
+import socket
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -25,6 +28,10 @@ from rich.live import Live
 from asyncrl.config import RunConfig
 from asyncrl.kafka import Record
 from asyncrl.ops.monitor_stats import RunMonitor, feed
+
+GONE_IDLE_S = 3.0
+"""No record for this long, and the broker is checked: an embedded broker dies with its run,
+and faust's consumer, behind or still starting, would retry it for ever."""
 
 
 def read(
@@ -44,7 +51,8 @@ def read(
 
     logging.getLogger("faust").setLevel(logging.WARNING)
     logging.getLogger("mode").setLevel(logging.WARNING)
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    # Its connection errors, ten a second while a broker is gone: the timer checks the broker
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     datadir = tempfile.TemporaryDirectory(prefix="asyncrl-monitor-")
     app = faust.App(
         f"asyncrl-monitor-{cfg.run_id}-{uuid.uuid4().hex[:8]}",
@@ -76,21 +84,78 @@ def read(
     @app.timer(refresh_s)
     async def refresh() -> None:
         live.update(mon.render(cfg.run_id))
+        if state["done"]:
+            return
         caught_up = all(seen[t] >= n for t, n in ends.items())
         idle = time.monotonic() - state["last"]
         if (
             (not follow and caught_up)
             or (mon.finished and caught_up)
             or (idle_exit_s is not None and idle > idle_exit_s)
-        ) and not state["done"]:
+        ):
             state["done"] = True
             asyncio.ensure_future(worker.stop())  # from a timer: inside the agent it deadlocks
 
+    stopped = threading.Event()
+    excepthook = threading.excepthook
+    watch = threading.Thread(
+        target=_watch_broker,
+        args=(bootstrap, state, stopped, live, cfg.run_id),
+        name="monitor-broker-watch",
+        daemon=True,
+    )
+    watch.start()
     with datadir, contextlib.suppress(SystemExit):  # the worker exits when stopped
-        worker.execute_from_commandline()
+        try:
+            worker.execute_from_commandline()
+        finally:
+            stopped.set()
+            threading.excepthook = excepthook  # the loggers stay quiet: the loop's tasks are
+            # reported as destroyed when it is collected, after this returns
     from faust.utils.terminal.spinners import Spinner
 
     atexit.unregister(Spinner._finish)  # faust's spinner would write to a closed stdout at exit
+
+
+NOISY = ("faust", "mode", "aiokafka", "asyncio")
+"""The loggers a stopping faust worker without its broker fills with errors."""
+
+
+def _quiet() -> None:
+    """Silence faust's loggers and its threads' tracebacks (once the run is over)."""
+    for name in NOISY:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    threading.excepthook = lambda args: None
+
+
+def _watch_broker(
+    bootstrap: str, state: dict[str, Any], stopped: threading.Event, live: Live, run_id: str
+) -> None:
+    """End the monitor when its broker is gone: once nothing arrived for ``GONE_IDLE_S`` and
+    the broker refuses connections, say so and end the process. faust's worker cannot be
+    stopped then (its consumer, or its start-up, waits on the broker for ever; signals too),
+    so this thread, outside its event loop, ends it."""
+    while not stopped.wait(1.0):
+        if time.monotonic() - state["last"] < GONE_IDLE_S or _reachable(bootstrap):
+            continue
+        _quiet()
+        live.console.print(
+            f"[yellow]the broker at {bootstrap} is gone (an embedded broker ends with its run): "
+            f"the monitor stops; `asyncrl inspect` and `asyncrl audit {run_id}` read the run's "
+            "archive[/]"
+        )
+        live.stop()  # the table as last drawn, and the terminal's cursor back
+        os._exit(0)
+
+
+def _reachable(bootstrap: str, timeout_s: float = 0.5) -> bool:
+    """Whether the first bootstrap address accepts a connection."""
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout_s).close()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _record(msg: Any) -> Record[bytes | None]:

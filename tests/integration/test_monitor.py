@@ -85,3 +85,49 @@ def test_monitor_agrees_with_the_log(make_run_cfg, quick_policy, engine, tmp_pat
     assert mon.workers and mon.dead_letters == 0
     assert "per weight version" in out.getvalue()
     assert list(cwd.iterdir()) == []  # faust's data directory was a temporary one
+
+
+def test_the_monitor_ends_when_the_runs_embedded_broker_ends_with_it(quick_policy, tmp_path):
+    """``asyncrl run``'s broker dies at the run's end. The faust monitor, still behind, retried
+    it for ever, ten errors a second, and neither SIGTERM nor Ctrl-C stopped it."""
+    import subprocess
+    import sys
+    import time
+
+    asyncrl = [sys.executable, "-m", "asyncrl"]
+    run_dir = tmp_path / "gone"
+    launcher = subprocess.Popen(
+        [
+            *asyncrl,
+            "run",
+            "run_id=gone",
+            f"output_dir={tmp_path}",
+            *quick_policy,
+            "trainer.total_training_steps=40",
+            "trainer.target_accuracy=null",
+            "trainer.test_freq=0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the broker is up and the trainer has started
+        monitor_out = tmp_path / "monitor.log"
+        with monitor_out.open("w") as out:
+            watcher = subprocess.Popen(
+                [*asyncrl, "monitor", str(run_dir), "--engine", "faust"], stdout=out, stderr=out
+            )
+        assert launcher.wait(120) == 0
+        try:
+            assert watcher.wait(45) == 0, monitor_out.read_text()[-2000:]
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    text = monitor_out.read_text()
+    assert "per weight version" in text
+    assert "Unable connect" not in text and "Traceback" not in text
