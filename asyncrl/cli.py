@@ -59,14 +59,20 @@ set ASYNCRL_DEBUG=1 for the Python traceback.
 """
 
 
-def _config_args(p: argparse.ArgumentParser) -> None:
+def _config_args(p: argparse.ArgumentParser, reads_run: bool = False) -> None:
     """--config and overrides; the subcommand's --help ends with every config key (from the
-    config models' docstrings, as docs/configuration.md)."""
+    config models' docstrings, as docs/configuration.md). ``reads_run``: a command that reads
+    a finished or running run, whose saved config is the default."""
     from asyncrl.ops.config_docs import config_help
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = (p.epilog + "\n\n" if p.epilog else "") + config_help()
-    p.add_argument("--config", help="run config YAML (default: the embedded demo config)")
+    default = (
+        "the run's saved OUTPUT_DIR/RUN_ID/config.yaml, which names its broker; else the demo's"
+        if reads_run
+        else "the embedded demo config"
+    )
+    p.add_argument("--config", help=f"run config YAML (default: {default})")
     p.add_argument(
         "overrides",
         nargs="*",
@@ -183,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", help="records before this time")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--text", action="store_true", help="decode token ids to text")
-    _config_args(p)
+    _config_args(p, reads_run=True)
 
     p = sub.add_parser(
         "audit",
@@ -206,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--output-dir", default="runs", help="where run directories live (default: runs)"
     )
-    _config_args(p)
+    _config_args(p, reads_run=True)
 
     p = sub.add_parser(
         "replay",
@@ -231,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", help="topic: records before this time")
     p.add_argument("--versions", help="topic: param_version range, e.g. 3..7")
     p.add_argument("--sample-ids", help="topic: comma-separated sample ids")
-    _config_args(p)
+    _config_args(p, reads_run=True)
 
     p = sub.add_parser(
         "monitor",
@@ -259,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
         "confluent-kafka reader (no consumer group, starts faster); auto (default): faust "
         "when installed",
     )
-    _config_args(p)
+    _config_args(p, reads_run=True)
 
     p = sub.add_parser(
         "report",

@@ -28,13 +28,30 @@ def _load_run(args: argparse.Namespace):
     own saved config (OUTPUT_DIR/RUN_ID/config.yaml, which names its broker), else the
     demo's; the overrides on top. A first word without ``=`` is the run_id
     (``asyncrl inspect steps myrun``), as audit and monitor take it."""
+    from pathlib import Path
+
     from asyncrl.config import load_config
 
     if args.overrides and "=" not in args.overrides[0]:
-        args.overrides = [f"run_id={args.overrides[0]}", *args.overrides[1:]]
+        first, rest = args.overrides[0], args.overrides[1:]
+        args.overrides = rest
+        dirs = [Path(first)] if len(Path(first).parts) > 1 else []
+        dirs.append(Path(load_config(None, rest).output_dir) / first)  # runs/<id>.<time> too
+        for run_dir in dirs:
+            if (run_dir / "config.yaml").exists():
+                return _at(load_config(_config_file(args, run_dir), rest), run_dir)
+        args.overrides = [f"run_id={first}", *rest]
     cfg = _load(args)  # where the run is: its run_id and output_dir
     config = _config_file(args, cfg.run_dir)
     return cfg if config == args.config else load_config(config, args.overrides)
+
+
+def _at(cfg, run_dir):
+    """``cfg`` read from ``run_dir`` (its output_dir the parent; a directory not named by its
+    run_id, such as a run moved aside as runs/<id>.<time>, keeps its run_id's topics)."""
+    run_dir = run_dir.resolve()
+    cfg.output_dir = str(run_dir.parent)
+    return cfg if run_dir.name == cfg.run_id else cfg.at_dir(run_dir)
 
 
 def _config_file(args: argparse.Namespace, run_dir):
@@ -110,7 +127,10 @@ def _run_config(args: argparse.Namespace):
     given = Path(run)
     if len(given.parts) > 1:  # a path (runs/demo, /abs/run), not a run_id
         output_dir, run = given.resolve().parent, given.resolve().name
-    cfg = load_config(_config_file(args, output_dir / run), [*args.overrides, f"run_id={run}"])
+    config = _config_file(args, output_dir / run)
+    if config is not None and not args.config:  # the run's own: its run_id names its topics
+        return _at(load_config(config, args.overrides), output_dir / run)
+    cfg = load_config(config, [*args.overrides, f"run_id={run}"])
     cfg.output_dir = str(output_dir)
     return cfg
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import (
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -479,6 +480,7 @@ class CustomRewardFunctionConfig(Strict):
 
 
 class RunConfig(Strict):
+    _run_dir: Path | None = PrivateAttr(default=None)
     run_id: str = Field("demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
     """Prefix of every topic of the run (run42.samples, ...)."""
     output_dir: str = "runs"
@@ -559,7 +561,16 @@ class RunConfig(Strict):
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.run_id
+        """output_dir/run_id, or the directory a finished run was read from (``at_dir``)."""
+        return self._run_dir or Path(self.output_dir) / self.run_id
+
+    def at_dir(self, run_dir: Path) -> RunConfig:
+        """This run's files in ``run_dir`` rather than output_dir/run_id: a finished run
+        moved aside by the next one of its run_id (runs/<id>.<time>), or copied elsewhere,
+        read by the commands that read a run; its topics keep the run_id's names."""
+        self._run_dir = Path(run_dir)
+        self.output_dir = str(Path(run_dir).parent)
+        return self
 
     def topic(self, name: str) -> str:
         """Full topic name for this run, e.g. topic('samples') -> 'demo.samples'."""

@@ -97,3 +97,17 @@ def test_a_run_audits_clean_and_planted_faults_are_counted_exactly(
     assert main(["audit", cfg.run_id, "--output-dir", cfg.output_dir, "--json"]) == 1
     offline = json.loads(capsys.readouterr().out)
     assert offline["violations"] == faulty.violations and offline["info"] == faulty.info
+
+    # A run moved aside by the next run of its run_id (runs/<id>.<time>), or copied under
+    # another name, is read from there under its own run_id (its name failed the run_id
+    # pattern before, and a copy looked for the topics of its directory's name).
+    import shutil
+
+    for name in (f"{cfg.run_id}.20261126-120000", "copied"):
+        moved = cfg.run_dir.parent / name
+        shutil.copytree(cfg.run_dir, moved)
+        assert main(["audit", str(moved), "--json"]) == 1
+        assert json.loads(capsys.readouterr().out)["violations"] == faulty.violations
+        assert main(["inspect", "steps", name, f"output_dir={cfg.output_dir}", "--json"]) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+        assert [r["step"] for r in rows][:STEPS] == list(range(1, STEPS + 1))  # and planted
