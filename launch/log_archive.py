@@ -403,7 +403,7 @@ def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> in
         {**producer_config(cfg.kafka, bootstrap), **client_callbacks(cfg.kafka, bootstrap)}
     )
     expected: dict[str, int] = {}
-    for (topic, partition), path in archived_partitions(directory).items():
+    for (topic, partition), path in _in_read_order(cfg, archived_partitions(directory)):
         if topic not in expected and count_records(cfg.kafka, bootstrap, topic):
             raise ArchiveError(f"{topic} is not empty: an archive is restored into a new broker")
         expected.setdefault(topic, 0)
@@ -436,6 +436,17 @@ def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> in
             raise ArchiveError(f"{topic}: restored {got} records, the archive holds {n}")
     restore_group_offsets(cfg, bootstrap, directory)
     return written
+
+
+def _in_read_order(
+    cfg: RunConfig, partitions: dict[tuple[str, int], Path]
+) -> list[tuple[tuple[str, int], Path]]:
+    """The archive's files in the audit's READ_ORDER (a live run's archive grows while it is
+    restored: what refers to a record is copied before it), other topics last."""
+    from asyncrl.ops.audit import READ_ORDER
+
+    rank = {cfg.topic(name): i for i, name in enumerate(READ_ORDER)}
+    return sorted(partitions.items(), key=lambda kv: (rank.get(kv[0][0], len(rank)), kv[0]))
 
 
 def restore_group_offsets(cfg: RunConfig, bootstrap: str, directory: Path) -> None:

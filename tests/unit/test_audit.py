@@ -370,3 +370,44 @@ def test_report_serializes():
     d = report.to_dict()
     assert d["ok"] is True and d["run_id"] == RUN and d["violations"]["lost_prompts"] == 0
     assert d["examples"] == {} and set(d["info"]) == set(INFO)
+
+
+def test_a_live_runs_topics_are_read_before_what_they_refer_to(tmp_path, monkeypatch):
+    """Read while the run writes, a sample read after its version's budget on control was
+    counted over budget (``asyncrl audit`` of a live run exited 1, clean once it finished):
+    steps, partials, samples and prompts are read before control, by the audit and by the
+    archive's restore."""
+    import asyncrl.kafka.records as records
+    from asyncrl.config import load_config
+    from asyncrl.launch.log_archive import _in_read_order
+    from asyncrl.ops.audit import READ_ORDER, read_run_log
+
+    cfg = load_config(overrides=["run_id=order"])
+    read: list[str] = []
+
+    def recording(cfg, bootstrap, name):
+        read.append(name)
+        return iter(())
+
+    monkeypatch.setattr(records, "read_records", recording)
+
+    class NoGroup:
+        def __init__(self, *a, **k): ...
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a): ...
+        def partitions(self, topic):
+            return []
+
+        def committed(self, parts):
+            return {}
+
+    import asyncrl.kafka as kafka
+
+    monkeypatch.setattr(kafka, "Reader", NoGroup)
+    read_run_log(cfg, "unused:9092")
+    assert read == list(READ_ORDER)
+    assert read.index("control") > max(read.index(t) for t in ("samples", "steps", "prompts"))
+    files = {(cfg.topic(t), 0): tmp_path / t for t in sorted(READ_ORDER)}  # alphabetical
+    assert [t for (t, _), _ in _in_read_order(cfg, files)] == [cfg.topic(t) for t in READ_ORDER]
