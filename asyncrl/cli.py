@@ -59,6 +59,14 @@ set ASYNCRL_DEBUG=1 for the Python traceback.
 """
 
 
+def _offset(text: str) -> int:
+    """An offset on the command line: a whole number, 0 or more."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an offset is 0 or more, not {value}")
+    return value
+
+
 def _config_args(p: argparse.ArgumentParser, reads_run: bool = False) -> None:
     """--config and overrides; the subcommand's --help ends with every config key (from the
     config models' docstrings, as docs/configuration.md). ``reads_run``: a command that reads
@@ -179,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(every sync's pause/transfer/load times); steps; dead-letter records with their errors.",
     )
     p.add_argument("topic", choices=["samples", "partials", "control", "steps", "dead-letter"])
-    p.add_argument("--from", dest="start", type=int, default=0, help="first offset (default 0)")
-    p.add_argument("--to", dest="end", type=int, default=None, help="stop before this offset")
+    p.add_argument("--from", dest="start", type=_offset, default=0, help="first offset (default 0)")
+    p.add_argument("--to", dest="end", type=_offset, default=None, help="stop before this offset")
     p.add_argument(
         "--since",
         help="records at or after this time: ISO 8601 (UTC unless it names a zone), a time of "
@@ -228,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=["step", "topic"], help="what to replay")
     p.add_argument("target", help="step: the step number (1-based); topic: samples or partials")
     p.add_argument("--to-run", help="topic: the run_id whose topic receives the records")
-    p.add_argument("--from", dest="start", type=int, default=0, help="topic: first offset")
-    p.add_argument("--to", dest="end", type=int, default=None, help="topic: stop before offset")
+    p.add_argument("--from", dest="start", type=_offset, default=0, help="topic: first offset")
+    p.add_argument("--to", dest="end", type=_offset, default=None, help="topic: stop before offset")
     p.add_argument(
         "--since",
         help="topic: records at or after this time (ISO 8601, HH:MM:SS in UTC, or epoch ms)",
@@ -421,6 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `asyncrl inspect ... --json | head`: the reader has had enough
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit would fail again
+        return 141  # 128 + SIGPIPE, as a shell reports it
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:

@@ -211,3 +211,33 @@ def test_a_run_that_never_started_is_said_so(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["audit", "early", "--output-dir", str(tmp_path)])
     assert "run 'early' never got past its start-up" in str(exc.value)
+
+
+def test_a_negative_offset_is_a_usage_error_not_a_traceback():
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "inspect", "steps", "demo", "--from", "-5"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "an offset is 0 or more, not -5" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_output_cut_short_by_a_pipe_ends_quietly():
+    """``asyncrl inspect samples RUN --json | head -2`` ended in a BrokenPipeError traceback."""
+    code = (
+        "import sys, asyncrl.cli as cli\n"
+        "def endless(args):\n"
+        "    while True:\n"
+        '        print(\'{"sample_id": "x"}\')\n'
+        "cli.COMMANDS['inspect'] = endless\n"
+        "sys.exit(cli.main(['inspect', 'samples', 'demo', '--json']))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdout.readline()  # head -1
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err
