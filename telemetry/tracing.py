@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
+import socket
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -54,6 +57,8 @@ __all__ = [
 TRACER_NAME = "asyncrl"
 MESSAGING_SYSTEM = "kafka"
 TRACE_HEADERS = ("traceparent", "tracestate")
+
+log = logging.getLogger(__name__)
 
 _provider: Any = None  # the SDK TracerProvider this process installed, if any
 _NOOP = trace.NoOpTracer()
@@ -97,6 +102,14 @@ def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
     with _lock:
         if _provider is not None:
             return True
+        if exporter is None and (missing := _missing_collector(cfg)) is not None:
+            log.warning(
+                "tracing is off: no OTLP collector answers at %s (start one, such as Jaeger: "
+                "docs/observability.md; or tracing.exporter=file). Exporting to it would "
+                "have retried for ~30 s at the end of each process",
+                missing,
+            )
+            return False
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -114,6 +127,33 @@ def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
         _provider = provider
         atexit.register(shutdown_tracing)
     return True
+
+
+def _missing_collector(cfg: RunConfig) -> str | None:
+    """The OTLP endpoint, where the exporter is OTLP and nothing accepts a connection there;
+    else None."""
+    env = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if (env if env not in ("", "none") else cfg.tracing.exporter) != "otlp":
+        return None
+    grpc = (
+        os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        )
+        == "grpc"
+    )
+    endpoint = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+    ) or ("http://localhost:4317" if grpc else "http://localhost:4318")
+    url = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")
+    host = url.hostname or "localhost"
+    port = url.port or (443 if url.scheme == "https" else 4317 if grpc else 4318)
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+    except OSError:
+        return endpoint
+    return None
 
 
 def _exporter(cfg: RunConfig, service: str):

@@ -1,0 +1,41 @@
+"""Tracing to an OTLP collector that is not there turns itself off with one warning: a
+10-second demo run took 74 s, its exporters retrying localhost:4318 at each process's end."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from asyncrl.config import load_config
+from asyncrl.telemetry import tracing
+
+
+@pytest.fixture
+def cfg():
+    return load_config(overrides=["tracing.enabled=true"])
+
+
+def test_no_collector_at_the_endpoint_turns_tracing_off_with_a_warning(cfg, monkeypatch, caplog):
+    with socket.socket() as probe:  # a port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    with caplog.at_level(logging.WARNING, logger="asyncrl.telemetry.tracing"):
+        assert tracing.init_tracing(cfg, "test") is False
+    assert f"no OTLP collector answers at http://127.0.0.1:{port}" in caplog.text
+    assert tracing._provider is None
+
+
+def test_a_listening_collector_or_another_exporter_is_not_questioned(cfg, monkeypatch):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"127.0.0.1:{server.getsockname()[1]}")
+        assert tracing._missing_collector(cfg) is None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+    assert tracing._missing_collector(cfg) == "http://127.0.0.1:1"
+    file_cfg = load_config(overrides=["tracing.enabled=true", "tracing.exporter=file"])
+    assert tracing._missing_collector(file_cfg) is None
