@@ -236,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=["step", "topic"], help="what to replay")
     p.add_argument("target", help="step: the step number (1-based); topic: samples or partials")
     p.add_argument("--to-run", help="topic: the run_id whose topic receives the records")
+    p.add_argument(
+        "--to-bootstrap",
+        metavar="HOST:PORT",
+        help="topic: the broker of the --to-run run (default: the source run's; needed when "
+        "the source is read from its archive, as an `asyncrl run` with its embedded broker is)",
+    )
     p.add_argument("--from", dest="start", type=_offset, default=0, help="topic: first offset")
     p.add_argument("--to", dest="end", type=_offset, default=None, help="topic: stop before offset")
     p.add_argument(

@@ -358,8 +358,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
             with _log_broker(cfg, args, "replay") as bootstrap:
                 replay_step(cfg, bootstrap, int(args.target), Console())
         else:
-            # writes to a live run's topic: its broker, up
-            bootstrap = _reading_bootstrap(cfg, "replay topic", named=True)
             if not args.to_run:
                 raise ReplayError("replay topic needs --to-run RUN_ID")
             versions = None
@@ -371,10 +369,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 since, until = _time_range(args)
             except ValueError as err:
                 raise ReplayError(str(err)) from None
-            replay_topic(
-                cfg, bootstrap, args.target, args.to_run, Console(), args.start, args.end,
-                versions, ids, since, until,
-            )  # fmt: skip
+            # From the run's log (its archive, or its broker); into the target run's broker:
+            # --to-bootstrap, else the source's, which must then be up
+            with _log_broker(cfg, args, "replay topic") as bootstrap:
+                target = args.to_bootstrap
+                if target is None and bootstrap != cfg.kafka.bootstrap_servers:
+                    raise ReplayError(
+                        f"{cfg.run_id} is read from its archive ({bootstrap}, a broker that "
+                        "ends with this command): name the broker of run "
+                        f"{args.to_run} with --to-bootstrap HOST:PORT"
+                    )
+                replay_topic(
+                    cfg, bootstrap, args.target, args.to_run, Console(), args.start, args.end,
+                    versions, ids, since, until, target,
+                )  # fmt: skip
     except ReplayError as err:
         print(f"asyncrl replay: {err}", file=sys.stderr)
         return 1

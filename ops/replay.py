@@ -156,8 +156,11 @@ def replay_topic(
     sample_ids: set[str] | None = None,
     since_ms: int | None = None,
     until_ms: int | None = None,
+    target_bootstrap: str | None = None,
 ) -> int:
-    """Re-publish a selection of ``samples`` or ``partials`` into run ``target_run_id``'s topic.
+    """Re-publish a selection of ``samples`` or ``partials`` into run ``target_run_id``'s topic
+    (on ``target_bootstrap``, default the source's broker: a run's archive is served by a
+    throwaway broker, and the target run lives on a broker of its own).
 
     The records keep their key, bytes and headers, in offset order, so a trainer of the target
     run is fed the recorded stream: an off-policy re-training from the log. Selection: offsets
@@ -170,13 +173,14 @@ def replay_topic(
 
     if name not in ("samples", "partials"):
         raise ReplayError(f"replay topic takes samples or partials, not {name!r}")
-    if target_run_id == cfg.run_id:
-        raise ReplayError("the target run must differ from the source run")
     target = cfg.model_copy(update={"run_id": target_run_id})
-    create_run_topics(target, bootstrap)
+    target_bootstrap = target_bootstrap or bootstrap
+    if target_run_id == cfg.run_id and target_bootstrap == bootstrap:
+        raise ReplayError("the target run must differ from the source run")
+    create_run_topics(target, target_bootstrap)
     filtered = versions is not None or sample_ids is not None
     published = 0
-    with Publisher(cfg.kafka, bootstrap) as pub:
+    with Publisher(cfg.kafka, target_bootstrap) as pub:
         records = read_records(
             cfg, bootstrap, name, start, end, since_ms=since_ms, until_ms=until_ms
         )

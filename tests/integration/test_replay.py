@@ -96,6 +96,20 @@ def test_topic_replay_delivers_exactly_the_selected_records_in_order(make_run_cf
         r.value.sample_id for r in source if r.value.param_version == newest
     ]
 
+    # From the run's archive (an `asyncrl run` whose broker ended with it) into a run on a
+    # broker of its own: the source's broker was the only one before, and it was gone.
+    from asyncrl.cli import main
+    from asyncrl.launch.log_archive import Archiver
+
+    Archiver(cfg, bootstrap).start().stop()
+    command = ["replay", "topic", "samples", cfg.run_id, f"output_dir={cfg.output_dir}"]
+    assert main([*command, "--to-run", "elsewhere"]) == 1  # names --to-bootstrap
+    elsewhere = cfg.model_copy(update={"run_id": f"{cfg.run_id}-elsewhere"})
+    assert main([*command, "--to-run", elsewhere.run_id, "--to-bootstrap", bootstrap]) == 0
+    assert [r.value.sample_id for r in read_topic(elsewhere, "samples")] == [
+        r.value.sample_id for r in source
+    ]
+
 
 def test_step_replay_is_exact_with_every_offpolicy_option_on(make_run_cfg, quick_policy, tmp_path):
     """Issue 17, point 5: decoupled PPO (proximal log-probs, token weights), rejection,
