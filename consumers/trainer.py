@@ -328,6 +328,11 @@ class Trainer:
             timing = {"gen": gen_s, "update_actor": t_end - t_update, "step": t_end - t_step}
             measured = evaluation.after_step(self.step, self.model, metrics)
             rollout_side = self.stats.validated(self.coordinator.validations, metrics)
+            if self.step == 1:  # where the run started, in its first row: a killed run has
+                # no summary, and `asyncrl report` reads it there
+                for key in ("val/accuracy_initial", "val/tool_use_initial"):
+                    if key in self.history:
+                        metrics[key] = self.history[key]
             accuracy = next((a for a in (rollout_side, measured) if a is not None), accuracy)
             synced = self.step % at.trigger_parameter_sync_step == 0
             if synced:

@@ -344,7 +344,7 @@ def _markdown(
         ("steps", last["step"]),
         *([("launches (resumed after a kill)", launches)] if launches > 1 else []),
         ("weight version", last["version"]),
-        ("finished because", summary.get("reason", "(still running)")),
+        ("finished because", summary.get("reason", "(not finished: still running, or stopped)")),
         ("held-out accuracy, start -> end", _acc(summary, rows)),
         ("wall time", f"{last['perf/elapsed_s']:.1f} s"),
         ("samples/s (whole run)", f"{last['perf/samples_per_s']:.2f}"),
@@ -381,6 +381,8 @@ def _markdown(
 def _acc(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     evals = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
     start = summary.get("val/accuracy_initial")
+    if start is None:  # no summary (a run still going, or killed): its first step row has it
+        start = next((r["val/accuracy_initial"] for r in rows if "val/accuracy_initial" in r), None)
     end = summary.get("val/accuracy", evals[-1] if evals else None)
     if start is None and end is None:
         return "not evaluated"

@@ -152,3 +152,15 @@ def test_a_run_resumed_after_a_kill_reads_as_one_run(tmp_path):
     assert "| wall time | 4.0 s |" in md and "| samples trained | 32 |" in md
     assert "| syncs | 3 |" in md  # the summary's 1 is the last launch's alone
     assert "| trainer idle ratio, mean of windows | 0.50 |" in md  # the gap's NaN left out
+
+
+def test_a_run_without_its_summary_still_states_its_start_accuracy(tmp_path):
+    """A run killed (or still going) has no summary row: the start accuracy read '-', and
+    'still running' was said of a run that had been killed."""
+    run = _run_dir(tmp_path)
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()[:-1]]
+    rows[0]["val/accuracy_initial"] = 0.4  # the first step row carries it (no summary row)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = write_report(run).read_text()
+    assert "| held-out accuracy, start -> end | 0.400 -> 0.600 |" in md
+    assert "| finished because | (not finished: still running, or stopped) |" in md

@@ -288,6 +288,7 @@ def test_rollout_side_evaluations_reach_the_step_rows_and_stop_the_run_at_the_ta
 
     (step,) = [decode_step(r.value, r.headers) for r in broker.topics[cfg.topic("steps")]]
     assert step.metrics["val/accuracy"] == 0.85 and step.metrics["val/version"] == 1.0
+    assert step.metrics["val/accuracy_initial"] == 0.4  # a killed run's report reads it here
     assert summary["reason"] == "target accuracy 0.80 reached" and summary["step"] == 1
     assert summary["val/accuracy_initial"] == 0.4 and summary["val/accuracy"] == 0.85
 
