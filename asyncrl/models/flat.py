@@ -12,7 +12,7 @@ place move into a shared file of their own, tensor by tensor (``sync.direct``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -58,7 +58,7 @@ def flat_copies(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {name: packed[id(t)] for name, t in tensors.items()}
 
 
-def _packed(tensors: list[Tensor]) -> list[Tensor]:
+def _packed(tensors: Sequence[Tensor]) -> list[Tensor]:
     """Each tensor copied into one new buffer per (device, dtype), in order, each start
     aligned to ``ALIGN_ELEMENTS``."""
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
