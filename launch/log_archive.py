@@ -443,7 +443,7 @@ def _in_read_order(
 ) -> list[tuple[tuple[str, int], Path]]:
     """The archive's files in the audit's READ_ORDER (a live run's archive grows while it is
     restored: what refers to a record is copied before it), other topics last."""
-    from asyncrl.ops.audit import READ_ORDER
+    from asyncrl.kafka.topics import READ_ORDER
 
     rank = {cfg.topic(name): i for i, name in enumerate(READ_ORDER)}
     return sorted(partitions.items(), key=lambda kv: (rank.get(kv[0][0], len(rank)), kv[0]))

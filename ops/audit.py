@@ -451,13 +451,6 @@ class AuditError(RuntimeError):
     """The log could not be read (no such run on this broker, a broker that does not answer)."""
 
 
-READ_ORDER = ("steps", "partials", "samples", "prompts", "control", "dead-letter")
-"""The order a live run's topics are read in: a step names the samples it trained, a sample
-its partial segments and its prompt, and a sample's version is within a budget the control
-topic granted before it. Read the other way, topic by topic while the run writes, the log
-showed a sample whose version's budget was not there yet: a violation that is not one."""
-
-
 def read_run_log(cfg: RunConfig, bootstrap: str) -> RunLog:
     """Read every topic of ``cfg``'s run from its start to its current end, and the rollout
     group's committed offsets. A record that does not decode is counted, not fatal."""
@@ -490,8 +483,8 @@ def read_run_log(cfg: RunConfig, bootstrap: str) -> RunLog:
                 log.undecodable[name] = log.undecodable.get(name, 0) + 1
         return out
 
-    # READ_ORDER: what refers to a record is read before it, so a live run's log, read
-    # topic by topic while it grows, holds everything its records refer to.
+    # kafka.topics.READ_ORDER: what refers to a record is read before it, so a live run's
+    # log, read topic by topic while it grows, holds everything its records refer to.
     log.steps = [s for _, s in read("steps", decode_step)]
     log.partials = [p for _, p in read("partials", decode_partial)]
     log.samples = [s for _, s in read("samples", decode_sample)]

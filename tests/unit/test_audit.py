@@ -379,8 +379,9 @@ def test_a_live_runs_topics_are_read_before_what_they_refer_to(tmp_path, monkeyp
     archive's restore."""
     import asyncrl.kafka.records as records
     from asyncrl.config import load_config
+    from asyncrl.kafka.topics import READ_ORDER
     from asyncrl.launch.log_archive import _in_read_order
-    from asyncrl.ops.audit import READ_ORDER, read_run_log
+    from asyncrl.ops.audit import read_run_log
 
     cfg = load_config(overrides=["run_id=order"])
     read: list[str] = []
