@@ -268,6 +268,13 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     worker = RolloutWorker(cfg, args.worker_id, bootstrap)
     # SIGTERM (docker stop, Ray, kill): leave cleanly; unfinished prompts go back to the group.
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+
+    def interrupted(*_: object) -> None:
+        """Ctrl-C: leave as SIGTERM does (WorkerStopped said 'error'); a second one at once."""
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        worker.stop()
+
+    signal.signal(signal.SIGINT, interrupted)
     produced = worker.run()
     before = worker.produced_before
     logging.getLogger("asyncrl.rollout").info(

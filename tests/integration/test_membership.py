@@ -35,9 +35,11 @@ SETTINGS = [
 ]
 
 
-def _add_then_remove(cfg, stop: threading.Event, out: dict, pids: dict[str, int]) -> None:
+def _add_then_remove(
+    cfg, stop: threading.Event, out: dict, pids: dict[str, int], how: signal.Signals
+) -> None:
     """At step 2 start worker 2 (a new id) by hand, as a user would; once it has published a
-    sample, SIGTERM worker 1."""
+    sample, stop worker 1 with ``how`` (SIGTERM, or SIGINT: Ctrl-C)."""
     config_path = cfg.run_dir / "config.yaml"
     while not config_path.exists() and not stop.is_set():
         time.sleep(0.1)
@@ -58,7 +60,7 @@ def _add_then_remove(cfg, stop: threading.Event, out: dict, pids: dict[str, int]
                     )
             for rec in samples.poll(0.1):
                 if rec.headers.get("asyncrl-worker") == b"2" and "removed" not in out:
-                    os.kill(pids["rollout-1"], signal.SIGTERM)  # from the launcher
+                    os.kill(pids["rollout-1"], how)  # its pid from the launcher
                     out["removed"] = rec.offset
             if "removed" in out:
                 return
@@ -85,7 +87,11 @@ def test_a_worker_is_added_and_one_removed_mid_run(make_run_cfg, quick_policy, m
     cfg = make_run_cfg(*quick_policy, *SETTINGS, *MODES[mode])
     assert cfg.async_training.mode == mode
     stop, out, pids = threading.Event(), {}, {}
-    helper = threading.Thread(target=_add_then_remove, args=(cfg, stop, out, pids), daemon=True)
+    # Mode (a)'s worker 1 gets SIGTERM, mode (d)'s a Ctrl-C (WorkerStopped said 'error' then)
+    how = signal.SIGTERM if mode == "a" else signal.SIGINT
+    helper = threading.Thread(
+        target=_add_then_remove, args=(cfg, stop, out, pids, how), daemon=True
+    )
     helper.start()
     try:
         summary = run(cfg, Console(file=io.StringIO(), width=160), on_spawn=pids.__setitem__)
