@@ -45,21 +45,29 @@ def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) ->
                 return
 
 
-def _run_killing_the_trainer(cfg, at_step: int) -> tuple[dict, float]:
-    """``asyncrl run``'s job with the trainer SIGKILLed at ``at_step``; (the summary, when it
-    was killed), once ``asyncrl run`` has said it restarts it."""
+def _run_with_fault(cfg, fault, *args, join_s: float = 30) -> tuple[dict, dict, str]:
+    """``asyncrl run``'s job with ``fault(cfg, pids, *args, record)`` on a thread beside it
+    (the pids of the processes the launcher spawns, a dict it records in); (the summary,
+    that record, what the launcher printed)."""
     pids: dict[str, int] = {}
-    killed: dict = {}
-    killer = threading.Thread(target=_kill_when, args=(cfg, pids, "trainer", at_step, killed))
-    killer.start()
+    record: dict = {}
+    thread = threading.Thread(target=fault, args=(cfg, pids, *args, record))
+    thread.start()
     out = io.StringIO()
     try:
         summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
     finally:
-        killer.join(30)
+        thread.join(join_s)
+    return summary, record, out.getvalue()
+
+
+def _run_killing_the_trainer(cfg, at_step: int) -> tuple[dict, float]:
+    """``asyncrl run``'s job with the trainer SIGKILLed at ``at_step``; (the summary, when it
+    was killed), once ``asyncrl run`` has said it restarts it."""
+    summary, killed, out = _run_with_fault(cfg, _kill_when, "trainer", at_step)
     assert killed, "the trainer was never killed"
-    assert "trainer exited with code -9; restarting it" in out.getvalue()
-    assert "run summary (since the trainer's last start" in out.getvalue()
+    assert "trainer exited with code -9; restarting it" in out
+    assert "run summary (since the trainer's last start" in out
     return summary, killed["killed_at"]
 
 
@@ -141,14 +149,7 @@ def test_a_killed_worker_of_a_dynamic_sampling_run_counts_its_filtered_groups_fr
         "sync.timeout_s=60",
         parity_reward(tmp_path),
     )
-    pids: dict[str, int] = {}
-    killed: dict = {}
-    killer = threading.Thread(target=_kill_when, args=(cfg, pids, "rollout-0", 3, killed))
-    killer.start()
-    try:
-        summary = run(cfg, Console(file=io.StringIO(), width=200), on_spawn=pids.__setitem__)
-    finally:
-        killer.join(30)
+    summary, killed, _ = _run_with_fault(cfg, _kill_when, "rollout-0", 3)
     assert killed, "the worker was never killed"
     assert summary["step"] == steps and summary["restarts"] == {"rollout-0": 1}
 
@@ -412,18 +413,10 @@ def test_a_broker_stalled_for_15_s_costs_time_not_work(make_run_cfg, quick_polic
         create_topics=False,
     )
     cfg.kafka.bootstrap_servers = None  # the launcher's own broker, so the test may stop it
-    pids: dict[str, int] = {}
-    stalled: dict = {}
-    staller = threading.Thread(target=_stall_broker_at, args=(cfg, pids, 2, 15.0, stalled))
-    staller.start()
-    out = io.StringIO()
-    try:
-        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
-    finally:
-        staller.join(60)
+    summary, stalled, out = _run_with_fault(cfg, _stall_broker_at, 2, 15.0, join_s=60)
     assert stalled.get("resumed_at"), "the broker was never stalled"
     assert summary["step"] == steps
-    assert "restarting" not in out.getvalue()  # nobody died of the stall
+    assert "restarting" not in out  # nobody died of the stall
     with offline_broker(cfg) as bootstrap:
         cfg.kafka.bootstrap_servers = bootstrap
         check_log_invariants(cfg)
