@@ -158,18 +158,14 @@ def _no_such_run(cfg) -> str:
 def _closed_loopback(bootstrap: str) -> str | None:
     """``bootstrap`` when every address in it is on loopback and refuses a connection; None
     otherwise (one answers, or a remote broker may be slow, not gone)."""
-    import socket
+    from asyncrl.kafka.health import accepts_connection
 
     addresses = [a.strip().rpartition(":") for a in bootstrap.split(",") if a.strip()]
     if not addresses or any(h not in ("127.0.0.1", "localhost", "::1") for h, _, _ in addresses):
         return None
     for host, _, port in addresses:
-        if not port.isdigit():
+        if not port.isdigit() or accepts_connection(host, int(port), 1.0):
             return None
-        with socket.socket(socket.AF_INET6 if host == "::1" else socket.AF_INET) as sock:
-            sock.settimeout(1.0)
-            if sock.connect_ex((host, int(port))) == 0:
-                return None
     return ",".join(f"{h}:{p}" for h, _, p in addresses)
 
 

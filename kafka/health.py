@@ -4,6 +4,7 @@ BrokerUnavailable once no broker has answered for ``kafka.broker_down_timeout_s`
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -191,6 +192,16 @@ class _BrokerHealth:
             self.down_since = None
             return
         raise BrokerUnavailable(self.bootstrap, time.monotonic() - since, self.last_error)
+
+
+def accepts_connection(host: str, port: int, timeout_s: float) -> bool:
+    """Whether ``host:port`` accepts a TCP connection within ``timeout_s`` (a broker's, or a
+    collector's, port is open: cheaper than a protocol request, and all a "gone?" needs)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def _metadata_answers(client: Producer | Consumer, timeout: float) -> bool:

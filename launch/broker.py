@@ -62,9 +62,9 @@ def free_port() -> int:
 
 
 def _port_open(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+    from asyncrl.kafka.health import accepts_connection
+
+    return accepts_connection("127.0.0.1", port, 0.2)
 
 
 def _answers_metadata(bootstrap: str) -> bool:

@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import logging
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -27,6 +26,7 @@ from rich.live import Live
 
 from asyncrl.config import RunConfig
 from asyncrl.kafka import Record
+from asyncrl.kafka.health import accepts_connection
 from asyncrl.ops.monitor_stats import RunMonitor, feed
 
 GONE_IDLE_S = 3.0
@@ -97,7 +97,6 @@ def read(
             asyncio.ensure_future(worker.stop())  # from a timer: inside the agent it deadlocks
 
     stopped = threading.Event()
-    excepthook = threading.excepthook
     watch = threading.Thread(
         target=_watch_broker,
         args=(bootstrap, state, stopped, live, cfg.run_id),
@@ -110,8 +109,6 @@ def read(
             worker.execute_from_commandline()
         finally:
             stopped.set()
-            threading.excepthook = excepthook  # the loggers stay quiet: the loop's tasks are
-            # reported as destroyed when it is collected, after this returns
     from faust.utils.terminal.spinners import Spinner
 
     atexit.unregister(Spinner._finish)  # faust's spinner would write to a closed stdout at exit
@@ -122,7 +119,7 @@ NOISY = ("faust", "mode", "aiokafka", "asyncio")
 
 
 def _quiet() -> None:
-    """Silence faust's loggers and its threads' tracebacks (once the run is over)."""
+    """Silence faust's loggers and its threads' tracebacks (the process is about to end)."""
     for name in NOISY:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     threading.excepthook = lambda args: None
@@ -151,11 +148,7 @@ def _watch_broker(
 def _reachable(bootstrap: str, timeout_s: float = 0.5) -> bool:
     """Whether the first bootstrap address accepts a connection."""
     host, _, port = bootstrap.split(",")[0].rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout_s).close()
-    except (OSError, ValueError):
-        return False
-    return True
+    return port.isdigit() and accepts_connection(host, int(port), timeout_s)
 
 
 def _record(msg: Any) -> Record[bytes | None]:
