@@ -25,7 +25,6 @@ import atexit
 import json
 import logging
 import os
-import socket
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -132,16 +131,11 @@ def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
 def _missing_collector(cfg: RunConfig) -> str | None:
     """The OTLP endpoint, where the exporter is OTLP and nothing accepts a connection there;
     else None."""
-    env = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if (env if env not in ("", "none") else cfg.tracing.exporter) != "otlp":
+    from asyncrl.kafka.health import accepts_connection
+
+    if _exporter_kind(cfg) != "otlp":
         return None
-    grpc = (
-        os.environ.get(
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-            os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-        )
-        == "grpc"
-    )
+    grpc = _otlp_protocol() == "grpc"
     endpoint = os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
@@ -149,16 +143,25 @@ def _missing_collector(cfg: RunConfig) -> str | None:
     url = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")
     host = url.hostname or "localhost"
     port = url.port or (443 if url.scheme == "https" else 4317 if grpc else 4318)
-    try:
-        socket.create_connection((host, port), timeout=1.0).close()
-    except OSError:
-        return endpoint
-    return None
+    return None if accepts_connection(host, port, 1.0) else endpoint
+
+
+def _exporter_kind(cfg: RunConfig) -> str:
+    """OTEL_TRACES_EXPORTER where set (and not none), else ``tracing.exporter``."""
+    env = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    return env if env not in ("", "none") else cfg.tracing.exporter
+
+
+def _otlp_protocol() -> str:
+    """The OTLP exporter's protocol, as the SDK reads it (http/protobuf by default)."""
+    return os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+    )
 
 
 def _exporter(cfg: RunConfig, service: str):
-    env = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    kind = env if env not in ("", "none") else cfg.tracing.exporter
+    kind = _exporter_kind(cfg)
     if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -167,11 +170,7 @@ def _exporter(cfg: RunConfig, service: str):
         return JsonLinesSpanExporter(cfg.run_dir / "traces" / f"{service}.jsonl")
     if kind != "otlp":
         raise ValueError(f"tracing.exporter / OTEL_TRACES_EXPORTER: unknown exporter {kind!r}")
-    protocol = os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-        os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-    )
-    if protocol == "grpc":
+    if _otlp_protocol() == "grpc":
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError as err:
