@@ -16,6 +16,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from asyncrl.config import ConfigError, RunConfig
 
@@ -34,11 +35,15 @@ class Check:
         return f"{mark} {self.key}: {self.detail}"
 
 
-def _tool_config(cfg: RunConfig) -> Check:
+def _tool_checks(cfg: RunConfig) -> list[Check]:
+    """The tool config loads; with multi-turn on, the policy's tokenizer can also end a tool
+    call in ``multi_turn.format`` (the compact format stops at a ``]`` token, which the
+    arithmetic task's tokenizer lacks: the roles would fail at start-up, again at each
+    restart). A model that does not load is reported by its own check."""
     key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable and mt.tool_config_path is None:
-        return Check(key, True, "unused (multi_turn.enable=false)")
+        return [Check(key, True, "unused (multi_turn.enable=false)")]
     from asyncrl.producers.agent.factory import shipped_tools_path
     from asyncrl.producers.tools.registry import ToolConfigError, load_tools
 
@@ -46,39 +51,33 @@ def _tool_config(cfg: RunConfig) -> Check:
     try:
         tools = load_tools(path)
     except ToolConfigError as err:
-        return Check(key, False, f"{path}: {err}")
-    return Check(key, True, f"{path}: tools {', '.join(sorted(tools))}")
+        return [Check(key, False, f"{path}: {err}")]
+    checks = [Check(key, True, f"{path}: tools {', '.join(sorted(tools))}")]
+    if mt.enable:
+        checks += _tool_call_format(cfg, tools)
+    return checks
 
 
-def _tool_call_format(cfg: RunConfig) -> Check | None:
-    """Whether the policy's tokenizer can end a tool call in ``multi_turn.format`` (the
-    compact format stops at a ``]`` token, which the arithmetic task's tokenizer lacks: the
-    roles would fail at start-up, again at each restart). None where multi-turn is off or the
-    tools or the model are reported by their own checks."""
-    mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if not mt.enable:
-        return None
+def _tool_call_format(cfg: RunConfig, tools: dict[str, Any]) -> list[Check]:
     from asyncrl.models.policy import load_tokenizer
-    from asyncrl.producers.agent.factory import shipped_tools_path
     from asyncrl.producers.agent.loop import stop_token_ids
     from asyncrl.producers.agent.parser import make_parser
-    from asyncrl.producers.tools.registry import load_tools
 
     key = "actor_rollout_ref.rollout.multi_turn.format"
+    fmt = cfg.actor_rollout_ref.rollout.multi_turn.format
     try:
-        tools = load_tools(Path(mt.tool_config_path or shipped_tools_path()))
         tokenizer = load_tokenizer(cfg)
-    except Exception:  # a bad tool config or model: their own checks say so
-        return None
+    except Exception:  # a bad model: its own check says so
+        return []
     try:
-        stop_token_ids(tokenizer, make_parser(mt.format, tools))
+        stop_token_ids(tokenizer, make_parser(fmt, tools))
     except ValueError as err:
         if cfg.actor_rollout_ref.model.path:
             whose = f"{cfg.actor_rollout_ref.model.path}'s tokenizer"
         else:  # the built-in tokenizers are the tasks' characters
             whose = f"data.task={cfg.data.task}'s tokenizer; data.task=calculator has the tokens"
-        return Check(key, False, f"{mt.format}: {err} ({whose})")
-    return Check(key, True, f"{mt.format}: the tokenizer ends a tool call")
+        return [Check(key, False, f"{fmt}: {err} ({whose})")]
+    return [Check(key, True, f"{fmt}: the tokenizer ends a tool call")]
 
 
 def _cuda(cfg: RunConfig, role: str, here: bool) -> list[Check]:
@@ -205,9 +204,7 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     here = role != "run" or cfg.launcher == "local"  # this process starts the one that needs it
-    checks = [_tool_config(cfg), _model_path(cfg)]
-    if (tool_format := _tool_call_format(cfg)) is not None:
-        checks.append(tool_format)
+    checks = [*_tool_checks(cfg), _model_path(cfg)]
     checks.append(_reward_function(cfg, here))
     if role != "rollout":
         checks += _data_files(cfg, rows)
