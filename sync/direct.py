@@ -57,10 +57,10 @@ def fingerprint(tensors: list[Tensor]) -> tuple:
 
 def placement(tensors: list[Tensor]) -> tuple:
     """Where each tensor's elements start and how many there are: what a transfer's cached
-    plan depends on at each sync, at a third of ``fingerprint``'s cost (~0.1 ms of a 0.5B
-    handoff's ~1.1 ms on an H200). A tensor that moves or is resized changes it; one
-    reshaped or recast in place at the same address does not (a model's weights never are:
-    ``.to`` and ``flatten_parameters`` allocate anew)."""
+    plan depends on at each sync, at about half ``fingerprint``'s cost (41 against 89 us
+    for a 0.5B model's 290 tensors on the 2-core machine). A tensor that moves or is resized
+    changes it; one reshaped or recast in place at the same address does not (a model's
+    weights never are: ``.to`` and ``flatten_parameters`` allocate anew)."""
     return (
         tuple(map(Tensor.data_ptr, tensors)),
         tuple(map(Tensor.numel, tensors)),
