@@ -260,6 +260,72 @@ def test_the_on_device_format_of_cast_weights_is_the_cast_copys() -> None:
     assert weights_checksum(trainer).startswith("sha256-tree:")  # weights on a CPU: sha256
 
 
+def _flat_twin(model: nn.Module, device: str = "cpu") -> nn.Module:
+    """A copy of a ``Tied`` on ``device``, flat (``asyncrl.models.flat``)."""
+    from asyncrl.models.flat import flatten_parameters
+
+    twin = Tied()
+    twin.load_state_dict(model.state_dict())
+    twin.to(device)
+    assert flatten_parameters(twin) == 2  # one float32 buffer, one bf16
+    return twin
+
+
+def test_a_flat_models_word_sums_are_taken_by_segments_to_the_same_digest(monkeypatch) -> None:
+    """On a GPU the tensors of one flat buffer are summed as its segments (a few kernels per
+    piece of the buffer, not per tensor): the digest is the tensor-by-tensor one, at any piece
+    size and cast, every word of a tensor counts, and the alignment gaps between them do not."""
+    from asyncrl.sync import checksum
+
+    monkeypatch.setattr(checksum, "SEGMENTS", {"cpu": True, "cuda": True})
+    segmented: list[int] = []
+    real = checksum._segment_word_sums
+    monkeypatch.setattr(
+        checksum, "_segment_word_sums", lambda v, d: (segmented.append(len(v)), real(v, d))[1]
+    )
+    apart = Tied()
+    _randomize(apart, 11)
+    flat = _flat_twin(apart)
+    wanted = {d: weights_checksum(apart, like="wsum64:", dtype=d) for d in (None, torch.bfloat16)}
+    assert segmented == []  # apart: each tensor its own storage
+    for piece in (5, 16, 17, 1 << 18):  # inside a tensor, at the alignment, across gaps
+        monkeypatch.setattr(checksum, "PIECE", {"cpu": piece, "cuda": piece})
+        for dtype, digest in wanted.items():
+            assert weights_checksum(flat, like="wsum64:", dtype=dtype) == digest, (piece, dtype)
+    assert segmented and set(segmented) == {2, 3}  # float32: embed, body.{weight,bias}
+    buffer = flat.body.weight.untyped_storage()
+    words = torch.empty(0, dtype=torch.int32).set_(buffer)  # the whole float32 buffer
+    tensors = (flat.embed.weight, flat.body.weight, flat.body.bias)
+    firsts = [t.storage_offset() for t in tensors]
+    lasts = [t.storage_offset() + t.numel() - 1 for t in tensors]
+    gap = lasts[0] + 1  # embed's 88 words, then a gap up to the next multiple of 16
+    assert gap < firsts[1] and lasts[-1] < words.numel() - 1
+    for i in firsts + lasts:
+        words[i] ^= 1
+        assert weights_checksum(flat, like="wsum64:") != wanted[None], i
+        words[i] ^= 1
+    words[gap] ^= 1  # nobody's words
+    words[-1] ^= 1
+    assert weights_checksum(flat, like="wsum64:") == wanted[None]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_flat_models_checksum_is_its_tensor_by_tensor_one(monkeypatch) -> None:
+    """Where it counts: a flat model on a GPU, its segments summed there."""
+    from asyncrl.sync import checksum
+
+    cpu = Tied()
+    _randomize(cpu, 13)
+    flat = _flat_twin(cpu, "cuda")
+    segmented = {d: weights_checksum(flat, dtype=d) for d in (None, torch.bfloat16)}
+    monkeypatch.setattr(checksum, "SEGMENTS", {"cuda": False})
+    for dtype, digest in segmented.items():
+        assert digest.startswith("wsum64:")
+        assert weights_checksum(flat, dtype=dtype) == digest  # tensor by tensor there
+        assert weights_checksum(cpu, like=digest, dtype=dtype) == digest
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_the_checksum_is_computed_there_and_a_cpu_agrees() -> None:
