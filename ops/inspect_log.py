@@ -8,6 +8,7 @@ here, so a message that fails to decode is shown with its error instead of stopp
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -64,16 +65,31 @@ def _ts(ms: int) -> str:
 
 
 def _consumed_at(cfg: RunConfig, bootstrap: str) -> dict[str, tuple[int, int]]:
-    """sample_id -> (step, trainer version) of the step that trained on it."""
+    """sample_id -> (step, trainer version) of the step in force that trained on it (a step
+    a trainer restart voided trained on nothing that lasted)."""
     out: dict[str, tuple[int, int]] = {}
-    for rec in read_records(cfg, bootstrap, "steps"):
-        try:
-            step = decode_step(rec.value, rec.headers)
-        except DecodeError:
-            continue
-        for sid in step.sample_ids:
+    steps, void = _steps_in_force(cfg, bootstrap)
+    for (_offset, step), voided in zip(steps, void, strict=True):
+        for sid in [] if voided else step.sample_ids:
             out[sid] = (step.step, step.version)
     return out
+
+
+def _steps_in_force(cfg: RunConfig, bootstrap: str) -> tuple[list[tuple[int, Any]], list[bool]]:
+    """Every step record with its offset, and which of them a trainer restart voided
+    (``audit.void_steps``: their updates were lost with the trainer; the steps were redone)."""
+    from asyncrl.ops.audit import void_steps
+
+    steps = []
+    for rec in read_records(cfg, bootstrap, "steps"):
+        with contextlib.suppress(DecodeError):
+            steps.append((rec.offset, decode_step(rec.value, rec.headers)))
+    control = []
+    if steps:  # restarts matter only to steps
+        for rec in read_records(cfg, bootstrap, "control"):
+            with contextlib.suppress(DecodeError):
+                control.append(ev.decode_event(rec.value, rec.headers))
+    return steps, void_steps([s for _, s in steps], control)
 
 
 def _segments(t) -> list[dict[str, int]]:
@@ -153,10 +169,10 @@ def _control_row(rec, _text, _consumed) -> dict[str, Any]:
     return row
 
 
-def _step_row(rec, _text, _consumed) -> dict[str, Any]:
+def _step_row(rec, _text, voided) -> dict[str, Any]:
     s = decode_step(rec.value, rec.headers)
     m = s.metrics
-    return {
+    row = {
         "offset": rec.offset,
         "time": _ts(rec.timestamp_ms),
         "step": s.step,
@@ -167,6 +183,9 @@ def _step_row(rec, _text, _consumed) -> dict[str, Any]:
         "stale": stale_in_step(m),  # this step's; verl's stale_samples_processed is a total
         "accuracy": m.get("val/accuracy"),
     }
+    if rec.offset in voided:  # a column only where a restart voided a step
+        row["void"] = True
+    return row
 
 
 def _dead_letter_row(rec, _text, _consumed) -> dict[str, Any]:
@@ -217,7 +236,12 @@ def inspect_topic(
         def decode_text(ids: TokenIds) -> str:
             return tok.decode(ids.tolist(), skip_special_tokens=True)
 
-    consumed = _consumed_at(cfg, bootstrap) if name == "samples" else {}
+    consumed: Any = {}  # what a row needs from other records
+    if name == "samples":
+        consumed = _consumed_at(cfg, bootstrap)
+    elif name == "steps":
+        steps, void = _steps_in_force(cfg, bootstrap)
+        consumed = {offset for (offset, _), voided in zip(steps, void, strict=True) if voided}
     rows = []
     for rec in read_records(cfg, bootstrap, name, start, end, since_ms=since_ms, until_ms=until_ms):
         try:
@@ -243,6 +267,11 @@ def inspect_topic(
         table.add_column(col, overflow="fold")
     for row in rows:
         table.add_row(*(_cell(row.get(c)) for c in columns))
+    if "void" in columns:
+        table.caption = (
+            "void: a trainer restart lost this step's update (it resumed from an earlier "
+            "checkpoint) and the step was trained again, on the same samples: a later row"
+        )
     console.print(table)
     return rows
 

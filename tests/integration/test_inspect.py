@@ -8,9 +8,13 @@ import json
 import pytest
 from rich.console import Console
 
+from asyncrl.consumers.trainer import Trainer
 from asyncrl.kafka import Publisher
 from asyncrl.launch.launcher import run
 from asyncrl.ops.inspect_log import inspect_topic
+from asyncrl.schemas import SCHEMA_HEADER
+from asyncrl.schemas.sample import TAG, encode_sample
+from tests.integration.test_trainer_restart import TRAINER_ALONE, synthetic_sample
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -55,6 +59,54 @@ def test_inspect_samples_control_steps_and_dead_letter(make_run_cfg, quick_polic
     [dead] = _rows(cfg, "dead-letter")
     assert dead["source"] == f"{cfg.topic('samples')}[0]@0"  # topic[partition]@offset
     assert "Arrow" in dead["error"]
+
+
+def test_inspect_marks_the_steps_a_trainer_restart_voided(make_run_cfg, quick_policy):
+    """A trainer died after step 3 with its checkpoint of step 2; the next one trained step 3
+    again on the same samples. Both step 3 records are on the log: the first is marked void,
+    and a sample of that step was trained at the step in force."""
+    cfg = make_run_cfg(
+        *quick_policy,
+        *TRAINER_ALONE,
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=2",
+        "sync.timeout_s=1",
+    )
+
+    def publish(ids: range) -> None:
+        with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+            for i in ids:
+                sample = encode_sample(synthetic_sample(i))
+                pub.publish(cfg.topic("samples"), f"s{i}", sample, {SCHEMA_HEADER: TAG})
+
+    publish(range(12))  # three steps' worth: the first trainer waits in vain for a fourth
+    first = Trainer(cfg, cfg.kafka.bootstrap_servers)
+    try:
+        with pytest.raises(TimeoutError, match="samples arrived"):
+            first.run()
+    finally:
+        first.close()
+    publish(range(12, 16))
+    second = Trainer(cfg, cfg.kafka.bootstrap_servers)
+    try:
+        assert second.step == 2
+        assert second.run()["step"] == 4
+    finally:
+        second.close()
+
+    steps = _rows(cfg, "steps")
+    assert [(r["step"], r.get("void", False)) for r in steps] == [
+        (1, False),
+        (2, False),
+        (3, True),
+        (3, False),
+        (4, False),
+    ]
+    at = {r["sample_id"]: r["trained_at_step"] for r in _rows(cfg, "samples")}
+    assert at["s8"] == 3 and at["s15"] == 4
+    out = io.StringIO()
+    inspect_topic(cfg, cfg.kafka.bootstrap_servers, "steps", Console(file=out, width=200))
+    assert "void: a trainer restart lost this step's update" in out.getvalue()
 
 
 def test_inspect_of_an_empty_topic_says_so(run_cfg):
