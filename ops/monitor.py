@@ -76,6 +76,8 @@ def monitor(
         for topic in topics:
             low_high = reader.watermarks(topic, exact=True).values()
             ends[topic] = sum(high - low for low, high in low_high)
+        if engine == "faust":
+            reader.close()  # not read from: its connections would fail aloud as the broker ends
         with Live(mon.render(cfg.run_id), console=console, refresh_per_second=4) as live:
             if engine == "faust":
                 monitor_faust.read(

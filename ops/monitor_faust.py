@@ -15,10 +15,12 @@ import atexit
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -49,6 +51,9 @@ def read(
     ``follow`` and caught up, or ``idle_exit_s`` without a record)."""
     import faust
 
+    levels = {name: logging.getLogger(name).level for name in NOISY}
+    # mode's stop of a task cancelled mid-sleep, at every stop: nothing the user can act on
+    warnings.filterwarnings("ignore", "coroutine 'sleep' was never awaited", RuntimeWarning)
     logging.getLogger("faust").setLevel(logging.WARNING)
     logging.getLogger("mode").setLevel(logging.WARNING)
     # Its connection errors, ten a second while a broker is gone: the timer checks the broker
@@ -94,6 +99,7 @@ def read(
             or (idle_exit_s is not None and idle > idle_exit_s)
         ):
             state["done"] = True
+            _quiet_loggers()  # a stop as the broker ends logs each cancelled agent as crashed
             asyncio.ensure_future(worker.stop())  # from a timer: inside the agent it deadlocks
 
     stopped = threading.Event()
@@ -109,6 +115,11 @@ def read(
             worker.execute_from_commandline()
         finally:
             stopped.set()
+            # A worker stopped as the broker ended leaves clients and tasks that complain as
+            # they are destroyed, later: kept quiet then.
+            if not _end_leftover_threads() and _reachable(bootstrap):
+                for name, level in levels.items():
+                    logging.getLogger(name).setLevel(level)
     from faust.utils.terminal.spinners import Spinner
 
     atexit.unregister(Spinner._finish)  # faust's spinner would write to a closed stdout at exit
@@ -118,11 +129,44 @@ NOISY = ("faust", "mode", "aiokafka", "asyncio")
 """The loggers a stopping faust worker without its broker fills with errors."""
 
 
-def _quiet() -> None:
-    """Silence faust's loggers and its threads' tracebacks (the process is about to end)."""
+def _quiet_loggers() -> None:
     for name in NOISY:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
+def _quiet() -> None:
+    """Silence faust's loggers, its threads' tracebacks and those of its coroutines closed
+    unfinished (the process is about to end)."""
+    _quiet_loggers()
     threading.excepthook = lambda args: None
+    sys.unraisablehook = lambda unraisable: None
+
+
+LEFTOVER_GRACE_S = 2.0
+"""How long a faust service thread may take to end after its worker has returned."""
+
+
+def _end_leftover_threads() -> bool:
+    """End the service threads a stopped faust worker left running. Its consumer's thread,
+    stopping while the broker is gone, can wait on it for ever; being no daemon, it then held
+    the process open after the monitor had returned. Stopping the thread's event loop ends it
+    (``run_until_complete`` raises, silenced with the rest of faust's noise). Returns whether
+    it had to."""
+    from mode.threads import WorkerThread
+
+    ended = False
+    for thread in threading.enumerate():
+        if not isinstance(thread, WorkerThread) or not thread.is_alive():
+            continue
+        thread.join(LEFTOVER_GRACE_S)
+        if thread.is_alive():
+            _quiet()
+            thread.service.on_crash = lambda *args, **kwargs: None  # type: ignore[method-assign]
+            loop = thread.service.thread_loop
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(LEFTOVER_GRACE_S)
+            ended = True
+    return ended
 
 
 def _watch_broker(

@@ -121,7 +121,11 @@ def test_the_monitor_ends_when_the_runs_embedded_broker_ends_with_it(quick_polic
             )
         assert launcher.wait(120) == 0
         try:
-            assert watcher.wait(45) == 0, monitor_out.read_text()[-2000:]
+            try:
+                code = watcher.wait(45)
+            except subprocess.TimeoutExpired:
+                code = None  # still running: its log says where it was
+            assert code == 0, monitor_out.read_text()[-2000:]
         finally:
             if watcher.poll() is None:
                 watcher.kill()
