@@ -378,8 +378,13 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
         elif rule.kind == "refused":
             d.kind, d.why = "refused", rule.why
             typo = None if e.key in verl_keys.VERL_KEYS else close_to_ours(e.key)
-            hint = f" (did you mean {typo}?)" if typo else ""
-            problems.append(f"{d.where()}: not supported by asyncrl: {rule.why}{hint}")
+            if typo:  # a slip of asyncrl's own key first, verl's section after
+                problems.append(
+                    f"{d.where()}: no such key: did you mean {typo}? (verl's keys of this "
+                    f"section are not supported by asyncrl: {rule.why})"
+                )
+            else:
+                problems.append(f"{d.where()}: not supported by asyncrl: {rule.why}")
         else:
             later.append((order, e, rule, d))
 
