@@ -169,19 +169,11 @@ def _closed_loopback(bootstrap: str) -> str | None:
     return ",".join(f"{h}:{p}" for h, _, p in addresses)
 
 
-PIPED_WIDTH = 160
-"""Columns of a table written to a pipe or file, where rich would assume 80 and fold every
-cell (``inspect ... | less``); COLUMNS, when set, wins."""
-
-
 def table_console() -> Console:
-    """A console for wide tables: the terminal's width, or ``PIPED_WIDTH`` off a terminal."""
-    import os
+    """A console for wide tables: the terminal's width, or wide off a terminal."""
+    from asyncrl.launch.progress import wide_console
 
-    from rich.console import Console
-
-    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(width=PIPED_WIDTH) if piped else Console()
+    return wide_console()
 
 
 def _check_startable(cfg, role: str) -> None:
@@ -392,15 +384,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_console() -> Console:
-    """Rich's own width on a terminal; written to a file (``> bench.log``), wide enough for the
-    benchmarks' tables, whose columns rich's default off a terminal (80) cuts to "s/st…"."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     from asyncrl.bench.learn import learn
     from asyncrl.bench.modes import modes
@@ -436,7 +419,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         modes(
             args.config,
             args.overrides,
-            _bench_console(),
+            table_console(),
             workload=args.workload,
             time_scale=args.time_scale,
             staleness=staleness,
@@ -448,7 +431,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         engine(
             args.config,
             args.overrides,
-            _bench_console(),
+            table_console(),
             shapes=tuple(args.shapes.split(",")),
             batch=args.batch,
             prompt_len=args.prompt_len,
@@ -463,7 +446,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print("asyncrl bench: --seeds must be at least 1", file=sys.stderr)
             return 2
         if args.name == "learn":
-            learn(args.config, args.overrides, _bench_console(), seeds=args.seeds)
+            learn(args.config, args.overrides, table_console(), seeds=args.seeds)
             return 0
         from asyncrl.bench.tuning import STALENESS, tuning
 
@@ -473,7 +456,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"asyncrl bench tuning: --trigger: {err}", file=sys.stderr)
             return 2
         grid = staleness or STALENESS
-        tuning(args.config, args.overrides, _bench_console(), args.seeds, grid, trigger)
+        tuning(args.config, args.overrides, table_console(), args.seeds, grid, trigger)
         return 0
     if args.seeds != 1:
         print(
@@ -484,9 +467,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"asyncrl bench: --workload applies to modes, not {args.name}", file=sys.stderr)
         return 2
     if args.name == "sync":
-        sync(args.config, args.overrides, _bench_console(), device=args.device)
+        sync(args.config, args.overrides, table_console(), device=args.device)
         return 0
-    benchmarks[args.name](args.config, args.overrides, _bench_console())
+    benchmarks[args.name](args.config, args.overrides, table_console())
     return 0
 
 

@@ -31,7 +31,7 @@ from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.launch.log_archive import ArchiveError
 from asyncrl.launch.preflight import check_startable
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
-from asyncrl.launch.progress import StepProgress
+from asyncrl.launch.progress import StepProgress, wide_console
 
 
 class RunFailed(RuntimeError):
@@ -227,7 +227,7 @@ def run(
     """``on_spawn(name, pid)`` is told of every process started (restarts included): how
     fault tests, or an operator's tooling, find the trainer and workers."""
     check_startable(cfg, "run")  # a bad value fails now, naming its key (launch/preflight.py)
-    console = console or Console()
+    console = console or wide_console()  # `asyncrl run | tee run.log`: lines whole
     if cfg.launcher == "local":
         start_role_server()  # its imports overlap the set-up below
     embedded = cfg.kafka.bootstrap_servers is None

@@ -7,6 +7,8 @@ evaluation also prints a line, so the log of a non-interactive run still tells t
 
 from __future__ import annotations
 
+import os
+import sys
 from types import TracebackType
 
 from rich.console import Console
@@ -14,6 +16,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from asyncrl.config import RunConfig
 from asyncrl.schemas.step import StepRecord
+
+PIPED_WIDTH = 160
+"""Columns of output written to a pipe or file (``asyncrl run | tee run.log``, ``inspect ... |
+less``, ``bench ... > bench.log``), where rich would assume 80 and fold every line and cell;
+COLUMNS, when set, wins."""
+
+
+def wide_console() -> Console:
+    """A console at the terminal's width, or ``PIPED_WIDTH`` off a terminal."""
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=PIPED_WIDTH) if piped else Console()
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:

@@ -46,3 +46,45 @@ def test_reward_failures_show_on_the_progress_line_once_there_are_any():
                 assert progress.reward_failures == 0
     assert progress.reward_failures == 5
     assert "reward failures 5" in out.getvalue()
+
+
+def test_off_a_terminal_a_run_writes_whole_lines(monkeypatch, tmp_path):
+    """``asyncrl run | tee run.log``: rich assumed 80 columns off a terminal and folded each
+    evaluation line (time, step, accuracy, reward, samples/s) in two; the run's console, like
+    the tables', is PIPED_WIDTH wide there, or COLUMNS when it is set."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    from asyncrl.launch import launcher
+    from asyncrl.launch.progress import PIPED_WIDTH
+
+    width = "from asyncrl.launch.progress import wide_console; print(wide_console().width)"
+    for env, wanted in (({}, PIPED_WIDTH), ({"COLUMNS": "100"}, 100)):
+        clean = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        done = subprocess.run(
+            [sys.executable, "-c", width], capture_output=True, text=True, env={**clean, **env}
+        )
+        assert done.stdout.strip() == str(wanted), done.stderr
+
+    made = []
+
+    class Started(Exception):
+        pass
+
+    def spy():
+        made.append(Console(file=io.StringIO()))
+        return made[-1]
+
+    def stop_here():
+        raise Started
+
+    monkeypatch.setattr(launcher, "check_startable", lambda cfg, role: None)
+    monkeypatch.setattr(launcher, "wide_console", spy)
+    monkeypatch.setattr(launcher, "start_role_server", stop_here)
+    cfg = load_config(None, [f"output_dir={tmp_path}"])
+    with pytest.raises(Started):
+        launcher.run(cfg)
+    assert len(made) == 1  # the run's own console, when none is given
