@@ -14,11 +14,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -227,7 +230,48 @@ def run(
     """``on_spawn(name, pid)`` is told of every process started (restarts included): how
     fault tests, or an operator's tooling, find the trainer and workers."""
     check_startable(cfg, "run")  # a bad value fails now, naming its key (launch/preflight.py)
-    console = console or wide_console()  # `asyncrl run | tee run.log`: lines whole
+    with run_lock(cfg):  # before the run's directory is looked at, let alone moved aside
+        # `asyncrl run | tee run.log`: lines whole
+        return _launch(cfg, console or wide_console(), on_spawn)
+
+
+LOCK_NAME = ".{run_id}.lock"
+"""The launcher's lock file of a run, in ``output_dir`` (``run_lock``)."""
+
+
+@contextlib.contextmanager
+def run_lock(cfg: RunConfig) -> Iterator[None]:
+    """One launcher per run. A second ``asyncrl run`` of the same run while the first runs
+    took the first's directory for an unfinished run: it restored the half-written archive into
+    a broker of its own, and a second trainer wrote into the same checkpoints and archive. The
+    lock is an ``flock`` on ``output_dir/.<run_id>.lock``, outside the run's directory (which a
+    new run may move aside); the system lets go of it when its holder dies, however it dies, so
+    a killed run is resumed at once."""
+    path = Path(cfg.output_dir) / LOCK_NAME.format(run_id=cfg.run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise RunFailed(
+                f"run {cfg.run_id!r} is already running in {cfg.run_dir} (its `asyncrl run` is "
+                f"pid {holder}): wait for it or stop it, or start this one under another "
+                "run_id=... (a second launcher would write into the same log and checkpoints)"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _launch(
+    cfg: RunConfig, console: Console, on_spawn: Callable[[str, int], None] | None
+) -> dict[str, Any]:
     if cfg.launcher == "local":
         start_role_server()  # its imports overlap the set-up below
     embedded = cfg.kafka.bootstrap_servers is None

@@ -152,3 +152,50 @@ print("heavy:", sorted(m for m in ("torch", "transformers") if m in sys.modules)
     assert "heavy: []" in done.stdout, done.stdout + done.stderr
     assert "held-out accuracy 0.390" in done.stdout
     assert _set_aside(tmp_path, cfg), "the finished run was moved aside"
+
+
+def test_a_second_launcher_of_a_running_run_is_refused_before_it_touches_the_run(
+    tmp_path, monkeypatch
+):
+    """`asyncrl run` twice on one run (a second terminal, `make run` again): the second took
+    the live run for an unfinished one, restored its half-written archive into a broker of its
+    own and trained a second trainer into the same checkpoints and archive. It is refused now,
+    naming the first; once the first dies (SIGKILL here), the run can be launched again."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from asyncrl.launch import launcher
+
+    cfg = _cfg(tmp_path)
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / "summary.json").write_text("{}")  # a second launcher moved this aside
+    script = f"""
+import time
+from asyncrl.config import load_config
+from asyncrl.launch.launcher import run_lock
+with run_lock(load_config(overrides=["run_id=demo", "output_dir='{tmp_path}'"])):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+
+    class Launched(Exception):
+        pass
+
+    def launched() -> None:
+        raise Launched
+
+    monkeypatch.setattr(launcher, "check_startable", lambda cfg, role: None)
+    monkeypatch.setattr(launcher, "start_role_server", launched)
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "held"
+        with pytest.raises(launcher.RunFailed, match=f"already running .*pid {first.pid}"):
+            launcher.run(cfg, Console(file=io.StringIO()))
+        assert (cfg.run_dir / "summary.json").exists() and not _set_aside(tmp_path, cfg)
+    finally:
+        first.kill()
+        first.wait(30)
+    with pytest.raises(Launched):  # its lock went with it
+        launcher.run(cfg, Console(file=io.StringIO()))
