@@ -12,8 +12,9 @@ checksum it compares with (``like=``), so both ends need not be on the same kind
   bytes read as integer words ``w_i`` give ``sum_i w_i * m_i mod 2**64`` with odd multipliers
   ``m_i = 2 * i * MULT + 1``, then sha256 over the names, dtypes, shapes and those sums. A sum
   mod 2**64 comes out the same in any order, so a CPU and a GPU agree bit for bit; any single
-  changed word changes it (m_i is odd); a few kernels per tensor, no host copy. It guards
-  against bugs (a lost, reordered or misplaced bucket), not against an adversary.
+  changed word changes it (m_i is odd); a few kernels per tensor (on a GPU, per piece of a
+  flat model's buffer: ``_segment_word_sums``), no host copy. It guards against bugs (a lost,
+  reordered or misplaced bucket), not against an adversary.
 
 ``sync.verify_checksum=false`` turns both off.
 """
