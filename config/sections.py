@@ -366,6 +366,14 @@ class TrainerConfig(Strict):
     """`asyncrl run` restarts a trainer that dies, up to this many times; the restarted
     trainer resumes from its last checkpoint, the workers join it, and the steps after that
     checkpoint are trained again. 0: the trainer's death fails the run."""
+    resume_mode: Literal["auto", "disable"] = "auto"
+    """verl's key, read by `asyncrl run` when the run's directory holds an earlier launch. auto:
+    an unfinished run (killed, crashed, its broker died) is resumed from its archived log and
+    last checkpoint; a finished one is moved aside to <run_dir>.<time>. disable: the earlier
+    run is moved aside, finished or not, and the run starts afresh. With kafka.bootstrap_servers
+    set the earlier run's log stays on that broker, so disable refuses a directory holding its
+    checkpoints (a fresh run needs a run_id of its own). A trainer started by hand (asyncrl
+    train), or restarted within a launch, always resumes from its run's last checkpoint."""
     seed: int = 0
     """Seed of the trainer's RNG (rollout workers derive theirs from it)."""
     torch_threads: int = Field(1, ge=1)

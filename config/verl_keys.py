@@ -367,9 +367,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     ),
     "trainer.val_only": fixed("asyncrl always trains", False),
     "trainer.critic_warmup": fixed(CRITIC, 0),
-    "trainer.resume_mode": fixed(
-        "asyncrl resumes an unfinished run from its last checkpoint by itself", "auto"
-    ),
     "trainer.resume_from_path": fixed(CKPT, None),
     "trainer.default_local_dir": refused(CKPT),
     "trainer.default_hdfs_dir": fixed(CKPT, None),

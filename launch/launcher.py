@@ -86,25 +86,29 @@ def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
     restored into the new broker, offset for offset, and the trainer resumes from its
     checkpoint. A finished run, or one whose log was lost (a checkpoint but no archive: its
     offsets would point nowhere), is moved aside to ``<run_dir>.<time>`` and the run starts
-    afresh. Returns True when the log is to be restored.
+    afresh; so is any earlier run under ``trainer.resume_mode=disable``. Returns True when the
+    log is to be restored.
     """
     from asyncrl.consumers.checkpoint import latest_checkpoint
     from asyncrl.launch.log_archive import has_archive
 
     run_dir = cfg.run_dir
     finished = (run_dir / "summary.json").exists()
-    if has_archive(cfg) and not finished:
+    fresh = cfg.trainer.resume_mode == "disable"
+    if has_archive(cfg) and not finished and not fresh:
         console.log(f"{run_dir} holds an unfinished run: restoring its log and resuming it")
         return True
-    if not finished and latest_checkpoint(run_dir) is None:
+    if not finished and not has_archive(cfg) and latest_checkpoint(run_dir) is None:
         return False
     archived = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.rename(archived)
-    console.log(
-        f"moved the earlier run in {run_dir} to {archived} "
-        + ("(it had finished)" if finished else "(its log was lost with its broker)")
-        + " and starting afresh"
-    )
+    if finished:
+        why = "it had finished"
+    elif fresh:
+        why = "unfinished; trainer.resume_mode=disable"
+    else:
+        why = "its log was lost with its broker"
+    console.log(f"moved the earlier run in {run_dir} to {archived} ({why}) and starting afresh")
     return False
 
 

@@ -146,6 +146,26 @@ def _output_dir(cfg: RunConfig) -> Check:
     return Check("output_dir", True, f"{cfg.run_dir} (writable)")
 
 
+def _resume_mode(cfg: RunConfig) -> Check:
+    """``trainer.resume_mode=disable`` against an external broker, which keeps the earlier
+    run's log under the same topics: a fresh start cannot be made in place."""
+    from asyncrl.consumers.checkpoint import latest_checkpoint
+
+    key = "trainer.resume_mode"
+    ckpt = latest_checkpoint(cfg.run_dir)
+    if ckpt is None:
+        return Check(
+            key, True, f"disable: {cfg.run_dir} holds no checkpoint, the run starts afresh"
+        )
+    return Check(
+        key,
+        False,
+        f"disable, but {cfg.run_dir} holds checkpoints of an earlier run ({ckpt.name}) whose "
+        f"log is still on {cfg.kafka.bootstrap_servers}: start afresh under another run_id=, "
+        "or set trainer.resume_mode=auto to resume it",
+    )
+
+
 def _model_path(cfg: RunConfig) -> Check:
     from asyncrl.models.policy import PATH_KEY, check_model_path
 
@@ -216,6 +236,8 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     checks += _kafka_security(cfg)
     if role != "rollout":
         checks.append(_output_dir(cfg))
+    if role == "run" and cfg.kafka.bootstrap_servers and cfg.trainer.resume_mode == "disable":
+        checks.append(_resume_mode(cfg))
     return checks
 
 

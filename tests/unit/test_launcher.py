@@ -3,6 +3,7 @@ a failed run reports."""
 
 import io
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -50,6 +51,30 @@ def test_an_unfinished_run_with_its_archived_log_is_resumed(tmp_path):
     _archive(cfg)
     assert resume_or_set_aside(cfg, Console(file=io.StringIO())) is True
     assert latest_checkpoint(cfg.run_dir) is not None and not _set_aside(tmp_path, cfg)
+
+
+def test_resume_mode_disable_starts_afresh_beside_an_unfinished_run(tmp_path):
+    """verl's ``trainer.resume_mode=disable``: refused before ("asyncrl resumes by itself"), so
+    a verl YAML carrying it failed, and starting over meant deleting the run by hand."""
+    from asyncrl.config import ConfigError
+    from asyncrl.launch.preflight import check_startable
+
+    cfg = load_config(
+        overrides=["run_id=demo", f"output_dir='{tmp_path}'", "trainer.resume_mode=disable"]
+    )
+    _checkpoint(cfg)
+    _archive(cfg)
+    out = io.StringIO()
+    assert resume_or_set_aside(cfg, Console(file=out, width=200)) is False
+    (aside,) = _set_aside(tmp_path, cfg)
+    assert latest_checkpoint(aside) is not None and not cfg.run_dir.exists()
+    assert "(unfinished; trainer.resume_mode=disable) and starting afresh" in out.getvalue()
+    # On a broker of the user's the earlier log stays under the run's topics: refused there.
+    aside.rename(cfg.run_dir)
+    cfg.kafka.bootstrap_servers = "127.0.0.1:9"
+    with pytest.raises(ConfigError, match="trainer.resume_mode: disable, but .* another run_id"):
+        check_startable(cfg, "run")
+    check_startable(cfg, "train")  # a trainer started by hand resumes, whatever it says
 
 
 def test_a_finished_run_is_moved_aside_even_with_its_log(tmp_path):
@@ -163,8 +188,6 @@ def test_a_second_launcher_of_a_running_run_is_refused_before_it_touches_the_run
     naming the first; once the first dies (SIGKILL here), the run can be launched again."""
     import subprocess
     import sys
-
-    import pytest
 
     from asyncrl.launch import launcher
 
