@@ -90,3 +90,22 @@ def test_a_rescan_reads_only_what_was_appended_and_keeps_the_newest_state(run_cf
     assert not RecoveryIndex.from_log(scan, after=index.positions).positions
     index.rescan(scan)
     assert (index.positions["samples"], index.positions["partials"]) == before
+
+
+def test_a_record_that_does_not_decode_is_not_taken_for_its_sample(run_cfg):
+    """A record the trainer dead-letters stood, by its key alone, for a sample on the log: a
+    restarted worker skipped that prompt for good (``audit``: lost_prompts). A malformed worker
+    header (``b"zz"``) stopped every restarted worker at start-up with a ValueError."""
+    scan = log_scan(run_cfg, run_cfg.kafka.bootstrap_servers)
+    with Publisher(run_cfg.kafka, run_cfg.kafka.bootstrap_servers) as pub:
+        pub.publish(run_cfg.topic("samples"), "a@0", b"corrupt")
+        pub.publish(
+            run_cfg.topic("samples"),
+            "junk@0",
+            b"junk",
+            {SCHEMA_HEADER: SAMPLE_TAG, WORKER_HEADER: "zz"},
+        )
+    _publish(run_cfg, samples=["b@0"])
+    index = RecoveryIndex.from_log(scan)
+    assert index.published == {"b@0"} and index.produced == {0: 1}
+    assert not index.already_published("a@0")  # its prompt is generated, not skipped
