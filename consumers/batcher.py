@@ -21,6 +21,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from asyncrl.config.offpolicy import FilterGroupsConfig
 from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
 from asyncrl.consumers.dynamic_sampling import no_signal
@@ -33,8 +35,8 @@ class Dropped:
     record: Record[Sample]
     reason: str
     kind: str = "max_version_lag"
-    """"max_version_lag" (the trainer refunds the worker's budget), "filter_groups" (the worker
-    took the slot back itself) or "duplicate" (it cost no budget)."""
+    """"max_version_lag" or "invalid" (the trainer refunds the worker's budget), "filter_groups"
+    (the worker took the slot back itself) or "duplicate" (it cost no budget)."""
 
 
 @dataclass
@@ -42,6 +44,9 @@ class SampleBatcher:
     max_version_lag: int | None = None
     filter_groups: FilterGroupsConfig | None = None
     """Dynamic sampling (``consumers/dynamic_sampling.py``); None: every group is kept."""
+    vocab_size: int | None = None
+    """The policy's vocabulary: a sample with a token id past it is dropped ("invalid"); the
+    update would fail on it at every try (an index error), a restarted trainer too."""
     buffer: deque[Record[Sample]] = field(default_factory=deque)
     read_position: dict[int, int] = field(default_factory=dict)
     """Partition -> offset after the last record offered."""
@@ -82,6 +87,11 @@ class SampleBatcher:
                 self.filtered += 1
                 self._filtered_trailing += 1
                 return Dropped(rec, why, kind=FILTERED)
+        why = self._out_of_vocabulary(rec.value)
+        if why is not None:
+            self.consumed[rec.value.worker_id] += 1
+            self.dropped["invalid"] += 1
+            return Dropped(rec, why, kind="invalid")
         lag = current_version - rec.value.param_version
         if self.max_version_lag is not None and lag > self.max_version_lag:
             reason = f"version lag {lag} > max_version_lag {self.max_version_lag}"
@@ -91,6 +101,15 @@ class SampleBatcher:
         self.buffer.append(rec)
         self._filtered_before.append(self._filtered_trailing)
         self._filtered_trailing = 0
+        return None
+
+    def _out_of_vocabulary(self, sample: Sample) -> str | None:
+        if self.vocab_size is None:
+            return None
+        ids = [sample.prompt_ids, *(t.response_ids for t in sample.trajectories)]
+        top = max((int(np.max(a)) for a in ids if len(a)), default=0)
+        if top >= self.vocab_size:
+            return f"token id {top} outside the policy's vocabulary ({self.vocab_size} ids)"
         return None
 
     def __len__(self) -> int:

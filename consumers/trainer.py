@@ -95,6 +95,7 @@ class Trainer:
         self.batcher = SampleBatcher(
             max_version_lag=cfg.async_training.max_version_lag,
             filter_groups=cfg.filters_groups,
+            vocab_size=self.model.get_input_embeddings().num_embeddings,  # type: ignore[operator]
         )
         history: dict[str, Any] = {}
         ckpt = latest_checkpoint(cfg.run_dir)

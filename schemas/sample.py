@@ -239,6 +239,14 @@ def validate(sample: Sample) -> None:
                 f"{t.param_version_start}..{t.param_version}"
             )
         validate_segments(t, f"sample {sample.sample_id} trajectory {i}")
+        # Values one update would turn into NaN weights or an index error: every later step
+        # fails, a restarted trainer reads the sample again and fails the same way.
+        if not (np.isfinite(t.reward) and np.isfinite(t.response_logprobs).all()):
+            raise DecodeError(
+                f"sample {sample.sample_id} trajectory {i}: a reward or logprob is not finite"
+            )
+        if any(len(ids) and np.min(ids) < 0 for ids in (t.response_ids, sample.prompt_ids)):
+            raise DecodeError(f"sample {sample.sample_id} trajectory {i}: a negative token id")
 
 
 def validate_segments(t: Trajectory, where: str) -> None:

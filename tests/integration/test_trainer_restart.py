@@ -133,3 +133,51 @@ def test_a_trainer_that_fails_leaves_the_run_open(make_run_cfg, quick_policy):
         trainer.close()
     events = [r.value for r in read_topic(cfg, "control")]
     assert not [e for e in events if isinstance(e, ev.RunFinished)]
+
+
+def test_samples_an_update_would_fail_on_do_not_stop_the_trainer(make_run_cfg, quick_policy):
+    """A schema-valid sample with a NaN reward (written by something else than our encoder)
+    made the weights NaN; one with a token id past the vocabulary failed the update with an
+    index error, and a restarted trainer read it again and failed again. The first is now
+    dead-lettered, the second dropped (its worker refunded), and training goes on."""
+    import pyarrow as pa
+
+    from asyncrl.schemas.codec import encode_batch
+    from asyncrl.schemas.sample import SCHEMA, sample_columns
+
+    cfg = make_run_cfg(*quick_policy, *TRAINER_ALONE)
+    topic = cfg.topic("samples")
+    nan = synthetic_sample(100)
+    nan.sample_id = "nan"
+    nan.trajectories[0].reward = float("nan")
+    oov = synthetic_sample(101)
+    oov.sample_id = "oov"
+    oov.trajectories[0].response_ids = [10**6, 2]
+    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        for i in range(8):
+            if i == 3:
+                forged = encode_batch(
+                    pa.RecordBatch.from_pydict(sample_columns(nan), schema=SCHEMA)
+                )
+                pub.publish(topic, "nan", forged, {SCHEMA_HEADER: TAG})
+                pub.publish(topic, "oov", encode_sample(oov), {SCHEMA_HEADER: TAG})
+            pub.publish(topic, f"s{i}", encode_sample(synthetic_sample(i)), {SCHEMA_HEADER: TAG})
+
+    trainer = Trainer(cfg, cfg.kafka.bootstrap_servers)
+    try:
+        assert trainer.run()["step"] == 2
+        assert all(p.isfinite().all() for p in trainer.model.parameters())
+    finally:
+        trainer.close()
+
+    steps = [r.value for r in read_topic(cfg, "steps")]
+    assert [sid for s in steps for sid in s.sample_ids] == [f"s{i}" for i in range(8)]
+    [dead] = read_topic(cfg, "dead-letter")
+    assert dead.key == "nan" and b"not finite" in dead.headers[HEADER_ERROR]
+    dropped = [
+        e
+        for e in (r.value for r in read_topic(cfg, "control"))
+        if type(e).__name__ == "SamplesDropped"
+    ]
+    assert [(e.sample_ids, e.target_worker) for e in dropped] == [(["oov"], 0)]
+    assert "outside the policy's vocabulary" in dropped[0].reason

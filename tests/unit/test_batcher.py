@@ -172,3 +172,19 @@ def test_a_stale_group_without_signal_is_filtered_not_dropped_for_its_lag():
     assert b.offer(flat, current_version=5).kind == "filter_groups"
     assert b.offer(kept, current_version=5).kind == "max_version_lag"
     assert b.consumed == {0: 1}
+
+
+def test_a_token_id_past_the_vocabulary_is_dropped_and_settled():
+    """A sample holding a token id the policy has no embedding for failed the update with an
+    index error, and failed a restarted trainer the same way: it is dropped, its worker's
+    budget refunded, the next sample queued."""
+    b = SampleBatcher(vocab_size=4)
+    bad = rec(0, worker=1)  # response token 3 < 4, prompt token 1
+    bad.value.trajectories[0].response_ids = [3, 9]
+    bad.value.trajectories[0].response_logprobs = [-0.1, -0.2]
+    bad.value.trajectories[0].response_mask = [1, 1]
+    dropped = b.offer(bad, current_version=0)
+    assert dropped is not None and dropped.kind == "invalid"
+    assert "token id 9 outside the policy's vocabulary (4 ids)" in dropped.reason
+    assert b.consumed == {1: 1} and b.dropped == {"invalid": 1}
+    assert b.offer(rec(1), current_version=0) is None and len(b) == 1

@@ -257,3 +257,28 @@ def test_a_partial_written_before_partial_3_still_decodes():
     old_schema = OLDER["partial/2"]
     old = encode_batch(new.select(old_schema.names).cast(old_schema))
     assert decode_partial(old) == p
+
+
+def test_a_sample_an_update_would_fail_on_is_refused_as_it_is_read():
+    """A schema-valid sample with a NaN reward or logprob or a negative token id went into the
+    update: NaN weights, or an index error, at every try (a restarted trainer read it again).
+    It is now undecodable, so the trainer's reader dead-letters it and goes on."""
+    from asyncrl.schemas.sample import sample_columns
+
+    def sample(reward=1.0, logprob=-0.5, token=5) -> Sample:
+        t = Trajectory([4, token], [-0.1, logprob], reward)
+        return Sample("s@0", "s", 0, [1, 2], "3", [t])
+
+    good = encode_sample(sample())
+    assert decode_sample(good).trajectories[0].reward == 1.0
+    for bad, why in (
+        ({"reward": float("nan")}, "not finite"),
+        ({"logprob": float("-inf")}, "not finite"),
+        ({"token": -3}, "negative token id"),
+    ):
+        with pytest.raises(DecodeError, match=why):
+            encode_sample(sample(**bad))  # a worker cannot publish it either
+        forged = sample_columns(sample(**bad))  # written by something else than encode_sample
+        record = encode_batch(pa.RecordBatch.from_pydict(forged, schema=SCHEMA))
+        with pytest.raises(DecodeError, match=why):
+            decode_sample(record)
