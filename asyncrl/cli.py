@@ -452,11 +452,18 @@ def _usage_errors() -> tuple[type[Exception], ...]:
 def _expected_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says all (file and line, config key, a process's log tail): shown
     as one message, not a traceback. Imported lazily, so ``--help`` stays instant."""
-    from asyncrl.kafka import BrokerUnavailable, UnknownTopic
+    from asyncrl.kafka import BrokerUnavailable, KafkaDeliveryError, UnknownTopic
     from asyncrl.launch.broker import BrokerError
     from asyncrl.launch.launcher import RunFailed
 
-    return (*_usage_errors(), BrokerUnavailable, UnknownTopic, BrokerError, RunFailed)
+    return (
+        *_usage_errors(),
+        BrokerUnavailable,
+        KafkaDeliveryError,
+        UnknownTopic,
+        BrokerError,
+        RunFailed,
+    )
 
 
 if __name__ == "__main__":

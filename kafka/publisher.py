@@ -168,7 +168,9 @@ class Publisher:
                 return
             if time.monotonic() >= deadline:
                 raise KafkaDeliveryError(
-                    f"{remaining} message(s) still undelivered after {timeout} s"
+                    f"{remaining} message(s) still undelivered after {timeout} s: the broker at "
+                    f"{self._health.bootstrap} answers but does not take them (restarted "
+                    "without the run's topics? `asyncrl broker` keeps them in memory only)"
                 )
 
     def __len__(self) -> int:

@@ -241,3 +241,21 @@ def test_output_cut_short_by_a_pipe_ends_quietly():
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 141, err.decode()
     assert b"Traceback" not in err and b"BrokenPipe" not in err
+
+
+def test_messages_the_broker_would_not_take_end_a_role_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A standalone broker restarted mid-run (its topics gone): the trainer and the workers
+    died with 77-line tracebacks of KafkaDeliveryError."""
+    from asyncrl.kafka import KafkaDeliveryError
+
+    def failing(_args: object) -> int:
+        raise KafkaDeliveryError("1 message(s) still undelivered after 30.0 s: the broker at x")
+
+    monkeypatch.setitem(cli.COMMANDS, "train", failing)
+    assert main(["train"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("asyncrl train: 1 message(s) still undelivered") and "Traceback" not in err
+    )
