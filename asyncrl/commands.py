@@ -11,7 +11,7 @@ import logging
 import re
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -248,6 +248,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _check_startable(cfg, "rollout")
     bootstrap = _need_bootstrap(cfg, "rollout")
+    finished = _finished_on_log(cfg, bootstrap)
+    if finished is not None:
+        print(
+            f"asyncrl rollout: run {cfg.run_id!r} has finished ({finished.reason or 'RunFinished'}"
+            f", step {finished.step}): nothing to generate; a new run needs a run_id of its own",
+            file=sys.stderr,
+        )
+        return 0
     _torch_threads(cfg.actor_rollout_ref.rollout.torch_threads)
     import signal
 
@@ -271,6 +279,28 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         f" ({produced} under its id, with the {before} of earlier processes)" if before else "",
     )
     return 0
+
+
+def _finished_on_log(cfg, bootstrap: str) -> Any:
+    """The RunFinished that ends the run's control log (no trainer resumed after it), or None.
+    A worker started on a finished run (a second `docker compose up` of one RUN_ID) joined a
+    trainer long gone, waited sync.timeout_s deaf to SIGTERM, then died with a traceback. A
+    run never prepared has no control topic: UnknownTopic, naming it."""
+    from asyncrl.kafka.records import read_records
+    from asyncrl.schemas import DecodeError
+    from asyncrl.schemas import control as ev
+
+    last = None
+    for rec in read_records(cfg, bootstrap, "control"):
+        try:
+            event = ev.decode_event(rec.value, rec.headers)
+        except DecodeError:
+            continue
+        if isinstance(event, ev.RunFinished):
+            last = event
+        elif isinstance(event, ev.TrainerResumed):
+            last = None
+    return last
 
 
 def cmd_broker(args: argparse.Namespace) -> int:

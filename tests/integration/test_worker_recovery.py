@@ -153,3 +153,34 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
     report_recovery(
         cfg, "worker SIGKILL after a sync logged partials", killed["killed_at_ms"] / 1000
     )
+
+
+def test_a_worker_started_on_a_finished_run_says_so_and_leaves(make_run_cfg, tmp_path, capsys):
+    """A second `docker compose up` of one RUN_ID: its workers joined a trainer long gone,
+    waited sync.timeout_s (300 s) deaf to SIGTERM and died with a traceback. A run never
+    prepared ended in a librdkafka traceback (UNKNOWN_TOPIC_OR_PART)."""
+    from asyncrl.cli import main
+    from asyncrl.config import dump_config
+    from asyncrl.kafka import Publisher
+    from asyncrl.schemas import SCHEMA_HEADER
+
+    cfg = make_run_cfg("sync.timeout_s=60")
+    done = ev.RunFinished(cfg.run_id, 3, step=12, reason="total_training_steps reached")
+    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        pub.publish(
+            cfg.topic("control"), cfg.run_id, ev.encode_event(done), {SCHEMA_HEADER: done.tag()}
+        )
+    config = tmp_path / "run.yaml"
+    dump_config(cfg, config)
+    capsys.readouterr()
+    t0 = time.monotonic()
+    assert main(["rollout", "--worker-id", "0", "--config", str(config)]) == 0
+    assert time.monotonic() - t0 < 20
+    err = capsys.readouterr().err
+    assert f"run {cfg.run_id!r} has finished (total_training_steps reached, step 12)" in err
+
+    never = make_run_cfg(create_topics=False)
+    dump_config(never, config)
+    assert main(["rollout", "--worker-id", "0", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert never.topic("control") in err and "Traceback" not in err
