@@ -52,6 +52,9 @@ class RunMonitor:
         self.workers: dict[int, str] = {}
         self.left: list[str] = []
         self.finished: str | None = None
+        self._in_force: dict[int, StepRecord] = {}
+        """The step records that stand, by step number: one a trainer restart voided (its
+        samples are trained again) leaves the counts when the restart shows (``_void_above``)."""
 
     @property
     def lag(self) -> int:
@@ -67,19 +70,32 @@ class RunMonitor:
         self.published += 1
 
     def add_step(self, rec: StepRecord) -> None:
+        # A record numbered at or below one already counted: a restarted trainer's, which
+        # voided those (as ``audit.void_steps`` reads the log).
+        self._void_above(rec.step - 1)
+        self._in_force[rec.step] = rec
+        self._count(rec, +1)
         m = rec.metrics
         v = self.versions[rec.version]
-        v.consumed += len(rec.sample_ids)
-        v.stale += stale_in_step(m)  # this step's (verl's stale_samples_processed is a total)
-        for key, n in m.items():
-            if key.startswith("fully_async/staleness/count_"):
-                v.staleness[int(key.rsplit("_", 1)[1])] += int(n)
         if "val/accuracy" in m:
             v.accuracy = m["val/accuracy"]
         if "trainer/idle_ratio" in m:
             v.trainer_idle = m["trainer/idle_ratio"]
-        self.trained += len(rec.sample_ids)
         self.steps = max(self.steps, rec.step)
+
+    def _count(self, rec: StepRecord, sign: int) -> None:
+        """Add (+1) or take back (-1) what a step record says was trained."""
+        v = self.versions[rec.version]
+        v.consumed += sign * len(rec.sample_ids)
+        v.stale += sign * stale_in_step(rec.metrics)  # this step's (verl's is a total)
+        for key, n in rec.metrics.items():
+            if key.startswith("fully_async/staleness/count_"):
+                v.staleness[int(key.rsplit("_", 1)[1])] += sign * int(n)
+        self.trained += sign * len(rec.sample_ids)
+
+    def _void_above(self, step: int) -> None:
+        for number in [n for n in self._in_force if n > step]:
+            self._count(self._in_force.pop(number), -1)
 
     def add_event(self, e: ev.ControlEvent) -> None:
         if isinstance(e, ev.RolloutResumed):
@@ -96,6 +112,8 @@ class RunMonitor:
             self.dropped += e.count
             if e.reason.startswith(FILTERED):
                 self.filtered += e.count
+        elif isinstance(e, ev.TrainerResumed):  # from its checkpoint's step: later ones void
+            self._void_above(e.step)
         elif isinstance(e, ev.RunFinished):
             self.finished = e.reason
 
