@@ -72,7 +72,17 @@ def check_model_path(cfg: RunConfig) -> str | None:
         return f"{path}: no such directory (a local Hugging Face checkpoint is needed)"
     if not (where / "config.json").is_file():
         return f"{path}: no config.json (not a Hugging Face checkpoint directory)"
+    if not any((where / name).is_file() for name in TOKENIZER_FILES):
+        # transformers then makes an empty tokenizer, and every prompt encodes to nothing
+        return (
+            f"{path}: no tokenizer ({', '.join(TOKENIZER_FILES[:2])}): save it beside the "
+            "weights (tokenizer.save_pretrained(path))"
+        )
     return None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Any one of them: a checkpoint directory that holds a tokenizer."""
 
 
 def _checked_path(cfg: RunConfig) -> Path:
@@ -148,7 +158,7 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[in
     if isinstance(prompt, str):
         return list(tokenizer(prompt)["input_ids"])
     if not tokenizer.chat_template:
-        raise ValueError(
+        raise ConfigError(
             "the prompt is chat messages but the tokenizer has no chat template "
             f"(set one in the checkpoint's tokenizer_config.json, {PATH_KEY})"
         )

@@ -234,6 +234,11 @@ def test_a_bad_model_path_stops_the_run_naming_the_key(tmp_path: Path) -> None:
         check_startable(empty, "train")
     with pytest.raises(ConfigError, match="actor_rollout_ref.model.path"):
         load_tokenizer(empty)
+    # Weights saved without their tokenizer: transformers made an empty one, --dry-run said ok,
+    # and the run failed three trainer restarts later on "0: empty prompt".
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"model.path: .*no tokenizer .*save_pretrained"):
+        check_startable(empty, "rollout")
 
 
 def test_missing_data_files_stop_the_run_naming_the_key(tmp_path: Path) -> None:
