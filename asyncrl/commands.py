@@ -286,21 +286,9 @@ def _finished_on_log(cfg, bootstrap: str) -> Any:
     A worker started on a finished run (a second `docker compose up` of one RUN_ID) joined a
     trainer long gone, waited sync.timeout_s deaf to SIGTERM, then died with a traceback. A
     run never prepared has no control topic: UnknownTopic, naming it."""
-    from asyncrl.kafka.records import read_records
-    from asyncrl.schemas import DecodeError
-    from asyncrl.schemas import control as ev
+    from asyncrl.ops.audit import finishing_event, read_control
 
-    last = None
-    for rec in read_records(cfg, bootstrap, "control"):
-        try:
-            event = ev.decode_event(rec.value, rec.headers)
-        except DecodeError:
-            continue
-        if isinstance(event, ev.RunFinished):
-            last = event
-        elif isinstance(event, ev.TrainerResumed):
-            last = None
-    return last
+    return finishing_event(read_control(cfg, bootstrap))
 
 
 def cmd_broker(args: argparse.Namespace) -> int:

@@ -94,11 +94,12 @@ def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
 
     run_dir = cfg.run_dir
     finished = (run_dir / "summary.json").exists()
+    archived_log = has_archive(cfg)
     fresh = cfg.trainer.resume_mode == "disable"
-    if has_archive(cfg) and not finished and not fresh:
+    if archived_log and not finished and not fresh:
         console.log(f"{run_dir} holds an unfinished run: restoring its log and resuming it")
         return True
-    if not finished and not has_archive(cfg) and latest_checkpoint(run_dir) is None:
+    if not finished and not archived_log and latest_checkpoint(run_dir) is None:
         return False
     archived = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.rename(archived)

@@ -127,13 +127,33 @@ def dropped_ids(control: list[ev.ControlEvent]) -> set[str]:
 def run_finished(control: list[ev.ControlEvent]) -> bool:
     """A RunFinished that no trainer restart followed (a trainer started again after one goes
     on with the run)."""
-    finished = False
+    return finishing_event(control) is not None
+
+
+def finishing_event(control: Iterable[ev.ControlEvent]) -> ev.RunFinished | None:
+    """The RunFinished that ends the run (``run_finished``), or None."""
+    finished = None
     for e in control:
         if isinstance(e, ev.RunFinished):
-            finished = True
+            finished = e
         elif isinstance(e, ev.TrainerResumed):
-            finished = False
+            finished = None
     return finished
+
+
+def read_control(cfg: RunConfig, bootstrap: str) -> list[ev.ControlEvent]:
+    """The run's control events in log order, those that do not decode left out (a reader
+    that needs only what the trainer and workers said: a restart, the run's end)."""
+    from asyncrl.kafka.records import read_records
+    from asyncrl.schemas import DecodeError
+
+    events = []
+    for rec in read_records(cfg, bootstrap, "control"):
+        try:
+            events.append(ev.decode_event(rec.value, rec.headers))
+        except DecodeError:
+            continue
+    return events
 
 
 # --- the checks ------------------------------------------------------------------------------

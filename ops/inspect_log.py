@@ -78,17 +78,13 @@ def _consumed_at(cfg: RunConfig, bootstrap: str) -> dict[str, tuple[int, int]]:
 def _steps_in_force(cfg: RunConfig, bootstrap: str) -> tuple[list[tuple[int, Any]], list[bool]]:
     """Every step record with its offset, and which of them a trainer restart voided
     (``audit.void_steps``: their updates were lost with the trainer; the steps were redone)."""
-    from asyncrl.ops.audit import void_steps
+    from asyncrl.ops.audit import read_control, void_steps
 
     steps = []
     for rec in read_records(cfg, bootstrap, "steps"):
         with contextlib.suppress(DecodeError):
             steps.append((rec.offset, decode_step(rec.value, rec.headers)))
-    control = []
-    if steps:  # restarts matter only to steps
-        for rec in read_records(cfg, bootstrap, "control"):
-            with contextlib.suppress(DecodeError):
-                control.append(ev.decode_event(rec.value, rec.headers))
+    control = read_control(cfg, bootstrap) if steps else []  # restarts matter only to steps
     return steps, void_steps([s for _, s in steps], control)
 
 

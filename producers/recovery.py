@@ -16,8 +16,9 @@ Scanning the whole ``samples`` topic decodes each record as the trainer does (~0
 group): only a sample the trainer will take counts as published. Keys and headers alone let a
 record that does not decode (dead-lettered by the trainer) stand for its sample id, whose
 prompt a restarted worker then skipped for good, and a malformed worker header stopped every
-restarted worker. It is one pass over the run's log at start-up. Later scans (at each new prompt assignment, when workers
-come and go) read only what was appended since the last one (``positions``).
+restarted worker. It is one pass over the run's log at start-up. Later scans (at each new
+prompt assignment, when workers come and go) read only what was appended since the last one
+(``positions``).
 """
 
 from __future__ import annotations

@@ -225,6 +225,10 @@ def validate(sample: Sample) -> None:
     """Reject a sample that would silently corrupt training; raises DecodeError."""
     if not sample.trajectories:
         raise DecodeError(f"sample {sample.sample_id}: no trajectories")
+    # Below and in the loop: values one update would turn into NaN weights or an index error;
+    # every later step fails, a restarted trainer reads the sample again and fails the same way.
+    if len(sample.prompt_ids) and np.min(sample.prompt_ids) < 0:
+        raise DecodeError(f"sample {sample.sample_id}: a negative token id in its prompt")
     for i, t in enumerate(sample.trajectories):
         n = len(t.response_ids)
         if len(t.response_logprobs) != n or len(t.response_mask) != n:
@@ -239,13 +243,11 @@ def validate(sample: Sample) -> None:
                 f"{t.param_version_start}..{t.param_version}"
             )
         validate_segments(t, f"sample {sample.sample_id} trajectory {i}")
-        # Values one update would turn into NaN weights or an index error: every later step
-        # fails, a restarted trainer reads the sample again and fails the same way.
         if not (np.isfinite(t.reward) and np.isfinite(t.response_logprobs).all()):
             raise DecodeError(
                 f"sample {sample.sample_id} trajectory {i}: a reward or logprob is not finite"
             )
-        if any(len(ids) and np.min(ids) < 0 for ids in (t.response_ids, sample.prompt_ids)):
+        if n and np.min(t.response_ids) < 0:
             raise DecodeError(f"sample {sample.sample_id} trajectory {i}: a negative token id")
 
 
