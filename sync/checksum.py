@@ -27,6 +27,7 @@ import os
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -196,37 +197,41 @@ def _segment_word_sums(views: list[Tensor], dtype: torch.dtype) -> Tensor:
     ends = [o + v.numel() for o, v in zip(offsets, views, strict=True)]
     lo, hi = min(offsets), max(ends)
     buffer = first.as_strided((hi - lo,), (1,), lo)
-    word = WORDS[torch.empty((), dtype=dtype).element_size()]
+    word = WORDS[dtype.itemsize]
     piece_len = PIECE.get(first.device.type, PIECE["cuda"])
     base = _multipliers(piece_len, first.device)
     plan = _segment_plan(tuple(offsets), tuple(ends), lo, hi, piece_len, first.device)
-    at, owner, shift = plan.tensors
     run_g = torch.zeros(piece_len + 1, dtype=torch.int64, device=first.device)
     run_w = torch.zeros_like(run_g)  # [0] stays 0: the sum before a piece's first word
-    ends_g = torch.empty_like(at)
-    ends_w = torch.empty_like(at)
+    ends_g = torch.empty_like(plan.at)
+    ends_w = torch.empty_like(plan.at)
     for start, stop, first_at, last_at in plan.pieces:
         words = buffer[start - lo : stop - lo].to(dtype).view(word)
         n = stop - start
         torch.cumsum(words, 0, dtype=torch.int64, out=run_w[1 : n + 1])
         torch.cumsum(torch.mul(words, base[:n]), 0, out=run_g[1 : n + 1])
-        index = at[first_at:last_at]
+        index = plan.at[first_at:last_at]
         torch.index_select(run_g, 0, index, out=ends_g[first_at:last_at])
         torch.index_select(run_w, 0, index, out=ends_w[first_at:last_at])
     # each part's (end, start) pair: its sums, weighed by its shift, added to its tensor
     part_g = ends_g[0::2] - ends_g[1::2]
     part_w = ends_w[0::2] - ends_w[1::2]
     totals = torch.zeros(len(views), dtype=torch.int64, device=first.device)
-    return totals.index_add_(0, owner, part_g + part_w * shift)
+    return totals.index_add_(0, plan.owner, part_g + part_w * plan.shift)
 
 
+@dataclass(frozen=True)
 class _SegmentPlan:
-    """Where each tensor's parts lie in the pieces of a buffer (``_segment_word_sums``): per
-    piece ``(start, stop, first, last)``, its slice of ``at``; ``at``: each part's end and start
-    within its piece, interleaved; ``owner``/``shift``: each part's tensor and weight."""
+    """Where each tensor's parts lie in the pieces of a buffer (``_segment_word_sums``)."""
 
-    def __init__(self, pieces: list[tuple[int, int, int, int]], tensors: tuple[Tensor, ...]):
-        self.pieces, self.tensors = pieces, tensors
+    pieces: list[tuple[int, int, int, int]]
+    """Per piece ``(start, stop, first, last)``: its words, and its slice of ``at``."""
+    at: Tensor
+    """Each part's end and start within its piece, interleaved."""
+    owner: Tensor
+    """Each part's tensor (its index among the views)."""
+    shift: Tensor
+    """Each part's weight of its words' plain sum, ``2 * (piece start - tensor start) * MULT``."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -257,7 +262,7 @@ def _segment_plan(
         if len(at) > first:
             pieces.append((start, stop, first, len(at)))
     as_int64 = functools.partial(torch.tensor, dtype=torch.int64, device=device)
-    return _SegmentPlan(pieces, (as_int64(at), as_int64(owner), as_int64(shift)))
+    return _SegmentPlan(pieces, as_int64(at), as_int64(owner), as_int64(shift))
 
 
 @functools.cache
