@@ -241,6 +241,11 @@ class LocalSink:
     def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
         announce()  # the trainer's side connects it (see ScriptedTrainer)
 
+    def await_transfer(self, waiting: Callable[[], None]) -> None:
+        while self.pending.empty() and not self.closed:
+            waiting()
+            time.sleep(0.05)
+
     def receive_into(self, model: torch.nn.Module, bucket_bytes: int) -> TransferStats:
         t0 = time.perf_counter()
         while True:

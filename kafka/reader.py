@@ -121,6 +121,11 @@ class Reader(Generic[T]):
         The group is cooperative: ``on_assign``/``on_revoke`` get only the partitions that
         move, and ``on_revoke`` runs before they are released, so it may still commit them.
         ``on_lost`` (default: ``on_revoke``): they were taken away already (session expired).
+
+        A partition assigned starts unpaused, as with Kafka's Java client: librdkafka keeps a
+        partition's pause across its loss and a later re-assignment to the same consumer, so
+        a worker paused when it missed max.poll.interval.ms got its prompts back paused, and
+        never resumed them (it had resumed what it then owned: nothing).
         """
         if self.group_id is None:
             log.warning("subscribe() without group_id: using a throwaway consumer group")
@@ -128,7 +133,9 @@ class Reader(Generic[T]):
         def wrap(
             cb: PartitionsCallback | None, leaving: bool = False
         ) -> Callable[[Consumer, list[TopicPartition]], None]:
-            def handler(_consumer: Consumer, parts: list[TopicPartition]) -> None:
+            def handler(consumer: Consumer, parts: list[TopicPartition]) -> None:
+                if not leaving and parts:  # before the library assigns them (after this call)
+                    consumer.resume(parts)
                 moving = [(tp.topic, tp.partition) for tp in parts]
                 if cb is not None:
                     cb(moving)

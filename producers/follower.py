@@ -180,6 +180,9 @@ class SyncFollower:
         t0 = time.monotonic()
         try:
             sink, bucket_bytes = self.sink, self.cfg.sync.bucket_bytes
+            # Here, not in the engine's thread that receives: polling the prompts may hand
+            # back samples in flight, which reaches into the engine.
+            sink.await_transfer(self.keep_alive)
             self.engine.update_weights(lambda model: sink.receive_into(model, bucket_bytes))
         except ManifestMismatchError:
             raise
@@ -187,6 +190,7 @@ class SyncFollower:
             raise TrainerGone(f"the weight transfer failed ({err})") from err
         published = self.control.wait_for(
             ev.ControlEvent,
+            idle=self.keep_alive,
             where=lambda e: (
                 (
                     isinstance(e, ev.WeightsPublished)

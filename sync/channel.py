@@ -125,9 +125,11 @@ class ControlChannel:
         worker: int | None = None,
         timeout_s: float | None = None,
         where: Callable[[E], bool] | None = None,
+        idle: Callable[[], None] | None = None,
     ) -> E:
         """Block until an event of ``kind`` (optionally for a version/worker, or passing
-        ``where``) arrives."""
+        ``where``) arrives; ``idle`` is called between polls (a worker keeps polling its
+        consumer group)."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
         kept: list[ev.ControlEvent] = []
         try:
@@ -152,6 +154,8 @@ class ControlChannel:
                         f"(sync.timeout_s); check the other processes' logs in {self.cfg.run_dir / 'logs'}"
                     )
                 self._pending.extend(r.value for r in self.reader.poll(min(left, 0.1)))
+                if idle is not None:
+                    idle()
         finally:
             self._pending.extendleft(reversed(kept))
 

@@ -36,6 +36,7 @@ import functools
 import json
 import logging
 import secrets
+import select
 import socket
 import struct
 import time
@@ -80,6 +81,9 @@ _ANNOUNCE_EVERY_S = 2.0
 _FULL = -1
 """A transfer's opening token when a manifest check comes first; an epoch (>= 0) instead
 says the weights are final and readable in place under that epoch."""
+AWAIT_SLICE_S = 0.5
+"""How often a worker waiting for the trainer's opening looks up to poll its consumer group
+(its max.poll.interval.ms is a few seconds: a worker that stops polling leaves the group)."""
 
 
 class ManifestMismatchError(RuntimeError):
@@ -201,6 +205,8 @@ class _Pair:
         self.pg.set_timeout(timedelta(seconds=op_timeout_s))
         self.device = device
         self.op_timeout_s = op_timeout_s
+        self._opening: tuple[dist.Work, Tensor] | None = None
+        """The worker's end of the next ``open``, posted early by ``await_opening``."""
         self.fast: socket.socket | None = None
         """Both ends on one host, the worker reading in place: a Unix socket that carries
         each transfer's opening number and the worker's acknowledgement (a gloo message over
@@ -229,9 +235,31 @@ class _Pair:
         """The worker's end of ``open``."""
         if self.fast is not None:
             return _recv_number(self.fast, "the trainer")
-        work, token = self.signal(0, _FULL)
+        work, token = self._opening or self.signal(0, _FULL)
+        self._opening = None
         work.wait()
         return int(token.item())
+
+    def await_opening(self, waiting: Callable[[], None]) -> None:
+        """Until the trainer's opening has arrived (``take`` then returns at once), failed, or
+        ``op_timeout_s`` passed (``take`` then fails as it would have), calling ``waiting``
+        every ``AWAIT_SLICE_S``: the trainer opens a sync's transfer once every worker has
+        paused, which one stopped worker can make a long wait."""
+        deadline = time.monotonic() + self.op_timeout_s
+        if self.fast is not None:
+            while not select.select([self.fast], [], [], AWAIT_SLICE_S)[0]:
+                if time.monotonic() > deadline:
+                    return
+                waiting()
+            return
+        if self._opening is None:
+            self._opening = self.signal(0, _FULL)
+        work, last = self._opening[0], time.monotonic()
+        while not work.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.0005)  # a gloo pair crosses hosts: its transfer takes far longer
+            if time.monotonic() - last >= AWAIT_SLICE_S:
+                waiting()
+                last = time.monotonic()
 
     def acknowledge(self, value: int) -> None:
         """The worker's word that it has read the epoch ``value`` (the trainer may step)."""
@@ -829,6 +857,12 @@ class WeightReceiver(_Endpoint):
             )
         except Exception as err:
             raise self._rendezvous_error(f"worker {worker} forming its pair", err) from err
+
+    def await_transfer(self, waiting: Callable[[], None]) -> None:
+        """Until the trainer opens its next transfer, calling ``waiting`` now and then (the
+        worker polls its consumer group meanwhile); ``receive_into`` follows."""
+        if self._pair is not None:
+            self._pair.await_opening(waiting)
 
     def receive_into(
         self, model: nn.Module | Mapping[str, Tensor], bucket_bytes: int

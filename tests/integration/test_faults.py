@@ -421,3 +421,52 @@ def test_a_broker_stalled_for_15_s_costs_time_not_work(make_run_cfg, quick_polic
         cfg.kafka.bootstrap_servers = bootstrap
         check_log_invariants(cfg)
         report_recovery(cfg, "broker SIGSTOP 15 s (from SIGCONT)", stalled["resumed_at"])
+
+
+def _stop_worker_at(cfg, pids: dict[str, int], at_step: int, stop_s: float, out: dict) -> None:
+    """SIGSTOP rollout worker 0 for ``stop_s`` once the steps topic shows ``at_step``."""
+    deadline = time.monotonic() + 240
+    while not (cfg.run_dir / "config.yaml").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with Reader(cfg.kafka, cfg.kafka.bootstrap_servers, decode_step) as steps:
+        steps.assign(cfg.topic("steps"))
+        while time.monotonic() < deadline:
+            if any(r.value.step >= at_step for r in steps.poll(0.1)):
+                os.kill(pids["rollout-0"], signal.SIGSTOP)
+                out["stopped_at"] = time.time()
+                time.sleep(stop_s)
+                os.kill(pids["rollout-0"], signal.SIGCONT)
+                out["resumed_at"] = time.time()
+                return
+
+
+def test_a_worker_stopped_past_its_session_timeout_costs_time_not_the_run(
+    make_run_cfg, quick_policy
+):
+    """A rollout worker stopped (SIGSTOP: a debugger, a stalled VM) for longer than its group
+    session and max.poll.interval, beside a healthy one, on a standalone broker. Before, the
+    run never trained again: the stopped worker got its prompt partitions back still paused
+    by librdkafka and never resumed them (4 runs of 4 with one worker), and the healthy one,
+    waiting in the sync for the stopped one's pause without polling its prompts group, left
+    the group too (both leaving at once could wedge it on Tansu)."""
+    steps = 12
+    cfg = make_run_cfg(
+        *SMALL,
+        *quick_policy,
+        f"trainer.total_training_steps={steps}",
+        "actor_rollout_ref.rollout.num_workers=2",
+        "kafka.session_timeout_ms=1500",
+        "kafka.heartbeat_interval_ms=200",
+        "kafka.max_poll_interval_ms=2000",
+        "sync.timeout_s=60",  # before the fix: a trainer waiting for samples until this
+    )
+    summary, stopped, out = _run_with_fault(cfg, _stop_worker_at, 3, 5.0, join_s=60)
+    assert stopped.get("resumed_at"), "the worker was never stopped"
+    assert summary["step"] == steps
+    assert "restarting" not in out  # nobody died of the stop
+    healthy = (cfg.run_dir / "logs" / "rollout-1.log").read_text()
+    assert "not polled within kafka.max_poll_interval_ms" not in healthy
+    check_log_invariants(cfg)
+    report_recovery(
+        cfg, "worker SIGSTOP 5 s, past its session (from SIGCONT)", stopped["resumed_at"]
+    )

@@ -426,3 +426,35 @@ def test_a_worker_left_without_prompt_partitions_says_why_it_may_be(
     finally:
         first.close()
         second.close()
+
+
+def test_a_paused_source_that_missed_max_poll_interval_takes_prompts_again(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    """A worker stopped (SIGSTOP, a debugger, a stalled VM) past max.poll.interval.ms with its
+    prompt partitions paused (buffer full) loses them, and the group gives them back. Before,
+    librdkafka kept them paused across the loss and the re-assignment while the source took
+    itself for resumed: the worker never took a prompt again and the trainer waited for good
+    (a standalone broker, 4 runs of 4)."""
+    cfg = make_run_cfg("kafka.topics.partitions.prompts=2", *SHORT_POLL)
+    with Publisher(cfg.kafka, broker) as feed:
+        for i in range(40):
+            feed.publish(
+                cfg.topic("prompts"), f"p{i}", encode_prompt(PromptRecord(f"p{i}", "", ""))
+            )
+    source = PromptSource(cfg, broker, prefetch=8)
+    try:
+        _keep_alive(source, until=lambda: source.paused and len(source._buffer) >= 8)
+        assert source.paused and source.owned == {0, 1}
+        time.sleep(3.5)  # no poll for longer than max.poll.interval.ms (2 s): the group's gone
+        taken: list[Record[PromptRecord]] = []
+        deadline = time.monotonic() + 40
+        while len(taken) < 20 and time.monotonic() < deadline:
+            source.keep_alive()  # what a worker with its budget spent does: the loss lands here
+            rec = source.take(0.2)
+            if rec is not None:
+                taken.append(rec)
+        assert len(taken) >= 20, f"took {len(taken)} prompts after the stall: partitions paused"
+        assert source.owned == {0, 1}
+    finally:
+        source.close()

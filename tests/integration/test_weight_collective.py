@@ -8,6 +8,7 @@ timeout, so a hang fails the test instead of blocking the suite.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -66,6 +67,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _count_call(counts: list[int]) -> None:
+    counts[-1] += 1
+
+
 def _worker(
     rank: int,
     world_size: int,
@@ -99,10 +104,15 @@ def _worker(
                 assert end.connect(w, f"inc{w}")
         else:
             end.join(rank - 1, f"inc{rank - 1}", announce=lambda: None)
-        rounds = ROUND_BUCKET_BYTES if scenario in ("rounds", "cast") else ROUND_BUCKET_BYTES[:1]
+        rounds = (
+            ROUND_BUCKET_BYTES
+            if scenario in ("rounds", "cast", "awaited")
+            else ROUND_BUCKET_BYTES[:1]
+        )
+        result["waiting_calls"] = []
         for k, bucket_bytes in enumerate(rounds):
             if isinstance(end, WeightSender):
-                if scenario == "late":
+                if scenario in ("late", "awaited"):
                     time.sleep(LATE_S)  # the trainer's next sync comes a step later
                 _perturb(model, seed=k)  # the trainer's weights change between syncs
                 sent = end.broadcast(model, bucket_bytes, dtype=cast)
@@ -110,6 +120,9 @@ def _worker(
                 assert sorted(sent.delivered) == list(range(world_size - 1))
                 stats = sent.stats
             else:
+                if scenario == "awaited":  # what a worker does: poll its group while it waits
+                    result["waiting_calls"].append(0)
+                    end.await_transfer(functools.partial(_count_call, result["waiting_calls"]))
                 stats = end.receive_into(model, bucket_bytes)
             assert model.head.weight is model.embed.weight
             result["stats"].append(vars(stats))
@@ -225,6 +238,23 @@ def test_a_workers_wait_for_the_trainers_transfer_is_told_apart_from_the_transfe
     assert got["waited_s"] >= 0.8 * LATE_S
     assert got["seconds"] - got["waited_s"] < 0.5 * LATE_S
     assert results[1]["checksums"] == results[0]["checksums"]
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "collective"])
+def test_a_worker_awaiting_a_late_transfer_is_called_back_to_poll_its_group(
+    tmp_path: Path, shared: bool
+) -> None:
+    """A sync's transfer opens once every worker has paused: a stopped worker made the others
+    wait in ``receive_into`` without polling their prompts group, past its max.poll.interval,
+    so they left it too, and on Tansu the group never formed again (the trainer waited for
+    samples until it timed out). ``await_transfer`` calls back while it waits, on the gloo
+    opening (the first transfer, or a pair across hosts) and on the fast channel, and the
+    transfer that follows is bit-exact."""
+    results = _run(2, "awaited", tmp_path, shared=(shared, shared))
+    _check_rounds(results, tmp_path, shared=int(shared))
+    calls = results[1]["waiting_calls"]
+    assert len(calls) == len(ROUND_BUCKET_BYTES)
+    assert all(n >= 1 for n in calls), calls  # LATE_S = 1 s, a call every AWAIT_SLICE_S
 
 
 def test_three_processes_one_reading_shared_memory_one_over_the_collective(tmp_path: Path):
