@@ -97,7 +97,7 @@ def load_tokenizer(cfg: RunConfig) -> Any:
     if cfg.actor_rollout_ref.model.path is None:
         from asyncrl.models.tiny import task_tokenizer
 
-        return _with_tiny_template(task_tokenizer(cfg.data))
+        return with_tiny_template(task_tokenizer(cfg.data))
     return _hf_tokenizer(cfg, _checked_path(cfg))
 
 
@@ -115,7 +115,9 @@ def _hf_tokenizer(cfg: RunConfig, path: Path) -> Any:
     return tok
 
 
-def _with_tiny_template(tokenizer: Any) -> Any:
+def with_tiny_template(tokenizer: Any) -> Any:
+    """The built-in model's tokenizer with its chat template, so chat prompts (your data's)
+    encode; every path that hands that tokenizer out sets it."""
     if tokenizer.chat_template is None:
         tokenizer.chat_template = TINY_CHAT_TEMPLATE
     return tokenizer
@@ -135,7 +137,7 @@ def load_policy(
         model: torch.nn.Module = tiny
         if dtype is not None:
             model.to(dtype)
-        return model, _with_tiny_template(tokenizer)
+        return model, with_tiny_template(tokenizer)
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

@@ -66,6 +66,7 @@ def build(
         model, tokenizer, metrics = _train(cfg, mc, on_step)
     finally:
         torch.set_num_threads(threads)
+    tokenizer = policy.with_tiny_template(tokenizer)  # the held-out prompts may be chat
     measured = held_out_accuracy(cfg, model, tokenizer, held_out_set(cfg, tokenizer))
     metrics["warmup_val_accuracy"] = measured["accuracy"]
     if "tool_use" in measured:

@@ -252,3 +252,25 @@ def test_missing_data_files_stop_the_run_naming_the_key(tmp_path: Path) -> None:
         check_startable(cfg, "run")
     assert "data.train_files" in str(err.value) and "data.val_files" in str(err.value)
     check_startable(cfg, "rollout")  # workers read prompts from the topic, not the files
+
+
+def test_your_data_with_the_built_in_model_warm_starts_it_when_not_cached(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    """The README's bring-your-own example on a fresh machine: the demo policy, not cached yet,
+    is warm-started, then measured on the files' held-out prompts, which are chat messages.
+    Before, its tokenizer had no chat template at that point: the run failed after the warm
+    start with "the tokenizer has no chat template ... actor_rollout_ref.model.path", a key
+    the user never set, and every retry warm-started again (nothing was cached)."""
+    from asyncrl.models.warm_start import load_policy as warm_load
+
+    cfg = _files(
+        exported,
+        *SMALL_MODEL,
+        "actor_rollout_ref.model.warmup_steps=2",
+        f"actor_rollout_ref.model.cache_dir={tmp_path / 'cache'}",
+    )
+    model, tokenizer = warm_load(cfg)
+    assert tokenizer.chat_template
+    assert model.config.hidden_size == 16
+    assert any((tmp_path / "cache").iterdir())  # cached: the next start loads it
