@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,12 +140,51 @@ def _kafka_security(cfg: RunConfig) -> list[Check]:
 
 
 def _output_dir(cfg: RunConfig) -> Check:
-    parent = cfg.run_dir
+    problem = _unwritable_dir(cfg.run_dir)
+    if problem:
+        return Check("output_dir", False, f"{cfg.run_dir}: {problem}")
+    return Check("output_dir", True, f"{cfg.run_dir} (writable)")
+
+
+def _cache_dir(cfg: RunConfig) -> Check:
+    """The demo policy is cached there once warm-started (a minute of work lost otherwise)."""
+    key = "actor_rollout_ref.model.cache_dir"
+    if cfg.actor_rollout_ref.model.path is not None:
+        return Check(key, True, "unused (model.path is set)")
+    from asyncrl.models.cache import policy_dir
+
+    where = policy_dir(cfg).parent
+    problem = _unwritable_dir(where)
+    if problem:
+        return Check(key, False, f"{where}: {problem}")
+    return Check(key, True, f"{where} (writable)")
+
+
+def _unwritable_dir(path: Path) -> str | None:
+    """Why a directory could not be made or written at ``path`` (None: it can). The nearest
+    existing ancestor must be a directory in which one can create a directory: tried, then
+    removed (``os.access`` says yes to root in /proc)."""
+    parent = path
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        return Check("output_dir", False, f"{cfg.run_dir}: {parent} is not writable")
-    return Check("output_dir", True, f"{cfg.run_dir} (writable)")
+    if not parent.is_dir():
+        return f"{parent} is a file, not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".asyncrl-check-", dir=parent))
+    except OSError as err:
+        return f"cannot create a directory in {parent} ({err.strerror or err})"
+    return None
+
+
+def _master_addr(cfg: RunConfig) -> Check:
+    """The weight collective's rendezvous host: a name that does not resolve left every
+    process retrying it silently (c10d logs only)."""
+    key, addr = "sync.master_addr", cfg.sync.master_addr
+    try:
+        socket.getaddrinfo(addr, None)
+    except (OSError, UnicodeError) as err:
+        return Check(key, False, f"{addr!r} does not resolve ({err})")
+    return Check(key, True, f"{addr} resolves")
 
 
 def _resume_mode(cfg: RunConfig) -> Check:
@@ -236,6 +277,8 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     checks += _kafka_security(cfg)
     if role != "rollout":
         checks.append(_output_dir(cfg))
+    checks.append(_cache_dir(cfg))
+    checks.append(_master_addr(cfg))
     if role == "run" and cfg.kafka.bootstrap_servers and cfg.trainer.resume_mode == "disable":
         checks.append(_resume_mode(cfg))
     return checks

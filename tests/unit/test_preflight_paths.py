@@ -1,0 +1,49 @@
+"""Where a run writes, and the host its weight collective meets on, are checked at start-up:
+``asyncrl run --dry-run`` said ``ok`` for each of these, and the real run then failed in a
+traceback (an ``output_dir`` that is a file, one that cannot be made; a model cache that
+cannot be made, after a warm start) or retried for good with nothing on the console (a
+``sync.master_addr`` that does not resolve)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.launch.preflight import check_startable, startup_checks
+
+
+def _failed(*overrides: str) -> dict[str, str]:
+    cfg = load_config(overrides=list(overrides))
+    return {c.key: c.detail for c in startup_checks(cfg, "run") if c.ok is False}
+
+
+def test_an_output_dir_that_is_a_file_fails_naming_the_key(tmp_path: Path) -> None:
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x")
+    failed = _failed(f"output_dir={afile}")
+    assert list(failed) == ["output_dir"]
+    assert "is a file, not a directory" in failed["output_dir"]
+    with pytest.raises(ConfigError, match="output_dir"):
+        check_startable(load_config(overrides=[f"output_dir={afile / 'deeper'}"]), "run")
+
+
+def test_a_directory_that_cannot_be_made_fails_naming_the_key(tmp_path: Path) -> None:
+    failed = _failed("output_dir=/proc/asyncrl-x", "actor_rollout_ref.model.cache_dir=/proc/y")
+    assert set(failed) == {"output_dir", "actor_rollout_ref.model.cache_dir"}
+    assert all("cannot create a directory in /proc" in d for d in failed.values())
+
+
+def test_writable_places_pass_and_the_probe_leaves_nothing(tmp_path: Path) -> None:
+    failed = _failed(
+        f"output_dir={tmp_path / 'runs'}", f"actor_rollout_ref.model.cache_dir={tmp_path / 'c'}"
+    )
+    assert not failed
+    assert list(tmp_path.iterdir()) == []  # nothing made by checking
+
+
+def test_a_master_addr_that_does_not_resolve_fails_naming_the_key() -> None:
+    failed = _failed("sync.master_addr=not.a.host.invalid")
+    assert list(failed) == ["sync.master_addr"]
+    assert "does not resolve" in failed["sync.master_addr"]
