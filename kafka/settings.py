@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -153,3 +154,57 @@ def consumer_config(
     }
     conf.update(client_config(kafka_cfg, bootstrap))
     return conf
+
+
+_OUR_KEYS = {
+    "linger.ms": "kafka.linger_ms",
+    "queue.buffering.max.ms": "kafka.linger_ms",
+    "heartbeat.interval.ms": "kafka.heartbeat_interval_ms",
+    "session.timeout.ms": "kafka.session_timeout_ms",
+    "max.poll.interval.ms": "kafka.max_poll_interval_ms",
+    "fetch.wait.max.ms": "kafka.fetch_wait_max_ms",
+    "message.max.bytes": "kafka.max_message_bytes",
+    "receive.message.max.bytes": "kafka.max_message_bytes",
+    "fetch.max.bytes": "kafka.max_message_bytes",
+    "max.partition.fetch.bytes": "kafka.max_message_bytes",
+}
+"""librdkafka's property -> the kafka.* key it is made from (``kafka.extra`` wins, as it does
+in the client configs)."""
+
+
+def client_settings_problem(kafka_cfg: KafkaConfig) -> tuple[str, str] | None:
+    """(the key to blame, librdkafka's objection) if a producer or consumer could not be made
+    with these settings (an unknown property in ``kafka.extra``, a value out of librdkafka's
+    range, two that contradict each other), else None. Made and closed without connecting:
+    every role failed at its first client with a traceback naming librdkafka's property."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+    quiet = logging.getLogger("asyncrl.kafka.settings.check")
+    quiet.propagate, quiet.disabled = False, True
+    # Nothing to connect to: the clients are only made, and destroyed at once.
+    made = [
+        (Producer, producer_config(kafka_cfg, "")),
+        (Consumer, consumer_config(kafka_cfg, "", "asyncrl-settings-check")),
+    ]
+    for kind, conf in made:
+        conf["logger"] = quiet
+        try:
+            client = kind(conf)
+        except (KafkaException, ValueError, TypeError) as err:
+            first = err.args[0] if err.args else err
+            text = first.str() if isinstance(first, KafkaError) else str(first)
+            text = " ".join(text.split())
+            return _blamed_key(kafka_cfg, text), text
+        if isinstance(client, Consumer):
+            client.close()
+    return None
+
+
+def _blamed_key(kafka_cfg: KafkaConfig, text: str) -> str:
+    """The key a user sets to change the property librdkafka names (quoted, in its message)."""
+    for prop in re.findall(r'[`"]([A-Za-z0-9_.]+)[`"]', text):
+        if prop in kafka_cfg.extra:
+            return f"kafka.extra.{prop}"
+        if prop in _OUR_KEYS:
+            return _OUR_KEYS[prop]
+    return "kafka.extra"

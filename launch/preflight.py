@@ -139,6 +139,22 @@ def _kafka_security(cfg: RunConfig) -> list[Check]:
     return checks
 
 
+def _kafka_clients(cfg: RunConfig) -> Check:
+    """librdkafka's own checks of the client settings (``kafka.extra`` and the kafka.* values
+    they are made from), made without a broker."""
+    from asyncrl.kafka import MissingSecret
+    from asyncrl.kafka.settings import client_settings_problem
+
+    try:
+        problem = client_settings_problem(cfg.kafka)
+    except MissingSecret:  # its own check says so
+        return Check("kafka.extra", None, "not checked: the SASL password is not set")
+    if problem is not None:
+        key, text = problem
+        return Check(key, False, f"librdkafka refuses the client settings: {text}")
+    return Check("kafka.extra", True, "librdkafka accepts the client settings")
+
+
 def _output_dir(cfg: RunConfig) -> Check:
     problem = _unwritable_dir(cfg.run_dir)
     if problem:
@@ -275,6 +291,7 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     if role == "run" and cfg.launcher == "ray":
         checks.append(_package("launcher", "ray", "ray"))
     checks += _kafka_security(cfg)
+    checks.append(_kafka_clients(cfg))
     if role != "rollout":
         checks.append(_output_dir(cfg))
     checks.append(_cache_dir(cfg))

@@ -47,3 +47,22 @@ def test_a_master_addr_that_does_not_resolve_fails_naming_the_key() -> None:
     failed = _failed("sync.master_addr=not.a.host.invalid")
     assert list(failed) == ["sync.master_addr"]
     assert "does not resolve" in failed["sync.master_addr"]
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "said"),
+    [
+        ("kafka.extra.bogus.setting=1", "kafka.extra.bogus.setting", "No such configuration"),
+        ("kafka.extra.acks=7", "kafka.extra.acks", "enable.idempotence"),
+        ("kafka.linger_ms=99999999", "kafka.linger_ms", "outside allowed range"),
+        ("kafka.max_message_bytes=99999999999", "kafka.max_message_bytes", "message.max.bytes"),
+    ],
+)
+def test_client_settings_librdkafka_refuses_fail_naming_our_key(
+    override: str, key: str, said: str
+) -> None:
+    """Each of these passed the dry run; every role then died at its first Kafka client with
+    a traceback naming librdkafka's property (queue.buffering.max.ms), not the key set."""
+    failed = _failed(override)
+    assert list(failed) == [key]
+    assert said in failed[key]
