@@ -275,6 +275,24 @@ def _reward_function(cfg: RunConfig, here: bool) -> Check:
     return Check("custom_reward_function.path", True, f"{crf.path}: {crf.name} loads")
 
 
+def _filter_metric(cfg: RunConfig) -> Check:
+    """Dynamic sampling's metric is the reward, or a key a custom reward returns: the built-in
+    rules return a float, so any other name failed the trainer at its first sample."""
+    from asyncrl.consumers.dynamic_sampling import REWARD_METRICS
+
+    key, fg = "algorithm.filter_groups.metric", cfg.algorithm.filter_groups
+    if not fg.enable or fg.metric in REWARD_METRICS:
+        return Check(key, True, f"{fg.metric or 'score'}" if fg.enable else "unused")
+    if cfg.custom_reward_function.path is None:
+        return Check(
+            key,
+            False,
+            f"{fg.metric!r}: the built-in reward returns a float, with no {fg.metric!r}: use "
+            "score (or a custom_reward_function that returns it in a dict)",
+        )
+    return Check(key, None, f"{fg.metric!r}: your reward function must return it in a dict")
+
+
 def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]:
     """Every start-up check for ``role`` (run, train or rollout), passed or not; ``rows``:
     the data files' rows too (the dry run)."""
@@ -283,6 +301,8 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     here = role != "run" or cfg.launcher == "local"  # this process starts the one that needs it
     checks = [*_tool_checks(cfg), _model_path(cfg)]
     checks.append(_reward_function(cfg, here))
+    if role != "rollout":
+        checks.append(_filter_metric(cfg))
     if role != "rollout":
         checks += _data_files(cfg, rows)
     checks += _cuda(cfg, role, here)

@@ -66,3 +66,12 @@ def test_client_settings_librdkafka_refuses_fail_naming_our_key(
     failed = _failed(override)
     assert list(failed) == [key]
     assert said in failed[key]
+
+
+def test_a_filter_metric_the_built_in_reward_cannot_give_fails_naming_the_key() -> None:
+    """It passed the dry run, and the trainer failed at its first sample (20 s in)."""
+    on = "algorithm.filter_groups.enable=true"
+    failed = _failed(on, "algorithm.filter_groups.metric=acc")
+    assert list(failed) == ["algorithm.filter_groups.metric"]
+    assert "returns a float" in failed["algorithm.filter_groups.metric"]
+    assert not _failed(on, "algorithm.filter_groups.metric=score")
