@@ -452,7 +452,7 @@ def _usage_errors() -> tuple[type[Exception], ...]:
 def _expected_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says all (file and line, config key, a process's log tail): shown
     as one message, not a traceback. Imported lazily, so ``--help`` stays instant."""
-    from asyncrl.kafka import BrokerUnavailable, KafkaDeliveryError, UnknownTopic
+    from asyncrl.kafka import BrokerUnavailable, KafkaDeliveryError, MessageTooLarge, UnknownTopic
     from asyncrl.launch.broker import BrokerError
     from asyncrl.launch.launcher import RunFailed
 
@@ -460,6 +460,7 @@ def _expected_errors() -> tuple[type[Exception], ...]:
         *_usage_errors(),
         BrokerUnavailable,
         KafkaDeliveryError,
+        MessageTooLarge,
         UnknownTopic,
         BrokerError,
         RunFailed,

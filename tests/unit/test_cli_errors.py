@@ -259,3 +259,15 @@ def test_messages_the_broker_would_not_take_end_a_role_in_one_line(
     assert (
         err.startswith("asyncrl train: 1 message(s) still undelivered") and "Traceback" not in err
     )
+
+
+def test_a_message_above_the_size_limit_ends_the_run_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``kafka.max_message_bytes`` at its smallest: the prompt feed's first prompt is larger,
+    and the run ended in a traceback around a message that says what to do."""
+    argv = ["run", f"output_dir={tmp_path}", "kafka.max_message_bytes=1024", "data.train_size=64"]
+    cache = f"actor_rollout_ref.model.cache_dir={tmp_path / 'cache'}"
+    assert main([*argv, cache, "actor_rollout_ref.model.warmup_steps=1"]) == 1
+    err = capsys.readouterr().err
+    assert "above kafka.max_message_bytes=1024" in err and "Traceback" not in err
