@@ -123,12 +123,24 @@ def preloaded_available() -> bool:
 
 def start_role_server() -> None:
     """Start the fork server now, so its imports overlap what the caller does before its
-    first role (the broker's start, the topics, the prompts); returns at once."""
+    first role (the broker's start, the topics, the prompts); returns at once.
+
+    It starts with SIGINT ignored (an ignored signal stays so across its exec): multiprocessing
+    ignores it in the server only once the preloaded imports are done, and a Ctrl-C in the
+    first seconds of ``asyncrl run`` printed a page of KeyboardInterrupt traceback from inside
+    ``import transformers``. The launcher ends the server itself; each role takes SIGINT back
+    (``_role_main``)."""
     if preloaded_available():
         _context()
         from multiprocessing import forkserver
 
-        forkserver.ensure_running()
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            forkserver.ensure_running()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
 
 
 def _stop_role_server() -> None:
@@ -171,6 +183,7 @@ def _die_with(launcher: int) -> None:
 def _role_main(argv: list[str], log_path: str, env: dict[str, str], launcher: int) -> None:
     """A role's process, as ``python -m asyncrl <argv>`` with its output to ``log_path``."""
     _die_with(launcher)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it
     # The server exits once every holder of its "alive" pipe has closed it; multiprocessing
     # hands each child a copy (so the server outlives its children). Without ours, the
     # server exits when the launcher does, even by SIGKILL, and this child with it.
@@ -239,6 +252,7 @@ def spawn_role(argv: list[str], log_path: Path) -> tuple[RoleProcess, Path]:
     """Start ``asyncrl <argv>`` forked from the preloaded server, its stdout and stderr to
     ``log_path``; it dies with this process."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    start_role_server()  # SIGINT ignored in the server (a no-op once it runs)
     ctx = _context()
     process = ctx.Process(
         target=_role_main,

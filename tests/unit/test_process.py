@@ -93,3 +93,51 @@ def test_the_role_server_ends_with_the_process_that_started_it():
     server = int(launcher.stdout.readline())
     assert launcher.wait(120) == 0  # the process, not its output: the server holds that too
     assert not _alive(server), "the fork server outlived the process that started it"
+
+
+def _ignores_sigint(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        ignored = next(line for line in f if line.startswith("SigIgn:")).split()[1]
+    return bool(int(ignored, 16) & (1 << (2 - 1)))  # SIGINT is signal 2
+
+
+def test_ctrl_c_while_the_role_server_imports_is_ignored_there_not_in_its_roles(tmp_path):
+    """Ctrl-C in the first seconds of ``asyncrl run`` reached the fork server in the middle
+    of its preloaded imports and printed a page of KeyboardInterrupt traceback (multiprocessing
+    ignores SIGINT in the server only once they are done). The server now starts with it
+    ignored; the roles it forks take it back (a worker's Ctrl-C hands back its work)."""
+    log = tmp_path / "broker.log"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, time\n"
+            "from multiprocessing import forkserver\n"
+            "from pathlib import Path\n"
+            "from asyncrl.launch.process import spawn_role, start_role_server\n"
+            "start_role_server()\n"
+            "server = forkserver._forkserver._forkserver_pid\n"
+            "os.kill(server, signal.SIGINT)  # while it imports torch and transformers\n"
+            "print(server, flush=True)\n"
+            f"proc, _ = spawn_role(['broker'], Path({str(log)!r}))\n"
+            "print(proc.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert launcher.stdout is not None
+        server = int(launcher.stdout.readline())
+        role = int(launcher.stdout.readline())  # the server lived on to fork it
+        assert _ignores_sigint(server)
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "127.0.0.1" in log.read_text()):  # the role runs
+            assert time.monotonic() < deadline and _alive(role), "the role never started"
+            time.sleep(0.1)
+        assert not _ignores_sigint(role)
+    finally:
+        launcher.kill()
+        _, err = launcher.communicate(timeout=60)
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
