@@ -89,6 +89,13 @@ def _config_args(p: argparse.ArgumentParser, reads_run: bool = False) -> None:
     )
 
 
+def _output_dir_arg(p: argparse.ArgumentParser) -> None:
+    """A command that finds its run by run_id (the same as output_dir=DIR)."""
+    p.add_argument(
+        "--output-dir", help="where run directories live (default: the config's output_dir, runs)"
+    )
+
+
 def engine_args(p: argparse.ArgumentParser) -> None:
     """``bench engine``'s sizes; unset, each shape's smoke default (bench/engine.py)."""
     p.add_argument(
@@ -197,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", help="records before this time")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--text", action="store_true", help="decode token ids to text")
+    _output_dir_arg(p)
     _config_args(p, reads_run=True)
 
     p = sub.add_parser(
@@ -251,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", help="topic: records before this time")
     p.add_argument("--versions", help="topic: param_version range, e.g. 3..7")
     p.add_argument("--sample-ids", help="topic: comma-separated sample ids")
+    _output_dir_arg(p)
     _config_args(p, reads_run=True)
 
     p = sub.add_parser(

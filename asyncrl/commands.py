@@ -32,6 +32,8 @@ def _load_run(args: argparse.Namespace):
 
     from asyncrl.config import load_config
 
+    if getattr(args, "output_dir", None):  # --output-dir: as audit, monitor and report take it
+        args.overrides = [*args.overrides, f"output_dir={args.output_dir}"]
     if args.overrides and "=" not in args.overrides[0]:
         first, rest = args.overrides[0], args.overrides[1:]
         args.overrides = rest

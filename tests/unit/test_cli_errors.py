@@ -204,6 +204,11 @@ def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
     with pytest.raises(SystemExit) as exc:
         main(["inspect", "steps", "byhand", f"output_dir='{tmp_path}'"])
     assert str(exc.value).startswith(f"asyncrl inspect: nothing listens at {bootstrap}")
+    # --output-dir, as audit, monitor and report take it (inspect and replay had none)
+    for argv in (["inspect", "steps", "byhand"], ["replay", "step", "1", "run_id=byhand"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--output-dir", str(tmp_path)])
+        assert f"nothing listens at {bootstrap}" in str(exc.value)
 
 
 def test_a_run_that_never_started_is_said_so(tmp_path: Path) -> None:
