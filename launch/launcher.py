@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, RunConfig, dump_config
+from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, ConfigError, RunConfig, dump_config
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.launch.log_archive import ArchiveError
@@ -189,6 +189,7 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
         resolved.sync.master_port = free_port()
     topics = create_run_topics(resolved, bootstrap)
     console.log(f"topics: {', '.join(topics)}")
+    _refuse_a_foreign_log(resolved, bootstrap)
     prepare_policy(resolved, console)
 
     from asyncrl.producers.feed import feed_prompts, train_prompts
@@ -214,6 +215,34 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     dump_config(resolved, config_path)
     console.log(f"resolved config: {config_path}")
     return resolved, config_path
+
+
+def _refuse_a_foreign_log(cfg: RunConfig, bootstrap: str) -> None:
+    """A run directory that never held this run (no config.yaml: another output_dir, or the
+    directory deleted) in front of topics with work on them (a Kafka cluster keeps a run's
+    log): a trainer started here would find no checkpoint, void every step on the log (a
+    finished run's too) and train on its samples again from the first policy. Refused, as
+    the user meant one of the two it cannot tell apart."""
+    if (cfg.run_dir / "config.yaml").exists():
+        return
+    from asyncrl.kafka import read_topics_watermarks
+    from asyncrl.kafka.settings import consumer_config
+
+    names = {cfg.topic(name): name for name in ("samples", "steps")}
+    marks = read_topics_watermarks(
+        consumer_config(cfg.kafka, bootstrap, None), list(names), exact=False,
+        metadata_timeout=cfg.kafka.broker_down_timeout_s,
+    )  # fmt: skip
+    done = dict.fromkeys(names.values(), 0)
+    for (topic, _p), (low, high) in marks.items():
+        done[names[topic]] += high - low  # about: Tansu's high is its last batch's start + 1
+    if any(done.values()):
+        raise ConfigError(
+            f"run_id={cfg.run_id}: the broker at {bootstrap} already holds this run's log "
+            f"(samples and steps on it), which {cfg.run_dir} "
+            "did not write (it has no config.yaml): resume that run with the output_dir it "
+            "was started with, or start a new one under another run_id="
+        )
 
 
 def for_embedded_broker(cfg: RunConfig) -> RunConfig:

@@ -30,3 +30,29 @@ def test_feeding_again_writes_only_the_prompts_not_there_yet(run_cfg):
     fed = [decode_prompt(r.value) for r in records if r.key != "junk"]
     assert len({p.sample_id for p in fed}) == 50
     assert Counter(p.epoch for p in fed) == {0: 30, 1: 20}
+
+
+def test_a_run_directory_that_never_held_the_run_is_refused_in_front_of_its_log(
+    make_run_cfg, quick_policy
+):
+    """On a Kafka cluster a run's log outlives it. ``asyncrl run`` of the same run_id from
+    another output_dir (or after deleting the run's directory) found no checkpoint, voided
+    every step on the log, a finished run's too, and trained on its samples again from the
+    first policy; the audit still read clean. It is refused before anything is written."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from asyncrl.config import ConfigError, dump_config
+    from asyncrl.launch.launcher import prepare
+
+    cfg = make_run_cfg(*quick_policy, "data.train_size=16", "data.val_size=8")
+    bootstrap = cfg.kafka.bootstrap_servers
+    with Publisher(cfg.kafka, bootstrap) as pub:  # what a run trained leaves on the log
+        pub.publish(cfg.topic("steps"), "1", b"{}")
+    with pytest.raises(ConfigError, match=f"run_id={cfg.run_id}: the broker at .* already holds"):
+        prepare(cfg, bootstrap, Console(file=StringIO()))
+    assert not (cfg.run_dir / "config.yaml").exists()
+    dump_config(cfg, cfg.run_dir / "config.yaml")  # the directory that started it: resumes
+    resolved, _ = prepare(cfg, bootstrap, Console(file=StringIO()))
+    assert resolved.run_id == cfg.run_id
