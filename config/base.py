@@ -17,10 +17,15 @@ DEFAULT_CONFIG = Path(asyncrl.__file__).resolve().parent / "configs" / "default.
 
 
 class Strict(BaseModel):
-    """Base for every config section: unknown keys are errors, not silently ignored."""
+    """Base for every config section: unknown keys are errors, not silently ignored, and a
+    float key refuses inf and nan (``optim.lr=.inf`` passed ``gt=0`` and crash-looped the
+    trainer; ``staleness_threshold=inf`` overflowed the sample budget)."""
 
     model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
+        extra="forbid",
+        validate_assignment=True,
+        use_attribute_docstrings=True,
+        allow_inf_nan=False,
     )
 
 

@@ -116,7 +116,7 @@ class ModelConfig(Strict):
     """Width of the demo Qwen2 model built locally (no hub download)."""
     num_hidden_layers: int = Field(2, ge=1)
     """Transformer layers of the demo model."""
-    num_attention_heads: int = Field(4, ge=1)
+    num_attention_heads: int = Field(4, ge=1, validate_default=True)
     """Attention heads of the demo model (must divide hidden_size into an even head width)."""
 
     @field_validator("num_attention_heads")
@@ -125,8 +125,8 @@ class ModelConfig(Strict):
         hidden = info.data.get("hidden_size")
         if hidden is not None and (hidden % heads or (hidden // heads) % 2):
             raise ValueError(
-                f"must divide hidden_size={hidden} into an even head width (rotary "
-                f"embeddings rotate pairs of dimensions), e.g. "
+                f"must divide actor_rollout_ref.model.hidden_size={hidden} into an even head "
+                "width (rotary embeddings rotate pairs of dimensions), e.g. "
                 f"{', '.join(str(h) for h in _head_counts(hidden))}"
             )
         return heads
@@ -297,8 +297,9 @@ class AlgorithmConfig(Strict):
 
 
 class AsyncTrainingConfig(Strict):
-    staleness_threshold: float = Field(0.5, ge=0)
-    """Extra share of samples the rollout may produce per version (0 = synchronous streaming)."""
+    staleness_threshold: float = Field(0.5, ge=0, le=1e6)
+    """Extra share of samples the rollout may produce per version (0 = synchronous streaming;
+    at most 1e6, so the sample budget stays an integer)."""
     trigger_parameter_sync_step: int = Field(1, ge=1)
     """Local trainer updates between two weight syncs."""
     require_batches: int = Field(1, ge=1)

@@ -1,0 +1,43 @@
+"""Config values a sweep found accepted at start-up and failing later (or silently wrong):
+each is now refused at load, one line naming the key the user wrote and its source."""
+
+import pytest
+
+from asyncrl.config import ConfigError, load_config
+
+
+def _problems(*overrides: str) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=list(overrides))
+    return str(err.value).splitlines()[1:]
+
+
+def test_a_width_the_default_head_count_does_not_split_is_refused():
+    """hidden_size=130 with the default 4 heads passed start-up (the heads' check only ran
+    when they were set) and the warm start died in transformers."""
+    [line] = _problems("actor_rollout_ref.model.hidden_size=130")
+    assert line.startswith("  actor_rollout_ref.model.num_attention_heads")
+    assert "actor_rollout_ref.model.hidden_size=130" in line and "e.g. 1, 5, 13, 65" in line
+    assert load_config(overrides=["actor_rollout_ref.model.hidden_size=136"])
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "async_training.staleness_threshold=.inf",
+        "async_training.staleness_threshold=inf",
+        "async_training.staleness_threshold=1e308",
+        "actor_rollout_ref.actor.optim.lr=.inf",
+        "actor_rollout_ref.rollout.temperature=.inf",
+        "sync.timeout_s=-.inf",
+        "data.max_response_length=.nan",
+    ],
+)
+def test_non_finite_and_overflowing_floats_are_refused(override):
+    """staleness_threshold=inf raised OverflowError in max_samples_per_version; lr=inf
+    crash-looped the trainer."""
+    key = override.split("=")[0]
+    [line] = _problems(override)
+    assert line.startswith(f"  {key} (command line): ")
+    cfg = load_config(overrides=["async_training.staleness_threshold=1000"])
+    assert cfg.max_samples_per_version == 1001 * cfg.samples_per_version
