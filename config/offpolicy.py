@@ -31,6 +31,10 @@ RS_OPTIONS = (
 mean or max over its tokens) and which estimator of it (k1, k2, k3)."""
 
 
+class _Empty(ValueError):
+    """A k1 threshold whose bounds keep no ratio (lower >= upper)."""
+
+
 class RolloutCorrectionConfig(Strict):
     """verl's ``algorithm.rollout_correction``: importance weights and rejection between the
     behaviour policy (the rollout's log-probs, each token under the weights of its segment) and
@@ -100,12 +104,24 @@ class RolloutCorrectionConfig(Strict):
                     lower = float(lower_s) if lower_s else 1.0 / upper
                     if lower <= 0 or upper <= 0:
                         raise ValueError
+                    if lower >= upper:  # every token's ratio would be rejected
+                        raise _Empty(
+                            f"{where}: {part!r} leaves no ratio to keep (lower bound "
+                            f"{lower:g} >= upper bound {upper:g}); "
+                            + (
+                                "a single bound u means 1/u..u: give u > 1"
+                                if not lower_s
+                                else "give 'lower_upper' with lower < upper"
+                            )
+                        )
                     out[option] = (math.log(lower), math.log(upper))
                 else:
                     upper = float(part)
                     if upper <= 0 or "_" in part:  # two bounds are for k1 only
                         raise ValueError
                     out[option] = (None, upper)
+            except _Empty:
+                raise
             except ValueError:
                 raise ValueError(
                     f"{where}: {part!r} is not a positive bound"

@@ -41,3 +41,31 @@ def test_non_finite_and_overflowing_floats_are_refused(override):
     assert line.startswith(f"  {key} (command line): ")
     cfg = load_config(overrides=["async_training.staleness_threshold=1000"])
     assert cfg.max_samples_per_version == 1001 * cfg.samples_per_version
+
+
+@pytest.mark.parametrize(
+    "rs, threshold, good",
+    [
+        ("token_k1", "0.5", "2"),  # one bound u < 1: lower 1/u = 2 above it
+        ("token_k1", "1", "1.01"),
+        ("seq_mean_k1", "'2_0.5'", "'0.5_2'"),
+        ("token_k2,seq_sum_k1", "'3,1.5_1.5'", "'3,1.5_1.6'"),
+    ],
+)
+def test_k1_bounds_that_keep_no_ratio_are_refused(rs, threshold, good):
+    """lower >= upper masked every token silently (the loss trained on nothing)."""
+    [line] = _problems(
+        "async_training.compute_prox_log_prob=true",
+        f"algorithm.rollout_correction.rollout_rs={rs}",
+        f"algorithm.rollout_correction.rollout_rs_threshold={threshold}",
+    )
+    assert "algorithm.rollout_correction.rollout_rs_threshold for " in line
+    assert "leaves no ratio to keep" in line
+    cfg = load_config(
+        overrides=[
+            "async_training.compute_prox_log_prob=true",
+            f"algorithm.rollout_correction.rollout_rs={rs}",
+            f"algorithm.rollout_correction.rollout_rs_threshold={good}",
+        ]
+    )
+    assert cfg.algorithm.rollout_correction.rs_thresholds()
