@@ -39,7 +39,7 @@ from asyncrl.config.keys import (
     default_of,
     our_key,
 )
-from asyncrl.config.overrides import DELETE, _yaml_problem, parse_overrides
+from asyncrl.config.overrides import DELETE, _yaml_problem, load_yaml, parse_overrides
 from asyncrl.config.sections import RunConfig
 
 COMMAND_LINE = "command line"
@@ -164,9 +164,11 @@ class _Merged:
 
 def _read_file(path: Path) -> list[Entry]:
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: {_yaml_problem(err)}") from None
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     out: list[Entry] = []

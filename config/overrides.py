@@ -30,11 +30,50 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like key.path=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: {_yaml_problem(err)}") from None
+        except ValueError as err:
+            raise ConfigError(f"override {item!r}: {err}") from None
         parsed.append((key.strip(), value))
     return parsed
+
+
+def _duplicate_key(node: yaml.Node | None, prefix: str = "") -> str | None:
+    """The first key a YAML mapping repeats (dotted, with both lines), or None: PyYAML keeps
+    the last silently, so a repeated section throws the first one's keys away."""
+    todo: list[tuple[yaml.Node, str]] = [(node, prefix)] if node is not None else []
+    seen_nodes: set[int] = set()
+    while todo:
+        node, prefix = todo.pop()
+        if id(node) in seen_nodes:  # an alias of an anchor already walked
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                    key_node, yaml.ScalarNode
+                ):
+                    todo.append((value_node, prefix))
+                    continue
+                key = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+                line = key_node.start_mark.line + 1
+                if key_node.value in first:
+                    return f"duplicate key {key} at line {line} (first at line {first[key_node.value]})"
+                first[key_node.value] = line
+                todo.append((value_node, key))
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(item, f"{prefix}[{i}]") for i, item in enumerate(node.value)]
+    return None
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, refusing a repeated key (ValueError naming it and its lines)."""
+    problem = _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
+    if problem:
+        raise ValueError(f"{problem}: keep one (YAML would keep the last silently)")
+    return yaml.safe_load(text)
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:

@@ -69,3 +69,37 @@ def test_k1_bounds_that_keep_no_ratio_are_refused(rs, threshold, good):
         ]
     )
     assert cfg.algorithm.rollout_correction.rs_thresholds()
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        (  # a repeated section threw the first one's keys away
+            "trainer:\n  total_training_steps: 3\ndata:\n  train_size: 100\n"
+            "trainer:\n  save_freq: 2\n",
+            "duplicate key trainer at line 5 (first at line 1)",
+        ),
+        (  # a repeated leaf kept the last
+            "trainer:\n  total_training_steps: 3\n  save_freq: 2\n  total_training_steps: 4\n",
+            "duplicate key trainer.total_training_steps at line 4 (first at line 2)",
+        ),
+    ],
+)
+def test_a_repeated_key_in_a_config_file_is_refused(tmp_path, text, named):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}: {named}")
+
+
+def test_a_merge_key_is_not_a_repeated_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "x-base: &base\n  total_training_steps: 3\n  save_freq: 2\n"
+        "trainer:\n  <<: *base\n  save_freq: 1\n"
+    )
+    with pytest.raises(ConfigError) as err:  # x-base is no key of ours; trainer merged fine
+        load_config(path)
+    assert "unknown key x-base.total_training_steps" in str(err.value)
+    assert "duplicate" not in str(err.value)
