@@ -416,6 +416,8 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
                 del assigned[key]
             else:
                 a.value = out.value
+        else:
+            a.value = out  # the same value, or its plain form (logger=console: [console])
     for order, e, rule, d in later:
         if rule.kind == "fixed":
             assert rule.ok is not None

@@ -59,7 +59,7 @@ def _loggers(value: Any, _get: Get) -> Any:
     kept = [n for n in names if n in LOGGERS]
     dropped = [n for n in names if n not in LOGGERS]
     if not dropped:
-        return value
+        return names  # a single name (logger=console) as the one-item list it means
     return Converted(
         kept or ["console"],
         f"ignored {', '.join(map(str, dropped))}: asyncrl logs to console and tensorboard "

@@ -103,3 +103,14 @@ def test_a_merge_key_is_not_a_repeated_key(tmp_path):
         load_config(path)
     assert "unknown key x-base.total_training_steps" in str(err.value)
     assert "duplicate" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["console", "tensorboard"])
+def test_a_single_logger_name_is_a_one_item_list(tmp_path, value):
+    """trainer.logger=console was refused ("Input should be a valid list") while
+    trainer.logger=wandb was accepted."""
+    assert load_config(overrides=[f"trainer.logger={value}"]).trainer.logger == [value]
+    path = tmp_path / "run.yaml"
+    path.write_text(f"trainer:\n  logger: {value}\n")
+    assert load_config(path).trainer.logger == [value]
+    assert load_config(overrides=["trainer.logger=wandb"]).trainer.logger == ["console"]
