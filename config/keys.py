@@ -4,6 +4,7 @@ or a leaf, what is its default, and which valid key is nearest to a mistyped one
 from __future__ import annotations
 
 import difflib
+import types
 import typing
 from functools import cache
 from typing import Any, TypeGuard
@@ -88,6 +89,43 @@ def default_of(key: str) -> Any:
             return info.get_default(call_default_factory=True)
         model = info.annotation
     return _MISSING
+
+
+def annotation_of(key: str) -> Any:
+    """The type of asyncrl's leaf ``key`` (``int``, ``str | None``, ...), or _MISSING."""
+    model: Any = RunConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        info = model.model_fields.get(part) if _is_section(model) else None
+        if info is None:
+            return _MISSING
+        if i == len(parts) - 1:
+            return _MISSING if _is_section(info.annotation) else info.annotation
+        model = info.annotation
+    return _MISSING
+
+
+def _scalar_types(ann: Any) -> set[Any]:
+    """The scalar types a field's annotation accepts (None and containers left out)."""
+    members = (
+        typing.get_args(ann)
+        if typing.get_origin(ann) in (typing.Union, types.UnionType)
+        else (ann,)
+    )
+    return {m for m in members if m in (str, int, float, bool)}
+
+
+def is_text_key(key: str) -> bool:
+    """A key whose only scalar type is text (``run_id``, ``kafka.bootstrap_servers``,
+    ``data.train_files``): a number or date YAML read there is the text written."""
+    return _scalar_types(annotation_of(key)) == {str}
+
+
+def is_number_key(key: str) -> bool:
+    """A key whose scalar types are numbers only (``rollout.n``, ``optim.lr``): a boolean
+    there is a mistake, not 1 or 0."""
+    found = _scalar_types(annotation_of(key))
+    return bool(found) and found <= {int, float}
 
 
 def close_to_ours(key: str) -> str | None:

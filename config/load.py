@@ -22,6 +22,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,17 @@ from asyncrl.config.keys import (
     _nearest,
     close_to_ours,
     default_of,
+    is_number_key,
+    is_text_key,
     our_key,
 )
-from asyncrl.config.overrides import DELETE, _yaml_problem, load_yaml, parse_overrides
+from asyncrl.config.overrides import (
+    DELETE,
+    _yaml_problem,
+    load_yaml,
+    parse_overrides,
+    scalar_texts,
+)
 from asyncrl.config.sections import RunConfig
 
 COMMAND_LINE = "command line"
@@ -57,6 +66,8 @@ class Entry:
     value: Any
     source: str
     """The YAML file's path, or "command line"."""
+    text: str | None = None
+    """What was written, where YAML read a scalar as a number, date or boolean (``20240101``)."""
 
 
 @dataclass
@@ -164,7 +175,9 @@ class _Merged:
 
 def _read_file(path: Path) -> list[Entry]:
     try:
-        tree = load_yaml(path.read_text()) or {}
+        content = path.read_text()
+        tree = load_yaml(content) or {}
+        texts = scalar_texts(content)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: {_yaml_problem(err)}") from None
     except ValueError as err:
@@ -173,6 +186,8 @@ def _read_file(path: Path) -> list[Entry]:
         raise ConfigError(f"{path}: top level must be a mapping")
     out: list[Entry] = []
     _flatten("", tree, str(path), out)
+    for e in out:
+        e.text = texts.get(e.key)
     return out
 
 
@@ -275,6 +290,8 @@ class _Assignment:
     value: Any
     order: int
     decision: Decision
+    text: str | None = None
+    """Entry.text of the value assigned, where it is the value written."""
 
 
 def _set_tree(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -315,13 +332,15 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
     merged = _Merged()
     for entry in _read_file(resolve_path(path)):
         merged.set(entry)
-    for key, value in parse_overrides(overrides or []):
+    for item, (key, value) in zip(overrides or [], parse_overrides(overrides or []), strict=True):
         if value is DELETE:
             merged.remove(key)
             continue
         flat: list[Entry] = []
         _flatten(key, value, COMMAND_LINE, flat)
+        texts = scalar_texts(item.partition("=")[2], key)
         for entry in flat:
+            entry.text = texts.get(entry.key)
             merged.set(entry)
 
     # 3: interpolations, then dict values of verl keys flattened to their leaves
@@ -336,18 +355,24 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
         except _Unresolved as err:
             problems.append(f"{e.key} ({e.source}): interpolation {_show(e.value)}: {err}")
             continue
-        _flatten(e.key, value, e.source, entries)
+        flat = []
+        _flatten(e.key, value, e.source, flat)
+        if value is e.value and len(flat) == 1 and flat[0].key == e.key:
+            flat[0].text = e.text  # no interpolation: what was written
+        entries += flat
     raw = {e.key: e for e in entries}
 
     # 4: classify; asyncrl's keys and plain aliases assigned in order (the last one wins)
     assigned: dict[str, _Assignment] = {}
     later: list[tuple[int, Entry, verl_rules.VerlKey, Decision]] = []
 
-    def assign(key: str, value: Any, order: int, decision: Decision) -> None:
+    def assign(
+        key: str, value: Any, order: int, decision: Decision, text: str | None = None
+    ) -> None:
         if key in assigned and assigned[key].order > order:
             return
         assigned.pop(key, None)
-        assigned[key] = _Assignment(value, order, decision)
+        assigned[key] = _Assignment(value, order, decision, text)
 
     for order, e in enumerate(entries):
         d = Decision(e.key, e.value, e.source, "accepted")
@@ -360,7 +385,7 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
                 d.kind = "refused"
                 problems.append(f"{e.key} ({e.source}): verl's ??? placeholder: set a value")
                 continue
-            assign(e.key, e.value, order, d)
+            assign(e.key, e.value, order, d, e.text)
             continue
         rule = verl_keys.lookup(e.key)
         if rule is None and e.value == {}:
@@ -372,7 +397,7 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
             d.kind, d.target, d.why = "aliased", rule.target, rule.why
             if rule.convert is None:
                 d.result = e.value
-                assign(rule.target or "", e.value, order, d)
+                assign(rule.target or "", e.value, order, d, e.text)
             else:
                 later.append((order, e, rule, d))
         elif rule.kind == "ignored":
@@ -436,7 +461,19 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
 
     tree: dict[str, Any] = {}
     for key, a in assigned.items():
-        _set_tree(tree, key, a.value)
+        value = a.value
+        if isinstance(value, int | float | date) and not isinstance(value, str):
+            if is_text_key(key):  # run_id=20240101, kafka.bootstrap_servers=9092
+                value = (
+                    a.text if a.text is not None and a.value is a.decision.value else _show(value)
+                )
+            elif isinstance(value, bool) and is_number_key(key):  # rollout.n=true is not 1
+                d = a.decision
+                problems.append(
+                    f"{d.key} ({d.source}): a number is needed, not a boolean (got {_show(d.value)})"
+                )
+                continue
+        _set_tree(tree, key, value)
     try:
         cfg: RunConfig | None = RunConfig.model_validate(tree)
     except ValidationError as err:

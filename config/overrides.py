@@ -68,6 +68,27 @@ def _duplicate_key(node: yaml.Node | None, prefix: str = "") -> str | None:
     return None
 
 
+def scalar_texts(text: str, prefix: str = "") -> dict[str, str]:
+    """The text of each plain scalar YAML reads as something else than text (``20240101``,
+    ``2024-01-01``, ``010``, ``true``), by dotted key under ``prefix``: a text key given one
+    takes what was written, not the number, date or boolean YAML made of it."""
+    out: dict[str, str] = {}
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    todo: list[tuple[yaml.Node, str]] = [(root, prefix)] if root is not None else []
+    while todo:
+        node, key = todo.pop()
+        if isinstance(node, yaml.ScalarNode):
+            if node.style is None and node.tag != "tag:yaml.org,2002:str":
+                out[key] = node.value
+        elif isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != (
+                    "tag:yaml.org,2002:merge"
+                ):
+                    todo.append((value_node, f"{key}.{key_node.value}" if key else key_node.value))
+    return out
+
+
 def load_yaml(text: str) -> Any:
     """``yaml.safe_load``, refusing a repeated key (ValueError naming it and its lines)."""
     problem = _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))

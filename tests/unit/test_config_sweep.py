@@ -114,3 +114,48 @@ def test_a_single_logger_name_is_a_one_item_list(tmp_path, value):
     path.write_text(f"trainer:\n  logger: {value}\n")
     assert load_config(path).trainer.logger == [value]
     assert load_config(overrides=["trainer.logger=wandb"]).trainer.logger == ["console"]
+
+
+@pytest.mark.parametrize(
+    "override, key, value",
+    [
+        ("run_id=123", "run_id", "123"),
+        ("run_id=20240101", "run_id", "20240101"),
+        ("run_id=2024-01-01", "run_id", "2024-01-01"),  # YAML's date: refused, unshown
+        ("run_id=010", "run_id", "010"),  # YAML 1.1's octal 8: the text written
+        ("output_dir=123", "output_dir", "123"),
+        ("sync.master_addr=10", "sync.master_addr", "10"),
+        ("kafka.bootstrap_servers=9092", "kafka.bootstrap_servers", "9092"),
+    ],
+)
+def test_a_text_key_takes_the_text_of_a_number_or_date(override, key, value):
+    cfg = load_config(overrides=[override])
+    section, _, name = key.rpartition(".")
+    assert getattr(cfg if not section else getattr(cfg, section), name) == value
+
+
+def test_a_text_key_in_a_file_takes_the_text_written(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "run_id: 2024-01-01\noutput_dir: 0x10\nkafka:\n  bootstrap_servers: 9092\n"
+        "sync:\n  master_addr: 12:30\n"  # YAML 1.1: 750 (base 60)
+    )
+    cfg = load_config(path)
+    assert (cfg.run_id, cfg.output_dir) == ("2024-01-01", "0x10")
+    assert (cfg.kafka.bootstrap_servers, cfg.sync.master_addr) == ("9092", "12:30")
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "actor_rollout_ref.rollout.n=true",
+        "trainer.total_training_steps=true",
+        "actor_rollout_ref.actor.optim.lr=false",
+        "actor_rollout_ref.rollout.response_length=true",  # verl's name of max_response_length
+    ],
+)
+def test_a_number_key_refuses_a_boolean(override):
+    """rollout.n=true became 1, total_training_steps=true 1."""
+    key, value = override.split("=")
+    [line] = _problems(override)
+    assert line == f"  {key} (command line): a number is needed, not a boolean (got {value})"
