@@ -390,7 +390,15 @@ class SyncConfig(Strict):
     workers generate on CPU (a trainer on a GPU packs its weights into CPU buckets); nccl only
     when set, and every end must then be on a GPU."""
     bucket_size_mb: float = Field(64.0, gt=0)
-    """Tensors are packed into buckets of this size before each broadcast."""
+    """Tensors are packed into buckets of this size before each broadcast (at least a byte)."""
+
+    @field_validator("bucket_size_mb")
+    @classmethod
+    def _at_least_a_byte(cls, mb: float) -> float:
+        if int(mb * 1024 * 1024) < 1:
+            raise ValueError(f"{mb:g} MB is less than one byte (a bucket of 0 bytes)")
+        return mb
+
     master_addr: str = "127.0.0.1"
     """Address of the trainer, which hosts the weight collective's rendezvous store."""
     master_port: int | None = Field(None, ge=1, le=65535)

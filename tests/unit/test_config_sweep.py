@@ -159,3 +159,11 @@ def test_a_number_key_refuses_a_boolean(override):
     key, value = override.split("=")
     [line] = _problems(override)
     assert line == f"  {key} (command line): a number is needed, not a boolean (got {value})"
+
+
+def test_a_bucket_size_below_one_byte_is_refused():
+    """bucket_size_mb=1e-9 passed its > 0 check and failed at the first sync
+    (bucket_bytes must be positive, got 0)."""
+    [line] = _problems("sync.bucket_size_mb=1e-9")
+    assert line.startswith("  sync.bucket_size_mb (command line): 1e-09 MB is less than one byte")
+    assert load_config(overrides=["sync.bucket_size_mb=1e-6"]).sync.bucket_bytes == 1
