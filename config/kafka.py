@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -23,8 +23,10 @@ DEFAULT_PARTITIONS = {
 
 
 class TopicsConfig(Strict):
-    partitions: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_PARTITIONS))
-    """Partition count per topic, created explicitly (Tansu would auto-create 4).
+    partitions: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: dict(DEFAULT_PARTITIONS)
+    )
+    """Partition count per topic (at least 1), created explicitly (Tansu would auto-create 4).
     Setting one (kafka.topics.partitions.prompts=8) keeps the defaults of the others."""
 
     @field_validator("partitions", mode="before")

@@ -167,3 +167,14 @@ def test_a_bucket_size_below_one_byte_is_refused():
     [line] = _problems("sync.bucket_size_mb=1e-9")
     assert line.startswith("  sync.bucket_size_mb (command line): 1e-09 MB is less than one byte")
     assert load_config(overrides=["sync.bucket_size_mb=1e-6"]).sync.bucket_bytes == 1
+
+
+@pytest.mark.parametrize("override", ["prompts=0", "samples=-2", "dead-letter=0"])
+def test_a_topic_of_no_partitions_is_refused(override):
+    """It passed --dry-run; the run found it only after starting the broker."""
+    topic, value = override.split("=")
+    [line] = _problems(f"kafka.topics.partitions.{override}")
+    assert line == (
+        f"  kafka.topics.partitions.{topic} (command line): Input should be greater than or "
+        f"equal to 1 (got {value})"
+    )
