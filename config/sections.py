@@ -39,12 +39,12 @@ class DataConfig(Strict):
     """Number of held-out prompts used for accuracy."""
     seed: int = 0
     """Seed for the dataset split and the warm start."""
-    max_prompt_length: int = Field(16, ge=1)
-    """Prompt tokens at most. A prompt of data.train_files/val_files longer than this after
-    its chat template is left out (counted; the launcher says how many); a built-in task's
+    max_prompt_length: int = Field(16, ge=1, le=1 << 20)
+    """Prompt tokens at most (up to 2^20). A prompt of data.train_files/val_files longer than
+    this after its chat template is left out (counted; the launcher says how many); a built-in task's
     prompt keeps its last this-many tokens (verl's truncation="left")."""
-    max_response_length: int = Field(6, ge=1)
-    """Generation stops after this many response tokens (EOS included)."""
+    max_response_length: int = Field(6, ge=1, le=1 << 20)
+    """Generation stops after this many response tokens (EOS included; at most 2^20)."""
     max_operand: int = Field(99, ge=1)
     """Operands of ``a+b=`` are drawn from 0..max_operand (99: two-digit addition with carries)."""
     train_files: str | list[str] | None = None
@@ -176,8 +176,8 @@ class FsdpConfig(Strict):
 
 
 class ActorConfig(Strict):
-    ppo_mini_batch_size: int = Field(8, ge=1)
-    """Prompts (samples) per mini-batch; each holds rollout.n trajectories."""
+    ppo_mini_batch_size: int = Field(8, ge=1, le=65536)
+    """Prompts (samples) per mini-batch; each holds rollout.n trajectories (at most 65536)."""
     clip_ratio: float = Field(0.2, gt=0)
     """PPO clip range for the policy ratio."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
@@ -242,14 +242,14 @@ class RolloutConfig(Strict):
     or sim (a latency model for benchmarks, no real generation; see the `sim` section).
     vllm/sglang fit the same request-level contract (docs/design.md, "The engine contract"),
     but are not here yet."""
-    n: int = Field(8, ge=1)
-    """Trajectories per prompt (the GRPO group size)."""
+    n: int = Field(8, ge=1, le=4096)
+    """Trajectories per prompt (the GRPO group size; at most 4096)."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; logprobs are recorded under the same temperature."""
-    max_concurrent_samples: int = Field(8, ge=1)
-    """Samples (prompts) generated at once by one worker."""
-    num_workers: int = Field(1, ge=0)
-    """Rollout worker processes; 0 runs a trainer alone (tests, replays)."""
+    max_concurrent_samples: int = Field(8, ge=1, le=65536)
+    """Samples (prompts) generated at once by one worker (at most 65536)."""
+    num_workers: int = Field(1, ge=0, le=4096)
+    """Rollout worker processes; 0 runs a trainer alone (tests, replays). At most 4096."""
     max_restarts: int = Field(3, ge=0)
     """`asyncrl run` restarts a rollout worker that dies, up to this many times per worker;
     the restarted worker continues its logged partial samples and unfinished prompts.
@@ -302,8 +302,9 @@ class AsyncTrainingConfig(Strict):
     at most 1e6, so the sample budget stays an integer)."""
     trigger_parameter_sync_step: int = Field(1, ge=1)
     """Local trainer updates between two weight syncs."""
-    require_batches: int = Field(1, ge=1)
-    """Mini-batches gathered before one update: a step uses require_batches x ppo_mini_batch_size samples."""
+    require_batches: int = Field(1, ge=1, le=4096)
+    """Mini-batches gathered before one update: a step uses require_batches x ppo_mini_batch_size
+    samples (at most 4096)."""
     partial_rollout: bool = False
     """Interrupt in-flight samples at a sync and continue them (only with staleness_threshold > 0)."""
     use_trainer_do_validate: bool = True

@@ -178,3 +178,24 @@ def test_a_topic_of_no_partitions_is_refused(override):
         f"  kafka.topics.partitions.{topic} (command line): Input should be greater than or "
         f"equal to 1 (got {value})"
     )
+
+
+@pytest.mark.parametrize(
+    "key, most",
+    [
+        ("actor_rollout_ref.rollout.n", 4096),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", 65536),
+        ("actor_rollout_ref.rollout.max_concurrent_samples", 65536),
+        ("actor_rollout_ref.rollout.num_workers", 4096),
+        ("async_training.require_batches", 4096),
+        ("data.max_prompt_length", 1 << 20),
+        ("data.max_response_length", 1 << 20),
+    ],
+)
+def test_an_absurd_count_is_refused(key, most):
+    """rollout.n=99999999999999999999 was accepted and the run hung."""
+    [line] = _problems(f"{key}=99999999999999999999")
+    assert line == (
+        f"  {key} (command line): Input should be less than or equal to {most} "
+        "(got 99999999999999999999)"
+    )
