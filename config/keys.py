@@ -54,6 +54,23 @@ def _is_our_section(key: str) -> bool:
     return _is_section(model)
 
 
+def leaf_of(loc: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
+    """A validation error's location split into the key the user sets (a leaf, a key inside a
+    dict field, or a section for a check across its keys) and what pydantic adds below it: a
+    list index, or the member of a union it tried (``str``, ``list[str]``)."""
+    model: Any = RunConfig
+    for i, part in enumerate(loc):
+        info = model.model_fields.get(part) if _is_section(model) else None
+        if info is None:
+            break
+        if _is_section(info.annotation):
+            model = info.annotation
+            continue
+        end = i + 2 if typing.get_origin(info.annotation) is dict and i + 1 < len(loc) else i + 1
+        return ".".join(str(p) for p in loc[:end]), tuple(loc[end:])
+    return ".".join(str(p) for p in loc), ()
+
+
 def _is_our_leaf(key: str) -> bool:
     found = our_key(key)
     return found is not None and found[1] is None and not _is_our_section(key)
@@ -105,8 +122,12 @@ def annotation_of(key: str) -> Any:
     return _MISSING
 
 
+def scalar_types(key: str) -> set[Any]:
+    """The scalar types asyncrl's leaf ``key`` accepts (None and containers left out)."""
+    return _scalar_types(annotation_of(key))
+
+
 def _scalar_types(ann: Any) -> set[Any]:
-    """The scalar types a field's annotation accepts (None and containers left out)."""
     members = (
         typing.get_args(ann)
         if typing.get_origin(ann) in (typing.Union, types.UnionType)
@@ -118,13 +139,13 @@ def _scalar_types(ann: Any) -> set[Any]:
 def is_text_key(key: str) -> bool:
     """A key whose only scalar type is text (``run_id``, ``kafka.bootstrap_servers``,
     ``data.train_files``): a number or date YAML read there is the text written."""
-    return _scalar_types(annotation_of(key)) == {str}
+    return scalar_types(key) == {str}
 
 
 def is_number_key(key: str) -> bool:
     """A key whose scalar types are numbers only (``rollout.n``, ``optim.lr``): a boolean
     there is a mistake, not 1 or 0."""
-    found = _scalar_types(annotation_of(key))
+    found = scalar_types(key)
     return bool(found) and found <= {int, float}
 
 

@@ -40,6 +40,7 @@ from asyncrl.config.keys import (
     default_of,
     is_number_key,
     is_text_key,
+    leaf_of,
     our_key,
 )
 from asyncrl.config.overrides import (
@@ -84,6 +85,8 @@ class Decision:
     result: Any = None
     """aliased: the value asyncrl's key gets."""
     why: str = ""
+    overridden_by: str | None = None
+    """aliased: the later key that set ``target`` to another value (this one is not applied)."""
 
     def where(self) -> str:
         return f"{self.key}={_show(self.value)} ({self.source})"
@@ -103,7 +106,11 @@ class LoadReport:
         return {k: len(self.of(k)) for k in kinds}
 
     def alias_lines(self) -> list[str]:
-        return [f"{d.where()} -> {d.target}={_show(d.result)}" for d in self.of("aliased")]
+        return [
+            f"{d.where()} -> {d.target}={_show(d.result)}"
+            + (f" (not applied: {d.overridden_by} is set later)" if d.overridden_by else "")
+            for d in self.of("aliased")
+        ]
 
     def ignored_lines(self) -> list[str]:
         return [f"{d.where()}: {d.why}" for d in self.of("ignored")]
@@ -307,22 +314,75 @@ def _set_tree(tree: dict[str, Any], key: str, value: Any) -> None:
         node[parts[-1]] = {**(inner if isinstance(inner, dict) else {}), rest: value}
 
 
+def _shown(value: Any) -> str:
+    """`` (got value)``, cut to 80 characters."""
+    text = repr(value) if isinstance(value, str) else _show(value)
+    return f" (got {text if len(text) <= 80 else text[:77] + '...'})"
+
+
 def _format_validation(err: ValidationError, assigned: dict[str, _Assignment]) -> list[str]:
-    lines = []
+    """One line per key: the key the user wrote (a verl alias with asyncrl's key beside it),
+    where it came from, what is wrong and the value. A value a union refused is one line
+    naming its types; a check across keys names the keys it mentions and where each was set."""
+    lines: list[str] = []
+    unions: dict[str, list[str]] = {}  # key: the types of a union, each refused
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(config)"
-        source = next(
-            (a.decision.source for k, a in assigned.items() if key == k or key.startswith(k + ".")),
-            None,
-        )
+        key, below = leaf_of(tuple(e["loc"]))
+        if below and isinstance(below[0], str):  # pydantic's try of one member of a union
+            if key not in unions:
+                unions[key] = []
+                lines.append(key)  # replaced below, in place
+            if below[0] not in unions[key]:
+                unions[key].append(below[0])
+            continue
+        key = ".".join([key, *map(str, below)]) if below else key
         got = e.get("input")
-        shown = ""
-        if isinstance(got, str | int | float | bool):
-            text = repr(got) if isinstance(got, str) else _show(got)
-            shown = f" (got {text if len(text) <= 80 else text[:77] + '...'})"
         msg = e["msg"].removeprefix("Value error, ")  # our validators' own sentences
-        lines.append(f"{key}{f' ({source})' if source else ''}: {msg}{shown}")
+        a = _assignment(key, assigned)
+        if a is not None:
+            who, where = _who(key, a)
+            if a.decision.kind == "aliased" and key in assigned:
+                got = a.decision.value  # what was written, before its conversion
+            shown = _shown(got) if isinstance(got, str | int | float | bool | date) else ""
+            lines.append(f"{who} ({where}): {msg}{shown}")
+            continue
+        shown = _shown(got) if isinstance(got, str | int | float | bool | date) else ""
+        mentioned = sorted(
+            (m.start(), k)
+            for k in assigned
+            if (m := re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", msg)) is not None
+        )
+        if not mentioned:
+            lines.append(f"{key or '(config)'}: {msg}{shown}")
+            continue
+        by = ", ".join(
+            f"{who} ({where})" for who, where in (_who(k, assigned[k]) for _, k in mentioned)
+        )
+        head = "" if mentioned[0][0] == 0 else f"{key or '(config)'}: "
+        lines.append(f"{head}{msg}{shown}; set by {by}")
+    for key, types in unions.items():
+        a = _assignment(key, assigned)
+        who, where = _who(key, a) if a is not None else (key, "")
+        shown = _shown(a.decision.value) if a is not None else ""
+        expected = f"{', '.join(types[:-1])} or {types[-1]}" if len(types) > 1 else types[0]
+        lines[lines.index(key)] = (
+            f"{who}{f' ({where})' if where else ''}: Input should be {expected}{shown}"
+        )
     return lines
+
+
+def _assignment(key: str, assigned: dict[str, _Assignment]) -> _Assignment | None:
+    """What set ``key``: itself, or a key above it (a dict field set whole)."""
+    return next((a for k, a in assigned.items() if key == k or key.startswith(k + ".")), None)
+
+
+def _who(key: str, a: _Assignment) -> tuple[str, str]:
+    """The key the user wrote for asyncrl's ``key``, and its source (with asyncrl's name of
+    it, where the user wrote verl's)."""
+    d = a.decision
+    if d.kind == "aliased" and d.key != key and d.target is not None and key.startswith(d.target):
+        return d.key, f"{d.source}; asyncrl's {key}"
+    return key, d.source
 
 
 def load(path: str | Path | None = None, overrides: list[str] | None = None) -> Loaded:
@@ -369,7 +429,11 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
     def assign(
         key: str, value: Any, order: int, decision: Decision, text: str | None = None
     ) -> None:
-        if key in assigned and assigned[key].order > order:
+        old = assigned.get(key)
+        if old is not None and old.decision is not decision and old.value != value:
+            lost, won = (decision, old.decision) if old.order > order else (old.decision, decision)
+            lost.overridden_by = won.where()
+        if old is not None and old.order > order:
             return
         assigned.pop(key, None)
         assigned[key] = _Assignment(value, order, decision, text)

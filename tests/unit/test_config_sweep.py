@@ -3,7 +3,7 @@ each is now refused at load, one line naming the key the user wrote and its sour
 
 import pytest
 
-from asyncrl.config import ConfigError, load_config
+from asyncrl.config import DEFAULT_CONFIG, ConfigError, load_config
 
 
 def _problems(*overrides: str) -> list[str]:
@@ -199,3 +199,73 @@ def test_an_absurd_count_is_refused(key, most):
         f"  {key} (command line): Input should be less than or equal to {most} "
         "(got 99999999999999999999)"
     )
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "actor_rollout_ref.rollout.response_length=0",
+            "actor_rollout_ref.rollout.response_length (command line; asyncrl's "
+            "data.max_response_length): Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            "async_training.checkpoint_engine.device_buffer_size_M=0",
+            "async_training.checkpoint_engine.device_buffer_size_M (command line; asyncrl's "
+            "sync.bucket_size_mb): Input should be greater than 0 (got 0)",
+        ),
+        (
+            "actor_rollout_ref.actor.clip_ratio_low=0",
+            "actor_rollout_ref.actor.clip_ratio_low (command line; asyncrl's "
+            "actor_rollout_ref.actor.clip_ratio): Input should be greater than 0 (got 0)",
+        ),
+    ],
+)
+def test_an_error_on_a_verl_alias_names_the_key_written(override, line):
+    assert _problems(override) == [f"  {line}"]
+
+
+def test_the_alias_listing_says_when_a_later_key_wins():
+    from asyncrl.config.load import load
+
+    loaded = load(
+        None,
+        ["actor_rollout_ref.actor.clip_ratio_low=0.1", "actor_rollout_ref.actor.clip_ratio=0.3"],
+    )
+    assert loaded.config().actor_rollout_ref.actor.clip_ratio == 0.3
+    assert loaded.report.alias_lines() == [
+        "actor_rollout_ref.actor.clip_ratio_low=0.1 (command line) -> "
+        "actor_rollout_ref.actor.clip_ratio=0.1 (not applied: "
+        "actor_rollout_ref.actor.clip_ratio=0.3 (command line) is set later)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "kafka.extra.debug=[a]",
+            "kafka.extra.debug (command line): Input should be str, int, float or bool (got [a])",
+        ),
+        (
+            "data.train_files={a: 1}",
+            "data.train_files (command line): Input should be str or list[str] (got {a: 1})",
+        ),
+    ],
+)
+def test_a_value_no_type_of_a_union_takes_is_one_line(override, line):
+    """It printed a line per type, each under a made-up key (kafka.extra.debug.str, ...)."""
+    assert _problems(override) == [f"  {line}"]
+
+
+def test_a_check_across_keys_names_where_each_was_set():
+    assert _problems(
+        "async_training.partial_rollout=true", "async_training.staleness_threshold=0"
+    ) == [
+        "  async_training.partial_rollout=True needs async_training.staleness_threshold > 0; "
+        "set by async_training.partial_rollout (command line), "
+        "async_training.staleness_threshold (command line)"
+    ]
+    [line] = _problems("data.task=countdown", "data.train_size=2000")
+    assert line.startswith("  data.train_size + data.val_size = 2200: the countdown task")
+    assert line.endswith(f"set by data.train_size (command line), data.val_size ({DEFAULT_CONFIG})")
