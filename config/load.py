@@ -23,6 +23,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import date
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from asyncrl.config.keys import (
     is_text_key,
     leaf_of,
     our_key,
+    scalar_types,
 )
 from asyncrl.config.overrides import (
     DELETE,
@@ -58,6 +60,8 @@ IGNORED_SECTIONS = {
     "asyncrl's defaults (docs/configuration.md), not verl's ppo_trainer.yaml",
     "hydra": "Hydra's own settings (searchpath, run directory) are not used by asyncrl",
 }
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")
+"""YAML 1.1's octal, which a user writing 010 means as the decimal 10."""
 _INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
 
 
@@ -138,6 +142,15 @@ class Loaded:
         if self.problems or self.cfg is None:
             raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in self.problems))
         return self.cfg
+
+
+def _integral(text: str) -> Any:
+    """``1e9`` as the int 1000000000 where it is a whole number; else ``text`` unchanged."""
+    try:
+        number = Decimal(text.strip())
+    except InvalidOperation:
+        return text
+    return int(number) if number.is_finite() and number == number.to_integral_value() else text
 
 
 def _show(value: Any) -> str:
@@ -394,6 +407,12 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
         merged.set(entry)
     for item, (key, value) in zip(overrides or [], parse_overrides(overrides or []), strict=True):
         if value is DELETE:
+            if (
+                our_key(key) is None
+                and verl_keys.lookup(key) is None
+                and not any(k == key or k.startswith(key + ".") for k in merged.entries)
+            ):  # ~trainer.total_training_step: a misspelt key removes nothing
+                problems.append(f"unknown key {key} ({COMMAND_LINE}, ~{key}): {_nearest(key)}")
             merged.remove(key)
             continue
         flat: list[Entry] = []
@@ -531,12 +550,16 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
                 value = (
                     a.text if a.text is not None and a.value is a.decision.value else _show(value)
                 )
+            elif is_number_key(key) and a.text and _OCTAL.fullmatch(a.text):  # 010: 10, not 8
+                value = int(a.text.replace("_", ""), 10)
             elif isinstance(value, bool) and is_number_key(key):  # rollout.n=true is not 1
                 d = a.decision
                 problems.append(
                     f"{d.key} ({d.source}): a number is needed, not a boolean (got {_show(d.value)})"
                 )
                 continue
+        if isinstance(value, str) and is_number_key(key) and float not in scalar_types(key):
+            value = _integral(value)  # 1e9 (YAML 1.1 reads it as text) for an int key
         _set_tree(tree, key, value)
     try:
         cfg: RunConfig | None = RunConfig.model_validate(tree)

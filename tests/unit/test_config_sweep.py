@@ -269,3 +269,27 @@ def test_a_check_across_keys_names_where_each_was_set():
     [line] = _problems("data.task=countdown", "data.train_size=2000")
     assert line.startswith("  data.train_size + data.val_size = 2200: the countdown task")
     assert line.endswith(f"set by data.train_size (command line), data.val_size ({DEFAULT_CONFIG})")
+
+
+def test_removing_a_misspelt_key_is_an_unknown_key():
+    """~trainer.total_training_step removed nothing, silently."""
+    assert _problems("~trainer.total_training_step") == [
+        "  unknown key trainer.total_training_step (command line, ~trainer.total_training_step):"
+        " nearest valid key: trainer.total_training_steps"
+    ]
+    assert load_config(overrides=["~trainer.total_training_steps"]).trainer.total_training_steps
+
+
+@pytest.mark.parametrize(
+    "override, key, value",
+    [
+        ("trainer.total_training_steps=010", "total_training_steps", 10),  # YAML 1.1: 8
+        ("kafka.max_message_bytes=1e9", "max_message_bytes", 10**9),  # YAML 1.1: text
+        ("actor_rollout_ref.rollout.n=1e3", "n", 1000),
+    ],
+)
+def test_an_int_key_reads_leading_zeros_as_decimal_and_whole_e_notation(override, key, value):
+    cfg = load_config(overrides=[override])
+    section = {"n": cfg.actor_rollout_ref.rollout, "max_message_bytes": cfg.kafka}
+    assert getattr(section.get(key, cfg.trainer), key) == value
+    assert _problems("actor_rollout_ref.rollout.n=1.5e0")[0].endswith("(got '1.5e0')")
