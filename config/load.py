@@ -195,7 +195,16 @@ class _Merged:
 
 def _read_file(path: Path) -> list[Entry]:
     try:
-        content = path.read_text()
+        content = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a directory, not a config file") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: not text (UTF-8): byte {err.start} is {err.object[err.start]:#x}"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it ({err.strerror or err})") from None
+    try:
         tree = load_yaml(content) or {}
         texts = scalar_texts(content)
     except yaml.YAMLError as err:

@@ -293,3 +293,18 @@ def test_an_int_key_reads_leading_zeros_as_decimal_and_whole_e_notation(override
     section = {"n": cfg.actor_rollout_ref.rollout, "max_message_bytes": cfg.kafka}
     assert getattr(section.get(key, cfg.trainer), key) == value
     assert _problems("actor_rollout_ref.rollout.n=1.5e0")[0].endswith("(got '1.5e0')")
+
+
+def test_a_config_path_that_is_a_directory_or_not_text_is_one_error(tmp_path) -> None:
+    """``--config /tmp`` and a binary file ended in IsADirectoryError / UnicodeDecodeError
+    tracebacks."""
+    import pytest
+
+    from asyncrl.config import ConfigError, load_config
+
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"trainer:\n  seed: \xff\xfe\n")
+    with pytest.raises(ConfigError, match="a directory, not a config file"):
+        load_config(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"b.yaml: not text \(UTF-8\)"):
+        load_config(str(binary))
