@@ -461,6 +461,7 @@ def _usage_errors() -> tuple[type[Exception], ...]:
 def _expected_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says all (file and line, config key, a process's log tail): shown
     as one message, not a traceback. Imported lazily, so ``--help`` stays instant."""
+    from asyncrl.consumers.checkpoint import CheckpointWriteError, TrainerAlreadyRunning
     from asyncrl.kafka import BrokerUnavailable, KafkaDeliveryError, MessageTooLarge, UnknownTopic
     from asyncrl.launch.broker import BrokerError
     from asyncrl.launch.launcher import RunFailed
@@ -473,6 +474,8 @@ def _expected_errors() -> tuple[type[Exception], ...]:
         UnknownTopic,
         BrokerError,
         RunFailed,
+        TrainerAlreadyRunning,
+        CheckpointWriteError,
     )
 
 

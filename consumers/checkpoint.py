@@ -11,13 +11,16 @@ torch is imported where tensors are written or read, not with the module: the la
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +37,39 @@ class TrainerState:
 
 def _ckpt_root(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
+
+
+class TrainerAlreadyRunning(RuntimeError):
+    """Another trainer holds this run's checkpoints (``trainer_lock``)."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, no permission); says what to free."""
+
+
+def trainer_lock(run_dir: Path) -> IO[str]:
+    """The run's one trainer: an ``flock`` on ``checkpoints/.trainer.lock``, held while the
+    returned file stays open (the system lets go when the process dies, however it dies).
+    A second ``asyncrl train`` of a running run (role by role, on another host sharing the
+    run's directory) trained beside the first, both publishing versions: the audit failed on
+    reused versions and regressions. It now stops at once, naming the first's pid."""
+    root = _ckpt_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    lock = (root / ".trainer.lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise TrainerAlreadyRunning(
+            f"another trainer of this run is running ({holder}; it holds {root}): a run has one "
+            "trainer; stop that one first to restart it (it resumes from its checkpoint)"
+        ) from None
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    lock.flush()
+    return lock
 
 
 @dataclass
@@ -102,17 +138,45 @@ def write_checkpoint(run_dir: Path, snap: Snapshot, keep: int = 3) -> Path:
     tmp = root / f".tmp_step_{snap.step:06d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(snap.model, tmp / "model.pt")
-    torch.save(snap.optimizer, tmp / "optimizer.pt")
-    torch.save({"torch": snap.rng}, tmp / "rng.pt")
-    (tmp / "state.json").write_text(snap.state_json)
-    shutil.rmtree(final, ignore_errors=True)
+    try:
+        torch.save(snap.model, tmp / "model.pt")
+        torch.save(snap.optimizer, tmp / "optimizer.pt")
+        torch.save({"torch": snap.rng}, tmp / "rng.pt")
+        (tmp / "state.json").write_text(snap.state_json)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its room back
+        raise
+    # The same step again (the run's last, written in the loop and at the end): the complete
+    # one moves aside, not away, until the new one is in place (deleting it first, a kill
+    # left ``latest`` naming a half-deleted directory, and the restart trained from step 0).
+    old = root / f".old_step_{snap.step:06d}_{os.getpid()}"
+    if final.exists():
+        final.rename(old)
     tmp.rename(final)
     latest_tmp = root / ".latest.tmp"
     latest_tmp.write_text(final.name)
     latest_tmp.replace(root / "latest")
+    shutil.rmtree(old, ignore_errors=True)
     _prune(root, keep)
     return final
+
+
+CHECKPOINT_FILES = ("model.pt", "optimizer.pt", "rng.pt", "state.json")
+
+
+def _complete(path: Path) -> bool:
+    return all((path / name).is_file() for name in CHECKPOINT_FILES)
+
+
+def remove_leftovers(run_dir: Path) -> list[Path]:
+    """Directories of checkpoint writes a killed or failed trainer left (``.tmp_step_*``,
+    ``.old_step_*``: named by a pid no later trainer has, so nothing else removes them; a
+    full disk stayed full). Only the run's one trainer may call this (``trainer_lock``)."""
+    root = _ckpt_root(run_dir)
+    gone = [p for p in (*root.glob(".tmp_step_*"), *root.glob(".old_step_*")) if p.is_dir()]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
 
 
 class CheckpointWriter:
@@ -154,7 +218,15 @@ class CheckpointWriter:
             self._thread = None
         if self._error is not None:
             err, self._error = self._error, None
-            raise RuntimeError(f"writing a checkpoint failed: {err}") from err
+            full = isinstance(err, OSError) and err.errno == errno.ENOSPC
+            full = full or "unexpected pos" in str(err)  # torch's zip writer on a full disk
+            why = (
+                f"the disk of {self.run_dir} is full (a write needs room for one more "
+                "checkpoint than trainer.keep_checkpoints keeps)"
+                if full
+                else str(err)
+            )
+            raise CheckpointWriteError(f"writing a checkpoint failed: {why}") from err
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -164,11 +236,17 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = _ckpt_root(run_dir) / "latest"
+    """The checkpoint ``latest`` names, or, where that one is not complete (a write or a
+    deletion cut short), the newest complete one."""
+    root = _ckpt_root(run_dir)
+    pointer = root / "latest"
     if not pointer.exists():
         return None
-    path = pointer.parent / pointer.read_text().strip()
-    return path if (path / "state.json").exists() else None
+    path = root / pointer.read_text().strip()
+    if _complete(path):
+        return path
+    done = sorted((p for p in root.glob("step_*") if p.is_dir() and _complete(p)), reverse=True)
+    return done[0] if done else None
 
 
 def load_checkpoint(

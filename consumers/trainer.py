@@ -40,7 +40,9 @@ from asyncrl.consumers.checkpoint import (
     TrainerState,
     latest_checkpoint,
     load_checkpoint,
+    remove_leftovers,
     snapshot,
+    trainer_lock,
 )
 from asyncrl.consumers.coordinator import SyncCoordinator
 from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
@@ -98,6 +100,9 @@ class Trainer:
             vocab_size=self.model.get_input_embeddings().num_embeddings,  # type: ignore[operator]
         )
         history: dict[str, Any] = {}
+        self._lock = trainer_lock(cfg.run_dir)  # the run's one trainer, from here
+        for left in remove_leftovers(cfg.run_dir):
+            log.info("removed %s, left by a checkpoint write that did not finish", left.name)
         ckpt = latest_checkpoint(cfg.run_dir)
         offsets = None
         if ckpt is not None:
@@ -410,3 +415,4 @@ class Trainer:
             self.tensorboard.close()
         self.io.close()
         self.coordinator.close()
+        self._lock.close()  # lets go of the run's trainer lock

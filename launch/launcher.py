@@ -219,29 +219,27 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
 
 def _refuse_a_foreign_log(cfg: RunConfig, bootstrap: str) -> None:
     """A run directory that never held this run (no config.yaml: another output_dir, or the
-    directory deleted) in front of topics with work on them (a Kafka cluster keeps a run's
-    log): a trainer started here would find no checkpoint, void every step on the log (a
-    finished run's too) and train on its samples again from the first policy. Refused, as
-    the user meant one of the two it cannot tell apart."""
+    directory deleted) in front of a log a trainer has trained on (a Kafka cluster keeps a
+    run's log): a trainer started here would find no checkpoint, void every step on the log
+    (a finished run's too) and train on its samples again from the first policy. Refused, as
+    the user meant one of the two it cannot tell apart. Samples alone are no sign of another
+    run (``replay topic --to-run`` feeds a new run's trainer that way)."""
     if (cfg.run_dir / "config.yaml").exists():
         return
-    from asyncrl.kafka import read_topics_watermarks
-    from asyncrl.kafka.settings import consumer_config
+    from asyncrl.kafka.records import read_records
+    from asyncrl.schemas import DecodeError
+    from asyncrl.schemas.step import decode_step
 
-    names = {cfg.topic(name): name for name in ("samples", "steps")}
-    marks = read_topics_watermarks(
-        consumer_config(cfg.kafka, bootstrap, None), list(names), exact=False,
-        metadata_timeout=cfg.kafka.broker_down_timeout_s,
-    )  # fmt: skip
-    done = dict.fromkeys(names.values(), 0)
-    for (topic, _p), (low, high) in marks.items():
-        done[names[topic]] += high - low  # about: Tansu's high is its last batch's start + 1
-    if any(done.values()):
+    for rec in read_records(cfg, bootstrap, "steps"):
+        try:
+            step = decode_step(rec.value, rec.headers)
+        except DecodeError:
+            continue
         raise ConfigError(
-            f"run_id={cfg.run_id}: the broker at {bootstrap} already holds this run's log "
-            f"(samples and steps on it), which {cfg.run_dir} "
-            "did not write (it has no config.yaml): resume that run with the output_dir it "
-            "was started with, or start a new one under another run_id="
+            f"run_id={cfg.run_id}: the broker at {bootstrap} already holds this run's log, "
+            f"trained to step {step.step} at least, which {cfg.run_dir} did not write (it has "
+            "no config.yaml): resume that run with the output_dir it was started with, or "
+            "start a new one under another run_id="
         )
 
 

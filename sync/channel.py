@@ -37,9 +37,11 @@ def last_logged_version(cfg: RunConfig, bootstrap: str) -> int:
 
 
 def highest_version(events: Iterable[ev.ControlEvent]) -> int:
-    """The highest version SyncRequested or WeightsPublished names (-1 if none)."""
-    versions = [e.version for e in events if isinstance(e, (ev.SyncRequested, ev.WeightsPublished))]
-    return max(versions, default=-1)
+    """The highest version SyncRequested, WeightsPublished or TrainerResumed names (-1 if
+    none). A TrainerResumed's version is taken even if its trainer died before publishing
+    it: the next restart took that number again (audit: a version regression)."""
+    named = (ev.SyncRequested, ev.WeightsPublished, ev.TrainerResumed)
+    return max((e.version for e in events if isinstance(e, named)), default=-1)
 
 
 class SyncTimeout(TimeoutError):

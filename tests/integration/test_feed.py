@@ -48,9 +48,18 @@ def test_a_run_directory_that_never_held_the_run_is_refused_in_front_of_its_log(
 
     cfg = make_run_cfg(*quick_policy, "data.train_size=16", "data.val_size=8")
     bootstrap = cfg.kafka.bootstrap_servers
-    with Publisher(cfg.kafka, bootstrap) as pub:  # what a run trained leaves on the log
-        pub.publish(cfg.topic("steps"), "1", b"{}")
-    with pytest.raises(ConfigError, match=f"run_id={cfg.run_id}: the broker at .* already holds"):
+    from asyncrl.schemas.step import TAG as STEP_TAG
+    from asyncrl.schemas.step import StepRecord, encode_step
+
+    with Publisher(cfg.kafka, bootstrap) as pub:  # not a run's: the set-up goes on
+        pub.publish(cfg.topic("samples"), "junk", b"replayed or planted")
+        pub.publish(cfg.topic("steps"), "junk", b"not a step", {SCHEMA_HEADER: STEP_TAG})
+    prepare(cfg.model_copy(deep=True), bootstrap, Console(file=StringIO()))
+    (cfg.run_dir / "config.yaml").unlink()
+    step = StepRecord(cfg.run_id, 3, 1, 0.0, [], [], [], {})
+    with Publisher(cfg.kafka, bootstrap) as pub:  # what a trainer leaves on the log
+        pub.publish(cfg.topic("steps"), "3", encode_step(step), {SCHEMA_HEADER: STEP_TAG})
+    with pytest.raises(ConfigError, match=f"run_id={cfg.run_id}: .* trained to step 3"):
         prepare(cfg, bootstrap, Console(file=StringIO()))
     assert not (cfg.run_dir / "config.yaml").exists()
     dump_config(cfg, cfg.run_dir / "config.yaml")  # the directory that started it: resumes

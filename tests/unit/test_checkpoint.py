@@ -100,3 +100,80 @@ def test_one_write_at_a_time_and_a_failed_write_is_raised(tmp_path, monkeypatch)
     with pytest.raises(RuntimeError, match="writing a checkpoint failed: disk full"):
         writer.wait()
     assert latest_checkpoint(tmp_path).name == "step_000002"  # the last good one stays
+
+
+def _write(tmp_path, model, optimizer, step):
+    from asyncrl.consumers.checkpoint import write_checkpoint
+
+    state = TrainerState(step=step, version=1, batcher={}, metrics={})
+    return write_checkpoint(tmp_path, snapshot(model, optimizer, state), keep=3)
+
+
+def test_a_kill_while_the_last_step_is_written_again_resumes_from_a_complete_one(
+    tmp_path, monkeypatch
+):
+    """The run's last step is written twice (in the loop, then at the end). The second write
+    deleted the first before moving its own into place, with ``latest`` naming it: a kill in
+    between (a helper's watcher hit it at once) left ``latest`` on a half-deleted directory,
+    and the restart trained every step again from the first policy."""
+    from asyncrl.consumers import checkpoint
+
+    model, optimizer = _trained()
+    _write(tmp_path, model, optimizer, 15)
+    first = _write(tmp_path, model, optimizer, 20)
+    real_rename = checkpoint.Path.rename
+
+    def killed_at_the_swap(self, target):  # the moment the old step_20 has left its place
+        if self.name.startswith(".tmp_step_"):
+            raise KeyboardInterrupt("SIGKILL")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(checkpoint.Path, "rename", killed_at_the_swap)
+    with pytest.raises(KeyboardInterrupt):
+        _write(tmp_path, model, optimizer, 20)
+    monkeypatch.undo()
+    found = latest_checkpoint(tmp_path)
+    assert found is not None and found.name == "step_000015"  # complete; step_20 moved aside
+    assert load_checkpoint(found, *_trained(1)).step == 15
+    # A half-deleted directory named by latest is passed over the same way.
+    assert first.name == "step_000020" and not first.exists()
+    from asyncrl.consumers.checkpoint import remove_leftovers
+
+    left = remove_leftovers(tmp_path)  # the killed writer's two directories
+    assert sorted(p.name.split("_")[0] for p in left) == [".old", ".tmp"]
+    assert not list((tmp_path / "checkpoints").glob(".*_step_*"))
+
+
+def test_a_run_has_one_trainer_and_its_lock_goes_with_it(tmp_path):
+    """Two ``asyncrl train`` of one run (role by role) both trained: the audit failed with 14
+    reused versions and 24 regressions. The second now stops at once, naming the first."""
+    import os
+    import subprocess
+    import sys
+
+    from asyncrl.consumers.checkpoint import TrainerAlreadyRunning, trainer_lock
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from pathlib import Path\n"
+            "from asyncrl.consumers.checkpoint import trainer_lock\n"
+            f"lock = trainer_lock(Path({str(tmp_path)!r}))\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(TrainerAlreadyRunning, match=f"pid {holder.pid} on"):
+            trainer_lock(tmp_path)
+    finally:
+        holder.kill()  # a SIGKILLed trainer: the system lets go of its lock
+        holder.wait()
+    lock = trainer_lock(tmp_path)
+    assert f"pid {os.getpid()}" in (tmp_path / "checkpoints" / ".trainer.lock").read_text()
+    lock.close()
