@@ -35,6 +35,10 @@ class TrainerGone(RuntimeError):
     """The trainer this worker joined is gone; a restarted one must be joined."""
 
 
+class JoinCancelled(RuntimeError):
+    """The worker was stopped (SIGTERM, Ctrl-C) while it waited to join a trainer."""
+
+
 class SyncFollower:
     def __init__(
         self,
@@ -84,6 +88,8 @@ class SyncFollower:
         """The engine's empty share while the budget is spent: rollouter/budget_unfilled_ratio."""
         self.keep_alive: Callable[[], None] = lambda: None
         """Polls the prompts group while the worker waits here (or it would lose its partitions)."""
+        self.cancelled: Callable[[], bool] = lambda: False
+        """The worker has been told to stop: a wait to join a trainer ends (JoinCancelled)."""
 
     @property
     def pending_sync(self) -> ev.SyncRequested | None:
@@ -141,7 +147,10 @@ class SyncFollower:
         return self.receive()
 
     def _announce(self) -> None:
-        """WorkerStarted, repeated while the trainer has not accepted this worker."""
+        """WorkerStarted, repeated while the trainer has not accepted this worker (or, with
+        no trainer up yet, while its store does not answer); a stopped worker stops here."""
+        if self.cancelled():
+            raise JoinCancelled("stopped while waiting to join the trainer")
         self.control.publish(
             ev.WorkerStarted(run_id=self.cfg.run_id, version=self.version, worker=self.worker_id)
         )
@@ -319,10 +328,19 @@ class SyncFollower:
             self.sink.close()
             self.sink = None
         self.idle.set_waiting(True)
-        self._await_new_trainer()
-        if self.finished:
-            return None
-        welcome = self.join()
+        while True:
+            self._await_new_trainer()
+            if self.finished:
+                return None
+            try:
+                welcome = self.join()
+                break
+            except (TrainerGone, ConnectionError) as gone:  # that trainer died as we joined
+                log.warning("worker %d: %s; waiting for the next trainer", self.worker_id, gone)
+                if self.sink is not None:
+                    self.sink.close()
+                    self.sink = None
+                self.trainer_gone, self.trainer_back = str(gone), False
         self.trainer_gone, self.trainer_back = None, False
         self.requests.clear()
         self.published.clear()
@@ -339,6 +357,8 @@ class SyncFollower:
                 elif isinstance(event, ev.RunFinished):
                     self.finished = True
             self.keep_alive()
+            if self.cancelled():
+                raise JoinCancelled("stopped while waiting for a restarted trainer")
             if time.monotonic() > deadline:
                 raise TrainerGone(
                     f"{self.trainer_gone}, and no trainer started again within "

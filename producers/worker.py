@@ -57,7 +57,7 @@ from asyncrl.producers.admission import PromptAdmission
 from asyncrl.producers.agent.factory import make_runner
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
-from asyncrl.producers.follower import SyncFollower, TrainerGone
+from asyncrl.producers.follower import JoinCancelled, SyncFollower, TrainerGone
 from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.producers.io import PromptFeed, WorkerIO, kafka_io
 from asyncrl.producers.scoring import TrajectoryScorer
@@ -169,42 +169,50 @@ class RolloutWorker:
         # log, joining the collective and receiving the weights, instead of following them.
         prompts = self.io.prompts(self.admission.on_assigned, self._on_prompts_revoked)
         f.keep_alive = prompts.keep_alive
+        f.cancelled = lambda: self.stopping
         try:
-            self._start()
-            while not f.finished and not self.stopping:
-                f.poll(0.0)
-                if self.shadow is not None:  # in-flight update: swap, between two tokens
-                    why = self.shadow.failed()
-                    if why and f.trainer_gone is None:
-                        if f.run_finishing():
-                            continue
-                        f.trainer_gone = why
-                    ready = f.ready_to_swap(self.shadow.ready.is_set())
-                    if ready is not None:
-                        self._swap(*ready)
-                # A sync (or a new trainer) goes first once nothing has to finish before it.
-                if self.partial_rollout or not self.in_flight:
-                    if f.trainer_gone is not None:
-                        self._rejoin()
-                        continue
-                    if f.pending_sync is not None and self.shadow is None:
-                        self._sync(f.pending_sync)
-                        continue
-                while self._admit(prompts):
-                    pass
-                self.publisher.poll(0)  # acknowledgements: commit the prompts of acked samples
-                self.publisher.check()
-                self._gauge()
-                if self.runner.busy:
-                    self._advance(prompts)
-                else:
-                    prompts.keep_alive()
-                    f.poll(0.05)
-            if self.stopping and self.partial_rollout and self.in_flight:
-                self._interrupt()
+            self._run(prompts)
+        except JoinCancelled as why:  # SIGTERM or Ctrl-C before a trainer took this worker
+            log.info("worker %d: %s", self.worker_id, why)
         finally:
             self._leave(prompts)
         return self.produced
+
+    def _run(self, prompts: PromptFeed) -> None:
+        """Join, then generate until the run finishes or the worker is stopped."""
+        f = self.follower
+        self._start()
+        while not f.finished and not self.stopping:
+            f.poll(0.0)
+            if self.shadow is not None:  # in-flight update: swap, between two tokens
+                why = self.shadow.failed()
+                if why and f.trainer_gone is None:
+                    if f.run_finishing():
+                        continue
+                    f.trainer_gone = why
+                ready = f.ready_to_swap(self.shadow.ready.is_set())
+                if ready is not None:
+                    self._swap(*ready)
+            # A sync (or a new trainer) goes first once nothing has to finish before it.
+            if self.partial_rollout or not self.in_flight:
+                if f.trainer_gone is not None:
+                    self._rejoin()
+                    continue
+                if f.pending_sync is not None and self.shadow is None:
+                    self._sync(f.pending_sync)
+                    continue
+            while self._admit(prompts):
+                pass
+            self.publisher.poll(0)  # acknowledgements: commit the prompts of acked samples
+            self.publisher.check()
+            self._gauge()
+            if self.runner.busy:
+                self._advance(prompts)
+            else:
+                prompts.keep_alive()
+                f.poll(0.05)
+        if self.stopping and self.partial_rollout and self.in_flight:
+            self._interrupt()
 
     def _start(self) -> None:
         """Read the log (what a previous incarnation left), join the collective, receive the

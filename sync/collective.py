@@ -830,6 +830,15 @@ class WeightReceiver(_Endpoint):
         self.worker = worker
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        deadline = time.monotonic() + self.timeout_s
+        # Until the trainer's store listens, in short tries with an announce between them, so
+        # a worker told to stop is heard (one TCPStore connect retried for sync.timeout_s,
+        # deaf to SIGTERM, and c10d logged a stack trace at each of its own tries).
+        while not _listening(self.master_addr, self.master_port):
+            if time.monotonic() > deadline:
+                break  # the store's connect below fails and says so
+            announce()
+            time.sleep(0.5)
         try:
             store = dist.TCPStore(
                 self.master_addr,
@@ -840,12 +849,13 @@ class WeightReceiver(_Endpoint):
         except Exception as err:
             raise self._rendezvous_error("connecting to the trainer's store", err) from err
         key = f"{worker}/{incarnation}"
-        deadline = time.monotonic() + self.timeout_s
         while True:
             announce()
             try:
                 store.wait([f"accept/{key}"], timedelta(seconds=_ANNOUNCE_EVERY_S))
                 break
+            except dist.DistNetworkError as err:  # the trainer's store is gone: it died
+                raise ConnectionError(f"the trainer's store went away ({err})") from err
             except Exception as err:  # not accepted yet: announce again
                 if time.monotonic() > deadline:
                     raise self._rendezvous_error(
@@ -1095,6 +1105,15 @@ def _recv_bytes(sock: socket.socket, n: int, peer: str) -> bytes:
     except OSError as err:
         raise WeightChannelError(f"the fast channel to {peer} failed: {err}") from err
     return data
+
+
+def _listening(host: str, port: int) -> bool:
+    """Something accepts connections at ``host:port`` (the trainer's store, once it is up)."""
+    try:
+        with socket.create_connection((host, port), timeout=_ANNOUNCE_EVERY_S):
+            return True
+    except OSError:
+        return False
 
 
 @functools.cache
