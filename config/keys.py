@@ -92,34 +92,28 @@ def our_leaf_keys() -> tuple[str, ...]:
     return tuple(walk(RunConfig, ""))
 
 
-def default_of(key: str) -> Any:
-    """asyncrl's default for a leaf key, or _MISSING."""
+def _leaf_field(key: str) -> Any:
+    """The pydantic field of asyncrl's leaf ``key`` (not a section), or None."""
     model: Any = RunConfig
-    parts = key.split(".")
-    for i, part in enumerate(parts):
+    info = None
+    for part in key.split("."):
         info = model.model_fields.get(part) if _is_section(model) else None
         if info is None:
-            return _MISSING
-        if i == len(parts) - 1:
-            if _is_section(info.annotation):
-                return _MISSING
-            return info.get_default(call_default_factory=True)
+            return None
         model = info.annotation
-    return _MISSING
+    return None if info is None or _is_section(info.annotation) else info
+
+
+def default_of(key: str) -> Any:
+    """asyncrl's default for a leaf key, or _MISSING."""
+    info = _leaf_field(key)
+    return _MISSING if info is None else info.get_default(call_default_factory=True)
 
 
 def annotation_of(key: str) -> Any:
     """The type of asyncrl's leaf ``key`` (``int``, ``str | None``, ...), or _MISSING."""
-    model: Any = RunConfig
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        info = model.model_fields.get(part) if _is_section(model) else None
-        if info is None:
-            return _MISSING
-        if i == len(parts) - 1:
-            return _MISSING if _is_section(info.annotation) else info.annotation
-        model = info.annotation
-    return _MISSING
+    info = _leaf_field(key)
+    return _MISSING if info is None else info.annotation
 
 
 def scalar_types(key: str) -> set[Any]:

@@ -303,7 +303,6 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     checks.append(_reward_function(cfg, here))
     if role != "rollout":
         checks.append(_filter_metric(cfg))
-    if role != "rollout":
         checks += _data_files(cfg, rows)
     checks += _cuda(cfg, role, here)
     if role != "rollout" and "tensorboard" in cfg.trainer.logger:

@@ -324,11 +324,11 @@ class SyncFollower:
     def rejoin(self) -> ev.WeightsPublished | None:
         """Wait for the restarted trainer, join it and receive its weights (None: the run
         finished first). The old trainer's pending sync is superseded by the new weights."""
-        if self.sink is not None:
-            self.sink.close()
-            self.sink = None
         self.idle.set_waiting(True)
         while True:
+            if self.sink is not None:  # the pair with the trainer that is gone
+                self.sink.close()
+                self.sink = None
             self._await_new_trainer()
             if self.finished:
                 return None
@@ -337,9 +337,6 @@ class SyncFollower:
                 break
             except (TrainerGone, ConnectionError) as gone:  # that trainer died as we joined
                 log.warning("worker %d: %s; waiting for the next trainer", self.worker_id, gone)
-                if self.sink is not None:
-                    self.sink.close()
-                    self.sink = None
                 self.trainer_gone, self.trainer_back = str(gone), False
         self.trainer_gone, self.trainer_back = None, False
         self.requests.clear()

@@ -30,8 +30,8 @@ from tests.helpers import (
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) -> None:
-    """SIGKILL process ``name`` once the steps topic shows step ``at_step``."""
+def _wait_for_step(cfg, at_step: int) -> bool:
+    """Until the run's steps topic shows step ``at_step`` (False: not within 240 s)."""
     deadline = time.monotonic() + 240
     while not (cfg.run_dir / "config.yaml").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -39,10 +39,16 @@ def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) ->
         steps.assign(cfg.topic("steps"))
         while time.monotonic() < deadline:
             if any(r.value.step >= at_step for r in steps.poll(0.1)):
-                out["killed_pid"] = pids[name]
-                out["killed_at"] = time.time()
-                os.kill(pids[name], signal.SIGKILL)
-                return
+                return True
+    return False
+
+
+def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) -> None:
+    """SIGKILL process ``name`` once the steps topic shows step ``at_step``."""
+    if _wait_for_step(cfg, at_step):
+        out["killed_pid"] = pids[name]
+        out["killed_at"] = time.time()
+        os.kill(pids[name], signal.SIGKILL)
 
 
 def _run_with_fault(cfg, fault, *args, join_s: float = 30) -> tuple[dict, dict, str]:
@@ -425,19 +431,12 @@ def test_a_broker_stalled_for_15_s_costs_time_not_work(make_run_cfg, quick_polic
 
 def _stop_worker_at(cfg, pids: dict[str, int], at_step: int, stop_s: float, out: dict) -> None:
     """SIGSTOP rollout worker 0 for ``stop_s`` once the steps topic shows ``at_step``."""
-    deadline = time.monotonic() + 240
-    while not (cfg.run_dir / "config.yaml").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    with Reader(cfg.kafka, cfg.kafka.bootstrap_servers, decode_step) as steps:
-        steps.assign(cfg.topic("steps"))
-        while time.monotonic() < deadline:
-            if any(r.value.step >= at_step for r in steps.poll(0.1)):
-                os.kill(pids["rollout-0"], signal.SIGSTOP)
-                out["stopped_at"] = time.time()
-                time.sleep(stop_s)
-                os.kill(pids["rollout-0"], signal.SIGCONT)
-                out["resumed_at"] = time.time()
-                return
+    if _wait_for_step(cfg, at_step):
+        os.kill(pids["rollout-0"], signal.SIGSTOP)
+        out["stopped_at"] = time.time()
+        time.sleep(stop_s)
+        os.kill(pids["rollout-0"], signal.SIGCONT)
+        out["resumed_at"] = time.time()
 
 
 def test_a_worker_stopped_past_its_session_timeout_costs_time_not_the_run(

@@ -31,6 +31,15 @@ SHORT_POLL = (
 )
 
 
+def _feed_prompts(cfg: RunConfig, broker: str, count: int) -> None:
+    """Prompts p0, p1, ... on the run's prompts topic."""
+    with Publisher(cfg.kafka, broker) as feed:
+        for i in range(count):
+            feed.publish(
+                cfg.topic("prompts"), f"p{i}", encode_prompt(PromptRecord(f"p{i}", "", ""))
+            )
+
+
 def _poll_until(reader: Reader, done: Callable[[list[Record]], bool], timeout: float) -> list:
     out: list[Record] = []
     deadline = time.monotonic() + timeout
@@ -284,11 +293,7 @@ def test_a_full_prompt_buffer_resumes_only_at_half(
     taken from a full buffer made every refetch start with the buffer nearly drained (the
     demo's worker starved ~0.5 s every 5 steps). Paused at full, it resumes at half."""
     cfg = make_run_cfg("kafka.topics.partitions.prompts=1")
-    with Publisher(cfg.kafka, broker) as feed:
-        for i in range(40):
-            feed.publish(
-                cfg.topic("prompts"), f"p{i}", encode_prompt(PromptRecord(f"p{i}", "", ""))
-            )
+    _feed_prompts(cfg, broker, 40)
     source = PromptSource(cfg, broker, prefetch=8)
     try:
         deadline = time.monotonic() + 20
@@ -316,11 +321,7 @@ def test_a_source_closed_before_its_first_assignment_leaves_the_group_usable(
     later member is ever assigned a partition (a restarted worker waited for prompts for
     good). A source leaves by session expiry instead (prompt_source's module doc)."""
     cfg = make_run_cfg("kafka.topics.partitions.prompts=2")
-    with Publisher(cfg.kafka, broker) as feed:
-        for i in range(4):
-            feed.publish(
-                cfg.topic("prompts"), f"p{i}", encode_prompt(PromptRecord(f"p{i}", "", ""))
-            )
+    _feed_prompts(cfg, broker, 4)
     first = PromptSource(cfg, broker)
     _keep_alive(first, seconds=1.0)  # its JoinGroup sent, not answered yet (~1 s)
     assert not first.joined
@@ -347,11 +348,7 @@ def test_a_worker_stopped_while_another_joins_leaves_the_group_usable(
     window (one try in six still wedged). A source leaves by session expiry now."""
     cfg = make_run_cfg("kafka.topics.partitions.prompts=4")
     everything = {0, 1, 2, 3}
-    with Publisher(cfg.kafka, broker) as feed:
-        for i in range(8):
-            feed.publish(
-                cfg.topic("prompts"), f"p{i}", encode_prompt(PromptRecord(f"p{i}", "", ""))
-            )
+    _feed_prompts(cfg, broker, 8)
     leader = PromptSource(cfg, broker)  # the first member: the group's leader
     _keep_alive(leader, until=lambda: leader.owned == everything)
     other = PromptSource(cfg, broker)
@@ -395,8 +392,7 @@ def test_a_worker_left_without_prompt_partitions_says_why_it_may_be(
     prompts it says why it may be (more workers than partitions, or a stuck rebalance)."""
     monkeypatch.setattr(prompt_source, "STARVED_WARN_S", 1.0)
     cfg = make_run_cfg("kafka.topics.partitions.prompts=1", "kafka.session_timeout_ms=2000")
-    with Publisher(cfg.kafka, broker) as feed:
-        feed.publish(cfg.topic("prompts"), "p0", encode_prompt(PromptRecord("p0", "", "")))
+    _feed_prompts(cfg, broker, 1)
     first = PromptSource(cfg, broker)
     second = PromptSource(cfg, broker)
     try:
@@ -437,11 +433,7 @@ def test_a_paused_source_that_missed_max_poll_interval_takes_prompts_again(
     itself for resumed: the worker never took a prompt again and the trainer waited for good
     (a standalone broker, 4 runs of 4)."""
     cfg = make_run_cfg("kafka.topics.partitions.prompts=2", *SHORT_POLL)
-    with Publisher(cfg.kafka, broker) as feed:
-        for i in range(40):
-            feed.publish(
-                cfg.topic("prompts"), f"p{i}", encode_prompt(PromptRecord(f"p{i}", "", ""))
-            )
+    _feed_prompts(cfg, broker, 40)
     source = PromptSource(cfg, broker, prefetch=8)
     try:
         _keep_alive(source, until=lambda: source.paused and len(source._buffer) >= 8)
