@@ -179,7 +179,18 @@ class ActorConfig(Strict):
     ppo_mini_batch_size: int = Field(8, ge=1, le=65536)
     """Prompts (samples) per mini-batch; each holds rollout.n trajectories (at most 65536)."""
     clip_ratio: float = Field(0.2, gt=0)
-    """PPO clip range for the policy ratio."""
+    """PPO clip range for the policy ratio: the ratio is clipped to [1 - clip_ratio_low,
+    1 + clip_ratio_high], each this where unset."""
+    clip_ratio_low: float | None = Field(None, gt=0)
+    """The clip range below 1 (verl's key); None: clip_ratio. Unlike verl, whose YAML sets
+    both to 0.2 so that clip_ratio alone changes nothing, clip_ratio sets the side left unset."""
+    clip_ratio_high: float | None = Field(None, gt=0)
+    """The clip range above 1 (verl's key); None: clip_ratio. DAPO's clip-higher sets 0.28
+    with clip_ratio_low 0.2, so unlikely tokens of good answers can gain more."""
+    clip_ratio_c: float | None = Field(3.0, gt=1)
+    """Dual-clip PPO (verl's key and default): where the advantage is negative, the per-token
+    loss is at most -A * clip_ratio_c, so a token whose ratio ran far above 1 (a stale sample
+    the policy has since come to favour) stops pushing. null: no dual clip."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     """How per-token losses are averaged: over all tokens, or per sequence then over sequences."""
     ppo_micro_batch_size_per_gpu: int | None = Field(None, ge=1)
@@ -195,6 +206,12 @@ class ActorConfig(Strict):
     """The tokens of one micro-batch with use_dynamic_bsz (verl's default)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig)
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(below 1, above 1): the clip ranges the loss uses."""
+        low, high = self.clip_ratio_low, self.clip_ratio_high
+        return (self.clip_ratio if low is None else low, self.clip_ratio if high is None else high)
 
     @property
     def micro_batching(self) -> tuple[int | None, int | None]:

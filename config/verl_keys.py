@@ -29,7 +29,6 @@ from asyncrl.config.verl_rules import (
     fixed,
     ignored,
     refused,
-    same_as,
     when_sampling,
 )
 
@@ -83,9 +82,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     # --- aliases ---------------------------------------------------------------------------
     "actor_rollout_ref.actor.grad_clip": alias("actor_rollout_ref.actor.optim.grad_clip"),
     "actor_rollout_ref.actor.optim.clip_grad": alias("actor_rollout_ref.actor.optim.grad_clip"),
-    "actor_rollout_ref.actor.clip_ratio_low": alias(
-        "actor_rollout_ref.actor.clip_ratio", "asyncrl clips symmetrically with one clip_ratio"
-    ),
     "actor_rollout_ref.actor.use_rollout_log_probs": alias(
         "async_training.use_rollout_log_probs", "verl's copy for the actor"
     ),
@@ -190,13 +186,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": fixed(FSDP, 1),
     "actor_rollout_ref.actor.megatron.*": refused(FSDP),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": fixed(FSDP, 1),
-    "actor_rollout_ref.actor.clip_ratio_high": same_as(
-        "actor_rollout_ref.actor.clip_ratio",
-        "asyncrl clips symmetrically with one clip_ratio (no DAPO clip-higher yet)",
-    ),
-    "actor_rollout_ref.actor.clip_ratio_c": refused(
-        "dual-clip PPO (a bound on the loss of negative advantages) is not implemented"
-    ),
     "actor_rollout_ref.actor.use_kl_loss": fixed("asyncrl has no KL loss", False),
     "actor_rollout_ref.actor.kl_loss_coef": ignored(KL),
     "actor_rollout_ref.actor.kl_loss_type": ignored(KL),

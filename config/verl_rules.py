@@ -59,13 +59,6 @@ def fixed(why: str, *values: Any) -> VerlKey:
     )
 
 
-def same_as(key: str, why: str) -> VerlKey:
-    """Accepted only when equal to asyncrl's ``key`` (one setting where verl has two)."""
-    return VerlKey(
-        "fixed", why, ok=lambda v, get: _same(v, get(key)), ok_text=f"the value of {key}"
-    )
-
-
 def when_sampling(why: str, ok: Callable[[Any, Get], bool], ok_text: str) -> VerlKey:
     """A validation sampling setting: moot with greedy validation (val_kwargs.do_sample=false)."""
 

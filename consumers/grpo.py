@@ -174,24 +174,33 @@ def policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    clip_ratio: float,
+    clip_ratio: float | tuple[float, float],
     loss_agg_mode: LossAggMode = "token-mean",
     is_weights: torch.Tensor | None = None,
     norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate, to minimise. All per-token tensors are ``[B, R]``.
 
     Per token: ``rho = exp(logp - old_logp)`` and
-    ``l = max(-A * rho, -A * clip(rho, 1 - eps, 1 + eps))`` (the pessimistic of the unclipped and
-    clipped objectives, negated). ``advantages`` is ``[B]`` (broadcast over the sequence: one
+    ``l = max(-A * rho, -A * clip(rho, 1 - eps_low, 1 + eps_high))`` (the pessimistic of the
+    unclipped and clipped objectives, negated). ``clip_ratio`` is ``eps`` for both sides, or
+    ``(eps_low, eps_high)`` (DAPO's clip-higher: a larger ``eps_high`` lets unlikely tokens of
+    good answers gain more). ``advantages`` is ``[B]`` (broadcast over the sequence: one
     outcome reward per trajectory) or ``[B, R]``.
+
+    Dual clip (``clip_ratio_c = c > 1``, verl's default 3): where ``A < 0`` the loss is at
+    most ``-A * c``, so a token whose ratio ran far above 1 under a negative advantage (a
+    stale sample the policy has since come to like) stops pushing; ``l = min(l, -A * c)``
+    there. None: no dual clip.
 
     Aggregation over the valid tokens (mask m):
       * ``token-mean``: ``sum(l * m) / sum(m)`` (every token weighs the same; DAPO / verl default);
       * ``seq-mean-token-mean``: ``mean_i(sum_t l_it m_it / sum_t m_it)`` (every sequence does).
 
     Metrics: ``pg_loss``; ``pg_clipfrac``, the share of tokens where the clipped term won (its
-    gradient is zero there); ``ppo_kl``, the masked mean of ``old_logp - logp``, a k1 estimate
+    gradient is zero there); ``pg_clipfrac_lower``, the share the dual clip bounded (0 without
+    it); ``ppo_kl``, the masked mean of ``old_logp - logp``, a k1 estimate
     of KL(old || new) that is 0 on-policy.
 
     Gradient check, on-policy (rho = 1, no clipping): d l / d logp = -A * rho = -A, so the loss
@@ -211,11 +220,18 @@ def policy_loss(
     if advantages.dim() == 1:
         advantages = advantages[:, None]
     advantages = advantages.to(logprobs.dtype).expand_as(logprobs)
+    low, high = clip_ratio if isinstance(clip_ratio, tuple) else (clip_ratio, clip_ratio)
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     pg1 = -advantages * ratio
-    pg2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    pg2 = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     per_token = torch.maximum(pg1, pg2)
+    dual = torch.zeros_like(mask)
+    if clip_ratio_c is not None:
+        bound = -advantages * clip_ratio_c
+        negative = advantages < 0
+        dual = (negative & (per_token > bound)).to(mask.dtype)
+        per_token = torch.where(negative, torch.minimum(per_token, bound), per_token)
     if is_weights is not None:
         per_token = per_token * is_weights
     loss = aggregate(per_token, mask, loss_agg_mode, loss_norm)
@@ -223,6 +239,7 @@ def policy_loss(
         metrics = {
             "pg_loss": float(loss),
             "pg_clipfrac": float(((pg2 > pg1).to(mask.dtype) * mask).sum() / tokens),
+            "pg_clipfrac_lower": float((dual * mask).sum() / tokens),
             "ppo_kl": float((-log_ratio * mask).sum() / tokens),
         }
     return loss, metrics

@@ -41,7 +41,7 @@ def policy_step(
     current weights before the update (verl's default for the actor); with ``prox`` (decoupled
     PPO, ``compute_prox_log_prob``) it is the proximal log-probs, weighted by ``is_weights``.
     Metrics, verl's (``verl/workers/actor/dp_actor.py``, ``fsdp_workers.py``): ``pg_loss``,
-    ``pg_clipfrac``, ``ppo_kl``, ``entropy`` (the policy's token entropy on the valid response
+    ``pg_clipfrac``, ``pg_clipfrac_lower`` (the dual clip's share), ``ppo_kl``, ``entropy`` (the policy's token entropy on the valid response
     tokens, aggregated by ``loss_agg_mode``), ``grad_norm`` (before clipping) and ``lr`` (the
     learning rate this step used).
 
@@ -75,10 +75,11 @@ def policy_step(
                 _rows(old, index, width),
                 b.advantages,
                 b.response_mask,
-                actor.clip_ratio,
+                actor.clip_range,
                 actor.loss_agg_mode,
                 is_weights=None if is_weights is None else _rows(is_weights, index, width),
                 norms=norms,
+                clip_ratio_c=actor.clip_ratio_c,
             )
         part["entropy"] = float(aggregate(entropy, b.response_mask, actor.loss_agg_mode, norms[0]))
         loss.backward()

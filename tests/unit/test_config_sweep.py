@@ -215,9 +215,9 @@ def test_an_absurd_count_is_refused(key, most):
             "sync.bucket_size_mb): Input should be greater than 0 (got 0)",
         ),
         (
-            "actor_rollout_ref.actor.clip_ratio_low=0",
-            "actor_rollout_ref.actor.clip_ratio_low (command line; asyncrl's "
-            "actor_rollout_ref.actor.clip_ratio): Input should be greater than 0 (got 0)",
+            "actor_rollout_ref.actor.grad_clip=0",
+            "actor_rollout_ref.actor.grad_clip (command line; asyncrl's "
+            "actor_rollout_ref.actor.optim.grad_clip): Input should be greater than 0 (got 0)",
         ),
     ],
 )
@@ -230,13 +230,16 @@ def test_the_alias_listing_says_when_a_later_key_wins():
 
     loaded = load(
         None,
-        ["actor_rollout_ref.actor.clip_ratio_low=0.1", "actor_rollout_ref.actor.clip_ratio=0.3"],
+        [
+            "actor_rollout_ref.actor.grad_clip=0.1",
+            "actor_rollout_ref.actor.optim.grad_clip=0.3",
+        ],
     )
-    assert loaded.config().actor_rollout_ref.actor.clip_ratio == 0.3
+    assert loaded.config().actor_rollout_ref.actor.optim.grad_clip == 0.3
     assert loaded.report.alias_lines() == [
-        "actor_rollout_ref.actor.clip_ratio_low=0.1 (command line) -> "
-        "actor_rollout_ref.actor.clip_ratio=0.1 (not applied: "
-        "actor_rollout_ref.actor.clip_ratio=0.3 (command line) is set later)"
+        "actor_rollout_ref.actor.grad_clip=0.1 (command line) -> "
+        "actor_rollout_ref.actor.optim.grad_clip=0.1 (not applied: "
+        "actor_rollout_ref.actor.optim.grad_clip=0.3 (command line) is set later)"
     ]
 
 

@@ -72,6 +72,7 @@ VERL_STEP_NAMES = {
     # (compute_policy_loss_vanilla), verl/workers/fsdp_workers.py (update_actor: actor/lr)
     "actor/pg_loss",
     "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
     "actor/ppo_kl",
     "actor/entropy",
     "actor/grad_norm",

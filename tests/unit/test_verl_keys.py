@@ -60,10 +60,10 @@ def test_every_override_of_verls_dapo_script_is_classified(empty_config: Path) -
     print(f"\nverl DAPO fully async script, {len(overrides)} overrides: {counts}")
     ours = sum(our_key(k) is not None for k in MAY_BECOME_OURS)
     assert counts == {  # actor.use_dynamic_bsz and ppo_max_token_len_per_gpu are asyncrl's
-        "accepted": 20 + ours,  # trainer.resume_mode too (it was ignored at auto)
-        "aliased": 5,
+        "accepted": 23 + ours,  # trainer.resume_mode too (it was ignored at auto); clip_ratio_*
+        "aliased": 4,
         "ignored": 36,
-        "refused": 22 - ours,
+        "refused": 20 - ours,
         "unknown": 0,
     }
     with pytest.raises(ConfigError) as err:
@@ -91,7 +91,8 @@ def test_the_dapo_script_loads_once_its_refused_keys_are_dropped(empty_config: P
     cfg = load_config(empty_config, kept)
     assert cfg.trainer.save_freq == 0  # verl's -1 (never)
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
-    assert cfg.actor_rollout_ref.actor.clip_ratio == 0.2
+    assert cfg.actor_rollout_ref.actor.clip_range == (0.2, 0.28)  # DAPO's clip-higher
+    assert cfg.actor_rollout_ref.actor.clip_ratio_c == 10.0
     assert cfg.trainer.total_training_steps == 156
     assert cfg.trainer.logger == ["console", "tensorboard"]
 
@@ -247,16 +248,10 @@ def test_verl_values_of_our_keys_are_translated_or_refused(
     assert "ignored wandb" in caplog.text and "verl's -1 (never)" in caplog.text
     with pytest.raises(ConfigError, match="rollout.name=sglang .*no vLLM/SGLang engine"):
         load_config(empty_config, ["actor_rollout_ref.rollout.name=sglang"])
-    with pytest.raises(ConfigError, match="clip_ratio_high=0.28 .*clips symmetrically"):
-        load_config(empty_config, ["actor_rollout_ref.actor.clip_ratio_high=0.28"])
-    cfg = load_config(
-        empty_config,
-        [
-            "actor_rollout_ref.actor.clip_ratio_low=0.3",
-            "actor_rollout_ref.actor.clip_ratio_high=0.3",
-        ],
-    )
-    assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3
+    with pytest.raises(ConfigError, match="entropy_coeff=0.01 .*no entropy bonus"):
+        load_config(empty_config, ["actor_rollout_ref.actor.entropy_coeff=0.01"])
+    cfg = load_config(empty_config, ["actor_rollout_ref.actor.entropy_coeff=0"])
+    assert cfg.actor_rollout_ref.actor.clip_ratio == 0.2
 
 
 def test_every_key_of_verls_ppo_trainer_config_is_known() -> None:
