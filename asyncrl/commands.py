@@ -274,6 +274,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, interrupted)
     produced = worker.run()
+    if worker.displaced:
+        print(f"asyncrl rollout: worker {args.worker_id}: {worker.displaced}", file=sys.stderr)
+        return 1
     before = worker.produced_before
     logging.getLogger("asyncrl.rollout").info(
         "worker %d produced %d samples%s",

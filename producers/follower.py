@@ -39,6 +39,13 @@ class JoinCancelled(RuntimeError):
     """The worker was stopped (SIGTERM, Ctrl-C) while it waited to join a trainer."""
 
 
+class WorkerDisplaced(RuntimeError):
+    """Another process announced itself as this worker (the same ``--worker-id``) after this
+    one had joined: the trainer takes the newer one in its place, as it takes a restarted
+    worker's, so this one stops, as a crashed one would (its prompts in flight go back to the
+    group). Two processes sharing an id would otherwise run on, one cut off from the weights."""
+
+
 class SyncFollower:
     def __init__(
         self,
@@ -63,6 +70,10 @@ class SyncFollower:
             cfg.max_samples_per_version, max(1, rollout.num_workers), worker_id
         )
         self.version = 0
+        self.started_at = time.time()
+        self.joined = False
+        """Accepted by a trainer once: from then on another incarnation's WorkerStarted under
+        this id displaces this one (before, this one may be the newer of two)."""
         self.requests: deque[ev.SyncRequested] = deque()
         """Syncs requested above this worker's version, oldest first (in-flight updates may
         fall behind by a version or two; the hand-shake with pauses holds at most one)."""
@@ -123,6 +134,25 @@ class SyncFollower:
             self.budget.refund(event.count)
         elif isinstance(event, ev.RunFinished):
             self.finished = True
+        else:
+            self._check_displaced(event)
+
+    def _check_displaced(self, event: ev.ControlEvent) -> None:
+        """Raise WorkerDisplaced on another process's announcement as this worker. Its time
+        is compared with this process's start so that an announcement of a dead predecessor
+        read back at start-up does not count (a worker reads control from its start's end)."""
+        if (
+            self.joined
+            and isinstance(event, ev.WorkerStarted)
+            and event.worker == self.worker_id
+            and event.incarnation not in ("", self.incarnation)
+            and event.ts > self.started_at
+        ):
+            raise WorkerDisplaced(
+                f"another process started as worker {self.worker_id} (incarnation "
+                f"{event.incarnation}; this one is {self.incarnation}) and takes its place: "
+                "give each rollout worker its own --worker-id"
+            )
 
     def _last_requested(self) -> int:
         return self.requests[-1].version if self.requests else self.version
@@ -144,7 +174,9 @@ class SyncFollower:
         weights; the WeightsPublished that follows says the version and what it consumed."""
         self.sink = self.make_sink(next(self.model.parameters()).device)
         self.sink.join(self.worker_id, self.incarnation, announce=self._announce)
-        return self.receive()
+        welcome = self.receive()
+        self.joined = True
+        return welcome
 
     def _announce(self) -> None:
         """WorkerStarted, repeated while the trainer has not accepted this worker (or, with
@@ -353,6 +385,8 @@ class SyncFollower:
                     self.trainer_back = True
                 elif isinstance(event, ev.RunFinished):
                     self.finished = True
+                else:
+                    self._check_displaced(event)
             self.keep_alive()
             if self.cancelled():
                 raise JoinCancelled("stopped while waiting for a restarted trainer")

@@ -57,7 +57,12 @@ from asyncrl.producers.admission import PromptAdmission
 from asyncrl.producers.agent.factory import make_runner
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
-from asyncrl.producers.follower import JoinCancelled, SyncFollower, TrainerGone
+from asyncrl.producers.follower import (
+    JoinCancelled,
+    SyncFollower,
+    TrainerGone,
+    WorkerDisplaced,
+)
 from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.producers.io import PromptFeed, WorkerIO, kafka_io
 from asyncrl.producers.scoring import TrajectoryScorer
@@ -140,6 +145,8 @@ class RolloutWorker:
         their slots came back as they were published, so they are not stale at a sync."""
         self.filters = cfg.filters_groups
         self.stopping = False
+        self.displaced: str | None = None
+        """Why this worker stopped for another process with its id (``WorkerDisplaced``)."""
         """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
         self.shadow: ShadowWeights | None = None
         """The in-flight update's second buffer (async_training.in_flight_update), once joined."""
@@ -174,6 +181,9 @@ class RolloutWorker:
             self._run(prompts)
         except JoinCancelled as why:  # SIGTERM or Ctrl-C before a trainer took this worker
             log.info("worker %d: %s", self.worker_id, why)
+        except WorkerDisplaced as why:  # left as a crash leaves: the newer process recovers
+            self.displaced = str(why)
+            log.error("worker %d: %s", self.worker_id, why)
         finally:
             self._leave(prompts)
         return self.produced
@@ -394,7 +404,15 @@ class RolloutWorker:
             self.in_flight[sid].trace.end(
                 "run finished first" if finished else "handed back to the log"
             )
-        reason = "run finished" if finished else "stopped" if self.stopping else "error"
+        reason = (
+            "run finished"
+            if finished
+            else "stopped"
+            if self.stopping
+            else "displaced"
+            if self.displaced
+            else "error"
+        )
         self.follower.left(
             reason, self.produced, dropped=sorted(self.in_flight) if finished else []
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -469,3 +470,57 @@ def test_a_worker_stopped_past_its_session_timeout_costs_time_not_the_run(
     report_recovery(
         cfg, "worker SIGSTOP 5 s, past its session (from SIGCONT)", stopped["resumed_at"]
     )
+
+
+def _start_a_second_worker_0(cfg, pids: dict[str, int], at_step: int, out: dict) -> None:
+    """At ``at_step``, a user starts ``asyncrl rollout --worker-id 0`` beside the run's own
+    worker 0 (a copy-pasted command, a compose service scaled with a fixed id)."""
+    if not _wait_for_step(cfg, at_step):
+        return
+    log_path = cfg.run_dir / "logs" / "second-worker-0.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl", "rollout", "--worker-id", "0"]
+            + ["--config", str(cfg.run_dir / "config.yaml")],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    out["proc"], out["log"] = proc, log_path
+    try:
+        out["rc"] = proc.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out["rc"] = "still running at the end"
+
+
+def test_a_second_process_started_as_the_same_worker_takes_its_place_and_says_so(
+    make_run_cfg, quick_policy
+):
+    """Two processes with one --worker-id: the newer one takes the id over (the trainer
+    replaces a worker's incarnation by the newest, as it does a restarted worker's) and the
+    older one stops with an error naming the clash. Before, the older one ran on, cut off
+    from the weights and silent. Here ``asyncrl run`` then restarts its own worker 0, which
+    in turn displaces the stray one: one worker 0 runs at a time, and the log stays exact."""
+    steps = 100  # ~0.3-1 s each: the stray worker's start (~10 s), then worker 0's restart, go on
+    cfg = make_run_cfg(
+        *SMALL,
+        *quick_policy,
+        f"trainer.total_training_steps={steps}",
+        "async_training.staleness_threshold=0.5",
+        "actor_rollout_ref.rollout.emulated_decode_latency_s=0.05",
+        "sync.timeout_s=60",
+    )
+    summary, second, out = _run_with_fault(cfg, _start_a_second_worker_0, 2, join_s=120)
+    assert "proc" in second, "the second worker was never started"
+    assert summary["step"] == steps
+    clash = "another process started as worker 0"
+    first = (cfg.run_dir / "logs" / "rollout-0.log").read_text()
+    assert clash in first, first[-3000:]
+    assert "rollout-0 exited with code 1; restarting it" in out
+    stray = second["log"].read_text()
+    assert second["rc"] == 1 and clash in stray, stray[-3000:]
+    assert "Traceback" not in stray
+    events = [r.value for r in read_topic(cfg, "control")]
+    stopped = [e.reason for e in events if isinstance(e, ev.WorkerStopped)]
+    assert stopped.count("displaced") == 2, stopped
+    check_log_invariants(cfg)
