@@ -230,11 +230,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     _check_startable(cfg, "train")
     bootstrap = _need_bootstrap(cfg, "train")
     _torch_threads(cfg.trainer.torch_threads)
-    from asyncrl.consumers.trainer import Trainer
+    import signal
+
+    from asyncrl.consumers.trainer import Trainer, TrainerStopped
 
     trainer = Trainer(cfg, bootstrap)
+    # SIGTERM (docker compose stop, kill) and a first Ctrl-C: stop between two steps with a
+    # checkpoint of the last one; a second Ctrl-C stops at once.
+    signal.signal(signal.SIGTERM, lambda *_: trainer.stop("SIGTERM"))
+
+    def interrupted(*_: object) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        trainer.stop("Ctrl-C")
+
+    signal.signal(signal.SIGINT, interrupted)
     try:
         summary = trainer.run()
+    except TrainerStopped as stopped:
+        logging.getLogger("asyncrl.train").warning("%s", stopped)
+        return 130 if trainer.stopping == "Ctrl-C" else 143  # the shell's codes for both
     finally:
         trainer.close()
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

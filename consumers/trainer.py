@@ -67,6 +67,11 @@ WAIT_NOTE_S = 10.0
 """A step that waits this long for its samples says so in the log, once."""
 
 
+class TrainerStopped(Exception):
+    """The trainer was told to stop (SIGTERM, Ctrl-C) and stopped between two steps, its
+    checkpoint of the last one written: a restart resumes there and trains no step again."""
+
+
 class Trainer:
     def __init__(
         self,
@@ -127,6 +132,8 @@ class Trainer:
             else None
         )
         self.wait_clock = WaitClock()
+        self.stopping: str | None = None
+        """Why the trainer was told to stop (``stop``): it does at the next step boundary."""
         self.checkpoints = CheckpointWriter(cfg.run_dir, cfg.trainer.keep_checkpoints)
         self._uncommitted: dict[tuple[str, int], int] | None = None
         """The offsets of the checkpoint being written, committed once it is on disk."""
@@ -145,6 +152,13 @@ class Trainer:
         self.resumed = self.coordinator.take_version_above(
             self.io.last_logged_version(), step=self.step, resumed=ckpt is not None
         )
+
+    def stop(self, why: str) -> None:
+        """Stop at the next step boundary, or now if waiting for samples, with a checkpoint
+        of the last step (safe to call from a signal handler). Without it a stopped trainer
+        (``docker compose stop``, Ctrl-C) lost the steps since its last ``save_freq``
+        checkpoint, which its restart voided and trained again."""
+        self.stopping = why
 
     @property
     def version(self) -> int:
@@ -214,6 +228,8 @@ class Trainer:
         noted: float | None = time.monotonic() + WAIT_NOTE_S
         with self.wait_clock.waiting():
             while len(self.batcher) < n and not self.coordinator.deferred:
+                if self.stopping:
+                    self._stop()
                 if noted is not None and time.monotonic() > noted:
                     noted = None
                     members = sorted(self.coordinator.members)
@@ -317,6 +333,8 @@ class Trainer:
         reason = "total_training_steps reached"
         metrics: dict[str, float] = {}
         while self.step < tc.total_training_steps:
+            if self.stopping:
+                self._stop()
             t_step = time.monotonic()
             batch = self._wait_for_batch(self.cfg.required_samples)  # 1
             filtered = self.batcher.taken_filtered
@@ -404,6 +422,15 @@ class Trainer:
         )
         self.metrics_file.write({"summary": summary})
         return summary
+
+    def _stop(self) -> None:
+        """Between two steps: the last one's checkpoint on disk, then TrainerStopped. No
+        RunFinished: the run stays open, and the workers wait for the trainer's restart."""
+        self.checkpoint(wait=True)
+        raise TrainerStopped(
+            f"stopped ({self.stopping}) after step {self.step}, version {self.version}: its "
+            "checkpoint is written; asyncrl train with the same config resumes from it"
+        )
 
     def close(self) -> None:
         try:
