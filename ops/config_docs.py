@@ -26,11 +26,19 @@ def _default(field: Any) -> str:
 
 
 def _type_name(ann: Any) -> str:
-    if typing.get_origin(ann) is typing.Literal:
-        return " or ".join(json.dumps(a) for a in typing.get_args(ann))
-    args = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else ()
-    if any(typing.get_origin(a) is typing.Literal for a in args):  # Literal[...] | None
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    """A key's type as a user reads it: ``dict[str, int]``, not the constraints pydantic
+    carries in ``Annotated`` (they are said in the description)."""
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin is typing.Literal:
+        return " or ".join(json.dumps(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        if any(typing.get_origin(a) is typing.Literal for a in args):  # Literal[...] | None
+            return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+        return " | ".join("None" if a is type(None) else _type_name(a) for a in args)
+    if origin is not None and args:
+        return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in args)}]"
     if isinstance(ann, type):
         return ann.__name__
     return str(ann).replace("typing.", "")

@@ -23,6 +23,24 @@ def test_every_config_key_is_documented():
     assert not undocumented, f"config keys without a docstring: {undocumented}"
 
 
+def test_every_config_keys_type_reads_as_a_user_writes_it():
+    """pydantic's constraint wrappers stayed in the reference (and every --help) as
+    ``dict[str, Annotated[int, FieldInfo(...)]]``."""
+    from asyncrl.config import RunConfig
+    from asyncrl.ops.config_docs import _rows
+
+    types = {key: type_name for key, type_name, _, _ in _rows(RunConfig, "")}
+    assert types["kafka.topics.partitions"] == "dict[str, int]"
+    assert types["trainer.logger"] == 'list["console" or "tensorboard"]'
+    assert types["kafka.bootstrap_servers"] == "str | None"
+    odd = {
+        k: t
+        for k, t in types.items()
+        if any(w in t for w in ("Annotated", "FieldInfo", "Literal["))
+    }
+    assert not odd
+
+
 def test_package_list_matches_the_tree():
     import tomllib
 
