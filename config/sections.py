@@ -191,8 +191,15 @@ class ActorConfig(Strict):
     """Dual-clip PPO (verl's key and default): where the advantage is negative, the per-token
     loss is at most -A * clip_ratio_c, so a token whose ratio ran far above 1 (a stale sample
     the policy has since come to favour) stops pushing. null: no dual clip."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
-    """How per-token losses are averaged: over all tokens, or per sequence then over sequences."""
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How per-token losses are reduced (verl's modes): the mean over all tokens; the mean per
+    sequence, then over sequences; the sum per sequence, then the mean over sequences; or the
+    sum over all tokens divided by a constant, loss_scale_factor (Dr. GRPO: no length bias)."""
+    loss_scale_factor: float | None = Field(None, gt=0)
+    """The constant seq-mean-token-sum-norm divides by (verl's key); None:
+    data.max_response_length, as verl (which pads every response to that length)."""
     ppo_micro_batch_size_per_gpu: int | None = Field(None, ge=1)
     """Trajectories per forward and backward pass (verl's key): a mini-batch's gradient is
     accumulated over micro-batches of this many, the same update as one pass over all of it

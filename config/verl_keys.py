@@ -198,7 +198,6 @@ VERL_KEYS: dict[str, VerlKey] = {
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
         "verl's global micro-batch size; asyncrl's trainer is one GPU, so it is the per-GPU one",
     ),
-    "actor_rollout_ref.actor.loss_scale_factor": fixed("asyncrl scales by loss_agg_mode", None),
     "actor_rollout_ref.actor.rollout_n": ignored("verl's copy of actor_rollout_ref.rollout.n"),
     "actor_rollout_ref.actor.use_remove_padding": ignored("a kernel-level optimisation"),
     "actor_rollout_ref.actor.use_torch_compile": ignored("a kernel choice: the same results"),

@@ -17,7 +17,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-LossAggMode = Literal["token-mean", "seq-mean-token-mean"]
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
 
 
 def group_advantages(
@@ -144,8 +146,13 @@ def aggregate(
     norm: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A ``[B, R]`` per-token quantity reduced over the valid tokens (mask m), as verl's
-    ``agg_loss``: ``token-mean`` is ``sum(x * m) / sum(m)``; ``seq-mean-token-mean`` is
-    ``mean_i(sum_t x_it m_it / sum_t m_it)`` over the rows with a valid token.
+    ``agg_loss``, over the rows with a valid token:
+
+    * ``token-mean``: ``sum(x * m) / sum(m)`` (every token weighs the same);
+    * ``seq-mean-token-mean``: ``mean_i(sum_t x_it m_it / sum_t m_it)`` (every row does);
+    * ``seq-mean-token-sum``: ``mean_i(sum_t x_it m_it)`` (a longer row weighs more);
+    * ``seq-mean-token-sum-norm``: ``sum(x * m) / scale``, a constant (Dr. GRPO: no length
+      bias; :func:`aggregate_norm`).
 
     ``norm``: the denominator of a larger batch these rows are a micro-batch of
     (:func:`aggregate_norm` of its mask), so that the micro-batches' results add up to the
@@ -153,19 +160,26 @@ def aggregate(
     mask = mask.to(x.dtype)
     if norm is None:
         norm = aggregate_norm(mask, loss_agg_mode)
-    if loss_agg_mode == "token-mean":
+    if loss_agg_mode in ("token-mean", "seq-mean-token-sum-norm"):
         return (x * mask).sum() / norm
-    per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    per_seq = (x * mask).sum(-1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        per_seq = per_seq / mask.sum(-1).clamp(min=1)
     return per_seq[mask.sum(-1) > 0].sum() / norm
 
 
-def aggregate_norm(mask: torch.Tensor, loss_agg_mode: LossAggMode) -> torch.Tensor:
-    """The denominator :func:`aggregate` divides by: valid tokens (``token-mean``) or rows
-    with a valid token (``seq-mean-token-mean``), at least 1."""
+def aggregate_norm(
+    mask: torch.Tensor, loss_agg_mode: LossAggMode, scale: float | None = None
+) -> torch.Tensor:
+    """The denominator :func:`aggregate` divides by: valid tokens (``token-mean``), rows with
+    a valid token (``seq-mean-*``, at least 1), or ``scale`` (``seq-mean-token-sum-norm``;
+    None: the padded width ``R``, verl's fallback)."""
     if loss_agg_mode == "token-mean":
         return mask.sum().clamp(min=1)
-    if loss_agg_mode == "seq-mean-token-mean":
+    if loss_agg_mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         return (mask.sum(-1) > 0).sum().clamp(min=1).to(mask.dtype)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return torch.tensor(float(scale or mask.shape[-1]), dtype=mask.dtype, device=mask.device)
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
 
 

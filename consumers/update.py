@@ -62,7 +62,8 @@ def policy_step(
         with torch.no_grad(), autocast(cfg, model):
             old = micro_logprobs(model, batch, micro, temperature)
     mask = batch.response_mask
-    norms = (aggregate_norm(mask, actor.loss_agg_mode), mask.sum().clamp(min=1))
+    scale = actor.loss_scale_factor or cfg.data.max_response_length
+    norms = (aggregate_norm(mask, actor.loss_agg_mode, scale), mask.sum().clamp(min=1))
     optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, float] = {}
     for index, b in micro:

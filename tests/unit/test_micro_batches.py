@@ -49,7 +49,9 @@ def _assert_same_update(a, b, metrics_a, metrics_b):
             assert metrics_b[k] == pytest.approx(metrics_a[k], abs=2e-6, rel=1e-5), k
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize(
+    "agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 @pytest.mark.parametrize("rollout_logprobs", [True, False], ids=["recorded", "recomputed"])
 @pytest.mark.parametrize(
     "micro",

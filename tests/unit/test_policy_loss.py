@@ -100,3 +100,45 @@ def test_verls_clip_keys_load_and_reach_the_loss(tmp_path: Path):
     )
     with pytest.raises(ConfigError, match="actor_rollout_ref.actor.clip_ratio_c"):
         load_config(empty, ["actor_rollout_ref.actor.clip_ratio_c=1.0"])  # verl: must be > 1
+
+
+X = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0], [5.0, 5.0, 5.0]], dtype=torch.float64)
+MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.float64)  # row 3: no token
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token-mean", (1 + 2 + 3) / 3),
+        ("seq-mean-token-mean", ((1 + 2) / 2 + 3) / 2),
+        ("seq-mean-token-sum", ((1 + 2) + 3) / 2),
+        ("seq-mean-token-sum-norm", (1 + 2 + 3) / 4),  # scale 4
+    ],
+)
+def test_verls_four_loss_aggregations_and_their_micro_batch_split(mode, expected):
+    from asyncrl.consumers.grpo import aggregate, aggregate_norm
+
+    norm = aggregate_norm(MASK, mode, scale=4)
+    assert aggregate(X, MASK, mode, norm).item() == pytest.approx(expected)
+    # a row at a time with the whole batch's denominator adds up to the whole
+    parts = sum(aggregate(X[i : i + 1], MASK[i : i + 1], mode, norm).item() for i in range(3))
+    assert parts == pytest.approx(expected)
+
+
+def test_seq_mean_token_sum_norm_divides_by_the_padded_width_without_a_scale():
+    from asyncrl.consumers.grpo import aggregate
+
+    assert aggregate(X, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(6 / 3)
+
+
+def test_the_loss_scale_factor_loads(tmp_path: Path):
+    empty = tmp_path / "run.yaml"
+    empty.write_text("{}\n")
+    actor = load_config(
+        empty,
+        [
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+            "actor_rollout_ref.actor.loss_scale_factor=512",
+        ],
+    ).actor_rollout_ref.actor
+    assert actor.loss_agg_mode == "seq-mean-token-sum-norm" and actor.loss_scale_factor == 512
