@@ -197,6 +197,16 @@ class ActorConfig(Strict):
     """How per-token losses are reduced (verl's modes): the mean over all tokens; the mean per
     sequence, then over sequences; the sum per sequence, then the mean over sequences; or the
     sum over all tokens divided by a constant, loss_scale_factor (Dr. GRPO: no length bias)."""
+    use_kl_loss: bool = False
+    """A KL loss against the reference policy, the one the run started from (verl's key; GRPO's
+    original recipe): the trainer keeps a frozen copy of it (the model's memory again) and
+    runs one more forward pass per mini-batch."""
+    kl_loss_coef: float = Field(0.001, ge=0, le=1e6)
+    """The KL loss's weight in the loss (verl's key and default)."""
+    kl_loss_type: Literal["low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs"] = "low_var_kl"
+    """The per-token KL estimate (verl's names): low_var_kl/k3 exp(r) - r - 1 with r = ref -
+    logp (clamped to [-10, 10] as verl), kl/k1 logp - ref, mse/k2 (logp - ref)^2 / 2, abs
+    |logp - ref|; aggregated by loss_agg_mode."""
     loss_scale_factor: float | None = Field(None, gt=0)
     """The constant seq-mean-token-sum-norm divides by (verl's key); None:
     data.max_response_length, as verl (which pads every response to that length)."""

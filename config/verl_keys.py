@@ -54,8 +54,11 @@ LOG_PROB_MICRO = (
     "micro-batches: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or use_dynamic_bsz "
     "with ppo_max_token_len_per_gpu"
 )
-REF = "the reference model serves only the KL loss or penalty, which asyncrl does not have"
-KL = "used only with a KL loss or penalty, which asyncrl does not have"
+REF = (
+    "the reference model is the policy the run started from, kept by the trainer for "
+    "actor.use_kl_loss; it has no settings of its own"
+)
+KL = "used only with a KL penalty in the reward, which asyncrl does not have (actor.use_kl_loss)"
 CRITIC = "GRPO has no critic (verl builds none with adv_estimator=grpo either)"
 LAYOUT = (
     "resource layout: asyncrl runs one trainer and actor_rollout_ref.rollout.num_workers rollout "
@@ -186,9 +189,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": fixed(FSDP, 1),
     "actor_rollout_ref.actor.megatron.*": refused(FSDP),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": fixed(FSDP, 1),
-    "actor_rollout_ref.actor.use_kl_loss": fixed("asyncrl has no KL loss", False),
-    "actor_rollout_ref.actor.kl_loss_coef": ignored(KL),
-    "actor_rollout_ref.actor.kl_loss_type": ignored(KL),
     "actor_rollout_ref.actor.entropy_coeff": fixed("asyncrl's loss has no entropy bonus", 0),
     "actor_rollout_ref.actor.calculate_entropy": ignored("a metric only"),
     "actor_rollout_ref.actor.ppo_epochs": fixed("asyncrl updates once per mini-batch", 1),

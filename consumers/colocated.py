@@ -28,7 +28,7 @@ import torch
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.consumers.dynamic_sampling import check_gen_batches, filter_metrics, no_signal
-from asyncrl.consumers.update import grpo_update
+from asyncrl.consumers.update import grpo_update, reference_policy
 from asyncrl.models.cache import warm_start_metrics
 from asyncrl.models.policy import resolve_device
 from asyncrl.models.warm_start import load_policy
@@ -133,6 +133,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     # --- policy, data, engine, agent loop, optimiser -----------------------------------------
     model, tok = load_policy(cfg)
     model.to(device)
+    ref_model = reference_policy(cfg, device)  # actor.use_kl_loss: the first policy, frozen
     train, val = splits(cfg.data)
     prompts = prompt_stream(train, cfg.trainer.seed)
     # The engine rollout.name names (auto: hf_static on a GPU, hf_cached on a CPU), as the
@@ -171,7 +172,9 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
 
             # --- group-relative advantages and one clipped policy-gradient update -------------
             model.train()
-            metrics = grpo_update(model, opt, samples, cfg, device, tok.pad_token_id)
+            metrics = grpo_update(
+                model, opt, samples, cfg, device, tok.pad_token_id, ref_model=ref_model
+            )
             t2 = time.perf_counter()
             n_traj += len(samples) * arr.rollout.n
             n_gen += generated * arr.rollout.n

@@ -183,6 +183,24 @@ def aggregate_norm(
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
 
 
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL estimate of the policy from the reference (verl's ``kl_penalty``):
+    ``low_var_kl``/``k3``: ``exp(r) - r - 1`` with ``r = ref - logp`` (r clamped to +-20, the
+    result to +-10, as verl); ``kl``/``k1``: ``logp - ref``; ``mse``/``k2``:
+    ``(logp - ref)^2 / 2``; ``abs``: ``|logp - ref|``. All 0 where the two agree."""
+    diff = logprobs - ref_logprobs
+    if kind in ("kl", "k1"):
+        return diff
+    if kind in ("mse", "k2"):
+        return 0.5 * diff.square()
+    if kind == "abs":
+        return diff.abs()
+    if kind in ("low_var_kl", "k3"):
+        r = (-diff).clamp(min=-20, max=20)
+        return (torch.exp(r) - r - 1).clamp(min=-10, max=10)
+    raise ValueError(f"unknown kl_loss_type {kind!r}")
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -90,6 +90,9 @@ class Trainer:
         torch.manual_seed(cfg.trainer.seed)
         self.model, self.tokenizer = load_policy(cfg)
         self.model.to(self.device).train()
+        from asyncrl.consumers.update import reference_policy
+
+        self.ref_model = reference_policy(cfg, self.device)  # actor.use_kl_loss: the first policy
         if self.device.type == "cuda":  # a worker on this GPU copies them in one piece
             flatten_parameters(self.model)
         optim = cfg.actor_rollout_ref.actor.optim
@@ -276,6 +279,7 @@ class Trainer:
             self.device,
             pad_token_id=pad,
             version=self.version,
+            ref_model=self.ref_model,
         )
 
     def _record_step(

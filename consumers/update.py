@@ -18,6 +18,7 @@ from asyncrl.consumers.grpo import (
     aggregate_norm,
     build_batch,
     group_advantages,
+    kl_penalty,
     micro_batches,
     micro_logprobs,
     policy_loss,
@@ -34,6 +35,7 @@ def policy_step(
     cfg: RunConfig,
     prox: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    ref_model: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """One optimizer step on one mini-batch: clipped policy loss, backward, clip, step.
 
@@ -41,9 +43,11 @@ def policy_step(
     current weights before the update (verl's default for the actor); with ``prox`` (decoupled
     PPO, ``compute_prox_log_prob``) it is the proximal log-probs, weighted by ``is_weights``.
     Metrics, verl's (``verl/workers/actor/dp_actor.py``, ``fsdp_workers.py``): ``pg_loss``,
-    ``pg_clipfrac``, ``pg_clipfrac_lower`` (the dual clip's share), ``ppo_kl``, ``entropy`` (the policy's token entropy on the valid response
-    tokens, aggregated by ``loss_agg_mode``), ``grad_norm`` (before clipping) and ``lr`` (the
-    learning rate this step used).
+    ``pg_clipfrac``, ``pg_clipfrac_lower`` (the dual clip's share), ``ppo_kl``, ``entropy``
+    (the policy's token entropy on the valid response tokens, aggregated by
+    ``loss_agg_mode``), ``grad_norm`` (before clipping) and ``lr`` (the learning rate this
+    step used); with ``actor.use_kl_loss``, ``kl_loss`` (the KL estimate from ``ref_model``,
+    aggregated as the loss) and ``kl_coef``, the loss then ``pg_loss + kl_coef * kl_loss``.
 
     With micro-batches (``actor.ppo_micro_batch_size_per_gpu`` or ``use_dynamic_bsz``), each
     one's forward and backward run in turn and their gradients add up before the one
@@ -61,6 +65,12 @@ def policy_step(
     else:
         with torch.no_grad(), autocast(cfg, model):
             old = micro_logprobs(model, batch, micro, temperature)
+    ref = None
+    if actor.use_kl_loss:
+        if ref_model is None:
+            raise ValueError("actor.use_kl_loss needs the reference model (ref_model)")
+        with torch.no_grad(), autocast(cfg, ref_model):
+            ref = micro_logprobs(ref_model, batch, micro, temperature)
     mask = batch.response_mask
     scale = actor.loss_scale_factor or cfg.data.max_response_length
     norms = (aggregate_norm(mask, actor.loss_agg_mode, scale), mask.sum().clamp(min=1))
@@ -82,10 +92,17 @@ def policy_step(
                 norms=norms,
                 clip_ratio_c=actor.clip_ratio_c,
             )
+            if ref is not None:
+                kl = kl_penalty(logprobs, _rows(ref, index, width), actor.kl_loss_type)
+                kl_loss = aggregate(kl, b.response_mask, actor.loss_agg_mode, norms[0])
+                loss = loss + actor.kl_loss_coef * kl_loss
+                part["kl_loss"] = float(kl_loss.detach())
         part["entropy"] = float(aggregate(entropy, b.response_mask, actor.loss_agg_mode, norms[0]))
         loss.backward()
         for k, v in part.items():
             metrics[k] = metrics.get(k, 0.0) + v
+    if ref is not None:
+        metrics["kl_coef"] = actor.kl_loss_coef
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), actor.optim.grad_clip)
     metrics["lr"] = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
@@ -106,11 +123,13 @@ def grpo_update(
     device: torch.device,
     pad_token_id: int = 0,
     version: int | None = None,
+    ref_model: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """One step on ``samples``: GRPO advantages per group, then one optimizer step per
     mini-batch. ``version`` is the trainer's weight version at this step (what
     ``async_training.max_token_version_lag`` measures token ages against; None: every token
-    is current). The off-policy options (``consumers/decoupled.py``) apply in this order:
+    is current); ``ref_model``: the reference policy of ``actor.use_kl_loss``
+    (:func:`reference_policy`). The off-policy options (``consumers/decoupled.py``) apply in this order:
     reward failures and tool tokens leave the mask, then tokens too stale; the proximal
     log-probs of every mini-batch are computed before the first update; the rollout
     correction is computed over the whole step (verl: once per batch)."""
@@ -154,7 +173,9 @@ def grpo_update(
             batch.response_mask = correction.masks[i]
         if (valid is not None or masked_more) and not bool(batch.response_mask.any()):
             continue  # nothing left to learn from in this mini-batch (failed, stale, rejected)
-        stats = policy_step(model, optimizer, batch, cfg, prox=prox, is_weights=weights)
+        stats = policy_step(
+            model, optimizer, batch, cfg, prox=prox, is_weights=weights, ref_model=ref_model
+        )
         for k, v in stats.items():
             totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
         n_mini += 1
@@ -167,6 +188,18 @@ def grpo_update(
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         metrics.update(agent_metrics(samples))
     return metrics
+
+
+def reference_policy(cfg: RunConfig, device: torch.device) -> torch.nn.Module | None:
+    """The frozen policy the run started from, for ``actor.use_kl_loss`` (None without it):
+    loaded as the trainer's own first weights are, so a resumed trainer gets the same one."""
+    if not cfg.actor_rollout_ref.actor.use_kl_loss:
+        return None
+    from asyncrl.models.warm_start import load_policy
+
+    ref, _ = load_policy(cfg)
+    ref.to(device).eval().requires_grad_(False)
+    return ref
 
 
 def data_metrics(

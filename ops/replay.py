@@ -75,7 +75,7 @@ def fetch_samples(cfg: RunConfig, bootstrap: str, record: StepRecord) -> list[Sa
 def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> dict[str, Any]:
     """Re-run ``step`` with ``cfg``'s settings; print and return recorded vs replayed."""
     from asyncrl.consumers.checkpoint import load_checkpoint
-    from asyncrl.consumers.update import grpo_update
+    from asyncrl.consumers.update import grpo_update, reference_policy
     from asyncrl.models.warm_start import load_policy
     from asyncrl.sync.checksum import weights_checksum
 
@@ -111,6 +111,7 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
         torch.device("cpu"),
         tokenizer.pad_token_id,
         version=record.version,  # the token ages of max_token_version_lag
+        ref_model=reference_policy(cfg, torch.device("cpu")),
     )
 
     result: dict[str, Any] = {"step": step, "version": record.version, "metrics": {}}
