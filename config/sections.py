@@ -162,6 +162,18 @@ class OptimConfig(Strict):
     """AdamW weight decay of the RL updates."""
     grad_clip: float = Field(1.0, gt=0)
     """Gradients are clipped to this global norm before each optimizer step."""
+    lr_warmup_steps: int = Field(-1, ge=-1)
+    """Training steps of linear warm-up from 0 (verl's key; verl steps its scheduler once per
+    training step, so does asyncrl). -1: lr_warmup_steps_ratio of trainer.total_training_steps."""
+    lr_warmup_steps_ratio: float = Field(0.0, ge=0, le=1)
+    """The warm-up as a share of trainer.total_training_steps, where lr_warmup_steps is -1."""
+    lr_scheduler_type: Literal["constant", "cosine"] = "constant"
+    """After the warm-up: the constant lr, or a cosine decay to min_lr_ratio x lr at
+    trainer.total_training_steps (verl's key; its older name warmup_style loads too)."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """The cosine schedule's floor, and where its warm-up starts, as a share of lr."""
+    num_cycles: float = Field(0.5, gt=0, le=1000)
+    """Cosine waves over the run after the warm-up (0.5: one half-wave, lr down to the floor)."""
 
 
 class FsdpConfig(Strict):

@@ -78,12 +78,21 @@ REWARD = (
     "reward managers and reward models: asyncrl's reward is its task's rule or "
     "custom_reward_function, with no reward manager"
 )
-LR = "asyncrl's AdamW runs at the constant actor_rollout_ref.actor.optim.lr (no schedule, no warm-up)"
+LR = (
+    "asyncrl's AdamW takes actor_rollout_ref.actor.optim.lr with verl's warm-up and constant "
+    "or cosine schedule (lr_warmup_steps, lr_warmup_steps_ratio, lr_scheduler_type, "
+    "min_lr_ratio, num_cycles)"
+)
 CKPT = "asyncrl writes checkpoints to output_dir/run_id/checkpoints: set output_dir and run_id"
 TARGET = "Hydra's instantiation target: asyncrl's config classes are its own"
 VERL_KEYS: dict[str, VerlKey] = {
     # --- aliases ---------------------------------------------------------------------------
     "actor_rollout_ref.actor.grad_clip": alias("actor_rollout_ref.actor.optim.grad_clip"),
+    "actor_rollout_ref.actor.optim.warmup_style": alias(
+        "actor_rollout_ref.actor.optim.lr_scheduler_type",
+        "verl's older name of lr_scheduler_type (null: constant)",
+        lambda value, _get: "constant" if value is None else value,
+    ),
     "actor_rollout_ref.actor.optim.clip_grad": alias("actor_rollout_ref.actor.optim.grad_clip"),
     "actor_rollout_ref.actor.use_rollout_log_probs": alias(
         "async_training.use_rollout_log_probs", "verl's copy for the actor"
@@ -225,14 +234,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.actor.optim.optimizer": fixed("asyncrl's optimizer is AdamW", "AdamW"),
     "actor_rollout_ref.actor.optim.optimizer_impl": fixed("torch's AdamW", "torch.optim"),
     "actor_rollout_ref.actor.optim.betas": fixed("torch's AdamW betas", [0.9, 0.999]),
-    "actor_rollout_ref.actor.optim.lr_warmup_steps": fixed(LR, -1, 0),
-    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": fixed(LR, 0),
-    "actor_rollout_ref.actor.optim.lr_scheduler_type": fixed(LR, "constant"),
-    "actor_rollout_ref.actor.optim.warmup_style": fixed(LR, None, "constant"),
-    "actor_rollout_ref.actor.optim.min_lr_ratio": ignored("used only with a cosine schedule"),
-    "actor_rollout_ref.actor.optim.num_cycles": ignored("used only with a cosine schedule"),
     "actor_rollout_ref.actor.optim.total_training_steps": ignored(
-        "verl fills it in for its LR schedule"
+        "verl fills it in for its LR schedule; asyncrl's is trainer.total_training_steps"
     ),
     "actor_rollout_ref.actor.optim.override_optimizer_config": fixed("torch's AdamW", None),
     # --- reference model, critic, reward -----------------------------------------------------

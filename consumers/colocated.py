@@ -28,6 +28,7 @@ import torch
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.consumers.dynamic_sampling import check_gen_batches, filter_metrics, no_signal
+from asyncrl.consumers.schedule import set_step_lr
 from asyncrl.consumers.update import grpo_update, reference_policy
 from asyncrl.models.cache import warm_start_metrics
 from asyncrl.models.policy import resolve_device
@@ -172,6 +173,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
 
             # --- group-relative advantages and one clipped policy-gradient update -------------
             model.train()
+            set_step_lr(opt, actor.optim, step, cfg.trainer.total_training_steps)
             metrics = grpo_update(
                 model, opt, samples, cfg, device, tok.pad_token_id, ref_model=ref_model
             )

@@ -265,12 +265,15 @@ class Trainer:
 
     # --- one update -----------------------------------------------------------------------------
     def train_step(self, batch: list[Record[Sample]]) -> dict[str, float]:
+        from asyncrl.consumers.schedule import set_step_lr
         from asyncrl.consumers.update import grpo_update, simulated_update
 
         samples = [r.value for r in batch]
         if self.simulated:
             return simulated_update(samples, self.cfg)
         pad = self.tokenizer.pad_token_id
+        optim, total = self.cfg.actor_rollout_ref.actor.optim, self.cfg.trainer.total_training_steps
+        set_step_lr(self.optimizer, optim, self.step + 1, total)  # verl's warm-up and schedule
         return grpo_update(
             self.model,
             self.optimizer,

@@ -75,6 +75,7 @@ def fetch_samples(cfg: RunConfig, bootstrap: str, record: StepRecord) -> list[Sa
 def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> dict[str, Any]:
     """Re-run ``step`` with ``cfg``'s settings; print and return recorded vs replayed."""
     from asyncrl.consumers.checkpoint import load_checkpoint
+    from asyncrl.consumers.schedule import set_step_lr
     from asyncrl.consumers.update import grpo_update, reference_policy
     from asyncrl.models.warm_start import load_policy
     from asyncrl.sync.checksum import weights_checksum
@@ -95,7 +96,8 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
     if step > 1:
         load_checkpoint(before, model, optimizer)
         for group in optimizer.param_groups:  # the replay's settings, not the checkpoint's
-            group["lr"], group["weight_decay"] = optim.lr, optim.weight_decay
+            group["weight_decay"] = optim.weight_decay
+    set_step_lr(optimizer, optim, step, cfg.trainer.total_training_steps)  # the step's rate
     recorded = record.weights_checksum
     if recorded and weights_checksum(model, like=recorded) != recorded:
         raise ReplayError(

@@ -406,3 +406,23 @@ def test_the_summary_reads_the_last_syncs_resumes_and_says_none_when_it_saw_none
     unseen.requested_ts = {1: 100.0}
     summary = unseen.summary(wait_s=0.1)  # a worker that died never resumes: bounded
     assert summary["sync_resumed_s_mean"] is None and summary["sync_resumed_seen"] == "0 of 1"
+
+
+def test_each_step_trains_at_its_scheduled_learning_rate(tmp_path):
+    """verl's warm-up (lr_warmup_steps=2) through the trainer: steps 1-3 at 0, lr/2, lr, each
+    recorded as actor/lr in its step record."""
+    cfg = _cfg(
+        tmp_path,
+        "trainer.total_training_steps=3",
+        "actor_rollout_ref.rollout.num_workers=0",
+        "actor_rollout_ref.actor.optim.lr=0.001",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
+    )
+    broker = MemoryBroker()
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
+    for prompt in range(3):
+        _publish_group(broker, cfg, prompt=prompt, version=0)
+    trainer.run()
+    trainer.close()
+    steps = [decode_step(r.value, r.headers) for r in broker.topics[cfg.topic("steps")]]
+    assert [s.metrics["actor/lr"] for s in steps] == pytest.approx([0.0, 0.0005, 0.001])
