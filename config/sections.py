@@ -209,6 +209,12 @@ class ActorConfig(Strict):
     """How per-token losses are reduced (verl's modes): the mean over all tokens; the mean per
     sequence, then over sequences; the sum per sequence, then the mean over sequences; or the
     sum over all tokens divided by a constant, loss_scale_factor (Dr. GRPO: no length bias)."""
+    entropy_coeff: float = Field(0.0, ge=-1e6, le=1e6)
+    """The entropy bonus (verl's key and default 0): the loss is pg_loss - entropy_coeff x the
+    policy's token entropy, aggregated as the loss (a positive value keeps it exploring)."""
+    ppo_epochs: int = Field(1, ge=1, le=1000)
+    """Passes over a step's mini-batches (verl's key): each pass takes one optimizer step per
+    mini-batch, against the same old log-probs (recorded, or computed once before the first)."""
     use_kl_loss: bool = False
     """A KL loss against the reference policy, the one the run started from (verl's key; GRPO's
     original recipe): the trainer keeps a frozen copy of it (the model's memory again) and

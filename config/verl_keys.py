@@ -198,9 +198,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": fixed(FSDP, 1),
     "actor_rollout_ref.actor.megatron.*": refused(FSDP),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": fixed(FSDP, 1),
-    "actor_rollout_ref.actor.entropy_coeff": fixed("asyncrl's loss has no entropy bonus", 0),
     "actor_rollout_ref.actor.calculate_entropy": ignored("a metric only"),
-    "actor_rollout_ref.actor.ppo_epochs": fixed("asyncrl updates once per mini-batch", 1),
     "actor_rollout_ref.actor.shuffle": ignored("each mini-batch is one update: order is moot"),
     "actor_rollout_ref.actor.data_loader_seed": ignored("each mini-batch is one update"),
     "actor_rollout_ref.actor.ppo_micro_batch_size": alias(

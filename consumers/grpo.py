@@ -100,13 +100,16 @@ def token_logprobs_and_entropy(
     position_ids: torch.Tensor | None,
     response_mask: torch.Tensor,
     temperature: float,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_logprobs` and, from the same forward pass, the ``[B, R]`` entropy of the
     policy's next-token distribution at each response position (at ``temperature``, as verl's
-    ``entropy_from_logits``: ``H = -sum_v p_v log p_v``), detached and 0 where the mask is 0."""
+    ``entropy_from_logits``: ``H = -sum_v p_v log p_v``), 0 where the mask is 0; detached
+    unless ``entropy_grad`` (an entropy bonus in the loss)."""
     lp, entropy = _token_logprobs(
-        model, input_ids, attention_mask, position_ids, response_mask, temperature, True
-    )
+        model, input_ids, attention_mask, position_ids, response_mask, temperature, True,
+        entropy_grad,
+    )  # fmt: skip
     assert entropy is not None
     return lp, entropy
 
@@ -119,6 +122,7 @@ def _token_logprobs(
     response_mask: torch.Tensor,
     temperature: float,
     with_entropy: bool,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     width = response_mask.shape[1]
     prompt_width = input_ids.shape[1] - width
@@ -134,7 +138,7 @@ def _token_logprobs(
     lp = log_probs.gather(-1, targets[..., None]).squeeze(-1) * mask
     if not with_entropy:
         return lp, None
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(log_probs.exp() * log_probs).sum(-1) * mask
     return lp, entropy
 

@@ -58,13 +58,7 @@ def policy_step(
     actor = cfg.actor_rollout_ref.actor
     temperature = cfg.actor_rollout_ref.rollout.temperature
     micro = micro_batches(batch, *actor.micro_batching)
-    if prox is not None:
-        old = prox
-    elif cfg.async_training.use_rollout_log_probs:
-        old = batch.old_logprobs
-    else:
-        with torch.no_grad(), autocast(cfg, model):
-            old = micro_logprobs(model, batch, micro, temperature)
+    old = prox if prox is not None else old_logprobs(model, batch, cfg)
     ref = None
     if actor.use_kl_loss:
         if ref_model is None:
@@ -80,7 +74,8 @@ def policy_step(
         width = b.response_mask.shape[1]
         args = (b.input_ids, b.attention_mask, b.position_ids, b.response_mask)
         with autocast(cfg, model):
-            logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature)
+            bonus = actor.entropy_coeff != 0
+            logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature, bonus)
             loss, part = policy_loss(
                 logprobs,
                 _rows(old, index, width),
@@ -97,7 +92,10 @@ def policy_step(
                 kl_loss = aggregate(kl, b.response_mask, actor.loss_agg_mode, norms[0])
                 loss = loss + actor.kl_loss_coef * kl_loss
                 part["kl_loss"] = float(kl_loss.detach())
-        part["entropy"] = float(aggregate(entropy, b.response_mask, actor.loss_agg_mode, norms[0]))
+            entropy_loss = aggregate(entropy, b.response_mask, actor.loss_agg_mode, norms[0])
+            if bonus:  # verl: pg_loss - entropy_coeff * entropy
+                loss = loss - actor.entropy_coeff * entropy_loss
+        part["entropy"] = float(entropy_loss.detach())
         loss.backward()
         for k, v in part.items():
             metrics[k] = metrics.get(k, 0.0) + v
@@ -108,6 +106,16 @@ def policy_step(
     optimizer.step()
     metrics["grad_norm"] = float(grad_norm)
     return metrics
+
+
+def old_logprobs(model: torch.nn.Module, batch: Batch, cfg: RunConfig) -> torch.Tensor:
+    """The old policy's log-probs of a mini-batch: the rollout's (``use_rollout_log_probs``),
+    or the model's now, before its update."""
+    if cfg.async_training.use_rollout_log_probs:
+        return batch.old_logprobs
+    micro = micro_batches(batch, *cfg.actor_rollout_ref.actor.micro_batching)
+    with torch.no_grad(), autocast(cfg, model):
+        return micro_logprobs(model, batch, micro, cfg.actor_rollout_ref.rollout.temperature)
 
 
 def _rows(t: torch.Tensor, index: torch.Tensor | None, width: int) -> torch.Tensor:
@@ -166,19 +174,27 @@ def grpo_update(
     masked_more = stale or (correction is not None and correction.rejects)
     totals: dict[str, float] = {}
     n_mini = 0
-    for i, batch in enumerate(batches):
-        prox = weights = None
-        if correction is not None:
-            prox, weights = correction.prox[i], correction.weights[i]
-            batch.response_mask = correction.masks[i]
-        if (valid is not None or masked_more) and not bool(batch.response_mask.any()):
-            continue  # nothing left to learn from in this mini-batch (failed, stale, rejected)
-        stats = policy_step(
-            model, optimizer, batch, cfg, prox=prox, is_weights=weights, ref_model=ref_model
-        )
-        for k, v in stats.items():
-            totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
-        n_mini += 1
+    olds: dict[int, torch.Tensor] = {}
+    """With ppo_epochs > 1: each mini-batch's old log-probs as its first pass had them, so the
+    later passes clip against the same policy (verl computes them once per step)."""
+    for epoch in range(actor.ppo_epochs):
+        for i, batch in enumerate(batches):
+            prox = weights = None
+            if correction is not None:
+                prox, weights = correction.prox[i], correction.weights[i]
+                batch.response_mask = correction.masks[i]
+            if (valid is not None or masked_more) and not bool(batch.response_mask.any()):
+                continue  # nothing left to learn from in this mini-batch (failed, stale, rejected)
+            if prox is None and actor.ppo_epochs > 1:
+                if epoch == 0:
+                    olds[i] = old_logprobs(model, batch, cfg)
+                prox = olds[i]
+            stats = policy_step(
+                model, optimizer, batch, cfg, prox=prox, is_weights=weights, ref_model=ref_model
+            )
+            for k, v in stats.items():
+                totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
+            n_mini += 1
     metrics = {k: v / n_mini for k, v in totals.items()}
     if correction is not None:
         metrics.update(correction.metrics)

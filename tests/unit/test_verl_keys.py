@@ -60,11 +60,11 @@ def test_every_override_of_verls_dapo_script_is_classified(empty_config: Path) -
     print(f"\nverl DAPO fully async script, {len(overrides)} overrides: {counts}")
     ours = sum(our_key(k) is not None for k in MAY_BECOME_OURS)
     # accepted: actor.use_dynamic_bsz, ppo_max_token_len_per_gpu, trainer.resume_mode (it was
-    # ignored at auto), the clip_ratio_*, kl_loss_* and optim.lr_warmup_steps keys are asyncrl's
+    # ignored at auto), clip_ratio_*, kl_loss_*, entropy_coeff, optim.lr_warmup_steps: asyncrl's
     assert counts == {
-        "accepted": 26 + ours,
+        "accepted": 27 + ours,
         "aliased": 4,
-        "ignored": 34,
+        "ignored": 33,
         "refused": 19 - ours,
         "unknown": 0,
     }
@@ -250,10 +250,10 @@ def test_verl_values_of_our_keys_are_translated_or_refused(
     assert "ignored wandb" in caplog.text and "verl's -1 (never)" in caplog.text
     with pytest.raises(ConfigError, match="rollout.name=sglang .*no vLLM/SGLang engine"):
         load_config(empty_config, ["actor_rollout_ref.rollout.name=sglang"])
-    with pytest.raises(ConfigError, match="entropy_coeff=0.01 .*no entropy bonus"):
-        load_config(empty_config, ["actor_rollout_ref.actor.entropy_coeff=0.01"])
-    cfg = load_config(empty_config, ["actor_rollout_ref.actor.entropy_coeff=0"])
-    assert cfg.actor_rollout_ref.actor.clip_ratio == 0.2
+    with pytest.raises(ConfigError, match="optim.optimizer=SGD .*asyncrl's optimizer is AdamW"):
+        load_config(empty_config, ["actor_rollout_ref.actor.optim.optimizer=SGD"])
+    cfg = load_config(empty_config, ["actor_rollout_ref.actor.optim.optimizer=AdamW"])
+    assert cfg.actor_rollout_ref.actor.optim.lr == 3e-4
 
 
 def test_every_key_of_verls_ppo_trainer_config_is_known() -> None:
