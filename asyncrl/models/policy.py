@@ -154,6 +154,20 @@ def load_policy(
     return model.eval(), tokenizer
 
 
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokens that end a response: the tokenizer's eos, then any other the checkpoint's
+    generation_config.json names (an id or a list: Qwen2.5/Qwen3 instruct models list
+    ``<|im_end|>`` and ``<|endoftext|>``, Llama 3 its ``<|eot_id|>``...), as verl's engines
+    stop on every one of them; without this a response ran on past such a token."""
+    ids = [tokenizer.eos_token_id]
+    generation = getattr(model, "generation_config", None)
+    extra = getattr(generation, "eos_token_id", None)
+    for token in extra if isinstance(extra, list | tuple) else [extra]:
+        if isinstance(token, int) and token not in ids:
+            ids.append(token)
+    return ids
+
+
 def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[int]:
     """Token ids of a prompt: chat messages through the chat template (generation prompt
     added), plain text as it is (with the tokenizer's special tokens, e.g. ``<bos>``)."""

@@ -63,12 +63,14 @@ def _eval_runner(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
     """The agent runner of a held-out evaluation: the policy on an hf engine, greedy or
     sampled with a fixed seed (``rollout.val_kwargs.do_sample``), waiting for each step's tool
     calls so that the same weights always score the same (``AgentRunner.wait_for_tools``)."""
+    from asyncrl.models.policy import eos_token_ids
+
     rollout = cfg.actor_rollout_ref.rollout
     engine = eval_engine(rollout.name)(
         model,
         tokenizer,
         rollout.temperature,
-        tokenizer.eos_token_id,
+        eos_token_ids(model, tokenizer),
         tokenizer.pad_token_id,
         seed=cfg.trainer.seed,
     )

@@ -20,7 +20,7 @@ request stops exactly where the uninterrupted one would have.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar, runtime_checkable
 
@@ -156,9 +156,12 @@ class StepwiseEngine:
     next) and calls :meth:`_take_complete` first and :meth:`_append` per new token.
     """
 
-    def __init__(self, model: torch.nn.Module, eos_token_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, eos_token_id: int | Sequence[int]) -> None:
         self.model = model
-        self.eos_token_id = eos_token_id
+        ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        self.eos_token_id = ids[0]
+        self.eos_token_ids = frozenset(ids)
+        """Every token that ends a response (``asyncrl.models.policy.eos_token_ids``)."""
         self._active: dict[str, ActiveRequest] = {}
 
     @property
@@ -181,7 +184,7 @@ class StepwiseEngine:
         return GenResult(a.req.request_id, list(a.req.prompt_ids), a.ids, a.logprobs, reason)
 
     def _finish_reason(self, a: ActiveRequest) -> FinishReason | None:
-        if a.ids and (a.ids[-1] == self.eos_token_id or a.ids[-1] in a.req.stop_token_ids):
+        if a.ids and (a.ids[-1] in self.eos_token_ids or a.ids[-1] in a.req.stop_token_ids):
             return "stop"
         if len(a.ids) >= a.req.max_new_tokens:
             return "length"

@@ -26,6 +26,8 @@ def make_engine(
 def _stepwise_engine(
     cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, seed: int
 ) -> StepwiseEngine:
+    from asyncrl.models.policy import eos_token_ids
+
     rollout = cfg.actor_rollout_ref.rollout
     name = engine_name(rollout.name, model)
     if name in HF_ENGINES:
@@ -34,7 +36,7 @@ def _stepwise_engine(
             model,
             tokenizer,
             temperature=rollout.temperature,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=eos_token_ids(model, tokenizer),
             pad_token_id=tokenizer.pad_token_id,
             seed=seed,
             emulated_decode_latency_s=rollout.emulated_decode_latency_s,

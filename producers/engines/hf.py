@@ -11,6 +11,7 @@ trainer recomputes with :func:`asyncrl.consumers.grpo.token_logprobs`.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -45,7 +46,7 @@ class HFEngine(StepwiseEngine):
         model: torch.nn.Module,
         tokenizer: PreTrainedTokenizerBase | None,
         temperature: float,
-        eos_token_id: int,
+        eos_token_id: int | Sequence[int],
         pad_token_id: int,
         seed: int = 0,
         emulated_decode_latency_s: float = 0.0,

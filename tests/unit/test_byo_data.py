@@ -274,3 +274,37 @@ def test_your_data_with_the_built_in_model_warm_starts_it_when_not_cached(
     assert tokenizer.chat_template
     assert model.config.hidden_size == 16
     assert any((tmp_path / "cache").iterdir())  # cached: the next start loads it
+
+
+@pytest.mark.parametrize("engine", ["hf", "hf_cached", "hf_static"])
+def test_every_eos_of_the_generation_config_ends_a_response(tmp_path: Path, engine: str) -> None:
+    """generation_config.json may list several eos ids (Qwen2.5/Qwen3 instruct models:
+    ``<|im_end|>`` and ``<|endoftext|>``); verl's engines stop on each, and so do these (a
+    response ran on past the second one: only the tokenizer's eos ended it)."""
+    from asyncrl.producers.engines.base import GenRequest
+    from asyncrl.producers.engines.factory import make_engine
+
+    cfg = load_config(overrides=SMALL_MODEL)
+    tok = _tiny_tokenizer()
+    model = build_model(cfg.actor_rollout_ref.model, len(tok), seed=3)
+    mine = load_config(
+        overrides=[
+            f"actor_rollout_ref.model.path={tmp_path / 'ckpt'}",
+            f"actor_rollout_ref.rollout.name={engine}",
+        ]
+    )
+    prompt = encode_prompt(tok, [{"role": "user", "content": "12+30="}])
+
+    def greedy(path_model: torch.nn.Module) -> list[int]:
+        gen = make_engine(mine, path_model, tok, seed=0)
+        (res,) = gen.generate([GenRequest("r", prompt, 8, greedy=True)])
+        return res.response_ids
+
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    first = greedy(load_policy(mine)[0])[0]
+    assert first != tok.eos_token_id
+    model.generation_config.eos_token_id = [tok.eos_token_id, first]
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded, _ = load_policy(mine)
+    assert greedy(loaded) == [first], "the generation config's second eos ends the response"
