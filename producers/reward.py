@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -126,12 +127,27 @@ class CustomReward:
             raise RewardLoadError(f"{hello['key']}: {hello['error']}")
 
     def _read_line(self, timeout_s: float) -> bytes | None:
-        """One line from the child within ``timeout_s``; None on timeout or if it died."""
+        """One line from the child within ``timeout_s``; None on timeout, b"" if it ended."""
         assert self.proc is not None and self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         if not ready:
             return None
-        return self.proc.stdout.readline() or None
+        return self.proc.stdout.readline()
+
+    def _exit_status(self) -> str:
+        """How the child ended, once its output closed: the call that killed it (os._exit,
+        sys.exit, a crash in native code, the OOM killer) is said so, not called a timeout."""
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            return "its output closed"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit status {code}"
 
     def close(self) -> None:
         if self.proc is None:
@@ -170,11 +186,12 @@ class CustomReward:
             return Scored(0.0, error=f"the reward process died ({err})")
         t0 = time.monotonic()
         line = self._read_line(self.timeout_s)
-        if line is None:
-            died = self.proc.poll() is not None
+        if not line:
+            # its output ended: the process died (a poll() here could still miss its exit)
+            how = self._exit_status() if line is not None else ""
             self.close()  # a stuck call is killed with its process; the next call restarts it
-            if died:
-                return Scored(0.0, error="the reward process died during the call")
+            if how:
+                return Scored(0.0, error=f"the reward process died during the call ({how})")
             return Scored(
                 0.0,
                 error=f"timed out after {time.monotonic() - t0:.1f} s "

@@ -35,6 +35,12 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
         time.sleep(30)
     if solution_str == "nan":
         return float("nan")
+    if solution_str == "exit":
+        import os
+        os._exit(3)
+    if solution_str == "kill":
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
     if solution_str == "dict":
         return {"score": 0.5, "acc": True, "label": "text is not a metric"}
     if solution_str == "info":
@@ -98,6 +104,18 @@ def test_a_timeout_is_a_counted_failure_and_the_next_call_works(reward: CustomRe
     assert scored.failed and "timed out after 1.0 s" in scored.error
     assert "custom_reward_function.timeout_s=1" in scored.error
     assert reward.failures == 1
+    assert reward(_call("42")).score == 1.0  # a fresh process took over
+
+
+def test_a_call_that_ends_the_process_is_said_so_not_called_a_timeout(
+    reward: CustomReward,
+) -> None:
+    """A reward process that dies in a call (os._exit, a crash in native code, the OOM killer)
+    was reported as "timed out after 0.0 s (custom_reward_function.timeout_s=1)"."""
+    for text, how in (("exit", "exit status 3"), ("kill", "killed by SIGKILL")):
+        scored = reward(_call(text))
+        assert scored.failed and scored.error == f"the reward process died during the call ({how})"
+    assert reward.failures == 2
     assert reward(_call("42")).score == 1.0  # a fresh process took over
 
 
