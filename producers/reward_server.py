@@ -62,8 +62,8 @@ def to_result(value: Any) -> dict[str, Any]:
         if "score" not in value:
             raise TypeError(f"returned a dict without 'score' (keys: {sorted(value)})")
         for key, v in value.items():
-            if key == "score":
-                continue
+            if key == "score" or isinstance(v, str | bytes):
+                continue  # text is no metric, even when it reads as a number ("pred": "42")
             try:
                 number = float(v)
             except (TypeError, ValueError):

@@ -42,7 +42,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
         import os, signal
         os.kill(os.getpid(), signal.SIGKILL)
     if solution_str == "dict":
-        return {"score": 0.5, "acc": True, "label": "text is not a metric"}
+        return {"score": 0.5, "acc": True, "label": "text is not a metric", "pred": "42"}
     if solution_str == "info":
         return float(extra_info["index"] + extra_info["num_turns"])
     return float(solution_str.strip() == ground_truth) + bonus
@@ -83,6 +83,7 @@ def test_scores_floats_and_dicts(reward: CustomReward) -> None:
     assert reward(_call("42")).score == 1.0 and not reward(_call("42")).failed
     assert reward(_call("41")).score == 0.0
     scored = reward(_call("dict"))
+    # verl's math_dapo returns the extracted answer as "pred", a string: no metric either
     assert (scored.score, scored.extra, scored.error) == (0.5, {"acc": 1.0}, "")
     # extra_info: the row's, plus num_turns as verl adds it
     assert reward(RewardCall("d", "1", {"index": 7}, [], "info", num_turns=2)).score == 9.0
