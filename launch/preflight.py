@@ -237,12 +237,17 @@ def _data_files(cfg: RunConfig, rows: bool = False) -> list[Check]:
     """Each file there, parquet, with the prompt (data.prompt_key) and reward columns: what the
     launcher's read of the rows would stop on, found from the files' footers before it starts.
     ``rows`` (the dry run): every row too, malformed values, no rows, a data_source no reward
-    scores; a real run finds those in its set-up (``tasks.files.load_split``), which reads the
-    rows anyway: not read twice there."""
+    scores, and each prompt through the policy's tokenizer (chat messages with no chat
+    template, every prompt over data.max_prompt_length): a real run finds those in its set-up
+    (``tasks.files.load_split``), which reads the rows anyway: not read twice there."""
     if not cfg.data.from_files:
         return []
-    from asyncrl.tasks.files import check_file, checked_rows
+    from asyncrl.models.policy import check_model_path, load_tokenizer
+    from asyncrl.tasks.files import check_file, checked_rows, load_split
 
+    tokenizer = None
+    if rows and check_model_path(cfg) is None:  # a bad model.path fails its own check
+        tokenizer = load_tokenizer(cfg)
     checks = []
     for split, paths in (("train", cfg.data.train_paths), ("val", cfg.data.val_paths)):
         key = f"data.{split}_files"
@@ -253,7 +258,17 @@ def _data_files(cfg: RunConfig, rows: bool = False) -> list[Check]:
         detail = ", ".join(paths)
         if rows:
             try:
-                detail += f" ({len(checked_rows(cfg, split))} rows)"
+                read = checked_rows(cfg, split)
+                detail += f" ({len(read)} rows"
+                if tokenizer is not None:
+                    too_long = load_split(cfg, split, tokenizer, read).too_long
+                    detail += (
+                        f", {too_long} longer than data.max_prompt_length="
+                        f"{cfg.data.max_prompt_length} tokens after the chat template: left out"
+                        if too_long
+                        else ""
+                    )
+                detail += ")"
             except ConfigError as err:
                 checks.append(Check(key, False, str(err).removeprefix(f"{key}: ")))
                 continue

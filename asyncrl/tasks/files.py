@@ -192,11 +192,13 @@ def filter_overlong(
     return kept, len(rows) - len(kept)
 
 
-def load_split(cfg: RunConfig, split: str, tokenizer: Any) -> Split:
-    """The ``train`` or ``val`` rows of ``data.train_files``/``val_files``, over-long prompts
-    left out."""
+def load_split(
+    cfg: RunConfig, split: str, tokenizer: Any, rows: list[DataRow] | None = None
+) -> Split:
+    """The ``train`` or ``val`` rows of ``data.train_files``/``val_files`` (or ``rows``, read
+    from them already), over-long prompts left out."""
     key = f"data.{split}_files"
-    rows = checked_rows(cfg, split)
+    rows = checked_rows(cfg, split) if rows is None else rows
     kept, too_long = filter_overlong(rows, tokenizer, cfg.data.max_prompt_length)
     if not kept:
         raise ConfigError(

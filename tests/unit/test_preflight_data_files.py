@@ -130,3 +130,48 @@ def test_the_dry_run_reads_the_rows_too_and_names_a_bad_one(
 
     assert dry_run(None, _overrides(tmp_path, exported["train"], exported["val"])) == 0
     assert f"ok   data.train_files: {exported['train']} (8 rows)" in capsys.readouterr().out
+
+
+def test_the_dry_run_puts_the_prompts_through_the_tokenizer(
+    tmp_path: Path, exported: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Chat prompts with a checkpoint that has no chat template, and a file whose prompts are
+    all over data.max_prompt_length, stopped the real run in its set-up (after the broker
+    and the topics), where the dry run had said ok and exit 0."""
+    from asyncrl.models.tiny import build_model, build_tokenizer
+
+    ckpt = tmp_path / "no-template"
+    tok = build_tokenizer()  # the tiny model's: no chat template of its own
+    small = load_config(
+        overrides=[
+            "actor_rollout_ref.model.hidden_size=16",
+            "actor_rollout_ref.model.num_hidden_layers=1",
+            "actor_rollout_ref.model.num_attention_heads=2",
+            "actor_rollout_ref.model.intermediate_size=32",
+        ]
+    )
+    build_model(small.actor_rollout_ref.model, len(tok), seed=0).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    model = f"actor_rollout_ref.model.path={ckpt}"
+    assert dry_run(None, _overrides(tmp_path, exported["train"], exported["val"], model)) == 2
+    out = capsys.readouterr().out
+    assert "FAIL data.train_files: the prompt is chat messages but the tokenizer has no chat" in (
+        out
+    )
+
+    short = "data.max_prompt_length=3"  # "<bos>07+35=" is 7 tokens
+    assert dry_run(None, _overrides(tmp_path, exported["train"], exported["val"], short)) == 2
+    assert "FAIL data.train_files: all 8 prompts are longer than data.max_prompt_length=3" in (
+        capsys.readouterr().out
+    )
+    some = "data.max_prompt_length=6"  # one-digit operands fit
+    import pyarrow as pa
+
+    rows = pq.read_table(exported["train"]).to_pylist()
+    rows[0]["prompt"] = [{"role": "user", "content": "1+2="}]
+    mixed = tmp_path / "mixed.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), mixed)
+    assert dry_run(None, _overrides(tmp_path, mixed, mixed, some)) == 0
+    assert "(8 rows, 7 longer than data.max_prompt_length=6 tokens after the chat template" in (
+        capsys.readouterr().out
+    )
