@@ -278,5 +278,6 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, list | dict):
-        return json.dumps(value)
+        # text as it reads (--text's responses): not \u escapes of every non-ASCII character
+        return json.dumps(value, ensure_ascii=False)
     return str(value)
