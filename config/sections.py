@@ -536,8 +536,9 @@ class CustomRewardFunctionConfig(Strict):
     """verl's ``custom_reward_function``: your reward, scored by the rollout workers."""
 
     path: str | None = None
-    """A Python file defining the reward function; None: the built-in rule of the task (of
-    data.task, or of each prompt's data_source with data.train_files)."""
+    """A Python file defining the reward function (its folder is on the import path: modules
+    beside it import); None: the built-in rule of the task (of data.task, or of each prompt's
+    data_source with data.train_files)."""
     name: str = "compute_score"
     """The function in that file: ``name(data_source, solution_str, ground_truth,
     extra_info=None, **reward_kwargs)`` returning a float, or a dict with "score" and other

@@ -32,6 +32,9 @@ def load_function(path: str, name: str) -> Any:
         raise LookupError(PATH_KEY, f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
+    # its own folder first on the path, as `python my_reward.py` has it: a sibling module
+    # (`from my_utils import ...`) imports wherever the run was started from
+    sys.path.insert(0, str(file.resolve().parent))
     try:
         spec.loader.exec_module(module)
     except BaseException as err:  # a syntax error, a failed import: the user's file is at fault

@@ -120,6 +120,24 @@ def test_a_call_that_ends_the_process_is_said_so_not_called_a_timeout(
     assert reward(_call("42")).score == 1.0  # a fresh process took over
 
 
+def test_a_module_beside_the_reward_file_imports(tmp_path: Path) -> None:
+    """A reward file importing a helper next to it failed to load (ModuleNotFoundError)
+    unless the run was started from that folder."""
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "my_utils.py").write_text("def half():\n    return 0.5\n")
+    path = tmp_path / "rewards" / "my_reward.py"
+    path.write_text(
+        "from my_utils import half\n\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return half()\n"
+    )
+    reward = make_reward(_cfg(f"custom_reward_function.path={path}"))
+    try:
+        assert reward(_call("42")).score == 0.5
+    finally:
+        reward.close()
+
+
 def test_name_and_reward_kwargs(reward_file: Path) -> None:
     cfg = _cfg(
         f"custom_reward_function.path={reward_file}",
