@@ -168,17 +168,35 @@ def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRo
             extra = row.get("extra_info") or {}
             if not isinstance(extra, dict):
                 raise ConfigError(f"{where}: row {i}: extra_info must be a mapping")
+            ground_truth, extra = _plain(reward_model["ground_truth"]), _plain(extra)
+            for name, value in (("reward_model.ground_truth", ground_truth), ("extra_info", extra)):
+                _check_json(value, f"{where}: row {i}: {name}")
             rows.append(
                 DataRow(
                     prompt_id=ids(k, i),
                     prompt=_prompt(row[prompt_key], f"{where}: row {i}", prompt_key),
                     data_source=str(row["data_source"]),
-                    ground_truth=_plain(reward_model["ground_truth"]),
-                    extra_info=_plain(extra),
+                    ground_truth=ground_truth,
+                    extra_info=extra,
                     ability=str(row.get("ability") or ""),
                 )
             )
     return rows
+
+
+def _check_json(value: Any, where: str) -> None:
+    """ConfigError unless ``value`` is JSON, as the prompts topic carries it to the reward: a
+    timestamp, decimal or bytes column stopped the feed with a TypeError traceback."""
+    items = value.items() if isinstance(value, dict) else [(None, value)]
+    for key, item in items:
+        try:
+            json.dumps(item)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(
+                f"{where}{'' if key is None else f'[{key!r}]'}: {err} (the reward function "
+                "gets it as JSON: strings, numbers, bools, lists and dicts); store it as one "
+                "of those"
+            ) from None
 
 
 def filter_overlong(

@@ -129,6 +129,34 @@ def test_a_missing_file_or_column_names_the_key(tmp_path: Path) -> None:
         read_rows([str(bad)], "prompt", "data.train_files")
 
 
+def test_a_value_the_prompts_topic_cannot_carry_names_its_row_and_key(tmp_path: Path) -> None:
+    """extra_info (or a ground truth) holding a timestamp, a decimal or bytes: the launcher's
+    feed stopped on a TypeError traceback (datetime is not JSON serializable)."""
+    import datetime
+    import decimal
+
+    for name, value in (
+        ("created", datetime.datetime(2024, 1, 1)),
+        ("price", decimal.Decimal("1.5")),
+        ("raw", b"\x00"),
+    ):
+        path = tmp_path / f"{name}.parquet"
+        row = {
+            "data_source": "x",
+            "prompt": "hi",
+            "reward_model": {"ground_truth": "1"},
+            "extra_info": {"index": 0, name: value},
+        }
+        pq.write_table(pa.Table.from_pylist([row]), path)
+        with pytest.raises(ConfigError, match=rf"{name}.parquet: row 0: extra_info\['{name}'\]: "):
+            read_rows([str(path)], "prompt", "data.train_files")
+    when = tmp_path / "when.parquet"
+    row = {"data_source": "x", "prompt": "hi", "reward_model": {"ground_truth": decimal.Decimal(1)}}
+    pq.write_table(pa.Table.from_pylist([row]), when)
+    with pytest.raises(ConfigError, match=r"row 0: reward_model.ground_truth: .*Decimal"):
+        read_rows([str(when)], "prompt", "data.train_files")
+
+
 def test_prompts_longer_than_max_prompt_length_after_templating_are_left_out_and_counted(
     tmp_path: Path,
 ) -> None:
