@@ -44,8 +44,28 @@ def _load_run(args: argparse.Namespace):
                 return _at(load_config(_config_file(args, run_dir), rest), run_dir)
         args.overrides = [f"run_id={first}", *rest]
     cfg = _load(args)  # where the run is: its run_id and output_dir
+    saved_in = _run_dir_of_config(args, cfg)
+    if saved_in is not None:
+        return _at(cfg, saved_in)
     config = _config_file(args, cfg.run_dir)
     return cfg if config == args.config else load_config(config, args.overrides)
+
+
+def _run_dir_of_config(args: argparse.Namespace, cfg):
+    """The run directory ``--config`` was saved in (RUN_DIR/config.yaml beside its log or
+    checkpoints) where its own output_dir, relative as the default ``runs`` is, names another
+    from this directory; else None. Read from elsewhere, ``replay step --config
+    runs/<run_id>/config.yaml`` otherwise looked for the run under this directory and said
+    nothing listened at the finished run's broker."""
+    from pathlib import Path
+
+    if not args.config or any(o.partition("=")[0] == "output_dir" for o in args.overrides):
+        return None
+    here = Path(args.config).resolve().parent
+    named = here.name == cfg.run_id or here.name.startswith(f"{cfg.run_id}.")
+    if Path(args.config).name != "config.yaml" or not named or here == cfg.run_dir.resolve():
+        return None
+    return here if (here / "log").is_dir() or (here / "checkpoints").is_dir() else None
 
 
 def _at(cfg, run_dir):

@@ -276,3 +276,27 @@ def test_a_message_above_the_size_limit_ends_the_run_in_one_line(
     assert main([*argv, cache, "actor_rollout_ref.model.warmup_steps=1"]) == 1
     err = capsys.readouterr().err
     assert "above kafka.max_message_bytes=1024" in err and "Traceback" not in err
+
+
+def test_a_runs_saved_config_finds_its_run_from_another_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`asyncrl replay step N --config runs/<run_id>/config.yaml` (and inspect) from outside
+    the directory the run was started in: the saved config's output_dir is relative (the
+    default `runs`), so the run was looked for under the current directory, and the command
+    said nothing listened at the finished run's broker instead of reading its archived log."""
+    import argparse
+
+    from asyncrl.commands import _load_run
+
+    run_dir = _saved_run(tmp_path / "project" / "runs", "r8", "127.0.0.1:1", archived=True)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    args = argparse.Namespace(config=str(run_dir / "config.yaml"), overrides=[], output_dir=None)
+    cfg = _load_run(args)
+    assert (cfg.run_id, cfg.run_dir) == ("r8", run_dir.resolve())
+    # an output_dir given on the command line still wins
+    args = argparse.Namespace(
+        config=str(run_dir / "config.yaml"), overrides=["output_dir=mine"], output_dir=None
+    )
+    assert _load_run(args).run_dir == Path("mine") / "r8"
