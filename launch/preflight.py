@@ -233,6 +233,35 @@ def _model_path(cfg: RunConfig) -> Check:
     return Check(PATH_KEY, problem is None, problem or f"{path}: a Hugging Face checkpoint")
 
 
+def _model_length(cfg: RunConfig) -> list[Check]:
+    """A prompt and its response fit the checkpoint's positions (vLLM refuses a longer
+    max_model_len too): a GPT-2-style model with learned positions failed the trainer and
+    the workers with IndexError at their first long sequence, and the run after 3 restarts."""
+    from asyncrl.models.policy import check_model_path, max_positions
+
+    path = cfg.actor_rollout_ref.model.path
+    if path is None or check_model_path(cfg) is not None:
+        return []
+    declared = max_positions(path)
+    if declared is None:
+        return []
+    name, limit = declared
+    data = cfg.data
+    longest = data.max_prompt_length + data.max_response_length
+    key = "data.max_response_length"
+    if longest <= limit:
+        return [Check(key, True, f"prompt and response, {longest} tokens, within {name}={limit}")]
+    return [
+        Check(
+            key,
+            False,
+            f"data.max_prompt_length + data.max_response_length = {data.max_prompt_length} + "
+            f"{data.max_response_length} = {longest} tokens, more than the model takes "
+            f"({name}={limit} in {path}/config.json): shorten them",
+        )
+    ]
+
+
 def _data_files(cfg: RunConfig, rows: bool = False) -> list[Check]:
     """Each file there, parquet, with the prompt (data.prompt_key) and reward columns: what the
     launcher's read of the rows would stop on, found from the files' footers before it starts.
@@ -314,7 +343,7 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     here = role != "run" or cfg.launcher == "local"  # this process starts the one that needs it
-    checks = [*_tool_checks(cfg), _model_path(cfg)]
+    checks = [*_tool_checks(cfg), _model_path(cfg), *_model_length(cfg)]
     checks.append(_reward_function(cfg, here))
     if role != "rollout":
         checks.append(_filter_metric(cfg))

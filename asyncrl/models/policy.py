@@ -81,6 +81,26 @@ def check_model_path(cfg: RunConfig) -> str | None:
     return None
 
 
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""config.json's names for the longest sequence a model takes (Qwen2/Llama, GPT-2, ...)."""
+
+
+def max_positions(path: str) -> tuple[str, int] | None:
+    """``(key, value)``: the longest sequence the checkpoint at ``path`` declares in its
+    config.json (its text model's, for a config that nests one), or None if it says none."""
+    import json
+
+    try:
+        config = json.loads((Path(path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for where in (config, config.get("text_config") or {}):
+        for key in POSITION_KEYS:
+            if isinstance(where.get(key), int) and where[key] > 0:
+                return key, where[key]
+    return None
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 """Any one of them: a checkpoint directory that holds a tokenizer."""
 

@@ -336,3 +336,26 @@ def test_every_eos_of_the_generation_config_ends_a_response(tmp_path: Path, engi
     model.save_pretrained(tmp_path / "ckpt")
     loaded, _ = load_policy(mine)
     assert greedy(loaded) == [first], "the generation config's second eos ends the response"
+
+
+def test_a_prompt_and_response_longer_than_the_model_takes_stop_the_run(tmp_path: Path) -> None:
+    """data.max_prompt_length + data.max_response_length past the checkpoint's positions
+    (config.json's max_position_embeddings, n_positions for GPT-2): a model with learned
+    positions failed the trainer and the workers with IndexError, 3 restarts, then the run."""
+    cfg = load_config(overrides=SMALL_MODEL)
+    tok = _tiny_tokenizer()
+    build_model(cfg.actor_rollout_ref.model, len(tok), seed=0, positions=64).save_pretrained(
+        tmp_path / "ckpt"
+    )
+    tok.save_pretrained(tmp_path / "ckpt")
+    path = f"actor_rollout_ref.model.path={tmp_path / 'ckpt'}"
+    fits = load_config(overrides=[path, "data.max_prompt_length=48", "data.max_response_length=16"])
+    check_startable(fits, "rollout")
+    long = load_config(overrides=[path, "data.max_prompt_length=48", "data.max_response_length=17"])
+    for role in ("run", "train", "rollout"):
+        with pytest.raises(
+            ConfigError, match=r"data.max_response_length: .* 48 \+ 17 = 65 tokens, "
+        ):
+            check_startable(long, role)
+    with pytest.raises(ConfigError, match=r"max_position_embeddings=64 in .*ckpt/config.json"):
+        check_startable(long, "run")
