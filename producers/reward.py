@@ -110,7 +110,10 @@ class CustomReward:
         (a missing file: custom_reward_function.path, a missing function: .name)."""
         self.close()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncrl.producers.reward_server", self.path, self.name],
+            [
+                *(sys.executable, "-m", "asyncrl.producers.reward_server", self.path, self.name),
+                json.dumps(sorted(self.kwargs)),  # checked against the function's signature
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

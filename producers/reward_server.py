@@ -1,5 +1,6 @@
 """The child process that runs a custom reward function (``python -m asyncrl.producers.reward_server
-PATH NAME``): it imports the file once, then answers one JSON line per call on stdout.
+PATH NAME [KWARG_NAMES_JSON]``): it imports the file once, checks that the function takes every
+call's arguments and the reward_kwargs, then answers one JSON line per call on stdout.
 
 Protocol (JSON lines, no pickle): after loading, one line ``{"ok": true}`` or ``{"ok": false,
 "key": <config key>, "error": ...}`` (then it exits). Each request ``{"kwargs": {...}}`` gets
@@ -53,6 +54,34 @@ def load_function(path: str, name: str) -> Any:
     return fn
 
 
+KWARGS_KEY = "custom_reward_function.reward_kwargs"
+ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""What every call passes, by name (verl's), before the reward_kwargs."""
+
+
+def check_arguments(fn: Any, name: str, kwarg_names: list[str]) -> None:
+    """LookupError(key, why) unless ``fn`` takes every call's arguments and the reward_kwargs:
+    one it does not take failed every call, each trajectory a reward failure, while the run
+    went on to its last step training on nothing."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the calls will tell
+        return
+    try:
+        signature.bind(**dict.fromkeys(ARGUMENTS), **dict.fromkeys(kwarg_names))
+    except TypeError as err:
+        extra = [k for k in kwarg_names if k not in signature.parameters]
+        key = KWARGS_KEY if extra and f"'{extra[0]}'" in str(err) else NAME_KEY
+        raise LookupError(
+            key,
+            f"{name}{signature} cannot be called with {', '.join(ARGUMENTS)}"
+            + (f" and reward_kwargs {', '.join(kwarg_names)}" if kwarg_names else "")
+            + f": {err}",
+        ) from None
+
+
 def _why(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
@@ -82,12 +111,13 @@ def to_result(value: Any) -> dict[str, Any]:
     return {"score": score, "extra": extra}
 
 
-def serve(path: str, name: str) -> int:
+def serve(path: str, name: str, kwarg_names: list[str] | None = None) -> int:
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the function's prints go to the log
     sys.stdout = sys.stderr
     try:
         fn = load_function(path, name)
+        check_arguments(fn, name, kwarg_names or [])
     except LookupError as err:
         key, why = err.args
         proto.write(json.dumps({"ok": False, "key": key, "error": why}) + "\n")
@@ -104,4 +134,6 @@ def serve(path: str, name: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(serve(sys.argv[1], sys.argv[2]))
+    raise SystemExit(
+        serve(sys.argv[1], sys.argv[2], json.loads(sys.argv[3] if len(sys.argv) > 3 else "[]"))
+    )

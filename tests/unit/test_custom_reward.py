@@ -20,6 +20,7 @@ from asyncrl.producers.reward import (
     CustomReward,
     RewardCall,
     RewardLoadError,
+    check_reward_function,
     make_reward,
 )
 from asyncrl.schemas.sample import Sample, Trajectory
@@ -136,6 +137,31 @@ def test_a_module_beside_the_reward_file_imports(tmp_path: Path) -> None:
         assert reward(_call("42")).score == 0.5
     finally:
         reward.close()
+
+
+def test_a_function_that_cannot_take_the_calls_arguments_stops_the_run(
+    reward_file: Path, tmp_path: Path
+) -> None:
+    """A reward_kwargs entry the function does not take (or a function without extra_info)
+    failed every call: each trajectory a reward failure, and the run went on to its last step
+    training on nothing, its console saying only "reward failures 48"."""
+    cfg = _cfg(f"custom_reward_function.path={reward_file}", "custom_reward_function.name=other")
+    assert check_reward_function(cfg) is None
+    cfg = _cfg(
+        f"custom_reward_function.path={reward_file}",
+        "custom_reward_function.name=other",
+        "custom_reward_function.reward_kwargs.bonus=1.0",
+    )
+    key, why = check_reward_function(cfg) or ("", "")
+    assert key == "custom_reward_function.reward_kwargs"
+    assert why.startswith("other(data_source, solution_str, ground_truth, extra_info=None) ")
+    assert why.endswith("got an unexpected keyword argument 'bonus'")
+    with pytest.raises(ConfigError, match="custom_reward_function.reward_kwargs: other"):
+        check_startable(cfg, "rollout")
+    narrow = tmp_path / "narrow.py"
+    narrow.write_text("def compute_score(data_source, solution_str, ground_truth):\n    return 1\n")
+    key, why = check_reward_function(_cfg(f"custom_reward_function.path={narrow}")) or ("", "")
+    assert key == "custom_reward_function.name" and "'extra_info'" in why
 
 
 def test_name_and_reward_kwargs(reward_file: Path) -> None:
