@@ -35,7 +35,8 @@ from asyncrl.config.verl_rules import (
 TOTAL = "trainer.total_training_steps"
 TOTAL_WHY = (
     "verl counts samples (prompts) or epochs; asyncrl steps: min(total_rollout_steps, "
-    "total_epochs x data.train_size) // (ppo_mini_batch_size x require_batches)"
+    "total_epochs x data.train_size, or the rows of data.train_files) // "
+    "(ppo_mini_batch_size x require_batches)"
 )
 FSDP = (
     "FSDP/Megatron sharding, offload and sequence-parallel internals: asyncrl's trainer is one "

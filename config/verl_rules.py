@@ -91,8 +91,26 @@ def _total_steps(_value: Any, get: Get) -> int:
         caps.append(int(samples))
     for key in ("rollout.total_epochs", "trainer.total_epochs"):
         if (epochs := get(key)) is not None:
-            caps.append(int(epochs) * int(get("data.train_size")))
+            caps.append(int(epochs) * _epoch_size(get))
     return max(1, min(caps) // _required_samples(get))
+
+
+def _epoch_size(get: Get) -> int:
+    """Prompts in one epoch: the rows of data.train_files (their parquet footers; the ones
+    over data.max_prompt_length are not known here, so counted too), else data.train_size.
+    An epoch of your own files was data.train_size (2000, the built-in task's) prompts."""
+    files = get("data.train_files")
+    if not files:
+        return int(get("data.train_size"))
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    try:
+        paths = [files] if isinstance(files, str) else list(files)
+        return sum(pq.read_metadata(Path(str(p)).expanduser()).num_rows for p in paths)
+    except (OSError, ValueError):  # not readable: the start-up checks name the file
+        return int(get("data.train_size"))
 
 
 def _versions_to_steps(value: Any, get: Get) -> int:

@@ -139,6 +139,29 @@ def test_the_fully_async_keys_the_issue_names(empty_config: Path) -> None:
     assert cfg.sync.bucket_size_mb == 128
 
 
+def test_total_epochs_counts_the_rows_of_your_data_files(
+    empty_config: Path, tmp_path: Path
+) -> None:
+    """verl's trainer.total_epochs with data.train_files: an epoch was data.train_size (2000,
+    the built-in task's) prompts whatever the files held: 2 epochs of 64 rows at 8 prompts a
+    step ran 500 steps, not 16."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = []
+    for name, n in (("a", 64), ("b", 16)):
+        paths.append(tmp_path / f"{name}.parquet")
+        pq.write_table(pa.Table.from_pylist([{"x": i} for i in range(n)]), paths[-1])
+    val = f"data.val_files={paths[1]}"
+    one = [f"data.train_files={paths[0]}", "actor_rollout_ref.actor.ppo_mini_batch_size=8", val]
+    cfg = load_config(empty_config, [*one, "trainer.total_epochs=2"])
+    assert cfg.trainer.total_training_steps == 2 * 64 // 8
+    both = [f"data.train_files=[{paths[0]},{paths[1]}]", "rollout.total_epochs=1", *one[1:]]
+    assert load_config(empty_config, both).trainer.total_training_steps == 80 // 8
+    task = ["actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.total_epochs=2"]
+    assert load_config(empty_config, task).trainer.total_training_steps == 2 * 2000 // 8
+
+
 def test_verls_rollout_correction_and_dapo_keys_are_asyncrls_own(empty_config: Path) -> None:
     """Issue 17: verl's decoupled-mode rollout correction and DAPO's filter_groups, as a verl
     launch script sets them (the mode (d) recipe of verl's fully async README); verl's bypass
