@@ -133,7 +133,15 @@ VERL_KEYS: dict[str, VerlKey] = {
     "data.gen_batch_size": fixed("asyncrl's workers take prompts one at a time (as verl's)", 1),
     # --- data --------------------------------------------------------------------------------
     "data.*": refused(DATA),
-    "data.truncation": fixed("asyncrl keeps a long prompt's last tokens", "left"),
+    "data.truncation": VerlKey(
+        "fixed",
+        "asyncrl never cuts a prompt of data.train_files/val_files (one over "
+        "data.max_prompt_length is left out and counted, as verl's filter_overlong_prompts), "
+        "and keeps a built-in task's last tokens",
+        # verl's example scripts set 'error' beside filter_overlong_prompts=True: no prompt cut
+        ok=lambda v, get: v == "left" or (v == "error" and bool(get("data.train_files"))),
+        ok_text="left, or error with data.train_files",
+    ),
     "data.train_batch_size": ignored(
         "a step is actor.ppo_mini_batch_size x async_training.require_batches samples (verl's "
         "fully async ignores train_batch_size too)"

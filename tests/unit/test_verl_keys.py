@@ -162,6 +162,24 @@ def test_total_epochs_counts_the_rows_of_your_data_files(
     assert load_config(empty_config, task).trainer.total_training_steps == 2 * 2000 // 8
 
 
+def test_verls_gsm8k_truncation_error_loads_with_data_files(
+    empty_config: Path, tmp_path: Path
+) -> None:
+    """verl's gsm8k/math scripts set data.truncation='error' beside
+    data.filter_overlong_prompts=True: refused, saying asyncrl keeps a long prompt's last
+    tokens, which a prompt of data.train_files never had (it is left out, never cut)."""
+    files = [
+        f"data.train_files={tmp_path / 't.parquet'}",
+        f"data.val_files={tmp_path / 'v.parquet'}",
+    ]
+    verl = ["data.truncation=error", "data.filter_overlong_prompts=true"]
+    load_config(empty_config, [*files, *verl])
+    with pytest.raises(ConfigError, match=r"data.truncation=error .*accepted: left, or error with"):
+        load_config(empty_config, verl)  # a built-in task's prompt is cut: its last tokens
+    with pytest.raises(ConfigError, match="data.truncation=right"):
+        load_config(empty_config, [*files, "data.truncation=right"])
+
+
 def test_verls_rollout_correction_and_dapo_keys_are_asyncrls_own(empty_config: Path) -> None:
     """Issue 17: verl's decoupled-mode rollout correction and DAPO's filter_groups, as a verl
     launch script sets them (the mode (d) recipe of verl's fully async README); verl's bypass
