@@ -107,9 +107,10 @@ def _head_counts(hidden: int, most: int = 4) -> list[int]:
 class ModelConfig(Strict):
     path: str | None = None
     """A local Hugging Face checkpoint directory (config.json, weights, tokenizer and its chat
-    template): the trainer loads it with transformers in float32, the rollout workers straight
-    in rollout.dtype (no float32 copy first), no warm start. None: the built-in tiny model (the
-    fields below), warm-started on data.task."""
+    template), or a Hub id (org/name) already in the local Hugging Face cache (nothing is
+    downloaded): the trainer loads it with transformers in float32, the rollout workers
+    straight in rollout.dtype (no float32 copy first), no warm start. None: the built-in tiny
+    model (the fields below), warm-started on data.task."""
     trust_remote_code: bool = False
     """Let transformers run the model's own code from actor_rollout_ref.model.path."""
     hidden_size: int = Field(128, ge=8)

@@ -13,6 +13,7 @@ without adding special tokens again); plain text is tokenized as it is.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,13 +63,39 @@ the built-in tasks feed it (``07+35=`` -> ``<bos>07+35=``), so a verl-format exp
 (`asyncrl export-data`) gives it the same tokens."""
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""``org/name``: a Hugging Face Hub model id, as verl's scripts name models."""
+
+
+def model_dir(path: str) -> Path:
+    """The checkpoint directory ``actor_rollout_ref.model.path`` names: a local directory, or
+    a Hub id (``Qwen/Qwen2.5-0.5B-Instruct``) whose snapshot is in the local Hugging Face
+    cache (HF_HOME, HF_HUB_CACHE), as transformers would find it for verl; nothing is
+    downloaded. A path that is neither comes back as it is (check_model_path says so)."""
+    where = Path(path).expanduser()
+    if where.is_dir() or not _HUB_ID.fullmatch(path):
+        return where
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, local_files_only=True))
+    except (ImportError, OSError, ValueError):  # not cached (LocalEntryNotFoundError), a bad id
+        return where
+
+
 def check_model_path(cfg: RunConfig) -> str | None:
     """Why ``actor_rollout_ref.model.path`` cannot be loaded, or None (unset, or fine)."""
     path = cfg.actor_rollout_ref.model.path
     if path is None:
         return None
-    where = Path(path).expanduser()
+    where = model_dir(path)
     if not where.is_dir():
+        if _HUB_ID.fullmatch(path):
+            return (
+                f"{path}: no such directory, nor a model in the local Hugging Face cache "
+                f"(asyncrl downloads nothing: `hf download {path}` first, or name a local "
+                "checkpoint directory)"
+            )
         return f"{path}: no such directory (a local Hugging Face checkpoint is needed)"
     if not (where / "config.json").is_file():
         return f"{path}: no config.json (not a Hugging Face checkpoint directory)"
@@ -91,7 +118,7 @@ def max_positions(path: str) -> tuple[str, int] | None:
     import json
 
     try:
-        config = json.loads((Path(path).expanduser() / "config.json").read_text())
+        config = json.loads((model_dir(path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
     for where in (config, config.get("text_config") or {}):
@@ -109,7 +136,7 @@ def _checked_path(cfg: RunConfig) -> Path:
     problem = check_model_path(cfg)
     if problem is not None:
         raise ConfigError(f"{PATH_KEY}: {problem}")
-    return Path(cfg.actor_rollout_ref.model.path or "").expanduser()
+    return model_dir(cfg.actor_rollout_ref.model.path or "")
 
 
 def load_tokenizer(cfg: RunConfig) -> Any:

@@ -359,3 +359,32 @@ def test_a_prompt_and_response_longer_than_the_model_takes_stop_the_run(tmp_path
             check_startable(long, role)
     with pytest.raises(ConfigError, match=r"max_position_embeddings=64 in .*ckpt/config.json"):
         check_startable(long, "run")
+
+
+def test_a_hub_id_loads_from_the_local_hugging_face_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's scripts name models by Hub id (actor_rollout_ref.model.path=Qwen/Qwen2.5-...),
+    which transformers finds in the local cache: refused here as "no such directory" though
+    the snapshot was on disk. It now loads from the cache (nothing is downloaded), and an id
+    that is not cached says so."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--me--tiny-chat" / "snapshots" / "0123abc"
+    (cache / "models--me--tiny-chat" / "refs").mkdir(parents=True)
+    (cache / "models--me--tiny-chat" / "refs" / "main").write_text("0123abc")
+    cfg = load_config(overrides=SMALL_MODEL)
+    tok = _tiny_tokenizer()
+    build_model(cfg.actor_rollout_ref.model, len(tok), seed=3).save_pretrained(snapshot)
+    tok.save_pretrained(snapshot)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a download would fail the test, not wait
+
+    mine = load_config(overrides=["actor_rollout_ref.model.path=me/tiny-chat"])
+    check_startable(mine, "rollout")
+    model, loaded_tok = load_policy(mine)
+    assert model.config.hidden_size == 16 and len(loaded_tok) == len(tok)
+    other = load_config(overrides=["actor_rollout_ref.model.path=me/not-cached"])
+    with pytest.raises(ConfigError, match=r"me/not-cached: no such directory, nor a model in the"):
+        check_startable(other, "run")
