@@ -225,5 +225,13 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[in
             "the prompt is chat messages but the tokenizer has no chat template "
             f"(set one in the checkpoint's tokenizer_config.json, {PATH_KEY})"
         )
-    text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    from jinja2 import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    except (TemplateError, ValueError, TypeError, KeyError) as err:
+        # a template's raise_exception ("System role not supported"), or a broken template
+        raise ConfigError(
+            f"the chat template ({PATH_KEY}) fails on the prompt: {type(err).__name__}: {err}"
+        ) from None
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -206,7 +206,13 @@ def filter_overlong(
     how many were longer)."""
     from asyncrl.models.policy import encode_prompt
 
-    kept = [r for r in rows if len(encode_prompt(tokenizer, r.prompt)) <= max_prompt_length]
+    def fits(row: DataRow) -> bool:
+        try:
+            return len(encode_prompt(tokenizer, row.prompt)) <= max_prompt_length
+        except ConfigError as err:  # which prompt: the template may refuse only some
+            raise ConfigError(f"prompt {row.prompt_id}: {err}") from None
+
+    kept = [r for r in rows if fits(r)]
     return kept, len(rows) - len(kept)
 
 
@@ -217,7 +223,10 @@ def load_split(
     from them already), over-long prompts left out."""
     key = f"data.{split}_files"
     rows = checked_rows(cfg, split) if rows is None else rows
-    kept, too_long = filter_overlong(rows, tokenizer, cfg.data.max_prompt_length)
+    try:
+        kept, too_long = filter_overlong(rows, tokenizer, cfg.data.max_prompt_length)
+    except ConfigError as err:
+        raise ConfigError(f"{key}: {err}") from None
     if not kept:
         raise ConfigError(
             f"{key}: all {len(rows)} prompts are longer than data.max_prompt_length="

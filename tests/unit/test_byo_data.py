@@ -388,3 +388,46 @@ def test_a_hub_id_loads_from_the_local_hugging_face_cache(
     other = load_config(overrides=["actor_rollout_ref.model.path=me/not-cached"])
     with pytest.raises(ConfigError, match=r"me/not-cached: no such directory, nor a model in the"):
         check_startable(other, "run")
+
+
+def test_a_chat_template_that_refuses_a_prompt_names_the_prompt_and_the_key(
+    tmp_path: Path,
+) -> None:
+    """Chat templates that raise_exception (Gemma's and Mistral's on a system message) ended
+    asyncrl run (and its --dry-run) in a jinja2 TemplateError traceback."""
+    tok = _tiny_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    path = tmp_path / "system.parquet"
+    rows = [
+        {
+            "data_source": "x",
+            "prompt": [{"role": "user", "content": "1+2="}],
+            "reward_model": {"ground_truth": "3"},
+        },
+        {
+            "data_source": "x",
+            "prompt": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "1="},
+            ],
+            "reward_model": {"ground_truth": "1"},
+        },
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    cfg = load_config(
+        overrides=[
+            f"data.train_files={path}",
+            f"data.val_files={path}",
+            "custom_reward_function.path=r.py",
+        ]
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"^data.train_files: prompt system-1: the chat template \(actor_rollout_ref.model"
+        r".path\) fails on the prompt: TemplateError: System role not supported$",
+    ):
+        load_split(cfg, "train", tok)

@@ -155,9 +155,7 @@ def test_the_dry_run_puts_the_prompts_through_the_tokenizer(
     model = f"actor_rollout_ref.model.path={ckpt}"
     assert dry_run(None, _overrides(tmp_path, exported["train"], exported["val"], model)) == 2
     out = capsys.readouterr().out
-    assert "FAIL data.train_files: the prompt is chat messages but the tokenizer has no chat" in (
-        out
-    )
+    assert "FAIL data.train_files: prompt train-0: the prompt is chat messages but the " in out
 
     short = "data.max_prompt_length=3"  # "<bos>07+35=" is 7 tokens
     assert dry_run(None, _overrides(tmp_path, exported["train"], exported["val"], short)) == 2
