@@ -102,6 +102,12 @@ def _plain(value: Any) -> Any:
 def _prompt(value: Any, where: str, key: str) -> str | list[dict[str, Any]]:
     value = _plain(value)
     if isinstance(value, str):
+        if _json_messages(value):  # would go to the model as text, bypassing the template
+            raise ConfigError(
+                f"{where}: column {key!r} (data.prompt_key) holds chat messages encoded as a "
+                "JSON string; store them as a list of {role, content} (verl's format: "
+                "df[key] = df[key].map(json.loads) before writing the parquet)"
+            )
         return value
     ok = (
         isinstance(value, list)
@@ -119,6 +125,18 @@ def _prompt(value: Any, where: str, key: str) -> str | list[dict[str, Any]]:
             f"[{{role, content}}, ...] or a string, not {str(value)[:80]!r}"
         )
     return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _json_messages(text: str) -> bool:
+    """Whether ``text`` is chat messages serialised as JSON (a string column where verl's
+    format has a list): read as a plain prompt it silently skipped the chat template."""
+    if not text.lstrip().startswith("[{"):
+        return False
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
 
 
 def check_file(path: str, prompt_key: str) -> str | None:

@@ -129,6 +129,28 @@ def test_a_missing_file_or_column_names_the_key(tmp_path: Path) -> None:
         read_rows([str(bad)], "prompt", "data.train_files")
 
 
+def test_chat_messages_saved_as_a_json_string_are_refused(tmp_path: Path) -> None:
+    """A prompt column of JSON text ('[{"role": "user", ...}]', as df.to_json or a
+    json.dumps before writing leaves it) was read as a plain prompt: the model got the JSON
+    text, the chat template never applied, and nothing said so."""
+    import json
+
+    path = tmp_path / "json_text.parquet"
+    rows = [
+        {
+            "data_source": "x",
+            "prompt": json.dumps([{"role": "user", "content": "1+2="}]),
+            "reward_model": {"ground_truth": "3"},
+        }
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(ConfigError, match=r"row 0: column 'prompt' .* encoded as a JSON string"):
+        read_rows([str(path)], "prompt", "data.train_files")
+    rows[0]["prompt"] = "[1, 2] + [3] ="  # text that only starts like JSON stays a prompt
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    assert read_rows([str(path)], "prompt", "data.train_files")[0].prompt == "[1, 2] + [3] ="
+
+
 def test_a_value_the_prompts_topic_cannot_carry_names_its_row_and_key(tmp_path: Path) -> None:
     """extra_info (or a ground truth) holding a timestamp, a decimal or bytes: the launcher's
     feed stopped on a TypeError traceback (datetime is not JSON serializable)."""
