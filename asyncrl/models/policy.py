@@ -115,6 +115,16 @@ POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length"
 def max_positions(path: str) -> tuple[str, int] | None:
     """``(key, value)``: the longest sequence the checkpoint at ``path`` declares in its
     config.json (its text model's, for a config that nests one), or None if it says none."""
+    return _declared(path, POSITION_KEYS)
+
+
+def vocab_size(path: str) -> int | None:
+    """The token ids the checkpoint at ``path`` embeds (config.json's vocab_size), or None."""
+    found = _declared(path, ("vocab_size",))
+    return None if found is None else found[1]
+
+
+def _declared(path: str, keys: tuple[str, ...]) -> tuple[str, int] | None:
     import json
 
     try:
@@ -122,7 +132,7 @@ def max_positions(path: str) -> tuple[str, int] | None:
     except (OSError, ValueError):
         return None
     for where in (config, config.get("text_config") or {}):
-        for key in POSITION_KEYS:
+        for key in keys:
             if isinstance(where.get(key), int) and where[key] > 0:
                 return key, where[key]
     return None

@@ -218,17 +218,28 @@ def _check_json(value: Any, where: str) -> None:
 
 
 def filter_overlong(
-    rows: list[DataRow], tokenizer: Any, max_prompt_length: int
+    rows: list[DataRow], tokenizer: Any, max_prompt_length: int, vocab_size: int | None = None
 ) -> tuple[list[DataRow], int]:
     """(rows whose prompt is at most ``max_prompt_length`` tokens after the chat template,
-    how many were longer)."""
-    from asyncrl.models.policy import encode_prompt
+    how many were longer). ConfigError for a prompt with a token id the model does not embed
+    (``vocab_size``): tokens added to a tokenizer whose model was not resized made the
+    trainer and the workers die on IndexError, restarted until the run failed."""
+    from asyncrl.models.policy import PATH_KEY, encode_prompt
 
     def fits(row: DataRow) -> bool:
         try:
-            return len(encode_prompt(tokenizer, row.prompt)) <= max_prompt_length
+            ids = encode_prompt(tokenizer, row.prompt)
         except ConfigError as err:  # which prompt: the template may refuse only some
             raise ConfigError(f"prompt {row.prompt_id}: {err}") from None
+        past = [i for i in ids if vocab_size is not None and i >= vocab_size]
+        if past:
+            raise ConfigError(
+                f"prompt {row.prompt_id}: token {tokenizer.convert_ids_to_tokens(past[0])!r} "
+                f"(id {past[0]}) is past the model's vocab_size={vocab_size} ({PATH_KEY}'s "
+                f"config.json): its tokenizer has {len(tokenizer)} tokens; resize the model's "
+                "embeddings to them (model.resize_token_embeddings(len(tokenizer))) and save it"
+            )
+        return len(ids) <= max_prompt_length
 
     kept = [r for r in rows if fits(r)]
     return kept, len(rows) - len(kept)
@@ -241,8 +252,12 @@ def load_split(
     from them already), over-long prompts left out."""
     key = f"data.{split}_files"
     rows = checked_rows(cfg, split) if rows is None else rows
+    from asyncrl.models.policy import vocab_size
+
+    path = cfg.actor_rollout_ref.model.path
+    embedded = None if path is None else vocab_size(path)
     try:
-        kept, too_long = filter_overlong(rows, tokenizer, cfg.data.max_prompt_length)
+        kept, too_long = filter_overlong(rows, tokenizer, cfg.data.max_prompt_length, embedded)
     except ConfigError as err:
         raise ConfigError(f"{key}: {err}") from None
     if not kept:

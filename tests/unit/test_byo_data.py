@@ -453,3 +453,38 @@ def test_a_chat_template_that_refuses_a_prompt_names_the_prompt_and_the_key(
         r".path\) fails on the prompt: TemplateError: System role not supported$",
     ):
         load_split(cfg, "train", tok)
+
+
+def test_a_prompt_token_the_model_does_not_embed_stops_the_run(tmp_path: Path) -> None:
+    """Tokens added to a checkpoint's tokenizer without resizing its embeddings: a prompt
+    holding one made the trainer and the workers die on IndexError, restarted three times,
+    then the run failed on the trainer's traceback."""
+    cfg = load_config(overrides=SMALL_MODEL)
+    tok = _tiny_tokenizer()
+    build_model(cfg.actor_rollout_ref.model, len(tok), seed=0).save_pretrained(tmp_path / "ckpt")
+    tok.add_special_tokens({"additional_special_tokens": ["<think>"]})
+    tok.save_pretrained(tmp_path / "ckpt")
+    path = tmp_path / "think.parquet"
+    rows = [
+        {
+            "data_source": "x",
+            "prompt": [{"role": "user", "content": text}],
+            "reward_model": {"ground_truth": "3"},
+        }
+        for text in ("1+2=", "<think>1+2=")
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    mine = load_config(
+        overrides=[
+            f"actor_rollout_ref.model.path={tmp_path / 'ckpt'}",
+            f"data.train_files={path}",
+            f"data.val_files={path}",
+            "custom_reward_function.path=r.py",
+        ]
+    )
+    with pytest.raises(
+        ConfigError,
+        match=rf"^data.train_files: prompt think-1: token '<think>' \(id {len(tok) - 1}\) is past "
+        rf"the model's vocab_size={len(tok) - 1} ",
+    ):
+        load_split(mine, "train", load_tokenizer(mine))
