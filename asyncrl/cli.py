@@ -17,6 +17,7 @@ from asyncrl.commands import (
     cmd_bench,
     cmd_broker,
     cmd_export_data,
+    cmd_export_model,
     cmd_inspect,
     cmd_monitor,
     cmd_prepare,
@@ -41,6 +42,7 @@ examples:
   asyncrl monitor demo                          live per-version health of a running run
   asyncrl report demo                           plots and a summary of runs/demo (report/)
   asyncrl export-data --out data/arithmetic     the task as verl-format parquet (data.train_files)
+  asyncrl export-model demo --out my-model      the trained policy as a Hugging Face checkpoint
   asyncrl bench modes                           colocated sync vs modes (a)-(d), seed-shaped sim (~3 min)
   asyncrl bench sync-pause                      sync pause and its hops: (c), (d), (d) in flight
   asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
@@ -388,6 +390,23 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
 
     p = sub.add_parser(
+        "export-model",
+        help="a run's trained policy (a checkpoint step) as a Hugging Face checkpoint directory",
+        description="Writes the weights of RUN's checkpoint of --step (default: its latest) "
+        "into the run's model (actor_rollout_ref.model.path, or the built-in tiny model) and "
+        "saves it to OUT with save_pretrained, its tokenizer and chat template beside it: "
+        "what transformers, vLLM or actor_rollout_ref.model.path load. The trainer's own "
+        "checkpoints (checkpoints/step_N/model.pt) are torch state dicts for resuming.",
+    )
+    p.add_argument("run", help="a run_id under --output-dir, or a run directory")
+    p.add_argument("--out", required=True, help="a new (or empty) directory to write")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
+    p.add_argument(
+        "--output-dir", default="runs", help="where run directories live (default: runs)"
+    )
+    _config_args(p, reads_run=True)
+
+    p = sub.add_parser(
         "export-data",
         help="write data.task's prompts as verl-format parquet (train.parquet, val.parquet)",
         description="Writes the train and val prompts of the config's data.task (arithmetic by "
@@ -414,6 +433,7 @@ COMMANDS = {
     "report": cmd_report,
     "bench": cmd_bench,
     "export-data": cmd_export_data,
+    "export-model": cmd_export_model,
 }
 
 

@@ -558,6 +558,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from asyncrl.ops.export_model import ExportError, export_model
+
+    cfg = _run_config(args)
+    try:
+        path = export_model(cfg, Path(args.out), args.step)
+    except ExportError as err:
+        print(f"asyncrl export-model: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.out}: {path.name} of run {cfg.run_id} as a Hugging Face checkpoint")
+    return 0
+
+
 def cmd_export_data(args: argparse.Namespace) -> int:
     from pathlib import Path
 
