@@ -6,6 +6,7 @@ Every field has a docstring; ``docs/configuration.md`` is generated from them
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -572,6 +573,13 @@ class RunConfig(Strict):
     launcher: Literal["local", "ray"] = "local"
     """How `asyncrl run` starts the trainer and workers: local processes, or Ray actors."""
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @field_validator("output_dir")
+    @classmethod
+    def _expand_home(cls, path: str) -> str:
+        """``~`` expanded, as in model.path and the data files: ``output_dir=~/runs`` (which the
+        shell leaves alone after ``=``) made a directory named ``~`` in the current one."""
+        return os.path.expanduser(path)
 
     @model_validator(mode="after")
     def _check_partial(self) -> RunConfig:

@@ -135,3 +135,12 @@ def test_a_typo_under_a_section_verl_refuses_names_the_key_meant():
     with pytest.raises(ConfigError) as err:
         load_config(overrides=["actor_rollout_ref.actor.optim.optimizer=SGD"])
     assert "did you mean" not in str(err.value)  # verl's own key: the reason alone
+
+
+def test_output_dir_expands_home(monkeypatch) -> None:
+    """output_dir=~/runs on the command line (the shell leaves ~ alone after =) made a
+    directory named ~ in the current one, where model.path=~/... and the data files expand."""
+    monkeypatch.setenv("HOME", "/home/someone")
+    cfg = load_config(overrides=["output_dir=~/runs", "run_id=r"])
+    assert cfg.output_dir == "/home/someone/runs"
+    assert str(cfg.run_dir) == "/home/someone/runs/r"
