@@ -49,7 +49,7 @@ def _tool_checks(cfg: RunConfig) -> list[Check]:
     from asyncrl.producers.agent.factory import shipped_tools_path
     from asyncrl.producers.tools.registry import ToolConfigError, load_tools
 
-    path = Path(mt.tool_config_path) if mt.tool_config_path else shipped_tools_path()
+    path = Path(mt.tool_config_path).expanduser() if mt.tool_config_path else shipped_tools_path()
     try:
         tools = load_tools(path)
     except ToolConfigError as err:

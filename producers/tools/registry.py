@@ -53,7 +53,7 @@ def _import_class(dotted: str, where: str) -> type[Tool]:
 
 def load_tools(path: str | Path) -> dict[str, Tool]:
     """The tools of a tool config file, by name."""
-    path = Path(path)
+    path = Path(path).expanduser()
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as err:

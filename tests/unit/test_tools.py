@@ -185,3 +185,15 @@ def test_the_executor_runs_a_turns_calls_concurrently_and_answers_bad_ones():
     assert "no tool named 'search' (tools: calculator)" in results[1].text
     assert results[2].text == "error: malformed tool call (not JSON)"
     assert elapsed < 4  # the CPU-bound call did not hold up the others
+
+
+def test_a_tool_config_path_under_home_expands(tmp_path, monkeypatch) -> None:
+    """multi_turn.tool_config_path=~/tools.yaml: "cannot read ~/tools.yaml", where model.path,
+    the data files and the reward file expand ~."""
+    import shutil
+
+    from asyncrl.producers.agent.factory import shipped_tools_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copy(shipped_tools_path(), tmp_path / "tools.yaml")
+    assert set(load_tools("~/tools.yaml")) == {"calculator"}
