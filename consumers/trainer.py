@@ -285,6 +285,22 @@ class Trainer:
             ref_model=self.ref_model,
         )
 
+    def _warn_if_no_reward(self, batch: list[Record[Sample]], metrics: dict[str, float]) -> None:
+        """Say so when the reward failed for every trajectory of the step: it learned nothing,
+        and the progress bar's failure count alone did not tell why (a reward function
+        failing at every call ran a whole run training on nothing)."""
+        trajectories = sum(len(r.value.trajectories) for r in batch)
+        failed = int(metrics.get("reward/failures", 0))
+        if trajectories and failed >= trajectories:
+            first = next(
+                (t.reward_error for r in batch for t in r.value.trajectories if t.reward_error), ""
+            )
+            log.warning(
+                "step %d: the reward failed for all %d trajectories, so the step learned "
+                "nothing (custom_reward_function; the rollout workers' logs have each failure): %s",
+                *(self.step + 1, trajectories, first),
+            )
+
     def _record_step(
         self, batch: list[Record[Sample]], metrics: dict[str, float], checksum_before: str
     ) -> None:
@@ -352,6 +368,7 @@ class Trainer:
             checksum_before = self._start_checksum()  # lets a replay check its start
             t_update = time.monotonic()
             metrics = self.train_step(batch)  # 2
+            self._warn_if_no_reward(batch, metrics)
             t_end = time.monotonic()
             self._checksums.clear()  # the update changed the weights
             self.step += 1

@@ -426,3 +426,30 @@ def test_each_step_trains_at_its_scheduled_learning_rate(tmp_path):
     trainer.close()
     steps = [decode_step(r.value, r.headers) for r in broker.topics[cfg.topic("steps")]]
     assert [s.metrics["actor/lr"] for s in steps] == pytest.approx([0.0, 0.0005, 0.001])
+
+
+def test_a_step_whose_every_reward_failed_says_so(tmp_path, caplog):
+    """A reward function failing at every call: each step learns nothing, and the trainer's
+    log says so with the first failure (the progress bar's count alone did not say why)."""
+    cfg = _cfg(
+        tmp_path, "trainer.total_training_steps=1", "actor_rollout_ref.rollout.num_workers=0"
+    )
+    broker = MemoryBroker()
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
+    for i in range(cfg.actor_rollout_ref.rollout.n):
+        failed = Trajectory(
+            [5, 6, 2],
+            [-0.5, -0.4, -0.3],
+            0.0,
+            reward_error="NameError: name 'sympy' is not defined",
+        )
+        sample = Sample(f"p0-{i}", "p0", 0, [1, 7, 8], "3", [failed])
+        broker.publisher().publish(
+            cfg.topic("samples"), sample.sample_id, encode_sample(sample),
+            headers={SCHEMA_HEADER: SAMPLE_TAG},
+        )  # fmt: skip
+    with caplog.at_level("WARNING", logger="asyncrl.consumers.trainer"):
+        trainer.run()
+    trainer.close()
+    assert "step 1: the reward failed for all 4 trajectories" in caplog.text
+    assert "NameError: name 'sympy' is not defined" in caplog.text
