@@ -147,7 +147,12 @@ def close_to_ours(key: str) -> str | None:
     """asyncrl's own key that ``key`` is very likely a misspelling of (a typo under a section
     whose other keys verl has and asyncrl refuses: ``optim.lrr``), or None."""
     close = difflib.get_close_matches(key, our_leaf_keys(), n=1, cutoff=0.9)
-    return close[0] if close else None
+    if not close:
+        return None
+    # the whole dotted key is alike wherever the sections are: its last part must be too
+    # (verl's fsdp_config.fsdp_size or .seed is no slip of fsdp_config.dtype)
+    leaf, ours = key.rsplit(".", 1)[-1], close[0].rsplit(".", 1)[-1]
+    return close[0] if difflib.SequenceMatcher(None, leaf, ours).ratio() >= 0.75 else None
 
 
 def _nearest(key: str) -> str:

@@ -304,6 +304,17 @@ def test_every_key_of_verls_ppo_trainer_config_is_known() -> None:
     assert not unknown
 
 
+def test_no_key_of_verls_ppo_trainer_config_reads_as_a_typo(empty_config: Path) -> None:
+    """verl's own actor_rollout_ref.actor.fsdp_config.fsdp_size=-1 (and .seed=42) was refused
+    as "no such key: did you mean actor_rollout_ref.actor.fsdp_config.dtype?": the whole dotted
+    keys are alike, their last parts are not."""
+    for key in _lines(FIXTURES / "ppo_trainer_keys.txt"):
+        loaded = load(empty_config, [f"{key}=12345"])
+        assert not [p for p in loaded.problems if "did you mean" in p], key
+    with pytest.raises(ConfigError, match="did you mean actor_rollout_ref.actor.fsdp_config.dtype"):
+        load_config(empty_config, ["actor_rollout_ref.actor.fsdp_config.dtyp=bf16"])
+
+
 def test_dry_run_prints_everything_and_starts_nothing(tmp_path: Path) -> None:
     out = subprocess.run(
         [
