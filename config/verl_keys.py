@@ -60,7 +60,10 @@ REF = (
     "actor.use_kl_loss; it has no settings of its own"
 )
 KL = "used only with a KL penalty in the reward, which asyncrl does not have (actor.use_kl_loss)"
-CRITIC = "GRPO has no critic (verl builds none with adv_estimator=grpo either)"
+CRITIC = (
+    "GRPO has no critic (verl builds none with adv_estimator=grpo either); asyncrl's "
+    "algorithm.adv_estimator is grpo, where verl's default is gae (PPO with this critic)"
+)
 LAYOUT = (
     "resource layout: asyncrl runs one trainer and actor_rollout_ref.rollout.num_workers rollout "
     "workers (placement: ray.* with launcher=ray)"

@@ -39,6 +39,21 @@ def _engine(value: Any, _get: Get) -> Any:
     return value
 
 
+def _estimator(value: Any, _get: Get) -> Any:
+    if isinstance(value, str) and value != "grpo":
+        why = (
+            "PPO with a critic (verl's default estimator), and asyncrl trains no critic"
+            if value == "gae"
+            else "an estimator asyncrl does not compute"
+        )
+        raise Refused(
+            f"{value} is {why}; asyncrl's only estimator is grpo (each answer's reward "
+            "against its group's mean, divided by the group's std unless "
+            "algorithm.norm_adv_by_std_in_grpo=false)"
+        )
+    return value
+
+
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16"}
 """verl's short dtype names (it passes them to its PrecisionType), by torch's name."""
 
@@ -97,6 +112,10 @@ OUR_KEYS: dict[str, tuple[str, Callable[[Any, Get], Any]]] = {
     "actor_rollout_ref.rollout.name": (
         "vllm, sglang, trtllm refused (no such engine yet)",
         _engine,
+    ),
+    "algorithm.adv_estimator": (
+        "gae, rloo, reinforce_plus_plus, ... refused (grpo only)",
+        _estimator,
     ),
     "actor_rollout_ref.rollout.dtype": ("verl's bf16, fp16, fp32 named as torch does", _dtype),
     "actor_rollout_ref.actor.fsdp_config.dtype": (

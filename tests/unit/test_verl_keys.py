@@ -297,6 +297,21 @@ def test_verl_values_of_our_keys_are_translated_or_refused(
     assert cfg.actor_rollout_ref.actor.optim.lr == 3e-4
 
 
+def test_verls_other_advantage_estimators_are_refused_with_a_reason(empty_config: Path) -> None:
+    """verl's PPO scripts (algorithm.adv_estimator=gae) stopped on pydantic's "Input should be
+    'grpo' (got 'gae')", without the key=value as written, nor why."""
+    for value, why in (("gae", "PPO with a critic"), ("rloo", "does not compute")):
+        with pytest.raises(ConfigError) as err:
+            load_config(empty_config, [f"algorithm.adv_estimator={value}"])
+        message = str(err.value)
+        assert (
+            f"algorithm.adv_estimator={value} (command line): not supported by asyncrl: {value} is"
+        ) in message
+        assert why in message and "only estimator is grpo" in message
+        assert "Input should be" not in message
+    assert load_config(empty_config, ["algorithm.adv_estimator=grpo"]).algorithm.adv_estimator
+
+
 def test_every_key_of_verls_ppo_trainer_config_is_known() -> None:
     keys = _lines(FIXTURES / "ppo_trainer_keys.txt")
     assert len(keys) > 500
