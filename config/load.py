@@ -480,8 +480,15 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
             assign(e.key, e.value, order, d, e.text)
             continue
         rule = verl_keys.lookup(e.key)
-        if rule is None and e.value == {}:
+        if (rule is None or rule.kind == "refused") and e.value == {}:
             d.kind, d.why = "ignored", "an empty section sets nothing"
+        elif (
+            rule is not None
+            and rule.kind == "refused"
+            and e.value is None
+            and (e.key in verl_keys.VERL_KEYS or not close_to_ours(e.key))
+        ):  # verl's null: the option unused (data.tokenizer, model.custom_chat_template, ...)
+            d.kind, d.why = "ignored", f"null: not used (another value is refused: {rule.why})"
         elif rule is None:
             d.kind = "unknown"
             problems.append(f"unknown key {e.key} ({e.source}): {_nearest(e.key)}")

@@ -88,7 +88,8 @@ def verl_reference() -> str:
         "",
         "A key `prefix.*` covers its whole section unless a longer entry names the key; a key "
         "ending in `_target_` (Hydra's class to build) is ignored, and so is an empty section "
-        "(`{}`). Hydra's syntax is read: `+key=value` and `++key=value` set a key like "
+        "(`{}`) and a refused key set to `null` (verl's value for an option not used: "
+        "`data.tokenizer`, `actor_rollout_ref.model.custom_chat_template`, ...). Hydra's syntax is read: `+key=value` and `++key=value` set a key like "
         "`key=value`, `~key` removes one; a file's top-level `defaults:` list and `hydra:` "
         "section are ignored (keys the file does not set take asyncrl's defaults, not verl's "
         "`ppo_trainer.yaml`). `${other.key}` interpolations resolve against the merged keys, "

@@ -312,6 +312,28 @@ def test_verls_other_advantage_estimators_are_refused_with_a_reason(empty_config
     assert load_config(empty_config, ["algorithm.adv_estimator=grpo"]).algorithm.adv_estimator
 
 
+def test_verls_null_and_empty_values_of_refused_keys_are_ignored(tmp_path: Path) -> None:
+    """A copy of verl's ppo_trainer.yaml holds data.tokenizer: null, model.custom_chat_template:
+    null, model.override_config: {}, rollout.engine_kwargs.vllm: {}, ...: each was refused as
+    an option asyncrl lacks, though null and {} say the option is not used."""
+    path = tmp_path / "verl.yaml"
+    path.write_text(
+        "data:\n  tokenizer: null\n  custom_cls:\n    path: null\n    name: null\n"
+        "actor_rollout_ref:\n  model:\n    custom_chat_template: null\n    override_config: {}\n"
+        "  rollout:\n    quantization: null\n    engine_kwargs:\n      vllm: {}\n"
+        "trainer:\n  default_local_dir: null\n"
+    )
+    loaded = load(path)
+    assert not loaded.problems
+    assert _counts(loaded.report.decisions)["ignored"] == 8
+    why = {d.key: d.why for d in loaded.report.of("ignored")}
+    assert why["data.tokenizer"].startswith("null: not used (another value is refused: ")
+    with pytest.raises(ConfigError, match="data.tokenizer=/models/tok .*not supported by asyncrl"):
+        load_config(path, ["data.tokenizer=/models/tok"])
+    with pytest.raises(ConfigError, match="did you mean actor_rollout_ref.actor.optim.lr"):
+        load_config(path, ["actor_rollout_ref.actor.optim.lrr=null"])  # a typo: no verl null
+
+
 def test_every_key_of_verls_ppo_trainer_config_is_known() -> None:
     keys = _lines(FIXTURES / "ppo_trainer_keys.txt")
     assert len(keys) > 500
