@@ -42,6 +42,10 @@ FSDP = (
     "FSDP/Megatron sharding, offload and sequence-parallel internals: asyncrl's trainer is one "
     "PyTorch process with the whole model"
 )
+FSDP_SAME = (
+    "how verl's FSDP data parallelism shards and schedules the model over its GPUs: the same "
+    "updates as asyncrl's trainer, one PyTorch process with the whole model"
+)
 ENGINE = (
     "vLLM/SGLang engine setting: asyncrl's rollout engine is its own (actor_rollout_ref.rollout."
     "name: hf, hf_cached, hf_static or sim), with no such knob"
@@ -196,8 +200,19 @@ VERL_KEYS: dict[str, VerlKey] = {
     ),
     "actor_rollout_ref.nccl_timeout": ignored("asyncrl's weight sync has sync.timeout_s"),
     # --- actor -------------------------------------------------------------------------------
-    "actor_rollout_ref.actor.strategy": refused(FSDP),
+    "actor_rollout_ref.actor.strategy": fixed(FSDP_SAME, "fsdp", "fsdp2"),
     "actor_rollout_ref.actor.fsdp_config.*": refused(FSDP),
+    "actor_rollout_ref.actor.fsdp_config.strategy": fixed(FSDP_SAME, "fsdp", "fsdp2"),
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": ignored(FSDP_SAME),
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy.*": ignored(FSDP_SAME),
+    "actor_rollout_ref.actor.fsdp_config.reshard_after_forward": ignored(FSDP_SAME),
+    "actor_rollout_ref.actor.fsdp_config.forward_prefetch": ignored(FSDP_SAME),
+    "actor_rollout_ref.actor.fsdp_config.use_orig_params": ignored(FSDP_SAME),
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": ignored(
+        "a kernel choice: the same results"
+    ),
+    "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking": ignored("memory only"),
+    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": ignored("memory only"),
     "actor_rollout_ref.actor.fsdp_config.model_dtype": fixed(
         "the trainer keeps float32 weights, gradients and AdamW state (it computes in "
         "fsdp_config.dtype)",

@@ -64,8 +64,8 @@ def test_every_override_of_verls_dapo_script_is_classified(empty_config: Path) -
     assert counts == {
         "accepted": 27 + ours,
         "aliased": 4,
-        "ignored": 33,
-        "refused": 19 - ours,
+        "ignored": 35,  # actor.strategy=fsdp2 and fsdp_config.fsdp_size=2 were refused
+        "refused": 17 - ours,
         "unknown": 0,
     }
     with pytest.raises(ConfigError) as err:
@@ -75,7 +75,14 @@ def test_every_override_of_verls_dapo_script_is_classified(empty_config: Path) -
     for d in loaded.report.of("refused"):
         assert f"{d.key}=" in message and "not supported by asyncrl" in message
     assert "actor_rollout_ref.rollout.name=vllm (command line): not supported by asyncrl" in message
-    assert "actor_rollout_ref.actor.strategy=fsdp2 (command line)" in message
+    ignored = {d.key: d.why for d in loaded.report.of("ignored")}
+    for key in (
+        "actor_rollout_ref.actor.strategy",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+    ):
+        assert "the same updates as asyncrl's trainer" in ignored[key]
+    with pytest.raises(ConfigError, match="actor.strategy=megatron .*accepted: fsdp or fsdp2"):
+        load_config(empty_config, ["actor_rollout_ref.actor.strategy=megatron"])
     aliased = {d.key: (d.target, d.result) for d in loaded.report.of("aliased")}
     assert aliased["actor_rollout_ref.actor.grad_clip"] == (
         "actor_rollout_ref.actor.optim.grad_clip",
