@@ -270,6 +270,12 @@ VERL_KEYS: dict[str, VerlKey] = {
         "the reward model's settings: used only with reward_model.enable=true (refused)"
     ),
     "reward_model.reward_kwargs.*": refused(REWARD),
+    "reward_model.overlong_buffer.enable": fixed(
+        "DAPO's overlong penalty (verl's dapo reward manager, older recipe/dapo key): asyncrl's "
+        "reward is custom_reward_function's score as it is; a length penalty goes in that function",
+        False,
+    ),
+    "reward_model.overlong_buffer.*": ignored("used only with reward_model.overlong_buffer.enable"),
     "reward_model.sandbox_fusion.*": ignored(
         "used by verl's code-execution rewards, for dataset files asyncrl does not load"
     ),

@@ -341,6 +341,18 @@ def test_verls_null_and_empty_values_of_refused_keys_are_ignored(tmp_path: Path)
         load_config(path, ["actor_rollout_ref.actor.optim.lrr=null"])  # a typo: no verl null
 
 
+def test_dapos_older_overlong_buffer_key_is_refused_not_ignored(empty_config: Path) -> None:
+    """recipe/dapo's scripts set reward_model.overlong_buffer.enable=True (DAPO's length
+    penalty): it was ignored as "the reward model's settings", so the run trained without it."""
+    buffer = [
+        "reward_model.overlong_buffer.len=4096",
+        "reward_model.overlong_buffer.penalty_factor=1",
+    ]
+    with pytest.raises(ConfigError, match="overlong_buffer.enable=true .*DAPO's overlong penalty"):
+        load_config(empty_config, ["reward_model.overlong_buffer.enable=True", *buffer])
+    load_config(empty_config, ["reward_model.overlong_buffer.enable=False", *buffer])
+
+
 def test_every_key_of_verls_ppo_trainer_config_is_known() -> None:
     keys = _lines(FIXTURES / "ppo_trainer_keys.txt")
     assert len(keys) > 500
