@@ -341,6 +341,27 @@ class ActorRolloutRefConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 
 
+class OverlongBufferConfig(Strict):
+    """DAPO's overlong reward shaping (verl's dapo reward manager, its
+    ``reward_kwargs.overlong_buffer_cfg``): a response longer than max_resp_len - len tokens
+    loses (length - (max_resp_len - len)) / len x penalty_factor of reward, at most
+    penalty_factor at max_resp_len, so the policy learns to finish before the cap instead of
+    being cut there."""
+
+    enable: bool = False
+    """Apply the penalty to every rollout's reward (held-out evaluations score without it)."""
+    len: int = Field(4096, ge=1)
+    """The buffer: the last tokens before max_resp_len over which the penalty grows."""
+    penalty_factor: float = Field(1.0, ge=0, le=1e6)
+    """The penalty at max_resp_len (it grows linearly across the buffer)."""
+    log: bool = False
+    """Log reward/overlong_reward/mean (the penalty) and reward/overlong/mean (the share
+    penalised) per step."""
+    max_resp_len: int | None = Field(None, ge=1)
+    """The length the buffer ends at (verl's reward_kwargs.max_resp_len); None:
+    data.max_response_length."""
+
+
 class AlgorithmConfig(Strict):
     adv_estimator: Literal["grpo"] = "grpo"
     """Advantage estimator: GRPO (group-relative, no critic)."""
@@ -348,6 +369,7 @@ class AlgorithmConfig(Strict):
     """Divide group-relative advantages by the group's std (GRPO) or not (Dr. GRPO)."""
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
 
 
 class AsyncTrainingConfig(Strict):
@@ -580,6 +602,18 @@ class RunConfig(Strict):
         """``~`` expanded, as in model.path and the data files: ``output_dir=~/runs`` (which the
         shell leaves alone after ``=``) made a directory named ``~`` in the current one."""
         return os.path.expanduser(path)
+
+    @model_validator(mode="after")
+    def _check_overlong(self) -> RunConfig:
+        buffer = self.algorithm.overlong_buffer
+        end = buffer.max_resp_len or self.data.max_response_length
+        if buffer.enable and buffer.len >= end:
+            raise ValueError(
+                f"algorithm.overlong_buffer.len={buffer.len} is not below the length it ends "
+                f"at ({end}: algorithm.overlong_buffer.max_resp_len, else "
+                "data.max_response_length): every response would be penalised"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_partial(self) -> RunConfig:

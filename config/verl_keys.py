@@ -63,6 +63,7 @@ REF = (
     "the reference model is the policy the run started from, kept by the trainer for "
     "actor.use_kl_loss; it has no settings of its own"
 )
+OVERLONG = "verl's dapo reward manager's setting: asyncrl applies it to every rollout's reward"
 KL = "used only with a KL penalty in the reward, which asyncrl does not have (actor.use_kl_loss)"
 CRITIC = (
     "GRPO has no critic (verl builds none with adv_estimator=grpo either); asyncrl's "
@@ -270,23 +271,40 @@ VERL_KEYS: dict[str, VerlKey] = {
         "the reward model's settings: used only with reward_model.enable=true (refused)"
     ),
     "reward_model.reward_kwargs.*": refused(REWARD),
-    "reward_model.overlong_buffer.enable": fixed(
-        "DAPO's overlong penalty (verl's dapo reward manager, older recipe/dapo key): asyncrl's "
-        "reward is custom_reward_function's score as it is; a length penalty goes in that function",
-        False,
+    # DAPO's overlong reward shaping: verl's dapo reward manager's, asyncrl's algorithm key
+    **{
+        f"{prefix}.{leaf}": alias(f"algorithm.overlong_buffer.{leaf}", OVERLONG)
+        for prefix in (
+            "reward_model.reward_kwargs.overlong_buffer_cfg",
+            "reward_model.overlong_buffer",
+        )
+        for leaf in ("enable", "len", "penalty_factor", "log")
+    },
+    "reward_model.reward_kwargs.max_resp_len": alias(
+        "algorithm.overlong_buffer.max_resp_len", OVERLONG
     ),
-    "reward_model.overlong_buffer.*": ignored("used only with reward_model.overlong_buffer.enable"),
     "reward_model.sandbox_fusion.*": ignored(
         "used by verl's code-execution rewards, for dataset files asyncrl does not load"
     ),
     "reward_model.enable": fixed(REWARD, False),
-    "reward_model.reward_manager": fixed(REWARD, "naive"),
+    "reward_model.reward_manager": fixed(
+        "asyncrl's reward is its task's rule or custom_reward_function, called as verl's naive "
+        "and dapo managers call compute_score; dapo's overlong penalty is "
+        "algorithm.overlong_buffer",
+        "naive",
+        "dapo",
+    ),
     "reward_model.enable_resource_pool": ignored(LAYOUT),
     "reward_model.n_gpus_per_node": ignored(LAYOUT),
     "reward_model.nnodes": ignored(LAYOUT),
     "reward_model.launch_reward_fn_async": ignored("asyncrl's workers score as they finish"),
     "reward_manager.*": refused(REWARD),
-    "reward_manager.name": fixed(REWARD, "naive"),
+    "reward_manager.name": fixed(
+        "asyncrl's reward is called as verl's naive and dapo managers call compute_score; "
+        "dapo's overlong penalty is algorithm.overlong_buffer",
+        "naive",
+        "dapo",
+    ),
     "reward_manager.source": fixed(REWARD, "register"),
     "reward_manager.module.*": ignored("used only with reward_manager.source=importlib"),
     # --- rollout -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from asyncrl.config.sections import OverlongBufferConfig
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.reward import Reward, RewardCall, Scored
 from asyncrl.schemas.prompt import PromptRecord
@@ -15,12 +16,30 @@ from asyncrl.schemas.prompt import PromptRecord
 log = logging.getLogger(__name__)
 
 
+def overlong_penalty(length: int, buffer: OverlongBufferConfig, max_resp_len: int) -> float:
+    """DAPO's overlong reward shaping (verl's dapo reward manager): 0 up to ``max_resp_len -
+    buffer.len`` response tokens, then falling linearly to ``-penalty_factor`` at
+    ``max_resp_len``."""
+    expected = max_resp_len - buffer.len
+    return min(-(length - expected) / buffer.len * buffer.penalty_factor, 0.0)
+
+
 class TrajectoryScorer:
-    def __init__(self, reward: Reward, tokenizer: Any, worker_id: int) -> None:
+    def __init__(
+        self,
+        reward: Reward,
+        tokenizer: Any,
+        worker_id: int,
+        overlong: OverlongBufferConfig | None = None,
+        max_resp_len: int = 0,
+    ) -> None:
         self.reward = reward
         self.tokenizer = tokenizer
         self.worker_id = worker_id
         self.failures = 0
+        self.overlong = overlong if overlong is not None and overlong.enable else None
+        """DAPO's overlong penalty, added to each reward that did not fail (None: off)."""
+        self.max_resp_len = max_resp_len
 
     def __call__(self, prompt: PromptRecord, state: AgentState, request_id: str) -> Scored:
         scored = self.reward(
@@ -33,6 +52,12 @@ class TrajectoryScorer:
                 num_turns=1 + max(state.num_turns, 1),  # verl counts the prompt
             )
         )
+        if self.overlong is not None and not scored.failed:
+            length = self.overlong.max_resp_len or self.max_resp_len
+            penalty = overlong_penalty(len(state.response_ids), self.overlong, length)
+            scored.score += penalty
+            if self.overlong.log:
+                scored.extra.update(overlong_reward=penalty, overlong=float(penalty < 0))
         if scored.failed:
             self.failures += 1
             n = self.failures

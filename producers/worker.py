@@ -112,7 +112,13 @@ class RolloutWorker:
         )
         self.runner = make_runner(cfg, self.tokenizer, self.engine)
         """Every trajectory runs as an agent (one turn unless multi_turn.enable)."""
-        self.score = TrajectoryScorer(make_reward(cfg), self.tokenizer, worker_id)
+        self.score = TrajectoryScorer(
+            make_reward(cfg),
+            self.tokenizer,
+            worker_id,
+            overlong=cfg.algorithm.overlong_buffer,
+            max_resp_len=cfg.data.max_response_length,
+        )
         """Scores each finished trajectory (the task's rule, or custom_reward_function)."""
         if io is None:
             if bootstrap is None:

@@ -63,9 +63,9 @@ def test_every_override_of_verls_dapo_script_is_classified(empty_config: Path) -
     # ignored at auto), clip_ratio_*, kl_loss_*, entropy_coeff, optim.lr_warmup_steps: asyncrl's
     assert counts == {
         "accepted": 27 + ours,
-        "aliased": 4,
-        "ignored": 35,  # actor.strategy=fsdp2 and fsdp_config.fsdp_size=2 were refused
-        "refused": 17 - ours,
+        "aliased": 9,  # DAPO's overlong_buffer_cfg.* and max_resp_len: algorithm.overlong_buffer
+        "ignored": 36,  # actor.strategy=fsdp2, fsdp_config.fsdp_size=2, reward_manager=dapo
+        "refused": 11 - ours,
         "unknown": 0,
     }
     with pytest.raises(ConfigError) as err:
@@ -341,16 +341,19 @@ def test_verls_null_and_empty_values_of_refused_keys_are_ignored(tmp_path: Path)
         load_config(path, ["actor_rollout_ref.actor.optim.lrr=null"])  # a typo: no verl null
 
 
-def test_dapos_older_overlong_buffer_key_is_refused_not_ignored(empty_config: Path) -> None:
+def test_dapos_overlong_buffer_keys_reach_the_reward_shaping(empty_config: Path) -> None:
     """recipe/dapo's scripts set reward_model.overlong_buffer.enable=True (DAPO's length
-    penalty): it was ignored as "the reward model's settings", so the run trained without it."""
+    penalty): it was ignored as "the reward model's settings", so the run trained without it;
+    it is algorithm.overlong_buffer now (producers/scoring.py applies it)."""
     buffer = [
+        "data.max_response_length=8192",
         "reward_model.overlong_buffer.len=4096",
         "reward_model.overlong_buffer.penalty_factor=1",
     ]
-    with pytest.raises(ConfigError, match="overlong_buffer.enable=true .*DAPO's overlong penalty"):
-        load_config(empty_config, ["reward_model.overlong_buffer.enable=True", *buffer])
-    load_config(empty_config, ["reward_model.overlong_buffer.enable=False", *buffer])
+    cfg = load_config(empty_config, ["reward_model.overlong_buffer.enable=True", *buffer])
+    assert cfg.algorithm.overlong_buffer.enable and cfg.algorithm.overlong_buffer.len == 4096
+    cfg = load_config(empty_config, ["reward_model.overlong_buffer.enable=False", *buffer])
+    assert not cfg.algorithm.overlong_buffer.enable
 
 
 def test_every_key_of_verls_ppo_trainer_config_is_known() -> None:
