@@ -262,8 +262,16 @@ class ValKwargsConfig(Strict):
     """verl's ``actor_rollout_ref.rollout.val_kwargs``: how validation decodes."""
 
     do_sample: bool = False
-    """Sample at rollout.temperature (seeded by trainer.seed, so reruns agree) instead of
-    greedy decoding: val accuracy then measures what the policy does when it rolls out."""
+    """Sample (seeded by trainer.seed, so reruns agree) instead of greedy decoding: val
+    accuracy then measures what the policy does when it rolls out."""
+    temperature: float | None = Field(None, ge=0, le=1e6)
+    """A sampled validation's temperature (verl's key); None: rollout.temperature; 0 (verl's
+    default): greedy, as vLLM decodes at 0."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """A sampled validation keeps the most likely tokens whose probability reaches this
+    (nucleus sampling, verl's key; DAPO validates at 0.7); 1: all."""
+    top_k: int = Field(-1, ge=-1)
+    """A sampled validation keeps the k most likely tokens (verl's key); -1 or 0: all."""
 
 
 class MultiTurnConfig(Strict):

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 from asyncrl.config.verl_rules import (
     VerlKey,
-    _same,
     _total_steps,
     _versions_to_steps,
     alias,
     fixed,
     ignored,
     refused,
-    when_sampling,
 )
 
 TOTAL = "trainer.total_training_steps"
@@ -341,17 +339,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.rollout.ignore_eos": fixed("generation stops at EOS", False),
     "actor_rollout_ref.rollout.over_sample_rate": fixed("no over-sampling", 0),
     "actor_rollout_ref.rollout.skip_rollout": fixed("asyncrl always generates", False),
-    "actor_rollout_ref.rollout.val_kwargs.temperature": when_sampling(
-        "a sampled validation (val_kwargs.do_sample) uses rollout.temperature",
-        lambda v, get: _same(v, get("actor_rollout_ref.rollout.temperature")),
-        "the value of actor_rollout_ref.rollout.temperature",
-    ),
-    "actor_rollout_ref.rollout.val_kwargs.top_p": when_sampling(
-        "validation samples without top-p", lambda v, _get: _same(v, 1), "1"
-    ),
-    "actor_rollout_ref.rollout.val_kwargs.top_k": when_sampling(
-        "validation samples without top-k", lambda v, _get: v in (-1, 0), "-1 or 0"
-    ),
     "actor_rollout_ref.rollout.val_kwargs.n": fixed("one validation answer per prompt", 1),
     "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": ignored(
         "asyncrl runs a turn's tool calls all at once"

@@ -59,15 +59,6 @@ def fixed(why: str, *values: Any) -> VerlKey:
     )
 
 
-def when_sampling(why: str, ok: Callable[[Any, Get], bool], ok_text: str) -> VerlKey:
-    """A validation sampling setting: moot with greedy validation (val_kwargs.do_sample=false)."""
-
-    def check(value: Any, get: Get) -> bool:
-        return get("actor_rollout_ref.rollout.val_kwargs.do_sample") is False or ok(value, get)
-
-    return VerlKey("fixed", why, ok=check, ok_text=f"{ok_text}, or val_kwargs.do_sample=false")
-
-
 def _show(value: Any) -> str:
     if value is None:
         return "null"

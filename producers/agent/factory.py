@@ -66,17 +66,19 @@ def _eval_runner(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
     from asyncrl.models.policy import eos_token_ids
 
     rollout = cfg.actor_rollout_ref.rollout
+    val = rollout.val_kwargs
     engine = eval_engine(rollout.name)(
         model,
         tokenizer,
-        rollout.temperature,
+        val.temperature or rollout.temperature,  # 0: greedy (below)
         eos_token_ids(model, tokenizer),
         tokenizer.pad_token_id,
         seed=cfg.trainer.seed,
+        top_p=val.top_p,
+        top_k=val.top_k,
     )
-    return make_runner(
-        cfg, tokenizer, engine, greedy=not rollout.val_kwargs.do_sample, wait_for_tools=True
-    )
+    greedy = not val.do_sample or val.temperature == 0
+    return make_runner(cfg, tokenizer, engine, greedy=greedy, wait_for_tools=True)
 
 
 def evaluate_agent(

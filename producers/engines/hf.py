@@ -38,6 +38,23 @@ def left_pad(
     return ids.to(device), mask.to(device), pos.to(device)
 
 
+def filtered_probs(probs: torch.Tensor, top_p: float = 1.0, top_k: int = -1) -> torch.Tensor:
+    """``probs`` ``[B, V]`` with the tokens outside the ``top_k`` most likely (k <= 0: all)
+    and outside the nucleus (the most likely tokens whose mass reaches ``top_p``, the one
+    crossing it included) zeroed, as vLLM filters; unchanged when both are off."""
+    if top_p >= 1.0 and top_k <= 0:
+        return probs
+    ordered, order = probs.sort(dim=-1, descending=True)
+    keep = torch.ones_like(ordered, dtype=torch.bool)
+    if top_k > 0:
+        keep[:, top_k:] = False
+    if top_p < 1.0:
+        before = ordered.cumsum(-1) - ordered  # the mass of the more likely tokens
+        keep &= before < top_p
+    kept = torch.zeros_like(probs).scatter(-1, order, ordered * keep)
+    return kept
+
+
 class HFEngine(StepwiseEngine):
     """Stepwise sampler over a causal LM (see :class:`asyncrl.producers.engines.base.Engine`)."""
 
@@ -50,9 +67,15 @@ class HFEngine(StepwiseEngine):
         pad_token_id: int,
         seed: int = 0,
         emulated_decode_latency_s: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
     ) -> None:
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use GenRequest.greedy for argmax)")
+        self.top_p, self.top_k = top_p, top_k
+        """Nucleus and top-k filtering of the sampled tokens (a validation's val_kwargs; 1.0
+        and -1: off). Rollouts for training sample the whole distribution, whose logprobs the
+        trainer recomputes."""
         super().__init__(model, eos_token_id)
         self.tokenizer = tokenizer
         self.temperature = float(temperature)
@@ -84,7 +107,8 @@ class HFEngine(StepwiseEngine):
             time.sleep(self.emulated_decode_latency_s)
         # On the logits' device: a GPU sends back two numbers per row, not [B, vocab] floats.
         logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-        sampled = torch.multinomial(logp.exp(), 1, generator=self._generator(logp.device))
+        probs = filtered_probs(logp.exp(), self.top_p, self.top_k)
+        sampled = torch.multinomial(probs, 1, generator=self._generator(logp.device))
         greedy = torch.tensor([a.req.greedy for a in actives], device=logp.device)
         chosen = torch.where(greedy, logp.argmax(-1), sampled.squeeze(-1))
         chosen_logp = logp.gather(-1, chosen[:, None]).squeeze(-1)
