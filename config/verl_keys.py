@@ -61,6 +61,10 @@ REF = (
     "the reference model is the policy the run started from, kept by the trainer for "
     "actor.use_kl_loss; it has no settings of its own"
 )
+ENGINE_SPEED = (
+    "a vLLM/SGLang memory or scheduling knob: it changes how fast, not what is generated, and "
+    "asyncrl's engines (actor_rollout_ref.rollout.name) have no such knob"
+)
 OVERLONG = "verl's dapo reward manager's setting: asyncrl applies it to every rollout's reward"
 KL = "used only with a KL penalty in the reward, which asyncrl does not have (actor.use_kl_loss)"
 CRITIC = (
@@ -307,6 +311,24 @@ VERL_KEYS: dict[str, VerlKey] = {
     "reward_manager.module.*": ignored("used only with reward_manager.source=importlib"),
     # --- rollout -----------------------------------------------------------------------------
     "actor_rollout_ref.rollout.*": refused(ENGINE),
+    # vLLM/SGLang memory and scheduling knobs: how fast, never what is generated
+    **{
+        f"actor_rollout_ref.rollout.{knob}": ignored(ENGINE_SPEED)
+        for knob in (
+            "gpu_memory_utilization",
+            "cudagraph_capture_sizes",
+            "free_cache_engine",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "enable_chunked_prefill",
+            "enable_prefix_caching",
+            "scheduling_policy",
+            "load_format",
+            "multi_stage_wake_up",
+            "layered_summon",
+            "skip_tokenizer_init",
+        )
+    },
     "actor_rollout_ref.rollout.mode": ignored(
         "asyncrl's workers always generate as servers of their own (verl's async mode)"
     ),

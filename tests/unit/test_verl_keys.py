@@ -65,8 +65,10 @@ def test_every_override_of_verls_dapo_script_is_classified(empty_config: Path) -
     assert counts == {
         "accepted": 30 + ours,
         "aliased": 9,  # DAPO's overlong_buffer_cfg.* and max_resp_len: algorithm.overlong_buffer
-        "ignored": 34,  # actor.strategy=fsdp2, fsdp_config.fsdp_size=2, reward_manager=dapo
-        "refused": 10 - ours,
+        # ignored: actor.strategy=fsdp2, fsdp_config.fsdp_size=2, reward_manager=dapo, and the
+        # vLLM knobs gpu_memory_utilization, enable_chunked_prefill, max_num_batched_tokens
+        "ignored": 37,
+        "refused": 7 - ours,
         "unknown": 0,
     }
     with pytest.raises(ConfigError) as err:
@@ -472,3 +474,21 @@ def test_cuda_without_cuda_fails_at_start_up_naming_the_key(
     monkeypatch.setattr(launcher, "ensure_broker", no_broker)
     with pytest.raises(ConfigError, match="trainer.device"):
         launcher.run(cfg)
+
+
+def test_vllm_memory_and_scheduling_knobs_are_ignored_not_refused(
+    empty_config: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """verl's quickstart sets rollout.gpu_memory_utilization=0.4, its only key asyncrl refused:
+    such knobs change how fast an engine generates, never what, so they load with a warning."""
+    knobs = [
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=True",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=10240",
+        "actor_rollout_ref.rollout.free_cache_engine=True",
+    ]
+    with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
+        load_config(empty_config, knobs)
+    assert "ignored actor_rollout_ref.rollout.gpu_memory_utilization=0.4" in caplog.text
+    with pytest.raises(ConfigError, match="rollout.quantization=fp8"):  # this one changes what
+        load_config(empty_config, ["actor_rollout_ref.rollout.quantization=fp8"])
