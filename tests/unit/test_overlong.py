@@ -57,12 +57,9 @@ def test_a_rollouts_reward_takes_the_penalty_and_logs_it():
     assert failed.score == 0.0  # a failed reward stays a failure, not a penalised 0
 
 
-def test_verls_dapo_keys_load(tmp_path):
-    empty = tmp_path / "run.yaml"
-    empty.write_text("{}\n")
+def test_verls_dapo_keys_load():
     cfg = load_config(
-        empty,
-        [
+        overrides=[
             "data.max_response_length=64",
             "reward_model.reward_manager=dapo",
             "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
@@ -75,8 +72,8 @@ def test_verls_dapo_keys_load(tmp_path):
     buffer = cfg.algorithm.overlong_buffer
     assert buffer.enable and buffer.len == 16 and buffer.max_resp_len == 64
     older = load_config(
-        empty, ["reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=4"]
+        overrides=["reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=4"]
     )
     assert older.algorithm.overlong_buffer.enable and older.algorithm.overlong_buffer.len == 4
     with pytest.raises(ConfigError, match="overlong_buffer.len=4096 is not below"):
-        load_config(empty, ["algorithm.overlong_buffer.enable=true"])  # 4096 >= the demo's 6
+        load_config(overrides=["algorithm.overlong_buffer.enable=true"])  # 4096 >= the demo's 6

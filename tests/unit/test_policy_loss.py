@@ -4,7 +4,6 @@ worked out by hand on two tokens with old log-probs 0, so each token's ratio is 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -72,13 +71,10 @@ def test_dual_clip_leaves_a_positive_advantage_alone():
     assert metrics["pg_clipfrac_lower"] == 0.0
 
 
-def test_verls_clip_keys_load_and_reach_the_loss(tmp_path: Path):
+def test_verls_clip_keys_load_and_reach_the_loss():
     """DAPO's clip-higher, as verl's scripts write it; clip_ratio sets a side left unset."""
-    empty = tmp_path / "run.yaml"
-    empty.write_text("{}\n")
     actor = load_config(
-        empty,
-        [
+        overrides=[
             "actor_rollout_ref.actor.clip_ratio_low=0.2",
             "actor_rollout_ref.actor.clip_ratio_high=0.28",
             "actor_rollout_ref.actor.clip_ratio_c=10.0",
@@ -86,20 +82,22 @@ def test_verls_clip_keys_load_and_reach_the_loss(tmp_path: Path):
     ).actor_rollout_ref.actor
     assert actor.clip_range == (0.2, 0.28) and actor.clip_ratio_c == 10.0
     actor = load_config(
-        empty,
-        ["actor_rollout_ref.actor.clip_ratio=0.3", "actor_rollout_ref.actor.clip_ratio_high=0.4"],
+        overrides=[
+            "actor_rollout_ref.actor.clip_ratio=0.3",
+            "actor_rollout_ref.actor.clip_ratio_high=0.4",
+        ],
     ).actor_rollout_ref.actor
     assert actor.clip_range == (0.3, 0.4)
-    default = load_config(empty).actor_rollout_ref.actor
+    default = load_config().actor_rollout_ref.actor
     assert default.clip_range == (0.2, 0.2) and default.clip_ratio_c == 3.0  # verl's defaults
     assert (
         load_config(
-            empty, ["actor_rollout_ref.actor.clip_ratio_c=null"]
+            overrides=["actor_rollout_ref.actor.clip_ratio_c=null"]
         ).actor_rollout_ref.actor.clip_ratio_c
         is None
     )
     with pytest.raises(ConfigError, match="actor_rollout_ref.actor.clip_ratio_c"):
-        load_config(empty, ["actor_rollout_ref.actor.clip_ratio_c=1.0"])  # verl: must be > 1
+        load_config(overrides=["actor_rollout_ref.actor.clip_ratio_c=1.0"])  # verl: must be > 1
 
 
 X = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0], [5.0, 5.0, 5.0]], dtype=torch.float64)
@@ -131,12 +129,9 @@ def test_seq_mean_token_sum_norm_divides_by_the_padded_width_without_a_scale():
     assert aggregate(X, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(6 / 3)
 
 
-def test_the_loss_scale_factor_loads(tmp_path: Path):
-    empty = tmp_path / "run.yaml"
-    empty.write_text("{}\n")
+def test_the_loss_scale_factor_loads():
     actor = load_config(
-        empty,
-        [
+        overrides=[
             "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
             "actor_rollout_ref.actor.loss_scale_factor=512",
         ],

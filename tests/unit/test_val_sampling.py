@@ -3,8 +3,6 @@ validates at top_p 0.7): the filter against values worked out by hand, then on a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -44,12 +42,10 @@ def test_sampling_with_top_k_1_is_greedy(engine):
     assert run(False) != greedy  # plain sampling from a random model differs
 
 
-def test_verls_val_kwargs_load(tmp_path: Path):
-    empty = tmp_path / "run.yaml"
-    empty.write_text("{}\n")
+def test_verls_val_kwargs_load():
     key = "actor_rollout_ref.rollout.val_kwargs"
     val = load_config(
-        empty, [f"{key}.do_sample=true", f"{key}.top_p=0.7", f"{key}.temperature=1.0"]
+        overrides=[f"{key}.do_sample=true", f"{key}.top_p=0.7", f"{key}.temperature=1.0"]
     ).actor_rollout_ref.rollout.val_kwargs
     assert (val.top_p, val.top_k, val.temperature) == (0.7, -1, 1.0)
     defaults = [
@@ -58,4 +54,4 @@ def test_verls_val_kwargs_load(tmp_path: Path):
         f"{key}.top_p=1.0",
         f"{key}.do_sample=false",
     ]
-    assert load_config(empty, defaults).actor_rollout_ref.rollout.val_kwargs.temperature == 0
+    assert load_config(overrides=defaults).actor_rollout_ref.rollout.val_kwargs.temperature == 0
