@@ -114,6 +114,10 @@ class ModelConfig(Strict):
     model (the fields below), warm-started on data.task."""
     trust_remote_code: bool = False
     """Let transformers run the model's own code from actor_rollout_ref.model.path."""
+    override_config: dict[str, int | float | bool | str] = Field(default_factory=dict)
+    """Values set over the checkpoint's config.json when the trainer and the workers load it
+    (verl's key: DAPO's max_position_embeddings=32768 for long responses, dropouts 0...);
+    only with path (the built-in model has its own keys)."""
     hidden_size: int = Field(128, ge=8)
     """Width of the demo Qwen2 model built locally (no hub download)."""
     num_hidden_layers: int = Field(2, ge=1)
@@ -132,6 +136,16 @@ class ModelConfig(Strict):
                 f"{', '.join(str(h) for h in _head_counts(hidden))}"
             )
         return heads
+
+    @field_validator("override_config")
+    @classmethod
+    def _needs_a_checkpoint(cls, values: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if values and info.data.get("path") is None:
+            raise ValueError(
+                "applies to the checkpoint of actor_rollout_ref.model.path, which is unset (the "
+                "built-in model takes hidden_size, num_hidden_layers, ... instead)"
+            )
+        return values
 
     intermediate_size: int = Field(256, ge=8)
     """MLP width of the demo model."""

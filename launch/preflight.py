@@ -242,7 +242,7 @@ def _model_length(cfg: RunConfig) -> list[Check]:
     path = cfg.actor_rollout_ref.model.path
     if path is None or check_model_path(cfg) is not None:
         return []
-    declared = max_positions(path)
+    declared = max_positions(path, cfg.actor_rollout_ref.model.override_config)
     if declared is None:
         return []
     name, limit = declared
@@ -257,7 +257,8 @@ def _model_length(cfg: RunConfig) -> list[Check]:
             False,
             f"data.max_prompt_length + data.max_response_length = {data.max_prompt_length} + "
             f"{data.max_response_length} = {longest} tokens, more than the model takes "
-            f"({name}={limit} in {path}/config.json): shorten them",
+            f"({name}={limit} in {path}/config.json or actor_rollout_ref.model.override_config)"
+            ": shorten them",
         )
     ]
 

@@ -112,9 +112,13 @@ POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length"
 """config.json's names for the longest sequence a model takes (Qwen2/Llama, GPT-2, ...)."""
 
 
-def max_positions(path: str) -> tuple[str, int] | None:
+def max_positions(path: str, override: dict[str, Any] | None = None) -> tuple[str, int] | None:
     """``(key, value)``: the longest sequence the checkpoint at ``path`` declares in its
-    config.json (its text model's, for a config that nests one), or None if it says none."""
+    config.json (its text model's, for a config that nests one), or None if it says none;
+    a value ``override`` (``model.override_config``) sets over it first."""
+    for key in POSITION_KEYS:
+        if isinstance((override or {}).get(key), int):
+            return key, int((override or {})[key])
     return _declared(path, POSITION_KEYS)
 
 
@@ -196,16 +200,18 @@ def load_policy(
             model.to(dtype)
         return model, with_tiny_template(tokenizer)
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     path = _checked_path(cfg)
     tokenizer = _hf_tokenizer(cfg, path)
+    remote = cfg.actor_rollout_ref.model.trust_remote_code
+    config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+    for key, value in cfg.actor_rollout_ref.model.override_config.items():
+        setattr(config, key, value)  # verl's update_model_config
     model = AutoModelForCausalLM.from_pretrained(
-        path,
-        dtype=dtype or torch.float32,
-        trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+        path, config=config, dtype=dtype or torch.float32, trust_remote_code=remote
     )
     model.config.use_cache = False  # the trainer and hf keep no cache (hf_cached asks for one)
     return model.eval(), tokenizer

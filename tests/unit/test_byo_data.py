@@ -488,3 +488,32 @@ def test_a_prompt_token_the_model_does_not_embed_stops_the_run(tmp_path: Path) -
         rf"the model's vocab_size={len(tok) - 1} ",
     ):
         load_split(mine, "train", load_tokenizer(mine))
+
+
+def test_override_config_reaches_the_loaded_model_and_the_length_check(tmp_path: Path) -> None:
+    """verl's actor_rollout_ref.model.override_config (DAPO: max_position_embeddings=32768 over
+    the checkpoint's 4096, for 20K-token responses) was refused; it now sets values over
+    config.json where the trainer and workers load the model, and the start-up length check
+    reads it."""
+    cfg = load_config(overrides=SMALL_MODEL)
+    tok = _tiny_tokenizer()
+    build_model(cfg.actor_rollout_ref.model, len(tok), seed=0, positions=64).save_pretrained(
+        tmp_path / "ckpt"
+    )
+    tok.save_pretrained(tmp_path / "ckpt")
+    path = f"actor_rollout_ref.model.path={tmp_path / 'ckpt'}"
+    lengths = ["data.max_prompt_length=48", "data.max_response_length=80"]
+    with pytest.raises(ConfigError, match="max_position_embeddings=64"):
+        check_startable(load_config(overrides=[path, *lengths]), "rollout")
+    override = [
+        "+actor_rollout_ref.model.override_config.max_position_embeddings=256",
+        "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
+    ]
+    mine = load_config(overrides=[path, *lengths, *override])
+    check_startable(mine, "rollout")
+    model, _ = load_policy(mine)
+    assert model.config.max_position_embeddings == 256
+    with pytest.raises(ConfigError, match="override_config.*actor_rollout_ref.model.path"):
+        load_config(
+            overrides=["+actor_rollout_ref.model.override_config.max_position_embeddings=8"]
+        )
