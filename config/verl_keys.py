@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from asyncrl.config.verl_rules import (
     VerlKey,
+    _local_dir,
     _total_steps,
     _versions_to_steps,
     alias,
@@ -417,7 +418,12 @@ VERL_KEYS: dict[str, VerlKey] = {
     "trainer.val_only": fixed("asyncrl always trains", False),
     "trainer.critic_warmup": fixed(CRITIC, 0),
     "trainer.resume_from_path": fixed(CKPT, None),
-    "trainer.default_local_dir": refused(CKPT),
+    "trainer.default_local_dir": alias(
+        "output_dir",
+        "verl's run directory: asyncrl's run is output_dir/run_id, so this is output_dir, or "
+        "its parent where its last part is the run_id",
+        _local_dir,
+    ),
     "trainer.default_hdfs_dir": fixed(CKPT, None),
     "trainer.del_local_ckpt_after_load": fixed(CKPT, False),
     "trainer.max_actor_ckpt_to_keep": ignored("asyncrl's is trainer.keep_checkpoints"),

@@ -110,3 +110,15 @@ def _versions_to_steps(value: Any, get: Get) -> int:
     if int(value) <= 0:
         return 0
     return int(value) * int(get("async_training.trigger_parameter_sync_step"))
+
+
+def _local_dir(value: Any, get: Get) -> Any:
+    """verl's trainer.default_local_dir (checkpoints/<project>/<experiment>) as asyncrl's
+    output_dir: its parent where its last part is the run_id (the run is then that very
+    directory), else itself (the run is run_id under it)."""
+    if value is None:
+        return get("output_dir")
+    from pathlib import PurePath
+
+    path = PurePath(str(value))
+    return str(path.parent) if path.name == get("run_id") else str(path)

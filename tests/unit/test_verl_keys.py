@@ -64,11 +64,13 @@ def test_every_override_of_verls_dapo_script_is_classified(empty_config: Path) -
     # rollout.val_kwargs.temperature, top_p, top_k: asyncrl's
     assert counts == {
         "accepted": 30 + ours,
-        "aliased": 9,  # DAPO's overlong_buffer_cfg.* and max_resp_len: algorithm.overlong_buffer
+        # aliased: DAPO's overlong_buffer_cfg.* and max_resp_len (algorithm.overlong_buffer),
+        # trainer.default_local_dir (output_dir, refused unless its last part is the run_id)
+        "aliased": 10,
         # ignored: actor.strategy=fsdp2, fsdp_config.fsdp_size=2, reward_manager=dapo, and the
         # vLLM knobs gpu_memory_utilization, enable_chunked_prefill, max_num_batched_tokens
         "ignored": 37,
-        "refused": 7 - ours,
+        "refused": 6 - ours,
         "unknown": 0,
     }
     with pytest.raises(ConfigError) as err:
@@ -101,6 +103,7 @@ def test_the_dapo_script_loads_once_its_refused_keys_are_dropped(empty_config: P
     refused = {d.key for d in loaded.report.of("refused")}
     kept = [o for o in _lines(DAPO) if o.lstrip("+").partition("=")[0] not in refused]
     cfg = load_config(empty_config, kept)
+    assert cfg.output_dir.startswith("/home/user/verl/ckpts/DAPO/")  # default_local_dir
     assert cfg.trainer.save_freq == 0  # verl's -1 (never)
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
     assert cfg.actor_rollout_ref.actor.clip_range == (0.2, 0.28)  # DAPO's clip-higher
@@ -335,7 +338,8 @@ def test_verls_null_and_empty_values_of_refused_keys_are_ignored(tmp_path: Path)
     )
     loaded = load(path)
     assert not loaded.problems
-    assert _counts(loaded.report.decisions)["ignored"] == 7  # override_config is asyncrl's
+    # override_config is asyncrl's, default_local_dir an alias of output_dir (null: as it is)
+    assert _counts(loaded.report.decisions)["ignored"] == 6
     why = {d.key: d.why for d in loaded.report.of("ignored")}
     assert why["data.tokenizer"].startswith("null: not used (another value is refused: ")
     with pytest.raises(ConfigError, match="data.tokenizer=/models/tok .*not supported by asyncrl"):
@@ -492,3 +496,13 @@ def test_vllm_memory_and_scheduling_knobs_are_ignored_not_refused(
     assert "ignored actor_rollout_ref.rollout.gpu_memory_utilization=0.4" in caplog.text
     with pytest.raises(ConfigError, match="rollout.quantization=fp8"):  # this one changes what
         load_config(empty_config, ["actor_rollout_ref.rollout.quantization=fp8"])
+
+
+def test_verls_checkpoint_directory_names_the_run_directory(empty_config: Path) -> None:
+    """trainer.default_local_dir (checkpoints/<project>/<experiment>) was refused outright; it
+    is output_dir, or its parent where its last part is the run_id."""
+    key = "trainer.default_local_dir"
+    cfg = load_config(empty_config, [f"{key}=/ckpts/DAPO/exp1", "run_id=exp1"])
+    assert (cfg.output_dir, cfg.run_dir) == ("/ckpts/DAPO", Path("/ckpts/DAPO/exp1"))
+    cfg = load_config(empty_config, [f"{key}=/ckpts/DAPO/exp-1.5b"])
+    assert cfg.run_dir == Path("/ckpts/DAPO/exp-1.5b/demo")
