@@ -27,6 +27,8 @@ class TrainerEvaluation:
         self.freq = cfg.trainer.test_freq if on_trainer else 0
         self.tool_use: float | None = None
         """The agent loop's tool-use rate at the latest evaluation (multi_turn only)."""
+        self.per_source: dict[str, float] = {}
+        """With data.val_files: each data source's mean reward at the latest evaluation."""
 
     def measure(self, model: torch.nn.Module) -> float:
         """Held-out accuracy (the agent loop with its tools when multi_turn is on; its
@@ -38,6 +40,7 @@ class TrainerEvaluation:
         model.train()
         self.tool_use = measured.get("tool_use", self.tool_use)
         self.history["val/accuracy"] = measured["accuracy"]
+        self.per_source = {k: v for k, v in measured.items() if k.startswith("val-core/")}
         if self.tool_use is not None:
             self.history["val/tool_use"] = self.tool_use
         return measured["accuracy"]
@@ -61,4 +64,5 @@ class TrainerEvaluation:
         accuracy = metrics["val/accuracy"] = self.measure(model)
         if self.tool_use is not None:
             metrics["val/tool_use"] = self.tool_use
+        metrics.update(self.per_source)
         return accuracy

@@ -139,7 +139,9 @@ def evaluate_rows(
 ) -> dict[str, float]:
     """Held-out figures on dataset rows (``asyncrl.tasks.files.DataRow``): ``accuracy`` is the
     mean reward (the task's rule or custom_reward_function; a reward failure counts 0 and is
-    logged), greedy or sampled as :func:`evaluate_agent`; ``tool_use`` with the agent loop."""
+    logged), greedy or sampled as :func:`evaluate_agent`, and
+    ``val-core/<data_source>/reward/mean@1`` that of each data source's rows (verl's name);
+    ``tool_use`` with the agent loop."""
     from asyncrl.models.policy import encode_prompt
     from asyncrl.producers.reward import RewardCall
     from asyncrl.tasks import calculator
@@ -148,6 +150,7 @@ def evaluate_rows(
     reward = _eval_reward(cfg.model_dump_json())
     total = used = 0.0
     failures: list[str] = []
+    by_source: dict[str, list[float]] = {}
     try:
         for start in range(0, len(rows), batch_size):
             chunk = {str(start + i): r for i, r in enumerate(rows[start : start + batch_size])}
@@ -172,6 +175,7 @@ def evaluate_rows(
                     if scored.failed:
                         failures.append(f"{row.prompt_id}: {scored.error}")
                     total += scored.score
+                    by_source.setdefault(row.data_source, []).append(scored.score)
                     used += calculator.used_tool(state.messages)
     finally:
         runner.close()
@@ -183,6 +187,8 @@ def evaluate_rows(
         )
     n = max(len(rows), 1)
     out = {"accuracy": total / n}
+    for source, scores in sorted(by_source.items()):  # verl's names, one answer per prompt
+        out[f"val-core/{source}/reward/mean@1"] = sum(scores) / len(scores)
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         out["tool_use"] = used / n
     return out

@@ -517,3 +517,28 @@ def test_override_config_reaches_the_loaded_model_and_the_length_check(tmp_path:
         load_config(
             overrides=["+actor_rollout_ref.model.override_config.max_position_embeddings=8"]
         )
+
+
+def test_held_out_figures_per_data_source_under_verls_names(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    """A val set mixing data sources (AIME beside MATH, say) reported only their overall mean;
+    each source's now comes as verl's val-core/<data_source>/reward/mean@1."""
+    import dataclasses
+
+    from asyncrl.producers.agent.factory import evaluate_rows
+
+    reward = tmp_path / "by_source.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return 1.0 if data_source == 'other' else 0.25\n"
+    )
+    cfg = _files(exported, *SMALL_MODEL, f"custom_reward_function.path={reward}")
+    rows = read_rows([str(exported["val"])], "prompt", "data.val_files")
+    rows = [dataclasses.replace(r, data_source="other") if i < 4 else r for i, r in enumerate(rows)]
+    tok = _tiny_tokenizer()
+    model = build_model(cfg.actor_rollout_ref.model, len(tok), seed=0).eval()
+    measured = evaluate_rows(cfg, model, tok, rows)
+    assert measured["val-core/other/reward/mean@1"] == 1.0
+    assert measured["val-core/arithmetic/reward/mean@1"] == 0.25
+    assert measured["accuracy"] == pytest.approx((4 * 1.0 + 6 * 0.25) / 10)
