@@ -23,7 +23,7 @@ METRICS_FILE = "warm_start.json"
 """Written last into a cache entry: its presence marks the entry complete."""
 
 NOT_IN_CACHE_KEY = {
-    "model": {"cache_dir", "path", "trust_remote_code"},
+    "model": {"cache_dir", "path", "trust_remote_code", "override_config"},  # path's alone
     # Response length caps generation only, not the warm start (answers are <= 4 tokens),
     # so benchmarks with long modelled responses reuse the demo's policy. Dataset files feed
     # RL only (the warm start is on data.task's problems).

@@ -542,3 +542,19 @@ def test_held_out_figures_per_data_source_under_verls_names(
     assert measured["val-core/other/reward/mean@1"] == 1.0
     assert measured["val-core/arithmetic/reward/mean@1"] == 0.25
     assert measured["accuracy"] == pytest.approx((4 * 1.0 + 6 * 0.25) / 10)
+
+
+def test_settings_of_a_checkpoint_leave_the_built_in_policys_cache_key_alone() -> None:
+    """The cache key of the warm-started demo policy hashes the model section: a new field
+    that applies only to model.path checkpoints (override_config) changed every key, and each
+    user's next run warm-started the demo policy again (~45 s)."""
+    from asyncrl.models.cache import cache_key
+
+    path = "actor_rollout_ref.model.path=/models/mine"
+    override = "+actor_rollout_ref.model.override_config.max_position_embeddings=8192"
+    keys = {
+        cache_key(load_config()),
+        cache_key(load_config(overrides=[path])),
+        cache_key(load_config(overrides=[path, override])),
+    }
+    assert len(keys) == 1
