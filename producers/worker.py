@@ -151,9 +151,9 @@ class RolloutWorker:
         their slots came back as they were published, so they are not stale at a sync."""
         self.filters = cfg.filters_groups
         self.stopping = False
+        """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
         self.displaced: str | None = None
         """Why this worker stopped for another process with its id (``WorkerDisplaced``)."""
-        """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
         self.shadow: ShadowWeights | None = None
         """The in-flight update's second buffer (async_training.in_flight_update), once joined."""
 
@@ -410,15 +410,13 @@ class RolloutWorker:
             self.in_flight[sid].trace.end(
                 "run finished first" if finished else "handed back to the log"
             )
-        reason = (
-            "run finished"
-            if finished
-            else "stopped"
-            if self.stopping
-            else "displaced"
-            if self.displaced
-            else "error"
-        )
+        reason = "error"
+        if finished:
+            reason = "run finished"
+        elif self.stopping:
+            reason = "stopped"
+        elif self.displaced:
+            reason = "displaced"
         self.follower.left(
             reason, self.produced, dropped=sorted(self.in_flight) if finished else []
         )
