@@ -134,7 +134,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     # --- policy, data, engine, agent loop, optimiser -----------------------------------------
     model, tok = load_policy(cfg)
     model.to(device)
-    ref_model = reference_policy(cfg, device)  # actor.use_kl_loss: the first policy, frozen
+    ref_model = reference_policy(cfg, device, start=model)  # actor.use_kl_loss: frozen
     train, val = splits(cfg.data)
     prompts = prompt_stream(train, cfg.trainer.seed)
     # The engine rollout.name names (auto: hf_static on a GPU, hf_cached on a CPU), as the

@@ -92,7 +92,8 @@ class Trainer:
         self.model.to(self.device).train()
         from asyncrl.consumers.update import reference_policy
 
-        self.ref_model = reference_policy(cfg, self.device)  # actor.use_kl_loss: the first policy
+        # actor.use_kl_loss: the first policy, copied before a checkpoint is loaded over it
+        self.ref_model = reference_policy(cfg, self.device, start=self.model)
         if self.device.type == "cuda":  # a worker on this GPU copies them in one piece
             flatten_parameters(self.model)
         optim = cfg.actor_rollout_ref.actor.optim

@@ -14,6 +14,7 @@ from asyncrl.config import RunConfig
 from asyncrl.consumers.decoupled import mask_stale, proximal_correction, stale_token_metrics
 from asyncrl.consumers.grpo import (
     Batch,
+    MicroBatch,
     aggregate,
     aggregate_norm,
     build_batch,
@@ -58,7 +59,7 @@ def policy_step(
     actor = cfg.actor_rollout_ref.actor
     temperature = cfg.actor_rollout_ref.rollout.temperature
     micro = micro_batches(batch, *actor.micro_batching)
-    old = prox if prox is not None else old_logprobs(model, batch, cfg)
+    old = prox if prox is not None else old_logprobs(model, batch, cfg, micro)
     ref = None
     if actor.use_kl_loss:
         if ref_model is None:
@@ -68,13 +69,13 @@ def policy_step(
     mask = batch.response_mask
     scale = actor.loss_scale_factor or cfg.data.max_response_length
     norms = (aggregate_norm(mask, actor.loss_agg_mode, scale), mask.sum().clamp(min=1))
+    bonus = actor.entropy_coeff != 0  # the entropy then carries its gradient
     optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, float] = {}
     for index, b in micro:
         width = b.response_mask.shape[1]
         args = (b.input_ids, b.attention_mask, b.position_ids, b.response_mask)
         with autocast(cfg, model):
-            bonus = actor.entropy_coeff != 0
             logprobs, entropy = token_logprobs_and_entropy(model, *args, temperature, bonus)
             loss, part = policy_loss(
                 logprobs,
@@ -108,12 +109,15 @@ def policy_step(
     return metrics
 
 
-def old_logprobs(model: torch.nn.Module, batch: Batch, cfg: RunConfig) -> torch.Tensor:
+def old_logprobs(
+    model: torch.nn.Module, batch: Batch, cfg: RunConfig, micro: list[MicroBatch] | None = None
+) -> torch.Tensor:
     """The old policy's log-probs of a mini-batch: the rollout's (``use_rollout_log_probs``),
-    or the model's now, before its update."""
+    or the model's now, before its update (in ``micro``, its micro-batches, if split already)."""
     if cfg.async_training.use_rollout_log_probs:
         return batch.old_logprobs
-    micro = micro_batches(batch, *cfg.actor_rollout_ref.actor.micro_batching)
+    if micro is None:
+        micro = micro_batches(batch, *cfg.actor_rollout_ref.actor.micro_batching)
     with torch.no_grad(), autocast(cfg, model):
         return micro_logprobs(model, batch, micro, cfg.actor_rollout_ref.rollout.temperature)
 
@@ -174,9 +178,9 @@ def grpo_update(
     masked_more = stale or (correction is not None and correction.rejects)
     totals: dict[str, float] = {}
     n_mini = 0
+    # With ppo_epochs > 1: each mini-batch's old log-probs as its first pass had them, so the
+    # later passes clip against the same policy (verl computes them once per step).
     olds: dict[int, torch.Tensor] = {}
-    """With ppo_epochs > 1: each mini-batch's old log-probs as its first pass had them, so the
-    later passes clip against the same policy (verl computes them once per step)."""
     for epoch in range(actor.ppo_epochs):
         for i, batch in enumerate(batches):
             prox = weights = None
@@ -206,14 +210,22 @@ def grpo_update(
     return metrics
 
 
-def reference_policy(cfg: RunConfig, device: torch.device) -> torch.nn.Module | None:
+def reference_policy(
+    cfg: RunConfig, device: torch.device, start: torch.nn.Module | None = None
+) -> torch.nn.Module | None:
     """The frozen policy the run started from, for ``actor.use_kl_loss`` (None without it):
+    a copy of ``start``, the starting policy just loaded (not loaded a second time), else
     loaded as the trainer's own first weights are, so a resumed trainer gets the same one."""
     if not cfg.actor_rollout_ref.actor.use_kl_loss:
         return None
-    from asyncrl.models.warm_start import load_policy
+    if start is not None:
+        import copy
 
-    ref, _ = load_policy(cfg)
+        ref = copy.deepcopy(start)
+    else:
+        from asyncrl.models.warm_start import load_policy
+
+        ref, _ = load_policy(cfg)
     ref.to(device).eval().requires_grad_(False)
     return ref
 
