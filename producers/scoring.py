@@ -39,7 +39,8 @@ class TrajectoryScorer:
         self.failures = 0
         self.overlong = overlong if overlong is not None and overlong.enable else None
         """DAPO's overlong penalty, added to each reward that did not fail (None: off)."""
-        self.max_resp_len = max_resp_len
+        self.overlong_end = (overlong and overlong.max_resp_len) or max_resp_len
+        """The length the penalty's buffer ends at."""
 
     def __call__(self, prompt: PromptRecord, state: AgentState, request_id: str) -> Scored:
         scored = self.reward(
@@ -53,8 +54,7 @@ class TrajectoryScorer:
             )
         )
         if self.overlong is not None and not scored.failed:
-            length = self.overlong.max_resp_len or self.max_resp_len
-            penalty = overlong_penalty(len(state.response_ids), self.overlong, length)
+            penalty = overlong_penalty(len(state.response_ids), self.overlong, self.overlong_end)
             scored.score += penalty
             if self.overlong.log:
                 scored.extra.update(overlong_reward=penalty, overlong=float(penalty < 0))

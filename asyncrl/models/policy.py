@@ -117,8 +117,8 @@ def max_positions(path: str, override: dict[str, Any] | None = None) -> tuple[st
     config.json (its text model's, for a config that nests one), or None if it says none;
     a value ``override`` (``model.override_config``) sets over it first."""
     for key in POSITION_KEYS:
-        if isinstance((override or {}).get(key), int):
-            return key, int((override or {})[key])
+        if isinstance(value := (override or {}).get(key), int):
+            return key, value
     return _declared(path, POSITION_KEYS)
 
 
