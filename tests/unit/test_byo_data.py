@@ -360,17 +360,21 @@ def test_every_eos_of_the_generation_config_ends_a_response(tmp_path: Path, engi
     assert greedy(loaded) == [first], "the generation config's second eos ends the response"
 
 
+def _short_checkpoint(tmp_path: Path) -> str:
+    """A tiny checkpoint that takes 64 positions, as the override naming it."""
+    cfg = load_config(overrides=SMALL_MODEL)
+    tok = _tiny_tokenizer()
+    model = build_model(cfg.actor_rollout_ref.model, len(tok), seed=0, positions=64)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    return f"actor_rollout_ref.model.path={tmp_path / 'ckpt'}"
+
+
 def test_a_prompt_and_response_longer_than_the_model_takes_stop_the_run(tmp_path: Path) -> None:
     """data.max_prompt_length + data.max_response_length past the checkpoint's positions
     (config.json's max_position_embeddings, n_positions for GPT-2): a model with learned
     positions failed the trainer and the workers with IndexError, 3 restarts, then the run."""
-    cfg = load_config(overrides=SMALL_MODEL)
-    tok = _tiny_tokenizer()
-    build_model(cfg.actor_rollout_ref.model, len(tok), seed=0, positions=64).save_pretrained(
-        tmp_path / "ckpt"
-    )
-    tok.save_pretrained(tmp_path / "ckpt")
-    path = f"actor_rollout_ref.model.path={tmp_path / 'ckpt'}"
+    path = _short_checkpoint(tmp_path)
     fits = load_config(overrides=[path, "data.max_prompt_length=48", "data.max_response_length=16"])
     check_startable(fits, "rollout")
     long = load_config(overrides=[path, "data.max_prompt_length=48", "data.max_response_length=17"])
@@ -495,13 +499,7 @@ def test_override_config_reaches_the_loaded_model_and_the_length_check(tmp_path:
     the checkpoint's 4096, for 20K-token responses) was refused; it now sets values over
     config.json where the trainer and workers load the model, and the start-up length check
     reads it."""
-    cfg = load_config(overrides=SMALL_MODEL)
-    tok = _tiny_tokenizer()
-    build_model(cfg.actor_rollout_ref.model, len(tok), seed=0, positions=64).save_pretrained(
-        tmp_path / "ckpt"
-    )
-    tok.save_pretrained(tmp_path / "ckpt")
-    path = f"actor_rollout_ref.model.path={tmp_path / 'ckpt'}"
+    path = _short_checkpoint(tmp_path)
     lengths = ["data.max_prompt_length=48", "data.max_response_length=80"]
     with pytest.raises(ConfigError, match="max_position_embeddings=64"):
         check_startable(load_config(overrides=[path, *lengths]), "rollout")
