@@ -240,6 +240,9 @@ class Archiver:
                     break
                 if self._stop.is_set() and draining_until is None:
                     draining_until = time.monotonic() + 30
+                    # The groups' final offsets, read before the ends the drain reaches: a
+                    # read still pending from before the roles ended would save old ones.
+                    self._read_groups()
                     ends = self._ends(consumer, assignment)
                 if draining_until is not None:
                     behind = [k for k, high in ends.items() if self._file(*k).next_offset < high]
@@ -306,23 +309,27 @@ class Archiver:
         for f in self.files.values():
             f.sync()
         if groups and self._pending_groups is None:
-            from asyncrl.kafka import consumer_config, read_watermarks
-
-            try:
-                if self._group_offsets is None:
-                    self._group_offsets = GroupOffsets(self.cfg, self.bootstrap)
-                offsets = self._group_offsets.read()
-                topic = self.cfg.topic("samples")
-                conf = consumer_config(self.cfg.kafka, self.bootstrap, None)
-                ends = {(topic, p): high for p, (_l, high) in read_watermarks(conf, topic).items()}
-                self._pending_groups = (offsets, ends)
-            except Exception as err:  # the broker is away: the last saved offsets stand
-                log.warning("log archive: group offsets not read: %s", err)
+            self._read_groups()
         if self._pending_groups is not None:
             offsets, ends = self._pending_groups
             if all(self._file(*k).next_offset >= high for k, high in ends.items()):
                 write_group_offsets(self.directory, offsets)
                 self._pending_groups = None
+
+    def _read_groups(self) -> None:
+        """Read the groups' offsets, then the samples' ends: saved once archived to them."""
+        from asyncrl.kafka import consumer_config, read_watermarks
+
+        try:
+            if self._group_offsets is None:
+                self._group_offsets = GroupOffsets(self.cfg, self.bootstrap)
+            offsets = self._group_offsets.read()
+            topic = self.cfg.topic("samples")
+            conf = consumer_config(self.cfg.kafka, self.bootstrap, None)
+            ends = {(topic, p): high for p, (_l, high) in read_watermarks(conf, topic).items()}
+            self._pending_groups = (offsets, ends)
+        except Exception as err:  # the broker is away: the last saved offsets stand
+            log.warning("log archive: group offsets not read: %s", err)
 
     def stop(self, drain: bool = True) -> None:
         """Drain to the broker's end (unless ``drain`` is False: the broker is gone), flush to
