@@ -180,10 +180,14 @@ def _die_with(launcher: int) -> None:
     threading.Thread(target=wait, name="die-with-launcher", daemon=True).start()
 
 
-def _role_main(argv: list[str], log_path: str, env: dict[str, str], launcher: int) -> None:
-    """A role's process, as ``python -m asyncrl <argv>`` with its output to ``log_path``."""
+def _role_main(
+    argv: list[str], log_path: str, env: dict[str, str], launcher: int, interrupt: bool
+) -> None:
+    """A role's process, as ``python -m asyncrl <argv>`` with its output to ``log_path``.
+    ``interrupt``: whether the launcher takes SIGINT, as a role it exec'd would inherit."""
     _die_with(launcher)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it
+    if interrupt:  # the server ignores it
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # The server exits once every holder of its "alive" pipe has closed it; multiprocessing
     # hands each child a copy (so the server outlives its children). Without ours, the
     # server exits when the launcher does, even by SIGKILL, and this child with it.
@@ -253,10 +257,13 @@ def spawn_role(argv: list[str], log_path: Path) -> tuple[RoleProcess, Path]:
     ``log_path``; it dies with this process."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start_role_server()  # SIGINT ignored in the server (a no-op once it runs)
+    # A launcher started with SIGINT ignored (`asyncrl run &` from a script, nohup) keeps its
+    # roles so: a SIGINT to the group once stopped the workers alone, and the run went on.
+    interrupt = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
     ctx = _context()
     process = ctx.Process(
         target=_role_main,
-        args=(argv, str(log_path), child_env(), os.getpid()),
+        args=(argv, str(log_path), child_env(), os.getpid(), interrupt),
         name=argv[0] if argv else "asyncrl",
     )
     process.start()

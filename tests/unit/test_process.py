@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -141,3 +142,36 @@ def test_ctrl_c_while_the_role_server_imports_is_ignored_there_not_in_its_roles(
         launcher.kill()
         _, err = launcher.communicate(timeout=60)
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
+
+
+def test_a_launcher_that_ignores_sigint_starts_roles_that_ignore_it(tmp_path):
+    """``asyncrl run &`` from a script starts with SIGINT ignored (so does a nohup'd run),
+    as a role exec'd from it would be; a forked role took it back, and a SIGINT to the group
+    stopped the workers while the launcher and the trainer went on."""
+    log = tmp_path / "broker.log"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\n"
+            "from pathlib import Path\n"
+            "from asyncrl.launch.process import spawn_role\n"
+            f"proc, _ = spawn_role(['broker'], Path({str(log)!r}))\n"
+            "print(proc.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert launcher.stdout is not None
+        role = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "127.0.0.1" in log.read_text()):  # the role runs
+            assert time.monotonic() < deadline and _alive(role), "the role never started"
+            time.sleep(0.1)
+        assert _ignores_sigint(launcher.pid) and _ignores_sigint(role)
+    finally:
+        launcher.kill()
+        launcher.wait(60)
