@@ -263,7 +263,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         trainer.stop("Ctrl-C")
 
-    signal.signal(signal.SIGINT, interrupted)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # kept so: `asyncrl run &`
+        signal.signal(signal.SIGINT, interrupted)
     try:
         summary = trainer.run()
     except TrainerStopped as stopped:
@@ -298,19 +299,36 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from asyncrl.producers.worker import RolloutWorker
 
     worker = RolloutWorker(cfg, args.worker_id, bootstrap)
+    stopped_by: list[str] = []
+
+    def stop(how: str) -> None:
+        stopped_by.append(how)
+        worker.stop()
+
     # SIGTERM (docker stop, Ray, kill): leave cleanly; unfinished prompts go back to the group.
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    signal.signal(signal.SIGTERM, lambda *_: stop("SIGTERM"))
 
     def interrupted(*_: object) -> None:
         """Ctrl-C: leave as SIGTERM does (WorkerStopped said 'error'); a second one at once."""
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        worker.stop()
+        stop("Ctrl-C")
 
-    signal.signal(signal.SIGINT, interrupted)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # kept so: `asyncrl run &`
+        signal.signal(signal.SIGINT, interrupted)
     produced = worker.run()
     if worker.displaced:
         print(f"asyncrl rollout: worker {args.worker_id}: {worker.displaced}", file=sys.stderr)
         return 1
+    if stopped_by and not worker.follower.finished:
+        # Not 0, which says the run finished: `asyncrl run` restarted no worker that exited
+        # 0, and a run whose only worker was stopped waited for samples until it failed.
+        logging.getLogger("asyncrl.rollout").warning(
+            "worker %d stopped (%s) with the run still open; its unfinished prompts went back "
+            "to the group",
+            args.worker_id,
+            stopped_by[0],
+        )
+        return 130 if stopped_by[0] == "Ctrl-C" else 143  # the shell's codes for both
     before = worker.produced_before
     logging.getLogger("asyncrl.rollout").info(
         "worker %d produced %d samples%s",

@@ -441,6 +441,8 @@ def _follow(
     from asyncrl.schemas.step import decode_step
 
     restarts: dict[str, int] = {}
+    left: set[str] = set()
+    """Workers told to stop (exit 143 or 130): they left the run, and are not restarted."""
     trainer_log = procs["trainer"][1]
     reader = Reader(cfg.kafka, bootstrap, decode_step, background=True)
     reader.assign(cfg.topic("steps"))
@@ -465,9 +467,19 @@ def _follow(
                     # A worker exits 0 only after the trainer's RunFinished, which the trainer
                     # publishes before it writes its summary and exits: not a failure.
                     rc = proc.poll()
-                    if rc in (None, 0):
+                    if rc in (None, 0) or name in left:
                         continue
                     is_trainer = name == "trainer"
+                    if not is_trainer and rc in _TOLD_TO_STOP:  # `kill PID`: scaled down
+                        left.add(name)
+                        _say_left(name, rc, procs, cfg, config_path, console)
+                        continue
+                    if is_trainer and _workers_left(procs) == [] and left:
+                        raise RunFailed(
+                            "no rollout worker is left to generate (stopped: "
+                            f"{', '.join(sorted(left))}), so the trainer was not restarted; "
+                            + _failure_report(name, rc, log_path)
+                        )
                     max_restarts = (
                         cfg.trainer.max_restarts
                         if is_trainer
@@ -510,6 +522,36 @@ def _follow(
     resumed = any(earlier.values()) or bool(restarts.get("trainer"))
     _print_summary(summary, console, trainer_log, resumed=resumed)
     return summary
+
+
+_TOLD_TO_STOP = {143: "SIGTERM", 130: "Ctrl-C"}
+"""A worker's exit codes when a signal stopped it with the run still open (0: it finished)."""
+
+
+def _workers_left(procs: dict[str, tuple[_Process, Path]]) -> list[str]:
+    return [n for n, (p, _) in procs.items() if n != "trainer" and p.poll() is None]
+
+
+def _say_left(
+    name: str,
+    rc: int,
+    procs: dict[str, tuple[_Process, Path]],
+    cfg: RunConfig,
+    config_path: Path,
+    console: Console,
+) -> None:
+    """A worker stopped by a signal left the run as docs/cluster.md says; with none left,
+    the trainer can only wait for one started by hand."""
+    said = f"[yellow]{name} was stopped ({_TOLD_TO_STOP[rc]}) and left the run; not restarted"
+    remaining = _workers_left(procs)
+    if remaining:
+        console.log(f"{said}; {len(remaining)} rollout worker(s) go on")
+        return
+    console.log(
+        f"{said}. No rollout worker is left: the trainer waits up to sync.timeout_s="
+        f"{cfg.sync.timeout_s:g} s for one started by hand (`asyncrl rollout --config "
+        f"{config_path} --worker-id {name.removeprefix('rollout-')}`), then the run fails[/]"
+    )
 
 
 def _read_summary(cfg: RunConfig) -> dict[str, Any]:

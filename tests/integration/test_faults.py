@@ -472,6 +472,43 @@ def test_a_worker_stopped_past_its_session_timeout_costs_time_not_the_run(
     )
 
 
+def _terminate_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) -> None:
+    """SIGTERM process ``name`` (``kill PID``) once the steps topic shows ``at_step``."""
+    if _wait_for_step(cfg, at_step):
+        out["stopped_at"] = time.time()
+        os.kill(pids[name], signal.SIGTERM)
+
+
+def test_a_run_whose_last_worker_is_told_to_stop_says_so_and_fails_once(make_run_cfg, quick_policy):
+    """``kill -TERM`` of a worker removes it from the run (docs/cluster.md); it exits 143. It
+    exited 0, which says the run finished, so with the last worker gone nothing said why the
+    trainer then waited for samples for sync.timeout_s, and it was restarted to wait again,
+    ``trainer.max_restarts`` times (20 minutes by default) before the run failed."""
+    from asyncrl.launch.launcher import RunFailed
+
+    cfg = make_run_cfg(
+        *SMALL, *quick_policy, "trainer.total_training_steps=40", "sync.timeout_s=10"
+    )
+    pids: dict[str, int] = {}
+    stopped: dict = {}
+    thread = threading.Thread(target=_terminate_when, args=(cfg, pids, "rollout-0", 3, stopped))
+    thread.start()
+    out = io.StringIO()
+    try:
+        with pytest.raises(RunFailed, match="no rollout worker is left to generate"):
+            run(cfg, Console(file=out, width=300), on_spawn=pids.__setitem__)
+    finally:
+        thread.join(30)
+    assert stopped, "the worker was never stopped"
+    said = out.getvalue()
+    assert "rollout-0 was stopped (SIGTERM) and left the run; not restarted" in said
+    assert "No rollout worker is left" in said and "--worker-id 0" in said
+    assert "restarting" not in said
+    worker_log = (cfg.run_dir / "logs" / "rollout-0.log").read_text()
+    assert "stopped (SIGTERM) with the run still open" in worker_log
+    check_log_invariants(cfg)
+
+
 def _start_a_second_worker_0(cfg, pids: dict[str, int], at_step: int, out: dict) -> None:
     """At ``at_step``, a user starts ``asyncrl rollout --worker-id 0`` beside the run's own
     worker 0 (a copy-pasted command, a compose service scaled with a fixed id)."""
