@@ -215,7 +215,7 @@ def _need_bootstrap(cfg, role: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from asyncrl.launch.launcher import run
+    from asyncrl.launch.launcher import Terminated, run, stop_on_sigterm
 
     if args.launcher:
         args.overrides = [*args.overrides, f"launcher={args.launcher}"]
@@ -223,7 +223,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         from asyncrl.launch.preflight import dry_run
 
         return dry_run(args.config, args.overrides)
-    summary = run(_load(args))
+    cfg = _load(args)
+    stop_on_sigterm()
+    try:
+        summary = run(cfg)
+    except KeyboardInterrupt as stopped:  # the run stopped in order; the same command resumes
+        return 143 if isinstance(stopped, Terminated) else 130  # the shell's codes for both
     return 0 if summary else 1
 
 

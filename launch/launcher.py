@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,54 @@ class _Process(Protocol):
     def kill(self) -> None: ...
 
     def terminate(self) -> None: ...
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the launcher (``kill PID``, a supervisor), raised where it stands as a
+    Ctrl-C is, for the same orderly stop (``stop_on_sigterm``)."""
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop ``run`` as Ctrl-C does: by default it ended the launcher at once,
+    and its trainer with it, mid-step (the next launch trained those steps again)."""
+
+    def terminated(*_: object) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
+STOP_GRACE_S = 120.0
+"""How long a stopped run waits for its trainer to end its step and checkpoint it."""
+
+
+def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console: Console) -> None:
+    """Stop the roles as their own SIGTERM asks: the trainer between two steps, with a
+    checkpoint of the last one (the next launch trains no step twice), the workers handing
+    back what they hold. They were SIGKILLed at once: the trainer's checkpoint was cut short,
+    and a run stopped at step 16 with ``save_freq=10`` trained steps 11-16 again. A second
+    Ctrl-C (or SIGTERM) during the wait kills them at once (the caller's ``finally``)."""
+    from asyncrl.consumers.checkpoint import latest_checkpoint
+
+    alive = {name: proc for name, (proc, _) in procs.items() if proc.poll() is None}
+    if not alive:
+        return
+    console.log(
+        "[yellow]stopping: the trainer ends its step and checkpoints it, the workers hand back "
+        "their work (Ctrl-C again stops at once)"
+    )
+    for proc in alive.values():
+        proc.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for name, proc in alive.items():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            console.log(f"[red]{name} did not stop within {STOP_GRACE_S:g} s: killed")
+            proc.kill()
+    latest = latest_checkpoint(cfg.run_dir)
+    where = f"from step {int(latest.name.removeprefix('step_'))}" if latest else "from its start"
+    console.log(f"stopped: run the same command again to resume the run {where}")
 
 
 class BrokerDied(RunFailed):
@@ -361,6 +410,9 @@ def _launch(
         summary = _follow(resolved, bootstrap, procs, console, config_path, start, broker)
         _wait_workers(procs, timeout_s=30)
         return summary
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`Terminated`): stop in order, then go
+        _stop_roles(cfg, procs, console)
+        raise
     finally:
         for proc, _ in procs.values():
             if proc.poll() is None:

@@ -283,6 +283,76 @@ def test_a_sigkilled_asyncrl_run_leaves_an_archive_that_audits_clean(make_run_cf
     assert main(["audit", cfg.run_id, *where]) == 0
 
 
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_asyncrl_run_stopped_checkpoints_its_last_step_and_resumes_without_training_twice(
+    make_run_cfg, quick_policy, how
+):
+    """Ctrl-C at the terminal (SIGINT to the whole group) or ``kill PID`` (SIGTERM to the
+    launcher alone). The launcher SIGKILLed its trainer at once (SIGTERM: it died itself),
+    cutting the trainer's own orderly stop short: the next launch trained every step since the
+    last ``save_freq`` checkpoint again (6 void steps of 16 seen). Now the trainer ends its
+    step and checkpoints it, and the launcher exits 130 or 143."""
+    import subprocess
+
+    from asyncrl.config import dump_config
+    from asyncrl.consumers.checkpoint import latest_checkpoint
+    from asyncrl.launch.log_archive import offline_broker
+
+    steps = 40
+    cfg = make_run_cfg(
+        *quick_policy,
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=100",  # only the stop's checkpoint
+        "trainer.test_freq=0",
+        create_topics=False,
+    )
+    cfg.kafka.bootstrap_servers = None  # the embedded broker, as `make run` uses it
+    config = cfg.run_dir.parent / f"{cfg.run_id}.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, config)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "asyncrl", "run", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group, as a terminal's foreground job
+        env={**os.environ, "COLUMNS": "300"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert _wait_for_step_in_metrics(cfg, 6, launcher), "the run never reached step 6"
+        if how == "ctrl-c":
+            os.killpg(launcher.pid, signal.SIGINT)
+        else:
+            os.kill(launcher.pid, signal.SIGTERM)
+        out, _ = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == (130 if how == "ctrl-c" else 143), out[-3000:]
+    assert "Traceback" not in out
+    latest = latest_checkpoint(cfg.run_dir)
+    assert latest is not None, "no checkpoint was written on the stop"
+    stopped_at = int(latest.name.removeprefix("step_"))
+    assert stopped_at >= 6 and f"resume the run from step {stopped_at}" in out
+
+    summary = run(cfg, Console(file=io.StringIO(), width=200))  # the same command again
+    assert summary["step"] == steps
+    with offline_broker(cfg) as bootstrap:  # the run's archived log
+        cfg.kafka.bootstrap_servers = bootstrap
+        info = check_log_invariants(cfg)
+    assert info["steps_void"] == 0  # no step trained twice
+
+
+def _wait_for_step_in_metrics(cfg, step: int, proc) -> bool:
+    metrics = cfg.run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and f'"step": {step},' in metrics.read_text():
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def _bad_records(topic_name: str) -> list[tuple[bytes, dict[str, str]]]:
     """Garbage, a truncated record and a wrongly tagged one, for ``topic_name``."""
     from asyncrl.schemas import SCHEMA_HEADER
