@@ -69,14 +69,37 @@ def _offset(text: str) -> int:
     return value
 
 
+class _HelpKeys(argparse.Action):
+    """``--help-keys [PREFIX]``: the full key list, which --help leaves out, then exit."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+        from asyncrl.ops.config_docs import config_help
+
+        try:
+            text = config_help(prefix=str(values or ""))
+        except ValueError as err:
+            parser.error(str(err))
+        sys.stdout.write(text)
+        parser.exit()
+
+
 def _config_args(p: argparse.ArgumentParser, reads_run: bool = False) -> None:
-    """--config and overrides; the subcommand's --help ends with every config key (from the
-    config models' docstrings, as docs/configuration.md). ``reads_run``: a command that reads
-    a finished or running run, whose saved config is the default."""
+    """--config and overrides; the subcommand's --help ends with the common config keys and
+    --help-keys lists every one (from the config models' docstrings, as
+    docs/configuration.md). ``reads_run``: a command that reads a finished or running run,
+    whose saved config is the default."""
     from asyncrl.ops.config_docs import config_help
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = (p.epilog + "\n\n" if p.epilog else "") + config_help()
+    p.add_argument(
+        "--help-keys",
+        nargs="?",
+        const="",
+        metavar="PREFIX",
+        action=_HelpKeys,
+        help="list every config key (or those under PREFIX, e.g. kafka) and exit",
+    )
     default = (
         "the run's saved OUTPUT_DIR/RUN_ID/config.yaml, which names its broker; else the demo's"
         if reads_run

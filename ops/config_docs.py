@@ -163,18 +163,59 @@ def config_reference() -> str:
     return "\n".join(lines) + "\n" + verl_reference()
 
 
-def config_help(width: int = 100) -> str:
-    """The config keys with their types, defaults and docstrings, for ``--help``."""
+COMMON_KEYS = (
+    "run_id",
+    "output_dir",
+    "kafka.bootstrap_servers",
+    "data.task",
+    "data.train_files",
+    "data.val_files",
+    "actor_rollout_ref.model.path",
+    "custom_reward_function.path",
+    "trainer.total_training_steps",
+    "trainer.device",
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "actor_rollout_ref.actor.optim.lr",
+    "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.name",
+    "actor_rollout_ref.rollout.num_workers",
+    "async_training.staleness_threshold",
+    "async_training.trigger_parameter_sync_step",
+    "async_training.partial_rollout",
+)
+"""The keys a subcommand's --help shows; ``--help-keys`` lists all of them (158 once: a
+481-line --help buried the dozen a first run sets)."""
+
+
+def config_help(width: int = 100, prefix: str | None = None) -> str:
+    """Config keys with their types, defaults and docstrings, for the help: the common ones
+    (``prefix`` None), or every key under ``prefix`` ("" for all). ValueError: none there."""
     import textwrap
 
+    rows = _rows(RunConfig, "")
+    if prefix is None:
+        chosen = [r for r in rows if r[0] in COMMON_KEYS]
+        title = [
+            f"common config keys ({len(chosen)} of {len(rows)}: `--help-keys` lists every one,",
+            "`--help-keys kafka` those under kafka; docs/configuration.md has them as a table).",
+        ]
+    else:
+        chosen = [r for r in rows if not prefix or r[0] == prefix or r[0].startswith(f"{prefix}.")]
+        if not chosen:
+            sections = sorted({r[0].split(".")[0] for r in rows})
+            raise ValueError(
+                f"no config key is or starts with {prefix!r}; sections: {', '.join(sections)}"
+            )
+        title = [f"config keys{f' under {prefix}' if prefix else ''} ({len(chosen)})."]
     lines = [
-        "config keys (set them in --config FILE or as key.path=value; verl's names load too;",
-        "docs/configuration.md is the same list as a table). A default is what a key takes when",
-        "the --config file does not set it; with no --config the file is the demo's",
-        "(asyncrl/configs/default.yaml), which sets:",
+        *title,
+        "Set them in --config FILE or as key.path=value; verl's names load too. A default is",
+        "what a key takes when the --config file does not set it; with no --config the file is",
+        "the demo's (asyncrl/configs/default.yaml), which sets:",
         *textwrap.wrap(_demo_settings(""), width, initial_indent="  ", subsequent_indent="  "),
     ]
-    for key, type_name, default, desc in _rows(RunConfig, ""):
+    for key, type_name, default, desc in chosen:
         head = f"  {key}  [{type_name}" + (f", default {default.strip('`')}]" if default else "]")
         lines.append(head)
         lines += textwrap.wrap(desc, width, initial_indent=" " * 6, subsequent_indent=" " * 6)

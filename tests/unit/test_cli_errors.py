@@ -4,6 +4,7 @@ a YAML syntax error, an unreachable broker, a failed run. ASYNCRL_DEBUG=1 keeps 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -169,10 +170,13 @@ def test_the_help_says_how_to_get_a_traceback(capsys: pytest.CaptureFixture[str]
 
 
 @pytest.mark.parametrize("command", ["run", "train", "rollout", "inspect"])
-def test_a_subcommands_help_lists_every_config_key_with_its_docstring(
+def test_a_subcommands_help_shows_the_common_keys_and_help_keys_every_one(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """--help listed all 158 keys (481 lines for `asyncrl run --help`), burying the dozen a
+    first run sets; it shows those, and --help-keys [PREFIX] the rest."""
     from asyncrl.config import RunConfig
+    from asyncrl.ops.config_docs import COMMON_KEYS
 
     with pytest.raises(SystemExit):
         main([command, "--help"])
@@ -180,7 +184,35 @@ def test_a_subcommands_help_lists_every_config_key_with_its_docstring(
     field = RunConfig.model_fields["async_training"].annotation.model_fields["staleness_threshold"]
     assert "async_training.staleness_threshold  [float, default 0.5]" in out
     assert " ".join(field.description.split())[:60] in " ".join(out.split())
-    assert "actor_rollout_ref.rollout.n  [" in out and "kafka.bootstrap_servers  [" in out
+    shown = [m[1] for line in out.splitlines() if (m := re.match(r"  ([a-z_.]+)  \[", line))]
+    assert shown and set(shown) <= set(COMMON_KEYS) and len(out.splitlines()) < 120
+    assert "kafka.linger_ms" not in out and "--help-keys" in out
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help-keys"])
+    assert done.value.code == 0
+    every = capsys.readouterr().out
+    assert (
+        "kafka.linger_ms  [int, default 5]" in every and "actor_rollout_ref.rollout.n  [" in every
+    )
+    with pytest.raises(SystemExit):
+        main([command, "--help-keys", "kafka.security"])
+    listed = capsys.readouterr().out.splitlines()
+    under = [m[1] for line in listed if (m := re.match(r"  ([a-z_.]+)  \[", line))]
+    assert under and all(k.startswith("kafka.security.") for k in under)
+    with pytest.raises(SystemExit) as bad:
+        main([command, "--help-keys", "kafak"])
+    assert bad.value.code == 2
+    assert "no config key is or starts with 'kafak'; sections: actor_rollout_ref" in (
+        capsys.readouterr().err
+    )
+
+
+def test_every_common_key_is_a_config_key() -> None:
+    from asyncrl.config import RunConfig
+    from asyncrl.ops.config_docs import COMMON_KEYS, _rows
+
+    assert set(COMMON_KEYS) <= {key for key, *_ in _rows(RunConfig, "")}
 
 
 def test_bench_staleness_is_checked_before_any_run(capsys: pytest.CaptureFixture[str]) -> None:
