@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from asyncrl.commands import (
     cmd_audit,
@@ -72,7 +73,13 @@ def _offset(text: str) -> int:
 class _HelpKeys(argparse.Action):
     """``--help-keys [PREFIX]``: the full key list, which --help leaves out, then exit."""
 
-    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         from asyncrl.ops.config_docs import config_help
 
         try:
