@@ -510,27 +510,39 @@ def _stop_worker_at(cfg, pids: dict[str, int], at_step: int, stop_s: float, out:
         out["resumed_at"] = time.time()
 
 
+STOPS = {
+    # kafka.session_timeout_ms, heartbeat_interval_ms, max_poll_interval_ms; the stop (s)
+    "short_session": (1500, 200, 2000, 5.0),
+    # What a run pointed at a standalone broker (`asyncrl broker`, a Kafka cluster) gets by
+    # default: where the fault was reported (4 runs of 4), the stop past max.poll.interval.
+    "standalone_defaults": (6000, 500, 7000, 10.0),
+}
+
+
+@pytest.mark.parametrize("timeouts", sorted(STOPS))
 def test_a_worker_stopped_past_its_session_timeout_costs_time_not_the_run(
-    make_run_cfg, quick_policy
+    make_run_cfg, quick_policy, timeouts
 ):
     """A rollout worker stopped (SIGSTOP: a debugger, a stalled VM) for longer than its group
     session and max.poll.interval, beside a healthy one, on a standalone broker. Before, the
     run never trained again: the stopped worker got its prompt partitions back still paused
     by librdkafka and never resumed them (4 runs of 4 with one worker), and the healthy one,
     waiting in the sync for the stopped one's pause without polling its prompts group, left
-    the group too (both leaving at once could wedge it on Tansu)."""
+    the group too (both leaving at once could wedge it on Tansu: at the standalone defaults
+    neither worker owned a prompt partition again)."""
+    session_ms, heartbeat_ms, max_poll_ms, stop_s = STOPS[timeouts]
     steps = 12
     cfg = make_run_cfg(
         *SMALL,
         *quick_policy,
         f"trainer.total_training_steps={steps}",
         "actor_rollout_ref.rollout.num_workers=2",
-        "kafka.session_timeout_ms=1500",
-        "kafka.heartbeat_interval_ms=200",
-        "kafka.max_poll_interval_ms=2000",
+        f"kafka.session_timeout_ms={session_ms}",
+        f"kafka.heartbeat_interval_ms={heartbeat_ms}",
+        f"kafka.max_poll_interval_ms={max_poll_ms}",
         "sync.timeout_s=60",  # before the fix: a trainer waiting for samples until this
     )
-    summary, stopped, out = _run_with_fault(cfg, _stop_worker_at, 3, 5.0, join_s=60)
+    summary, stopped, out = _run_with_fault(cfg, _stop_worker_at, 3, stop_s, join_s=60)
     assert stopped.get("resumed_at"), "the worker was never stopped"
     assert summary["step"] == steps
     assert "restarting" not in out  # nobody died of the stop
@@ -538,7 +550,9 @@ def test_a_worker_stopped_past_its_session_timeout_costs_time_not_the_run(
     assert "not polled within kafka.max_poll_interval_ms" not in healthy
     check_log_invariants(cfg)
     report_recovery(
-        cfg, "worker SIGSTOP 5 s, past its session (from SIGCONT)", stopped["resumed_at"]
+        cfg,
+        f"worker SIGSTOP {stop_s:.0f} s, past its session of {session_ms} ms (from SIGCONT)",
+        stopped["resumed_at"],
     )
 
 
