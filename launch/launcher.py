@@ -82,12 +82,11 @@ def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console
     from asyncrl.consumers.checkpoint import latest_checkpoint
 
     alive = {name: proc for name, (proc, _) in procs.items() if proc.poll() is None}
-    if not alive:
-        return
-    console.log(
-        "[yellow]stopping: the trainer ends its step and checkpoints it, the workers hand back "
-        "their work (Ctrl-C again stops at once)"
-    )
+    if alive:
+        console.log(
+            "[yellow]stopping: the trainer ends its step and checkpoints it, the workers hand "
+            "back their work (Ctrl-C again stops at once)"
+        )
     for proc in alive.values():
         proc.terminate()
     deadline = time.monotonic() + STOP_GRACE_S
