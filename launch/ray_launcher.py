@@ -56,7 +56,15 @@ class RayProcess:
 
         ray.kill(self.actor)
 
-    terminate = kill
+    def terminate(self) -> None:
+        """SIGTERM to the role's process, as the local launcher sends it (the trainer then
+        checkpoints its last step); the actor is killed if it does not answer."""
+        import ray
+
+        try:
+            ray.get(self.actor.terminate.remote(), timeout=10)
+        except ray.exceptions.RayError:
+            self.kill()
 
 
 def _role_actor_class():
@@ -72,6 +80,12 @@ def _role_actor_class():
             os.environ.update(env)
             self.proc, _ = spawn(cmd, Path(log_path))
             return self.proc.wait()
+
+        def terminate(self) -> None:
+            """Runs beside ``run`` (max_concurrency=2)."""
+            proc = getattr(self, "proc", None)
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
 
     return RoleProcess
 

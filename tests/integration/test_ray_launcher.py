@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 
 import pytest
 from rich.console import Console
@@ -31,3 +32,27 @@ def test_a_ray_run_completes_and_learns(make_run_cfg, demo_policy):
     steps = [r.value for r in read_topic(cfg, "steps")]
     assert len(steps) == 30
     assert (cfg.run_dir / "logs" / "rollout-0.log").read_text().count("produced") == 1
+
+
+def test_a_ray_role_is_told_to_stop_not_killed(make_run_cfg, tmp_path):
+    """A stopped `asyncrl run --launcher ray` SIGTERMs its roles as the local launcher does
+    (the trainer then checkpoints its last step); ``terminate`` was ``ray.kill``, which killed
+    them where they stood. A broker role shows it: SIGTERM ends it with 0, a kill with -9."""
+    import time
+
+    from asyncrl.launch.ray_launcher import RayLauncher
+
+    cfg = make_run_cfg("launcher=ray", "ray.num_cpus=2", create_topics=False)
+    launcher = RayLauncher(cfg)
+    try:
+        proc, log = launcher.spawn(
+            "broker", [sys.executable, "-m", "asyncrl", "broker"], tmp_path / "broker.log"
+        )
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "Ctrl-C to stop" in log.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None, "the role never started"
+            time.sleep(0.2)
+        proc.terminate()
+        assert proc.wait(30) == 0
+    finally:
+        launcher.close()
