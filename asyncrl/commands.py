@@ -72,8 +72,50 @@ def _at(cfg, run_dir):
     """``cfg`` read from ``run_dir`` (its output_dir the parent; a directory not named by its
     run_id, such as a run moved aside as runs/<id>.<time>, keeps its run_id's topics)."""
     run_dir = run_dir.resolve()
+    _rebase_relative_paths(cfg, run_dir)
     cfg.output_dir = str(run_dir.parent)
     return cfg if run_dir.name == cfg.run_id else cfg.at_dir(run_dir)
+
+
+def _rebase_relative_paths(cfg, run_dir) -> None:
+    """A run's saved config keeps the relative paths it was started with (model.path=models/m,
+    the data files, the reward file): read from another directory, ``replay``/``export-model``
+    failed on them. Where one names nothing here but something in the directory the run was
+    started from (found from the run's directory and its relative output_dir), it names that."""
+    from pathlib import Path
+
+    import yaml
+
+    try:
+        out = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("output_dir")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return
+    depth = len(Path(str(out or "runs")).parts)
+    if Path(str(out or "runs")).expanduser().is_absolute() or depth >= len(run_dir.parents):
+        return  # started from anywhere: nothing to find it by
+    launched_in = run_dir.parents[depth]
+
+    def rebased(path: str) -> str:
+        if Path(path).expanduser().is_absolute() or Path(path).exists():
+            return path
+        there = launched_in / path
+        return str(there) if there.exists() else path
+
+    model, data = cfg.actor_rollout_ref.model, cfg.data
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    reward = cfg.custom_reward_function
+    for section, key in (
+        (model, "path"),
+        (data, "train_files"),
+        (data, "val_files"),
+        (reward, "path"),
+        (multi_turn, "tool_config_path"),
+    ):
+        value = getattr(section, key)
+        if isinstance(value, str):
+            setattr(section, key, rebased(value))
+        elif isinstance(value, list):
+            setattr(section, key, [rebased(v) for v in value])
 
 
 def _config_file(args: argparse.Namespace, run_dir):

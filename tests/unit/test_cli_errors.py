@@ -332,3 +332,42 @@ def test_a_runs_saved_config_finds_its_run_from_another_directory(
         config=str(run_dir / "config.yaml"), overrides=["output_dir=mine"], output_dir=None
     )
     assert _load_run(args).run_dir == Path("mine") / "r8"
+
+
+def test_a_runs_relative_paths_are_found_from_another_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started with model.path=models/m (and a reward file beside it), read back from
+    another directory (`replay step N --config proj/runs/r/config.yaml`, `export-model
+    proj/runs/r`): its saved config's paths were taken from the current directory, and replay
+    said there was no model at models/m. They are found where the run was started from."""
+    import argparse
+
+    from asyncrl.commands import _load_run, _run_config
+
+    project = tmp_path / "proj"
+    run_dir = _saved_run(project / "runs", "r", "127.0.0.1:1", archived=True)
+    (project / "models" / "m").mkdir(parents=True)
+    (project / "reward.py").write_text("def compute_score(*a, **k):\n    return 0.0\n")
+    with (run_dir / "config.yaml").open("a") as f:
+        f.write(
+            "output_dir: runs\nactor_rollout_ref:\n  model:\n    path: models/m\n"
+            "custom_reward_function:\n  path: reward.py\n"
+        )
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+
+    args = argparse.Namespace(config=str(run_dir / "config.yaml"), overrides=[], output_dir=None)
+    for cfg in (
+        _load_run(args),
+        _run_config(
+            argparse.Namespace(run=str(run_dir), output_dir="runs", config=None, overrides=[])
+        ),
+    ):
+        assert cfg.actor_rollout_ref.model.path == str((project / "models" / "m").resolve())
+        assert cfg.custom_reward_function.path == str((project / "reward.py").resolve())
+
+    # Read from where it was started, the paths stay as the run wrote them.
+    monkeypatch.chdir(project)
+    args = argparse.Namespace(config="runs/r/config.yaml", overrides=[], output_dir=None)
+    assert _load_run(args).actor_rollout_ref.model.path == "models/m"
