@@ -214,6 +214,19 @@ def _need_bootstrap(cfg, role: str) -> str:
     return cfg.kafka.bootstrap_servers
 
 
+def _need_master_port(cfg, role: str) -> None:
+    """A role started alone needs the weight collective's port: ``asyncrl run`` picks one,
+    ``asyncrl prepare`` writes it into the run's config.yaml. Given neither (the README's
+    ``asyncrl train run_id=OTHER kafka.bootstrap_servers=...``), the trainer loaded the
+    policy, then died in a traceback from the weight sync."""
+    if cfg.sync.master_port is None:
+        raise SystemExit(
+            f"asyncrl {role}: sync.master_port is not set: the trainer listens on it and the "
+            "workers join through it. Pass sync.master_port=PORT (e.g. 29500), or "
+            "--config runs/<run_id>/config.yaml as `asyncrl prepare` wrote it"
+        )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from asyncrl.launch.launcher import run
 
@@ -249,6 +262,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _check_startable(cfg, "train")
     bootstrap = _need_bootstrap(cfg, "train")
+    _need_master_port(cfg, "train")
     _torch_threads(cfg.trainer.torch_threads)
     import signal
 
@@ -284,6 +298,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _check_startable(cfg, "rollout")
     bootstrap = _need_bootstrap(cfg, "rollout")
+    _need_master_port(cfg, "rollout")
     finished = _finished_on_log(cfg, bootstrap)
     if finished is not None:
         print(

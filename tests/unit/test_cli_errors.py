@@ -300,3 +300,27 @@ def test_a_runs_saved_config_finds_its_run_from_another_directory(
         config=str(run_dir / "config.yaml"), overrides=["output_dir=mine"], output_dir=None
     )
     assert _load_run(args).run_dir == Path("mine") / "r8"
+
+
+@pytest.mark.parametrize(("role", "started"), [("train", "Trainer"), ("rollout", "RolloutWorker")])
+def test_a_role_started_without_the_collectives_port_says_so_before_starting(
+    role: str, started: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README feeds a replayed stream to `asyncrl train run_id=OTHER
+    kafka.bootstrap_servers=...`: the trainer loaded the policy, then died in a traceback,
+    "RuntimeError: sync.master_port is not set (the launcher sets it for each run)"."""
+    import asyncrl.commands as commands
+    import asyncrl.consumers.trainer as trainer
+    import asyncrl.producers.worker as worker
+
+    def never(*_args: object, **_kw: object) -> None:
+        raise AssertionError(f"{started} started with no sync.master_port")
+
+    monkeypatch.setattr(trainer, "Trainer", never)
+    monkeypatch.setattr(worker, "RolloutWorker", never)
+    monkeypatch.setattr(commands, "_finished_on_log", lambda cfg, bootstrap: None)
+    argv = [role, "run_id=other", "kafka.bootstrap_servers=127.0.0.1:1", f"output_dir={tmp_path}"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, f"actor_rollout_ref.model.cache_dir={tmp_path / 'cache'}"])
+    assert str(exc.value).startswith(f"asyncrl {role}: sync.master_port is not set")
+    assert "sync.master_port=PORT" in str(exc.value)
