@@ -422,15 +422,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     cfg = _load_run(args)
     try:
         if args.what == "step":
+            step = _replay_step_number(args.target)
             with _log_broker(cfg, args, "replay") as bootstrap:
-                replay_step(cfg, bootstrap, int(args.target), Console())
+                replay_step(cfg, bootstrap, step, Console())
         else:
+            if args.target not in ("samples", "partials"):
+                raise ReplayError(f"replay topic takes samples or partials, not {args.target!r}")
             if not args.to_run:
                 raise ReplayError("replay topic needs --to-run RUN_ID")
-            versions = None
-            if args.versions:
-                lo, _, hi = args.versions.partition("..")
-                versions = (int(lo), int(hi or lo))
+            versions = _version_range(args.versions) if args.versions else None
             ids = set(args.sample_ids.split(",")) if args.sample_ids else None
             try:
                 since, until = _time_range(args)
@@ -454,6 +454,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"asyncrl replay: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _replay_step_number(text: str) -> int:
+    """``replay step N``'s N, checked before the run's log is opened (a throwaway broker for
+    an archive): ``replay step abc`` ended in int()'s ValueError traceback."""
+    from asyncrl.ops.replay import ReplayError
+
+    if not text.isdigit() or int(text) < 1:
+        raise ReplayError(f"replay step takes a step number (1, 2, ...), not {text!r}")
+    return int(text)
+
+
+def _version_range(text: str) -> tuple[int, int]:
+    """``--versions 3..7`` (or ``3``) as an inclusive range; ``3-7`` ended in a traceback."""
+    from asyncrl.ops.replay import ReplayError
+
+    lo, _, hi = text.partition("..")
+    if not lo.isdigit() or not (hi or lo).isdigit() or int(lo) > int(hi or lo):
+        raise ReplayError(
+            f"--versions takes a range LOW..HIGH such as 3..7, or one version, not {text!r}"
+        )
+    return int(lo), int(hi or lo)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -324,3 +324,38 @@ def test_a_role_started_without_the_collectives_port_says_so_before_starting(
         main([*argv, f"actor_rollout_ref.model.cache_dir={tmp_path / 'cache'}"])
     assert str(exc.value).startswith(f"asyncrl {role}: sync.master_port is not set")
     assert "sync.master_port=PORT" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["step", "abc"], "replay step takes a step number (1, 2, ...), not 'abc'"),
+        (["step", "0"], "replay step takes a step number (1, 2, ...), not '0'"),
+        (
+            ["topic", "steps", "--to-run", "x"],
+            "replay topic takes samples or partials, not 'steps'",
+        ),
+        (
+            ["topic", "samples", "--to-run", "x", "--versions", "3-7"],
+            "--versions takes a range LOW..HIGH such as 3..7, or one version, not '3-7'",
+        ),
+    ],
+)
+def test_a_bad_replay_argument_is_one_line_before_the_log_is_opened(
+    argv: list[str],
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`asyncrl replay step abc` and `--versions 3-7` ended in int()'s ValueError traceback,
+    after a throwaway broker had served the run's archive (~5 s) for nothing."""
+    import asyncrl.commands as commands
+
+    def opened(*_args: object, **_kw: object) -> None:
+        raise AssertionError("the run's log was opened")
+
+    monkeypatch.setattr(commands, "_log_broker", opened)
+    assert main(["replay", *argv, "--output-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"asyncrl replay: {said}\n"
