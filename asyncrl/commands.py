@@ -114,10 +114,7 @@ def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
         if not cfg.run_dir.exists():
             raise SystemExit(f"asyncrl {role}: {_no_such_run(cfg)}")
         if not (cfg.run_dir / "config.yaml").exists():  # written once its set-up is done
-            raise SystemExit(
-                f"asyncrl {role}: run {cfg.run_id!r} never got past its start-up: "
-                f"{cfg.run_dir} holds no config.yaml and no log (see {cfg.run_dir / 'logs'})"
-            )
+            raise SystemExit(f"asyncrl {role}: {_no_saved_config(cfg)}")
         return _need_bootstrap(cfg, role)
     closed = _closed_loopback(cfg.kafka.bootstrap_servers)
     if closed is None:
@@ -134,6 +131,25 @@ def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
     raise SystemExit(
         f"asyncrl {role}: nothing listens at {closed} (kafka.bootstrap_servers): start the "
         "broker, or pass the address of the one holding the run"
+    )
+
+
+def _no_saved_config(cfg) -> str:
+    """Why a run directory with no config.yaml names no broker. A trainer started by hand
+    without `asyncrl prepare` (the README's trainer of a replayed stream) writes none: its
+    finished run was said to have "never got past its start-up", pointing at a logs/
+    directory it does not have."""
+    run_dir = cfg.run_dir
+    if any((run_dir / name).exists() for name in ("checkpoints", "metrics.jsonl")):
+        return (
+            f"{run_dir} holds no config.yaml to name the broker of run {cfg.run_id!r} (its "
+            "trainer was started without `asyncrl prepare`): pass kafka.bootstrap_servers="
+            "HOST:PORT"
+        )
+    logs = f" (see {run_dir / 'logs'})" if (run_dir / "logs").is_dir() else ""
+    return (
+        f"run {cfg.run_id!r} never got past its start-up: {run_dir} holds no config.yaml "
+        f"and no log{logs}"
     )
 
 

@@ -218,6 +218,25 @@ def test_a_run_that_never_started_is_said_so(tmp_path: Path) -> None:
     assert "run 'early' never got past its start-up" in str(exc.value)
 
 
+def test_a_run_trained_by_hand_without_prepare_is_asked_for_its_broker(tmp_path: Path) -> None:
+    """`asyncrl train run_id=other kafka.bootstrap_servers=...` (the README's trainer of a
+    replayed stream) writes no config.yaml: its finished run was said to have "never got past
+    its start-up", pointing at a logs/ directory it does not have."""
+    (tmp_path / "other" / "checkpoints" / "step_000065").mkdir(parents=True)
+    (tmp_path / "other" / "metrics.jsonl").write_text("{}\n")
+    for argv in (["audit", "other"], ["inspect", "steps", "other"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--output-dir", str(tmp_path)])
+        message = str(exc.value)
+        assert "never got past its start-up" not in message and "logs" not in message
+        assert "holds no config.yaml to name the broker of run 'other'" in message
+        assert message.endswith("pass kafka.bootstrap_servers=HOST:PORT")
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "nothing", "--output-dir", str(tmp_path)])
+    assert str(exc.value).endswith("holds no config.yaml and no log")  # no logs/ to point at
+
+
 def test_a_negative_offset_is_a_usage_error_not_a_traceback():
     out = subprocess.run(
         [sys.executable, "-m", "asyncrl", "inspect", "steps", "demo", "--from", "-5"],
