@@ -439,6 +439,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         if args.what == "step":
             step = _replay_step_number(args.target)
+            _replayable_overrides(args.overrides)
             with _log_broker(cfg, args, "replay") as bootstrap:
                 replay_step(cfg, bootstrap, step, Console())
         else:
@@ -480,6 +481,29 @@ def _replay_step_number(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ReplayError(f"replay step takes a step number (1, 2, ...), not {text!r}")
     return int(text)
+
+
+MODEL_SHAPE = re.compile(
+    r"actor_rollout_ref\.model\.(hidden_size|num_hidden_layers|num_attention_heads|"
+    r"intermediate_size|warmup_\w+)$"
+)
+"""The built-in policy's shape and warm start: a step's checkpoint holds the model it ran on."""
+
+
+def _replayable_overrides(overrides: list[str]) -> None:
+    """``replay step N key=value`` re-runs the update with other settings; one that builds
+    another model (``actor_rollout_ref.model.hidden_size=64``) warm-started that model for
+    ~45 s, then died in a 44-line traceback loading the checkpoint into it."""
+    from asyncrl.ops.replay import ReplayError
+
+    for override in overrides:
+        key = override.partition("=")[0].lstrip("+")
+        if MODEL_SHAPE.match(key):
+            raise ReplayError(
+                f"{key}: replay step runs the step on the model its checkpoint holds, so the "
+                "model's shape and warm start are the run's; override the update instead "
+                "(actor_rollout_ref.actor.*, algorithm.*)"
+            )
 
 
 def _version_range(text: str) -> tuple[int, int]:

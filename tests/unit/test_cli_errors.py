@@ -358,6 +358,12 @@ def test_a_role_started_without_the_collectives_port_says_so_before_starting(
             ["topic", "samples", "--to-run", "x", "--versions", "3-7"],
             "--versions takes a range LOW..HIGH such as 3..7, or one version, not '3-7'",
         ),
+        (  # it warm-started a model of that shape (~45 s), then died loading the checkpoint
+            ["step", "5", "actor_rollout_ref.model.hidden_size=64"],
+            "actor_rollout_ref.model.hidden_size: replay step runs the step on the model its "
+            "checkpoint holds, so the model's shape and warm start are the run's; override the "
+            "update instead (actor_rollout_ref.actor.*, algorithm.*)",
+        ),
     ],
 )
 def test_a_bad_replay_argument_is_one_line_before_the_log_is_opened(
