@@ -448,6 +448,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if not args.to_run:
                 raise ReplayError("replay topic needs --to-run RUN_ID")
             versions = _version_range(args.versions) if args.versions else None
+            closed = args.to_bootstrap and _closed_loopback(args.to_bootstrap)
+            if closed:  # the broker-down timeout later, naming kafka.bootstrap_servers
+                raise ReplayError(
+                    f"nothing listens at {closed} (--to-bootstrap): start run {args.to_run}'s "
+                    "broker (`asyncrl broker --port PORT`), or name the one it runs on"
+                )
             ids = set(args.sample_ids.split(",")) if args.sample_ids else None
             try:
                 since, until = _time_range(args)

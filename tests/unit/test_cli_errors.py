@@ -384,3 +384,24 @@ def test_a_bad_replay_argument_is_one_line_before_the_log_is_opened(
     assert main(["replay", *argv, "--output-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err == f"asyncrl replay: {said}\n"
+
+
+def test_replay_topic_into_a_closed_port_says_so_before_the_log_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--to-bootstrap` on a loopback port nothing listens on: the source's archive was served
+    first, then 15 s of retries ended in "no Kafka broker reachable at ...
+    (kafka.bootstrap_servers)", naming a key the user had not set."""
+    import asyncrl.commands as commands
+
+    def opened(*_args: object, **_kw: object) -> None:
+        raise AssertionError("the run's log was opened")
+
+    monkeypatch.setattr(commands, "_log_broker", opened)
+    closed = f"127.0.0.1:{free_port()}"
+    argv = ["replay", "topic", "samples", "--to-run", "x", "--to-bootstrap", closed]
+    assert main([*argv, "--output-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"asyncrl replay: nothing listens at {closed} (--to-bootstrap): start run x's broker "
+        "(`asyncrl broker --port PORT`), or name the one it runs on\n"
+    )
