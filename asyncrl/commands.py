@@ -278,6 +278,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _check_startable(cfg, "train")
     bootstrap = _need_bootstrap(cfg, "train")
+    if _said_finished(cfg, bootstrap, "train", "nothing to train"):
+        return 0
     _need_master_port(cfg, "train")
     _torch_threads(cfg.trainer.torch_threads)
     import signal
@@ -314,15 +316,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _check_startable(cfg, "rollout")
     bootstrap = _need_bootstrap(cfg, "rollout")
-    _need_master_port(cfg, "rollout")
-    finished = _finished_on_log(cfg, bootstrap)
-    if finished is not None:
-        print(
-            f"asyncrl rollout: run {cfg.run_id!r} has finished ({finished.reason or 'RunFinished'}"
-            f", step {finished.step}): nothing to generate; a new run needs a run_id of its own",
-            file=sys.stderr,
-        )
+    if _said_finished(cfg, bootstrap, "rollout", "nothing to generate"):
         return 0
+    _need_master_port(cfg, "rollout")
     _torch_threads(cfg.actor_rollout_ref.rollout.torch_threads)
     import signal
 
@@ -349,6 +345,22 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         f" ({produced} under its id, with the {before} of earlier processes)" if before else "",
     )
     return 0
+
+
+def _said_finished(cfg, bootstrap: str, role: str, nothing: str) -> bool:
+    """Whether the run's log ends with its RunFinished, said on stderr. A trainer started on
+    a finished run (`asyncrl train` again, a second `docker compose up`) resumed from its last
+    checkpoint, trained the samples left on the log, published TrainerResumed (so the run no
+    longer counted as finished) and waited for workers that, seeing it, waited too."""
+    finished = _finished_on_log(cfg, bootstrap)
+    if finished is None:
+        return False
+    print(
+        f"asyncrl {role}: run {cfg.run_id!r} has finished ({finished.reason or 'RunFinished'}, "
+        f"step {finished.step}): {nothing}; a new run needs a run_id of its own",
+        file=sys.stderr,
+    )
+    return True
 
 
 def _finished_on_log(cfg, bootstrap: str) -> Any:
