@@ -156,10 +156,7 @@ def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
         if not cfg.run_dir.exists():
             raise SystemExit(f"asyncrl {role}: {_no_such_run(cfg)}")
         if not (cfg.run_dir / "config.yaml").exists():  # written once its set-up is done
-            raise SystemExit(
-                f"asyncrl {role}: run {cfg.run_id!r} never got past its start-up: "
-                f"{cfg.run_dir} holds no config.yaml and no log (see {cfg.run_dir / 'logs'})"
-            )
+            raise SystemExit(f"asyncrl {role}: {_no_saved_config(cfg)}")
         return _need_bootstrap(cfg, role)
     closed = _closed_loopback(cfg.kafka.bootstrap_servers)
     if closed is None:
@@ -176,6 +173,25 @@ def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
     raise SystemExit(
         f"asyncrl {role}: nothing listens at {closed} (kafka.bootstrap_servers): start the "
         "broker, or pass the address of the one holding the run"
+    )
+
+
+def _no_saved_config(cfg) -> str:
+    """Why a run directory with no config.yaml names no broker. A trainer started by hand
+    without `asyncrl prepare` (the README's trainer of a replayed stream) writes none: its
+    finished run was said to have "never got past its start-up", pointing at a logs/
+    directory it does not have."""
+    run_dir = cfg.run_dir
+    if any((run_dir / name).exists() for name in ("checkpoints", "metrics.jsonl")):
+        return (
+            f"{run_dir} holds no config.yaml to name the broker of run {cfg.run_id!r} (its "
+            "trainer was started without `asyncrl prepare`): pass kafka.bootstrap_servers="
+            "HOST:PORT"
+        )
+    logs = f" (see {run_dir / 'logs'})" if (run_dir / "logs").is_dir() else ""
+    return (
+        f"run {cfg.run_id!r} never got past its start-up: {run_dir} holds no config.yaml "
+        f"and no log{logs}"
     )
 
 
@@ -256,6 +272,19 @@ def _need_bootstrap(cfg, role: str) -> str:
     return cfg.kafka.bootstrap_servers
 
 
+def _need_master_port(cfg, role: str) -> None:
+    """A role started alone needs the weight collective's port: ``asyncrl run`` picks one,
+    ``asyncrl prepare`` writes it into the run's config.yaml. Given neither (the README's
+    ``asyncrl train run_id=OTHER kafka.bootstrap_servers=...``), the trainer loaded the
+    policy, then died in a traceback from the weight sync."""
+    if cfg.sync.master_port is None:
+        raise SystemExit(
+            f"asyncrl {role}: sync.master_port is not set: the trainer listens on it and the "
+            "workers join through it. Pass sync.master_port=PORT (e.g. 29500), or "
+            "--config runs/<run_id>/config.yaml as `asyncrl prepare` wrote it"
+        )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from asyncrl.launch.launcher import Terminated, run, stop_on_sigterm
 
@@ -296,6 +325,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _check_startable(cfg, "train")
     bootstrap = _need_bootstrap(cfg, "train")
+    if _said_finished(cfg, bootstrap, "train", "nothing to train"):
+        return 0
+    _need_master_port(cfg, "train")
     _torch_threads(cfg.trainer.torch_threads)
     import signal
 
@@ -332,14 +364,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _check_startable(cfg, "rollout")
     bootstrap = _need_bootstrap(cfg, "rollout")
-    finished = _finished_on_log(cfg, bootstrap)
-    if finished is not None:
-        print(
-            f"asyncrl rollout: run {cfg.run_id!r} has finished ({finished.reason or 'RunFinished'}"
-            f", step {finished.step}): nothing to generate; a new run needs a run_id of its own",
-            file=sys.stderr,
-        )
+    if _said_finished(cfg, bootstrap, "rollout", "nothing to generate"):
         return 0
+    _need_master_port(cfg, "rollout")
     _torch_threads(cfg.actor_rollout_ref.rollout.torch_threads)
     import signal
 
@@ -383,6 +410,22 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         f" ({produced} under its id, with the {before} of earlier processes)" if before else "",
     )
     return 0
+
+
+def _said_finished(cfg, bootstrap: str, role: str, nothing: str) -> bool:
+    """Whether the run's log ends with its RunFinished, said on stderr. A trainer started on
+    a finished run (`asyncrl train` again, a second `docker compose up`) resumed from its last
+    checkpoint, trained the samples left on the log, published TrainerResumed (so the run no
+    longer counted as finished) and waited for workers that, seeing it, waited too."""
+    finished = _finished_on_log(cfg, bootstrap)
+    if finished is None:
+        return False
+    print(
+        f"asyncrl {role}: run {cfg.run_id!r} has finished ({finished.reason or 'RunFinished'}, "
+        f"step {finished.step}): {nothing}; a new run needs a run_id of its own",
+        file=sys.stderr,
+    )
+    return True
 
 
 def _finished_on_log(cfg, bootstrap: str) -> Any:
@@ -472,15 +515,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
     cfg = _load_run(args)
     try:
         if args.what == "step":
+            step = _replay_step_number(args.target)
+            _replayable_overrides(args.overrides)
             with _log_broker(cfg, args, "replay") as bootstrap:
-                replay_step(cfg, bootstrap, int(args.target), Console())
+                replay_step(cfg, bootstrap, step, Console())
         else:
+            if args.target not in ("samples", "partials"):
+                raise ReplayError(f"replay topic takes samples or partials, not {args.target!r}")
             if not args.to_run:
                 raise ReplayError("replay topic needs --to-run RUN_ID")
-            versions = None
-            if args.versions:
-                lo, _, hi = args.versions.partition("..")
-                versions = (int(lo), int(hi or lo))
+            versions = _version_range(args.versions) if args.versions else None
+            closed = args.to_bootstrap and _closed_loopback(args.to_bootstrap)
+            if closed:  # the broker-down timeout later, naming kafka.bootstrap_servers
+                raise ReplayError(
+                    f"nothing listens at {closed} (--to-bootstrap): start run {args.to_run}'s "
+                    "broker (`asyncrl broker --port PORT`), or name the one it runs on"
+                )
             ids = set(args.sample_ids.split(",")) if args.sample_ids else None
             try:
                 since, until = _time_range(args)
@@ -504,6 +554,51 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"asyncrl replay: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _replay_step_number(text: str) -> int:
+    """``replay step N``'s N, checked before the run's log is opened (a throwaway broker for
+    an archive): ``replay step abc`` ended in int()'s ValueError traceback."""
+    from asyncrl.ops.replay import ReplayError
+
+    if not text.isdigit() or int(text) < 1:
+        raise ReplayError(f"replay step takes a step number (1, 2, ...), not {text!r}")
+    return int(text)
+
+
+MODEL_SHAPE = re.compile(
+    r"actor_rollout_ref\.model\.(hidden_size|num_hidden_layers|num_attention_heads|"
+    r"intermediate_size|warmup_\w+)$"
+)
+"""The built-in policy's shape and warm start: a step's checkpoint holds the model it ran on."""
+
+
+def _replayable_overrides(overrides: list[str]) -> None:
+    """``replay step N key=value`` re-runs the update with other settings; one that builds
+    another model (``actor_rollout_ref.model.hidden_size=64``) warm-started that model for
+    ~45 s, then died in a 44-line traceback loading the checkpoint into it."""
+    from asyncrl.ops.replay import ReplayError
+
+    for override in overrides:
+        key = override.partition("=")[0].lstrip("+")
+        if MODEL_SHAPE.match(key):
+            raise ReplayError(
+                f"{key}: replay step runs the step on the model its checkpoint holds, so the "
+                "model's shape and warm start are the run's; override the update instead "
+                "(actor_rollout_ref.actor.*, algorithm.*)"
+            )
+
+
+def _version_range(text: str) -> tuple[int, int]:
+    """``--versions 3..7`` (or ``3``) as an inclusive range; ``3-7`` ended in a traceback."""
+    from asyncrl.ops.replay import ReplayError
+
+    lo, _, hi = text.partition("..")
+    if not lo.isdigit() or not (hi or lo).isdigit() or int(lo) > int(hi or lo):
+        raise ReplayError(
+            f"--versions takes a range LOW..HIGH such as 3..7, or one version, not {text!r}"
+        )
+    return int(lo), int(hi or lo)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

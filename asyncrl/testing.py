@@ -238,7 +238,13 @@ class LocalSink:
         self.sent.append(state)
         self.pending.put(state)
 
-    def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
+    def join(
+        self,
+        worker: int,
+        incarnation: str,
+        announce: Callable[[], None],
+        waiting: Callable[[], None] | None = None,
+    ) -> None:
         announce()  # the trainer's side connects it (see ScriptedTrainer)
 
     def await_transfer(self, waiting: Callable[[], None]) -> None:

@@ -473,7 +473,8 @@ class TrainerConfig(Strict):
     run is moved aside, finished or not, and the run starts afresh. With kafka.bootstrap_servers
     set the earlier run's log stays on that broker, so disable refuses a directory holding its
     checkpoints (a fresh run needs a run_id of its own). A trainer started by hand (asyncrl
-    train), or restarted within a launch, always resumes from its run's last checkpoint."""
+    train), or restarted within a launch, always resumes from its run's last checkpoint; on a
+    run whose log ends with RunFinished it says so and exits 0, as a rollout worker does."""
     seed: int = 0
     """Seed of the trainer's RNG (rollout workers derive theirs from it)."""
     torch_threads: int = Field(1, ge=1)

@@ -406,6 +406,9 @@ def _launch(
         for i in range(resolved.actor_rollout_ref.rollout.num_workers):
             name = f"rollout-{i}"
             procs[name] = start(name, worker_command(config_path, i), logs / f"{name}.log")
+        pids = [f"{name} pid {_pid(proc)}" for name, (proc, _) in procs.items() if _pid(proc) > 0]
+        if pids:  # forked roles all show as the fork server's command line in ps: which is which
+            console.log(f"{', '.join(pids)}; their logs: {logs}/")
         summary = _follow(resolved, bootstrap, procs, console, config_path, start, broker)
         _wait_workers(procs, timeout_s=30)
         return summary
@@ -452,13 +455,18 @@ def _spawn_local(name: str, cmd: list[str], log_path: Path) -> tuple[_Process, P
     return spawn(cmd, log_path)
 
 
+def _pid(proc: Any) -> int:
+    """A local role's pid; -1 for a Ray actor's child, which runs on another node's terms."""
+    return getattr(proc, "pid", -1)
+
+
 def _announcing(
     start: Callable[[str, list[str], Path], tuple[Any, Path]],
     on_spawn: Callable[[str, int], None],
 ) -> Callable[[str, list[str], Path], tuple[Any, Path]]:
     def started(name: str, cmd: list[str], log_path: Path) -> tuple[Any, Path]:
         proc, path = start(name, cmd, log_path)
-        on_spawn(name, getattr(proc, "pid", -1))  # -1: a Ray actor's child, not local
+        on_spawn(name, _pid(proc))
         return proc, path
 
     return started
@@ -538,21 +546,24 @@ def _follow(
                     )
                     if restarts.get(name, 0) < max_restarts:
                         restarts[name] = restarts.get(name, 0) + 1
-                        console.log(
-                            f"[yellow]{name} exited with code {rc}; restarting it "
-                            f"({restarts[name]}/{max_restarts}); "
-                            + (
-                                "it resumes from its last checkpoint"
-                                if is_trainer
-                                else "it recovers its work from the log"
-                            )
-                        )
                         cmd = (
                             trainer_command(config_path)
                             if is_trainer
                             else worker_command(config_path, int(name.removeprefix("rollout-")))
                         )
                         procs[name] = start(name, cmd, log_path)
+                        pid = _pid(procs[name][0])
+                        console.log(
+                            f"[yellow]{name} exited with code {rc}; restarting it "
+                            f"({restarts[name]}/{max_restarts}"
+                            + (f", pid {pid}" if pid > 0 else "")
+                            + "); "
+                            + (
+                                "it resumes from its last checkpoint"
+                                if is_trainer
+                                else "it recovers its work from the log"
+                            )
+                        )
                         break
                     raise RunFailed(_failure_report(name, rc, log_path))
                 if procs["trainer"][0].poll() == 0:

@@ -145,8 +145,12 @@ def _partial_row(rec, text: Callable[[TokenIds], str] | None, _consumed) -> dict
 
 _EVENT_FIELDS = (
     "pause_s", "pause_wait_s", "transfer_s", "load_s", "n_partial", "budget", "num_stale",
-    "count", "reason", "checksum_ok", "step",
+    "count", "reason", "checksum_ok", "step", "accuracy", "checkpoint_version", "target_worker",
+    "sample_ids",
 )  # fmt: skip
+"""What a control row details. A Validated row without its accuracy, a SamplesDropped or
+BudgetGranted without the samples or the worker they concern, or a TrainerResumed without
+its checkpoint's version left the question the row raised to a script over the raw topic."""
 
 
 def _control_row(rec, _text, _consumed) -> dict[str, Any]:
@@ -158,11 +162,19 @@ def _control_row(rec, _text, _consumed) -> dict[str, Any]:
         "version": e.version,
         "worker": getattr(e, "worker", None),
     }
-    details = {f: getattr(e, f) for f in _EVENT_FIELDS if hasattr(e, f)}
-    row["details"] = ", ".join(
-        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in details.items()
-    )
+    details = {f: getattr(e, f) for f in _EVENT_FIELDS if getattr(e, f, []) != []}
+    if details.get("target_worker") == row["worker"]:  # a worker's own drop: no one else's
+        del details["target_worker"]
+    row["details"] = ", ".join(f"{k}={_detail(v)}" for k, v in details.items())
     return row
+
+
+def _detail(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return str(value)
 
 
 def _step_row(rec, _text, voided) -> dict[str, Any]:

@@ -94,7 +94,15 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
     optim = cfg.actor_rollout_ref.actor.optim
     optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
     if step > 1:
-        load_checkpoint(before, model, optimizer)
+        try:
+            load_checkpoint(before, model, optimizer)
+        except RuntimeError as err:  # another model (model.path, override_config): 40 lines
+            first = str(err).strip().splitlines()[:2]
+            raise ReplayError(
+                f"the checkpoint of step {step - 1} does not load into the model these settings "
+                f"build ({' '.join(line.strip() for line in first)}): is this the run's own "
+                "config, with its actor_rollout_ref.model.*?"
+            ) from None
         for group in optimizer.param_groups:  # the replay's settings, not the checkpoint's
             group["weight_decay"] = optim.weight_decay
     set_step_lr(optimizer, optim, step, cfg.trainer.total_training_steps)  # the step's rate

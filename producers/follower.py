@@ -173,7 +173,9 @@ class SyncFollower:
         """Announce this incarnation, form its pair with the trainer and receive its current
         weights; the WeightsPublished that follows says the version and what it consumed."""
         self.sink = self.make_sink(next(self.model.parameters()).device)
-        self.sink.join(self.worker_id, self.incarnation, announce=self._announce)
+        self.sink.join(
+            self.worker_id, self.incarnation, announce=self._announce, waiting=self._waiting
+        )
         welcome = self.receive()
         self.joined = True
         return welcome
@@ -181,11 +183,15 @@ class SyncFollower:
     def _announce(self) -> None:
         """WorkerStarted, repeated while the trainer has not accepted this worker (or, with
         no trainer up yet, while its store does not answer); a stopped worker stops here."""
-        if self.cancelled():
-            raise JoinCancelled("stopped while waiting to join the trainer")
+        self._waiting()
         self.control.publish(
             ev.WorkerStarted(run_id=self.cfg.run_id, version=self.version, worker=self.worker_id)
         )
+
+    def _waiting(self) -> None:
+        """Between two announcements: a stopped worker stops; the prompts group is polled."""
+        if self.cancelled():
+            raise JoinCancelled("stopped while waiting to join the trainer")
         self.keep_alive()
 
     def paused(

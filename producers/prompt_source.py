@@ -246,7 +246,13 @@ class PromptSource:
         is still open goes to the partitions' next owner. A join of this member under way
         is waited out first (``kafka.group_watch``), polling with everything paused; what
         the polls fetch is dropped, uncommitted."""
-        self.commit()
+        try:
+            self.commit()
+        except KafkaException as err:  # as at a revocation: the next owner re-reads the log
+            # A worker that joined mid-run, ending while the group rebalanced (another
+            # worker's session expiring): ILLEGAL_GENERATION ended it in a traceback, and
+            # the process then stayed up with its consumer never released.
+            log.warning("commit of prompt partitions %s on leaving failed: %s", self.owned, err)
         self._closing = True  # nothing is handed back from here: the next owner re-reads
         assert self.reader.group is not None  # watched: see __init__
         deadline = time.monotonic() + self.join_wait_s

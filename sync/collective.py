@@ -819,11 +819,20 @@ class WeightReceiver(_Endpoint):
         self._failed_kinds: set[str] = set()
         self.worker = -1
 
-    def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
+    def join(
+        self,
+        worker: int,
+        incarnation: str,
+        announce: Callable[[], None],
+        waiting: Callable[[], None] | None = None,
+    ) -> None:
         """Connect to the trainer's store and form this incarnation's pair.
 
         ``announce`` publishes WorkerStarted; it is called again every couple of seconds until
         the trainer accepts, since the trainer may not have been reading the first time.
+        ``waiting`` is called between two announcements while the store does not answer yet
+        (a stop is heard there); announcing at each check put two events a second on
+        ``control`` for as long as no trainer came.
         """
         if self._pair is not None:
             return
@@ -834,10 +843,15 @@ class WeightReceiver(_Endpoint):
         # Until the trainer's store listens, in short tries with an announce between them, so
         # a worker told to stop is heard (one TCPStore connect retried for sync.timeout_s,
         # deaf to SIGTERM, and c10d logged a stack trace at each of its own tries).
+        announced = -_ANNOUNCE_EVERY_S
         while not _listening(self.master_addr, self.master_port):
             if time.monotonic() > deadline:
                 break  # the store's connect below fails and says so
-            announce()
+            if time.monotonic() - announced >= _ANNOUNCE_EVERY_S or waiting is None:
+                announce()
+                announced = time.monotonic()
+            else:
+                waiting()
             time.sleep(0.5)
         try:
             store = dist.TCPStore(

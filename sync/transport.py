@@ -52,8 +52,15 @@ class WeightSource(Protocol):
 class WeightSink(Protocol):
     """A worker's end: join the trainer's membership, then receive weights in place."""
 
-    def join(self, worker: int, incarnation: str, announce: Callable[[], None]) -> None:
-        """Until accepted, calling ``announce`` (WorkerStarted) now and then."""
+    def join(
+        self,
+        worker: int,
+        incarnation: str,
+        announce: Callable[[], None],
+        waiting: Callable[[], None] | None = None,
+    ) -> None:
+        """Until accepted, calling ``announce`` (WorkerStarted) now and then, ``waiting``
+        between two announcements."""
         ...
 
     def await_transfer(self, waiting: Callable[[], None]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,8 @@ def _run_killing_the_trainer(cfg, at_step: int) -> tuple[dict, float]:
     summary, killed, out = _run_with_fault(cfg, _kill_when, "trainer", at_step)
     assert killed, "the trainer was never killed"
     assert "trainer exited with code -9; restarting it" in out
+    assert re.search(r"trainer pid \d+, rollout-0 pid \d+; their logs: ", out)  # which is which
+    assert re.search(r"restarting it \(1/\d+, pid \d+\)", out)
     assert "run summary (since the trainer's last start" in out
     return summary, killed["killed_at"]
 

@@ -184,3 +184,40 @@ def test_a_worker_started_on_a_finished_run_says_so_and_leaves(make_run_cfg, tmp
     assert main(["rollout", "--worker-id", "0", "--config", str(config)]) == 1
     err = capsys.readouterr().err
     assert never.topic("control") in err and "Traceback" not in err
+
+
+def test_a_trainer_started_on_a_finished_run_says_so_and_leaves(
+    make_run_cfg, quick_policy, tmp_path
+):
+    """`asyncrl train` started again on a finished run (role by role, a second `docker compose
+    up`) resumed from its last checkpoint, trained what was left on the log, published
+    TrainerResumed (so the run no longer counted as finished) and waited for workers for
+    good, while the workers, seeing it, waited for it."""
+    import subprocess
+    import sys
+
+    from asyncrl.config import dump_config
+    from asyncrl.kafka import Publisher
+    from asyncrl.launch.broker import free_port
+    from asyncrl.schemas import SCHEMA_HEADER
+
+    cfg = make_run_cfg(*quick_policy, f"sync.master_port={free_port()}")
+    done = ev.RunFinished(cfg.run_id, 3, step=12, reason="target accuracy 0.90 reached")
+    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        pub.publish(
+            cfg.topic("control"), cfg.run_id, ev.encode_event(done), {SCHEMA_HEADER: done.tag()}
+        )
+    config = tmp_path / "run.yaml"
+    dump_config(cfg, config)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "asyncrl", "train", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the trainer of a finished run was still running after 60 s")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"run {cfg.run_id!r} has finished (target accuracy 0.90 reached, step 12)" in out.stderr
+    assert [type(r.value) for r in read_topic(cfg, "control")] == [ev.RunFinished]

@@ -250,6 +250,25 @@ def test_a_run_that_never_started_is_said_so(tmp_path: Path) -> None:
     assert "run 'early' never got past its start-up" in str(exc.value)
 
 
+def test_a_run_trained_by_hand_without_prepare_is_asked_for_its_broker(tmp_path: Path) -> None:
+    """`asyncrl train run_id=other kafka.bootstrap_servers=...` (the README's trainer of a
+    replayed stream) writes no config.yaml: its finished run was said to have "never got past
+    its start-up", pointing at a logs/ directory it does not have."""
+    (tmp_path / "other" / "checkpoints" / "step_000065").mkdir(parents=True)
+    (tmp_path / "other" / "metrics.jsonl").write_text("{}\n")
+    for argv in (["audit", "other"], ["inspect", "steps", "other"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--output-dir", str(tmp_path)])
+        message = str(exc.value)
+        assert "never got past its start-up" not in message and "logs" not in message
+        assert "holds no config.yaml to name the broker of run 'other'" in message
+        assert message.endswith("pass kafka.bootstrap_servers=HOST:PORT")
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "nothing", "--output-dir", str(tmp_path)])
+    assert str(exc.value).endswith("holds no config.yaml and no log")  # no logs/ to point at
+
+
 def test_a_negative_offset_is_a_usage_error_not_a_traceback():
     out = subprocess.run(
         [sys.executable, "-m", "asyncrl", "inspect", "steps", "demo", "--from", "-5"],
@@ -371,3 +390,89 @@ def test_a_runs_relative_paths_are_found_from_another_directory(
     monkeypatch.chdir(project)
     args = argparse.Namespace(config="runs/r/config.yaml", overrides=[], output_dir=None)
     assert _load_run(args).actor_rollout_ref.model.path == "models/m"
+
+
+@pytest.mark.parametrize(("role", "started"), [("train", "Trainer"), ("rollout", "RolloutWorker")])
+def test_a_role_started_without_the_collectives_port_says_so_before_starting(
+    role: str, started: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README feeds a replayed stream to `asyncrl train run_id=OTHER
+    kafka.bootstrap_servers=...`: the trainer loaded the policy, then died in a traceback,
+    "RuntimeError: sync.master_port is not set (the launcher sets it for each run)"."""
+    import asyncrl.commands as commands
+    import asyncrl.consumers.trainer as trainer
+    import asyncrl.producers.worker as worker
+
+    def never(*_args: object, **_kw: object) -> None:
+        raise AssertionError(f"{started} started with no sync.master_port")
+
+    monkeypatch.setattr(trainer, "Trainer", never)
+    monkeypatch.setattr(worker, "RolloutWorker", never)
+    monkeypatch.setattr(commands, "_finished_on_log", lambda cfg, bootstrap: None)
+    argv = [role, "run_id=other", "kafka.bootstrap_servers=127.0.0.1:1", f"output_dir={tmp_path}"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, f"actor_rollout_ref.model.cache_dir={tmp_path / 'cache'}"])
+    assert str(exc.value).startswith(f"asyncrl {role}: sync.master_port is not set")
+    assert "sync.master_port=PORT" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["step", "abc"], "replay step takes a step number (1, 2, ...), not 'abc'"),
+        (["step", "0"], "replay step takes a step number (1, 2, ...), not '0'"),
+        (
+            ["topic", "steps", "--to-run", "x"],
+            "replay topic takes samples or partials, not 'steps'",
+        ),
+        (
+            ["topic", "samples", "--to-run", "x", "--versions", "3-7"],
+            "--versions takes a range LOW..HIGH such as 3..7, or one version, not '3-7'",
+        ),
+        (  # it warm-started a model of that shape (~45 s), then died loading the checkpoint
+            ["step", "5", "actor_rollout_ref.model.hidden_size=64"],
+            "actor_rollout_ref.model.hidden_size: replay step runs the step on the model its "
+            "checkpoint holds, so the model's shape and warm start are the run's; override the "
+            "update instead (actor_rollout_ref.actor.*, algorithm.*)",
+        ),
+    ],
+)
+def test_a_bad_replay_argument_is_one_line_before_the_log_is_opened(
+    argv: list[str],
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`asyncrl replay step abc` and `--versions 3-7` ended in int()'s ValueError traceback,
+    after a throwaway broker had served the run's archive (~5 s) for nothing."""
+    import asyncrl.commands as commands
+
+    def opened(*_args: object, **_kw: object) -> None:
+        raise AssertionError("the run's log was opened")
+
+    monkeypatch.setattr(commands, "_log_broker", opened)
+    assert main(["replay", *argv, "--output-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"asyncrl replay: {said}\n"
+
+
+def test_replay_topic_into_a_closed_port_says_so_before_the_log_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--to-bootstrap` on a loopback port nothing listens on: the source's archive was served
+    first, then 15 s of retries ended in "no Kafka broker reachable at ...
+    (kafka.bootstrap_servers)", naming a key the user had not set."""
+    import asyncrl.commands as commands
+
+    def opened(*_args: object, **_kw: object) -> None:
+        raise AssertionError("the run's log was opened")
+
+    monkeypatch.setattr(commands, "_log_broker", opened)
+    closed = f"127.0.0.1:{free_port()}"
+    argv = ["replay", "topic", "samples", "--to-run", "x", "--to-bootstrap", closed]
+    assert main([*argv, "--output-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"asyncrl replay: nothing listens at {closed} (--to-bootstrap): start run x's broker "
+        "(`asyncrl broker --port PORT`), or name the one it runs on\n"
+    )

@@ -222,3 +222,48 @@ with run_lock(load_config(overrides=["run_id=demo", "output_dir='{tmp_path}'"]))
         first.wait(30)
     with pytest.raises(Launched):  # its lock went with it
         launcher.run(cfg, Console(file=io.StringIO()))
+
+
+def test_a_restarted_role_is_named_with_its_new_pid(tmp_path, monkeypatch):
+    """`asyncrl run`'s roles are forked from a preloaded server, so ps shows each as that
+    server's command line: the launcher's console is where a user finds which pid is the
+    trainer (to py-spy it, to SIGTERM a worker); a restart named no pid."""
+    import asyncrl.kafka
+    from asyncrl.launch import launcher
+
+    class NoSteps:
+        def __init__(self, *_args, **_kw) -> None: ...
+
+        def assign(self, _topic) -> None: ...
+
+        def watermarks(self, _topic):
+            return {0: (0, 0)}
+
+        def poll(self, _timeout):
+            return []
+
+        def close(self) -> None: ...
+
+    class Proc:
+        def __init__(self, pid: int, code: int) -> None:
+            self.pid, self.code = pid, code
+
+        def poll(self) -> int:
+            return self.code
+
+    monkeypatch.setattr(asyncrl.kafka, "Reader", NoSteps)
+    cfg = _cfg(tmp_path)
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / "summary.json").write_text('{"step": 0}')
+    out = io.StringIO()
+    launcher._follow(
+        cfg,
+        "127.0.0.1:1",
+        {"trainer": (Proc(7, -9), tmp_path / "trainer.log")},
+        Console(file=out, width=200),
+        tmp_path / "config.yaml",
+        lambda _name, _cmd, log: (Proc(4242, 0), log),
+    )
+    assert "trainer exited with code -9; restarting it (1/3, pid 4242); it resumes" in (
+        out.getvalue()
+    )
