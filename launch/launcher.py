@@ -35,7 +35,7 @@ from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.launch.log_archive import ArchiveError
 from asyncrl.launch.preflight import check_startable
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
-from asyncrl.launch.progress import StepProgress, wide_console
+from asyncrl.launch.progress import StepProgress, counts_text, wide_console
 
 
 class RunFailed(RuntimeError):
@@ -649,5 +649,7 @@ def _print_summary(
     for key, value in summary.items():
         if isinstance(value, float):
             value = f"{value:.3f}"
+        elif isinstance(value, dict):
+            value = counts_text(value)
         table.add_row(str(key), str(value))
     console.print(table)

@@ -29,6 +29,12 @@ def wide_console() -> Console:
     return Console(width=PIPED_WIDTH) if piped else Console()
 
 
+def counts_text(counts: dict) -> str:
+    """``{"stale": 3}`` as "stale 3", and an empty one as "none": the run summary and the
+    report showed the raw dict ("dropped {}")."""
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
+
+
 def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 

@@ -28,6 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from asyncrl.launch.progress import counts_text
 from asyncrl.ops.plots import bar_plot, line_plot, stacked_bars
 
 STALENESS_PREFIX = "fully_async/staleness/count_"
@@ -350,7 +351,7 @@ def _markdown(
         ("samples/s (whole run)", f"{last['perf/samples_per_s']:.2f}"),
         ("samples trained", trained or "-"),
         ("of them stale", f"{stale} ({stale / trained:.0%})" if trained else "-"),
-        ("dropped", summary.get("dropped", "-")),
+        ("dropped", counts_text(summary["dropped"]) if "dropped" in summary else "-"),
         *offpolicy_facts(rows, summary),
     ]
     if windows:

@@ -88,3 +88,10 @@ def test_off_a_terminal_a_run_writes_whole_lines(monkeypatch, tmp_path):
     with pytest.raises(Started):
         launcher.run(cfg)
     assert len(made) == 1  # the run's own console, when none is given
+
+
+def test_counts_read_as_words_not_as_a_dict():
+    from asyncrl.launch.progress import counts_text
+
+    assert counts_text({}) == "none"
+    assert counts_text({"stale": 3, "invalid": 1}) == "stale 3, invalid 1"

@@ -45,6 +45,7 @@ def test_report_states_the_scripted_figures(tmp_path):
     assert "| of it out of budget, mean of windows | 0.20 |" in md
     assert "| engine occupancy, mean of windows | 0.70 |" in md
     assert "| engine left empty out of budget, mean | 0.25 |" in md
+    assert "| dropped | none |" in md  # was the raw dict: "dropped {}"
     pngs = sorted(p.name for p in (run / "report").glob("*.png"))
     assert pngs == [
         "idle_ratios.png",
