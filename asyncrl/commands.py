@@ -10,7 +10,7 @@ import contextlib
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -126,10 +126,13 @@ def _config_file(args: argparse.Namespace, run_dir):
 
 
 @contextlib.contextmanager
-def _log_broker(cfg, args: argparse.Namespace, role: str) -> Iterator[str]:
+def _log_broker(
+    cfg, args: argparse.Namespace, role: str, topics: Collection[str] | None = None
+) -> Iterator[str]:
     """The broker holding the run's log: the run's archived log (``asyncrl run`` with the
     embedded broker keeps it in runs/<run_id>/log) served by a throwaway broker, unless
-    kafka.bootstrap_servers is given on this command line; else the configured broker."""
+    kafka.bootstrap_servers is given on this command line; else the configured broker.
+    ``topics``: the run topics the command reads, the only ones the throwaway one gets."""
     from asyncrl.launch.log_archive import has_archive, offline_broker
 
     named = _named_bootstrap(args)
@@ -137,7 +140,7 @@ def _log_broker(cfg, args: argparse.Namespace, role: str) -> Iterator[str]:
         from asyncrl.launch.log_archive import log_dir
 
         logging.getLogger("asyncrl").info("reading the run's archived log, %s", log_dir(cfg))
-        with offline_broker(cfg) as bootstrap:
+        with offline_broker(cfg, topics) as bootstrap:
             yield bootstrap
     else:
         yield _reading_bootstrap(cfg, role, named)
@@ -471,7 +474,7 @@ def _time_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from asyncrl.ops.inspect_log import inspect_topic
+    from asyncrl.ops.inspect_log import READS, inspect_topic
 
     cfg = _load_run(args)
     try:
@@ -479,7 +482,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"asyncrl inspect: {err}", file=sys.stderr)
         return 2
-    with _log_broker(cfg, args, "inspect") as bootstrap:
+    with _log_broker(cfg, args, "inspect", READS[args.topic]) as bootstrap:
         inspect_topic(
             cfg, bootstrap, args.topic, table_console(), args.start, args.end, args.json, args.text,
             since, until,
@@ -510,14 +513,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from asyncrl.ops.replay import ReplayError, replay_step, replay_topic
+    from asyncrl.ops.replay import STEP_READS, ReplayError, replay_step, replay_topic
 
     cfg = _load_run(args)
     try:
         if args.what == "step":
             step = _replay_step_number(args.target)
             _replayable_overrides(args.overrides)
-            with _log_broker(cfg, args, "replay") as bootstrap:
+            with _log_broker(cfg, args, "replay", STEP_READS) as bootstrap:
                 replay_step(cfg, bootstrap, step, Console())
         else:
             if args.target not in ("samples", "partials"):

@@ -82,7 +82,10 @@ class Snapshot:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     rng: torch.Tensor
-    state_json: str
+    state: dict[str, Any]
+    """Step, version, batcher state and metrics, serialized by the writer's thread: the
+    batcher's settled ids grow with the run, and encoding them on the trainer's thread (with
+    an indent: Python's slow encoder) took seconds per save in a long run."""
 
 
 def snapshot(
@@ -107,15 +110,17 @@ def snapshot(
     raw = {
         "step": state.step,
         "version": state.version,
-        "batcher": state.batcher,
-        "metrics": state.metrics,
+        # Copies: the trainer goes on changing its own while the writer encodes these
+        # (``SampleBatcher.state`` returns fresh containers of immutable values).
+        "batcher": dict(state.batcher),
+        "metrics": dict(state.metrics),
     }
     return Snapshot(
         step=state.step,
         model=host(model.state_dict()),
         optimizer=host(optimizer.state_dict()),
         rng=torch.get_rng_state(),
-        state_json=json.dumps(raw, indent=1),
+        state=raw,
     )
 
 
@@ -142,7 +147,7 @@ def write_checkpoint(run_dir: Path, snap: Snapshot, keep: int = 3) -> Path:
         torch.save(snap.model, tmp / "model.pt")
         torch.save(snap.optimizer, tmp / "optimizer.pt")
         torch.save({"torch": snap.rng}, tmp / "rng.pt")
-        (tmp / "state.json").write_text(snap.state_json)
+        (tmp / "state.json").write_text(json.dumps(snap.state))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its room back
         raise

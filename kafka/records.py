@@ -34,6 +34,10 @@ def read_records(
     ``since_ms``/``until_ms`` select by record timestamp, exactly: the broker's offset-for-time
     lookup only positions the read (Tansu answers the start of the record batch, which may hold
     earlier records), and every record is then checked against the requested time itself.
+
+    ``timeout_s`` bounds a stall (no record read for that long), not the read: a long run's
+    topics hold millions of records (its prompts: every step's, fed at the start), and a
+    deadline on the whole read made resuming it, or auditing it, fail.
     """
     topic = cfg.topic(name)
     with Reader(cfg.kafka, bootstrap, raw_decode) as reader:
@@ -50,8 +54,13 @@ def read_records(
         deadline = time.monotonic() + timeout_s
         while remaining:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} up to {stops} within {timeout_s:.0f} s")
-            for rec in reader.poll(0.2):
+                raise TimeoutError(
+                    f"could not read {topic} up to {stops}: no record for {timeout_s:.0f} s"
+                )
+            records = reader.poll(0.2)
+            if records:
+                deadline = time.monotonic() + timeout_s
+            for rec in records:
                 in_time = (since_ms is None or rec.timestamp_ms >= since_ms) and (
                     until_ms is None or rec.timestamp_ms < until_ms
                 )

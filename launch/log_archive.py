@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -386,11 +386,18 @@ def write_group_offsets(directory: Path, saved: dict[str, dict[str, int]]) -> No
 
 
 # --- putting it back ----------------------------------------------------------------------------
-def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> int:
+def restore(
+    cfg: RunConfig,
+    bootstrap: str,
+    directory: Path | None = None,
+    topics: Collection[str] | None = None,
+) -> int:
     """Write an archive into a broker whose run topics are empty; returns the records written.
 
     Each partition is produced in offset order by one idempotent producer, so the broker
     gives every record its archived offset (checked); then the groups' offsets are committed.
+    ``topics``: only these run topics (names as in ``kafka.topics.partitions``, e.g. "steps");
+    None: all of them.
     """
     from confluent_kafka import Producer
 
@@ -410,7 +417,11 @@ def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> in
         {**producer_config(cfg.kafka, bootstrap), **client_callbacks(cfg.kafka, bootstrap)}
     )
     expected: dict[str, int] = {}
-    for (topic, partition), path in _in_read_order(cfg, archived_partitions(directory)):
+    partitions = archived_partitions(directory)
+    if topics is not None:
+        wanted = {cfg.topic(name) for name in topics}
+        partitions = {k: path for k, path in partitions.items() if k[0] in wanted}
+    for (topic, partition), path in _in_read_order(cfg, partitions):
         if topic not in expected and count_records(cfg.kafka, bootstrap, topic):
             raise ArchiveError(f"{topic} is not empty: an archive is restored into a new broker")
         expected.setdefault(topic, 0)
@@ -441,7 +452,7 @@ def restore(cfg: RunConfig, bootstrap: str, directory: Path | None = None) -> in
         got = count_records(cfg.kafka, bootstrap, topic)
         if got != n:
             raise ArchiveError(f"{topic}: restored {got} records, the archive holds {n}")
-    restore_group_offsets(cfg, bootstrap, directory)
+    restore_group_offsets(cfg, bootstrap, directory, topics)
     return written
 
 
@@ -456,24 +467,31 @@ def _in_read_order(
     return sorted(partitions.items(), key=lambda kv: (rank.get(kv[0][0], len(rank)), kv[0]))
 
 
-def restore_group_offsets(cfg: RunConfig, bootstrap: str, directory: Path) -> None:
+def restore_group_offsets(
+    cfg: RunConfig, bootstrap: str, directory: Path, only: Collection[str] | None = None
+) -> None:
+    """Commit the archived groups' offsets (``only``: of the groups on these run topics)."""
     from asyncrl.kafka import Reader, raw_decode
 
     path = directory / GROUPS_FILE
     if not path.exists():
         return
     topics = _groups(cfg)
+    restored = None if only is None else {cfg.topic(name) for name in only}
     for group, offsets in json.loads(path.read_text()).items():
         topic = topics.get(group)
-        if topic is None or not offsets:
+        if topic is None or not offsets or (restored is not None and topic not in restored):
             continue
         with Reader(cfg.kafka, bootstrap, raw_decode, group_id=group) as reader:
             reader.commit({(topic, int(p)): o for p, o in offsets.items()})
 
 
 @contextlib.contextmanager
-def offline_broker(cfg: RunConfig) -> Iterator[str]:
-    """A broker holding the run's archived log, for tools run after the run (no broker up)."""
+def offline_broker(cfg: RunConfig, topics: Collection[str] | None = None) -> Iterator[str]:
+    """A broker holding the run's archived log, for tools run after the run (no broker up).
+    ``topics``: only the run topics the tool reads; the prompts topic of a long run holds
+    millions of records (every step's, fed at the start), and restoring it took minutes
+    before ``asyncrl inspect steps`` could read a record."""
     from asyncrl.launch.broker import EmbeddedBroker
 
     if not has_archive(cfg):
@@ -483,5 +501,5 @@ def offline_broker(cfg: RunConfig) -> Iterator[str]:
         )
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap
-        restore(cfg, bootstrap)
+        restore(cfg, bootstrap, topics=topics)
         yield bootstrap

@@ -220,6 +220,17 @@ ROWS = {
 }
 
 
+READS: dict[str, tuple[str, ...]] = {
+    "samples": ("samples", "steps", "control"),  # the step in force that trained each
+    "partials": ("partials",),
+    "control": ("control",),
+    "steps": ("steps", "control"),  # the restarts that voided steps
+    "dead-letter": ("dead-letter",),
+}
+"""Per topic shown, the run topics its rows are made from: all an archived log's broker
+needs restored (never ``prompts``, a long run's largest)."""
+
+
 def inspect_topic(
     cfg: RunConfig,
     bootstrap: str,

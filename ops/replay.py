@@ -41,6 +41,10 @@ def _ckpt(cfg: RunConfig, step: int) -> Path:
     return cfg.run_dir / "checkpoints" / f"step_{step:06d}"
 
 
+STEP_READS = ("steps", "samples")
+"""The run topics ``replay_step`` reads: all an archived log's broker needs restored."""
+
+
 def find_step(cfg: RunConfig, bootstrap: str, step: int) -> StepRecord:
     """The standing record of ``step``: the last one on the log. A trainer restarted from an
     earlier checkpoint writes the step again, and its record (and checkpoint) replace the

@@ -95,3 +95,21 @@ def test_the_groups_offsets_archived_at_the_end_are_read_at_the_end(make_run_cfg
     archiver.stop()
     saved = json.loads((archiver.directory / GROUPS_FILE).read_text())
     assert set(saved[f"{cfg.run_id}.rollout"].values()) == {2}
+
+
+def test_a_tool_gets_only_the_topics_it_reads_restored(make_run_cfg):
+    """``asyncrl inspect steps`` on a long run restored its millions of prompts first."""
+    cfg = make_run_cfg()
+    bootstrap = cfg.kafka.bootstrap_servers
+    archiver = Archiver(cfg, bootstrap).start()
+    with Publisher(cfg.kafka, bootstrap) as pub:
+        for i in range(30):
+            pub.publish(cfg.topic("prompts"), f"p{i}", b"prompt")
+        for i in range(3):
+            pub.publish(cfg.topic("steps"), str(i), b"step")
+    with Reader(cfg.kafka, bootstrap, raw_decode, group_id=f"{cfg.run_id}.rollout") as group:
+        group.commit({(cfg.topic("prompts"), p): 1 for p in group.partitions(cfg.topic("prompts"))})
+    archiver.stop()
+    with offline_broker(cfg, topics=("steps",)) as offline:
+        assert len(list(read_records(cfg, offline, "steps"))) == 3
+        assert list(read_records(cfg, offline, "prompts")) == []

@@ -412,3 +412,60 @@ def test_a_live_runs_topics_are_read_before_what_they_refer_to(tmp_path, monkeyp
     assert read.index("control") > max(read.index(t) for t in ("samples", "steps", "prompts"))
     files = {(cfg.topic(t), 0): tmp_path / t for t in sorted(READ_ORDER)}  # alphabetical
     assert [t for (t, _), _ in _in_read_order(cfg, files)] == [cfg.topic(t) for t in READ_ORDER]
+
+
+class _Raw:
+    """A record's raw value that counts how many are alive at once."""
+
+    alive = 0
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+        _Raw.alive += 1
+
+    def __del__(self) -> None:
+        _Raw.alive -= 1
+
+
+def test_the_log_is_decoded_as_it_is_read_not_held_raw_first(monkeypatch):
+    """The audit of the soak run (1.6M prompts) held every raw record before decoding any,
+    and took 5 GB: at most a few raw values may be alive while a topic is decoded."""
+    from asyncrl.config import load_config
+    from asyncrl.kafka import Record, records
+    from asyncrl.ops.audit import read_run_log
+    from asyncrl.schemas import prompt as prompt_schema
+
+    cfg = load_config(None, [])
+    n, peak = 500, []
+
+    def read_records(_cfg, _bootstrap, name, *_a, **_kw):
+        for i in range(n if name == "prompts" else 0):
+            yield Record(cfg.topic(name), i % 2, i // 2, None, i, {}, _Raw(i))
+
+    def decode_prompt(value, _headers):
+        peak.append(_Raw.alive)
+        return PromptRecord(f"p{value.i}", "1+1=", "2")
+
+    class _Group:
+        def __init__(self, *_a, **_kw) -> None:
+            pass
+
+        def __enter__(self) -> _Group:
+            return self
+
+        def __exit__(self, *_exc) -> None:
+            return None
+
+        def partitions(self, _topic: str) -> list[int]:
+            return [0, 1]
+
+        def committed(self, tps):
+            return {tp: 100 for tp in tps}
+
+    monkeypatch.setattr(records, "read_records", read_records)
+    monkeypatch.setattr(prompt_schema, "decode_prompt", decode_prompt)
+    monkeypatch.setattr("asyncrl.kafka.Reader", _Group)
+    log = read_run_log(cfg, "b:9092")
+    assert len(log.prompts) == n and max(peak) <= 2
+    assert [p.prompt_id for p in log.prompts[:3]] == ["p0", "p1", "p2"]  # by time
+    assert log.committed == {f"p{i}@0" for i in range(200)}  # offsets 0-99 of both

@@ -188,3 +188,19 @@ def test_a_token_id_past_the_vocabulary_is_dropped_and_settled():
     assert "token id 9 outside the policy's vocabulary (4 ids)" in dropped.reason
     assert b.consumed == {1: 1} and b.dropped == {"invalid": 1}
     assert b.offer(rec(1), current_version=0) is None and len(b) == 1
+
+
+def test_the_checkpoint_state_costs_one_pass_over_the_settled_ids(monkeypatch):
+    """A long run settles hundreds of thousands of ids and saves every save_freq steps: each
+    id tested against the whole queue made every save slower as the run went on."""
+    b = SampleBatcher()
+    for i in range(1000):
+        b.offer(rec(i), 0)
+    b.take(990)
+    calls = []
+    queued = SampleBatcher._queued
+    monkeypatch.setattr(SampleBatcher, "_queued", lambda self: calls.append(1) or queued(self))
+    state = b.state()
+    assert len(calls) <= 1
+    assert len(state["settled"]) == 990 and "s995" not in state["settled"]
+    assert state["settled"]["s3"] == (0, 3)

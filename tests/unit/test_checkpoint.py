@@ -177,3 +177,29 @@ def test_a_run_has_one_trainer_and_its_lock_goes_with_it(tmp_path):
     lock = trainer_lock(tmp_path)
     assert f"pid {os.getpid()}" in (tmp_path / "checkpoints" / ".trainer.lock").read_text()
     lock.close()
+
+
+def test_the_state_is_encoded_on_the_writer_thread(tmp_path, monkeypatch):
+    """The batcher's settled ids grow with the run; encoding them in ``snapshot`` stalled the
+    trainer for seconds per save in a long run, so the writer's thread does it."""
+    model, optimizer = _trained()
+    settled = {f"s{i}": (0, i) for i in range(1000)}
+    state = TrainerState(7, 2, {"offsets": {"0": 1000}, "settled": settled}, {"val/accuracy": 0.5})
+    encoded_on: list[str] = []
+    dumps = json.dumps
+
+    def spy(obj, **kw):
+        encoded_on.append(threading.current_thread().name)
+        return dumps(obj, **kw)
+
+    monkeypatch.setattr(json, "dumps", spy)
+    snap = snapshot(model, optimizer, state)
+    assert encoded_on == []
+    state.metrics["val/accuracy"] = 0.9  # the trainer goes on
+    writer = CheckpointWriter(tmp_path, keep=3)
+    writer.submit(snap)
+    writer.wait()
+    assert encoded_on == ["checkpoint-7"]
+    loaded = load_checkpoint(writer.written, *_trained(seed=1))
+    assert loaded.metrics == {"val/accuracy": 0.5}
+    assert loaded.batcher["settled"]["s999"] == [0, 999]

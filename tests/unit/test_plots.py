@@ -30,3 +30,28 @@ def test_whole_number_axes_get_whole_number_ticks():
     fig.canvas.draw()
     assert all(float(t).is_integer() for t in ax.get_xticks())
     plt.close(fig)
+
+
+def test_a_long_run_s_bars_are_binned_to_a_bounded_number(tmp_path, monkeypatch):
+    """Tens of thousands of syncs drew a bar each: the report of a long run spent minutes in
+    matplotlib. Past MAX_BARS the plot draws means of consecutive bars."""
+    from matplotlib.axes import Axes
+
+    from asyncrl.ops import plots
+
+    drawn: list[int] = []
+    bar = Axes.bar
+    monkeypatch.setattr(
+        Axes, "bar", lambda ax, x, *a, **kw: drawn.append(len(x)) or bar(ax, x, *a, **kw)
+    )
+    n = 10 * plots.MAX_BARS + 3
+    x = list(range(1, n + 1))
+    path = plots.stacked_bars(
+        x, {"a": [1.0] * n, "b": [float(v) for v in x]}, tmp_path / "s.png", "t", "v", "ms"
+    )
+    assert path.stat().st_size > 0
+    assert drawn and max(drawn) <= plots.MAX_BARS
+    xs, parts, size = plots.bin_bars(x, {"b": [float(v) for v in x]}, plots.MAX_BARS)
+    assert size == 11 and len(xs) <= plots.MAX_BARS
+    assert xs[0] == 6.0 and parts["b"][0] == 6.0  # the mean of bars 1-11
+    assert xs[-1] == parts["b"][-1] == (n - (n - 1) % size + n) / 2  # the last, shorter run
