@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -33,16 +34,14 @@ def test_a_forked_role_writes_its_log_and_reports_its_exit_code(tmp_path):
     assert "invalid choice: 'no-such-command'" in log.read_text()
 
 
-def test_a_forked_role_ends_with_the_launcher_even_when_it_is_sigkilled(tmp_path):
-    """multiprocessing hands each child a copy of the server's "alive" pipe, so the server
-    (and, through PDEATHSIG, the child) would outlive a killed launcher; a role closes its
-    copy, and a thread of its own kills it the moment the launcher is gone."""
-    log = tmp_path / "broker.log"
-    launcher = subprocess.Popen(
+def _launcher_of_a_broker_role(log, **popen: Any) -> subprocess.Popen:
+    """A process that forks a broker role (its output to ``log``), prints the role's pid and
+    sleeps: a launcher, for what happens to its role."""
+    return subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time\n"
+            "import time\n"
             "from pathlib import Path\n"
             "from asyncrl.launch.process import spawn_role\n"
             f"proc, _ = spawn_role(['broker'], Path({str(log)!r}))\n"
@@ -51,7 +50,16 @@ def test_a_forked_role_ends_with_the_launcher_even_when_it_is_sigkilled(tmp_path
         ],
         stdout=subprocess.PIPE,
         text=True,
+        **popen,
     )
+
+
+def test_a_forked_role_ends_with_the_launcher_even_when_it_is_sigkilled(tmp_path):
+    """multiprocessing hands each child a copy of the server's "alive" pipe, so the server
+    (and, through PDEATHSIG, the child) would outlive a killed launcher; a role closes its
+    copy, and a thread of its own kills it the moment the launcher is gone."""
+    log = tmp_path / "broker.log"
+    launcher = _launcher_of_a_broker_role(log)
     pid = -1
     try:
         assert launcher.stdout is not None
@@ -149,20 +157,8 @@ def test_a_launcher_that_ignores_sigint_starts_roles_that_ignore_it(tmp_path):
     as a role exec'd from it would be; a forked role took it back, and a SIGINT to the group
     stopped the workers while the launcher and the trainer went on."""
     log = tmp_path / "broker.log"
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import time\n"
-            "from pathlib import Path\n"
-            "from asyncrl.launch.process import spawn_role\n"
-            f"proc, _ = spawn_role(['broker'], Path({str(log)!r}))\n"
-            "print(proc.pid, flush=True)\n"
-            "time.sleep(600)\n",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    launcher = _launcher_of_a_broker_role(
+        log, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)
     )
     try:
         assert launcher.stdout is not None
