@@ -39,6 +39,16 @@ def _ckpt_root(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` is (or would be) written."""
+    return _ckpt_root(run_dir) / f"step_{step:06d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a checkpoint directory ``checkpoint_dir`` named."""
+    return int(path.name.removeprefix("step_"))
+
+
 class TrainerAlreadyRunning(RuntimeError):
     """Another trainer holds this run's checkpoints (``trainer_lock``)."""
 
@@ -139,7 +149,7 @@ def write_checkpoint(run_dir: Path, snap: Snapshot, keep: int = 3) -> Path:
 
     root = _ckpt_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{snap.step:06d}"
+    final = checkpoint_dir(run_dir, snap.step)
     tmp = root / f".tmp_step_{snap.step:06d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

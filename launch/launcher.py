@@ -79,7 +79,7 @@ def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console
     back what they hold. They were SIGKILLed at once: the trainer's checkpoint was cut short,
     and a run stopped at step 16 with ``save_freq=10`` trained steps 11-16 again. A second
     Ctrl-C (or SIGTERM) during the wait kills them at once (the caller's ``finally``)."""
-    from asyncrl.consumers.checkpoint import latest_checkpoint
+    from asyncrl.consumers.checkpoint import checkpoint_step, latest_checkpoint
 
     alive = {name: proc for name, (proc, _) in procs.items() if proc.poll() is None}
     if alive:
@@ -97,7 +97,7 @@ def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console
             console.log(f"[red]{name} did not stop within {STOP_GRACE_S:g} s: killed")
             proc.kill()
     latest = latest_checkpoint(cfg.run_dir)
-    where = f"from step {int(latest.name.removeprefix('step_'))}" if latest else "from its start"
+    where = f"from step {checkpoint_step(latest)}" if latest else "from its start"
     console.log(f"stopped: run the same command again to resume the run {where}")
 
 

@@ -23,10 +23,10 @@ class ExportError(RuntimeError):
 def checkpoint_of(cfg: RunConfig, step: int | None) -> Path:
     """The checkpoint directory of ``step``, or the run's latest; ExportError names what is
     there instead."""
-    from asyncrl.consumers.checkpoint import latest_checkpoint
+    from asyncrl.consumers.checkpoint import checkpoint_dir, latest_checkpoint
 
     root = cfg.run_dir / "checkpoints"
-    path = latest_checkpoint(cfg.run_dir) if step is None else root / f"step_{step:06d}"
+    path = latest_checkpoint(cfg.run_dir) if step is None else checkpoint_dir(cfg.run_dir, step)
     if path is None or not (path / "model.pt").is_file():
         kept = sorted(p.name for p in root.glob("step_*") if (p / "model.pt").is_file())
         what = "no checkpoint" if step is None else f"no checkpoint of step {step}"

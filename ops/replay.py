@@ -38,7 +38,9 @@ class ReplayError(RuntimeError):
 
 
 def _ckpt(cfg: RunConfig, step: int) -> Path:
-    return cfg.run_dir / "checkpoints" / f"step_{step:06d}"
+    from asyncrl.consumers.checkpoint import checkpoint_dir
+
+    return checkpoint_dir(cfg.run_dir, step)
 
 
 STEP_READS = ("steps", "samples")
