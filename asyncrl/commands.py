@@ -59,7 +59,7 @@ def _run_dir_of_config(args: argparse.Namespace, cfg):
     nothing listened at the finished run's broker."""
     from pathlib import Path
 
-    if not args.config or any(o.partition("=")[0] == "output_dir" for o in args.overrides):
+    if not args.config or _overrides_key(args, "output_dir"):
         return None
     here = Path(args.config).resolve().parent
     named = here.name == cfg.run_id or here.name.startswith(f"{cfg.run_id}.")
@@ -147,7 +147,12 @@ def _log_broker(
 
 
 def _named_bootstrap(args: argparse.Namespace) -> bool:
-    return any(o.partition("=")[0] == "kafka.bootstrap_servers" for o in args.overrides)
+    return _overrides_key(args, "kafka.bootstrap_servers")
+
+
+def _overrides_key(args: argparse.Namespace, key: str) -> bool:
+    """Whether the command line sets ``key`` (``key=value``)."""
+    return any(o.partition("=")[0] == key for o in args.overrides)
 
 
 def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
