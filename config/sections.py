@@ -87,14 +87,15 @@ class DataConfig(Strict):
 
     @property
     def train_paths(self) -> list[str]:
-        return _paths(self.train_files)
+        return file_paths(self.train_files)
 
     @property
     def val_paths(self) -> list[str]:
-        return _paths(self.val_files)
+        return file_paths(self.val_files)
 
 
-def _paths(value: str | list[str] | None) -> list[str]:
+def file_paths(value: str | list[str] | None) -> list[str]:
+    """data.train_files/val_files as a list: one file, a list of them, or none."""
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)

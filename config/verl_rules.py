@@ -97,9 +97,10 @@ def _epoch_size(get: Get) -> int:
 
     import pyarrow.parquet as pq
 
+    from asyncrl.config.sections import file_paths
+
     try:
-        paths = [files] if isinstance(files, str) else list(files)
-        return sum(pq.read_metadata(Path(str(p)).expanduser()).num_rows for p in paths)
+        return sum(pq.read_metadata(Path(str(p)).expanduser()).num_rows for p in file_paths(files))
     except (OSError, ValueError):  # not readable: the start-up checks name the file
         return int(get("data.train_size"))
 
