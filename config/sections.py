@@ -384,6 +384,10 @@ class OverlongBufferConfig(Strict):
     """The length the buffer ends at (verl's reward_kwargs.max_resp_len); None:
     data.max_response_length."""
 
+    def end(self, max_response_length: int) -> int:
+        """The length the buffer ends at, given data.max_response_length."""
+        return self.max_resp_len or max_response_length
+
 
 class AlgorithmConfig(Strict):
     adv_estimator: Literal["grpo"] = "grpo"
@@ -630,7 +634,7 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _check_overlong(self) -> RunConfig:
         buffer = self.algorithm.overlong_buffer
-        end = buffer.max_resp_len or self.data.max_response_length
+        end = buffer.end(self.data.max_response_length)
         if buffer.enable and buffer.len >= end:
             raise ValueError(
                 f"algorithm.overlong_buffer.len={buffer.len} is not below the length it ends "

@@ -39,7 +39,7 @@ class TrajectoryScorer:
         self.failures = 0
         self.overlong = overlong if overlong is not None and overlong.enable else None
         """DAPO's overlong penalty, added to each reward that did not fail (None: off)."""
-        self.overlong_end = (overlong and overlong.max_resp_len) or max_resp_len
+        self.overlong_end = overlong.end(max_resp_len) if overlong is not None else max_resp_len
         """The length the penalty's buffer ends at."""
 
     def __call__(self, prompt: PromptRecord, state: AgentState, request_id: str) -> Scored:
