@@ -4,6 +4,7 @@ accounted for)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 from rich.console import Console
@@ -53,19 +55,27 @@ def _kill_when(cfg, pids: dict[str, int], name: str, at_step: int, out: dict) ->
         os.kill(pids[name], signal.SIGKILL)
 
 
-def _run_with_fault(cfg, fault, *args, join_s: float = 30) -> tuple[dict, dict, str]:
-    """``asyncrl run``'s job with ``fault(cfg, pids, *args, record)`` on a thread beside it
-    (the pids of the processes the launcher spawns, a dict it records in); (the summary,
-    that record, what the launcher printed)."""
+@contextlib.contextmanager
+def _fault_beside(cfg, fault, *args, join_s: float = 30) -> Iterator[tuple[dict, dict]]:
+    """``fault(cfg, pids, *args, record)`` on a thread beside the block, which runs the run;
+    yields (the pids the launcher is to tell of the processes it spawns, the dict the fault
+    records in)."""
     pids: dict[str, int] = {}
     record: dict = {}
     thread = threading.Thread(target=fault, args=(cfg, pids, *args, record))
     thread.start()
-    out = io.StringIO()
     try:
-        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
+        yield pids, record
     finally:
         thread.join(join_s)
+
+
+def _run_with_fault(cfg, fault, *args, join_s: float = 30) -> tuple[dict, dict, str]:
+    """``asyncrl run``'s job with a fault beside it (``_fault_beside``); (the summary, the
+    fault's record, what the launcher printed)."""
+    out = io.StringIO()
+    with _fault_beside(cfg, fault, *args, join_s=join_s) as (pids, record):
+        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
     return summary, record, out.getvalue()
 
 
@@ -200,16 +210,12 @@ def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(
         create_topics=False,
     )
     cfg.kafka.bootstrap_servers = None  # the embedded default, as `make run` uses it
-    pids: dict[str, int] = {}
-    killed: dict = {}
-    killer = threading.Thread(target=_kill_broker_at, args=(cfg, pids, 3, killed))
-    killer.start()
     out = io.StringIO()
-    try:
-        with pytest.raises(BrokerDied, match="run the same command again"):
-            run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
-    finally:
-        killer.join(30)
+    with (
+        _fault_beside(cfg, _kill_broker_at, 3) as (pids, killed),
+        pytest.raises(BrokerDied, match="run the same command again"),
+    ):
+        run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
     assert killed
     summary = run(cfg, Console(file=out, width=200))  # the same command again
     assert summary["step"] == steps
@@ -576,16 +582,12 @@ def test_a_run_whose_last_worker_is_told_to_stop_says_so_and_fails_once(make_run
     cfg = make_run_cfg(
         *SMALL, *quick_policy, "trainer.total_training_steps=40", "sync.timeout_s=10"
     )
-    pids: dict[str, int] = {}
-    stopped: dict = {}
-    thread = threading.Thread(target=_terminate_when, args=(cfg, pids, "rollout-0", 3, stopped))
-    thread.start()
     out = io.StringIO()
-    try:
-        with pytest.raises(RunFailed, match="no rollout worker is left to generate"):
-            run(cfg, Console(file=out, width=300), on_spawn=pids.__setitem__)
-    finally:
-        thread.join(30)
+    with (
+        _fault_beside(cfg, _terminate_when, "rollout-0", 3) as (pids, stopped),
+        pytest.raises(RunFailed, match="no rollout worker is left to generate"),
+    ):
+        run(cfg, Console(file=out, width=300), on_spawn=pids.__setitem__)
     assert stopped, "the worker was never stopped"
     said = out.getvalue()
     assert "rollout-0 was stopped (SIGTERM) and left the run; not restarted" in said
