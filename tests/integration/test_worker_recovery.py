@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -155,23 +156,31 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
     )
 
 
+def _finished_on_log(cfg, config: Path, reason: str) -> Path:
+    """A run whose control log ends with RunFinished (step 12, ``reason``), its config written
+    to ``config``: what a role started again after the end finds."""
+    from asyncrl.config import dump_config
+    from asyncrl.kafka import Publisher
+    from asyncrl.schemas import SCHEMA_HEADER
+
+    done = ev.RunFinished(cfg.run_id, 3, step=12, reason=reason)
+    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        pub.publish(
+            cfg.topic("control"), cfg.run_id, ev.encode_event(done), {SCHEMA_HEADER: done.tag()}
+        )
+    dump_config(cfg, config)
+    return config
+
+
 def test_a_worker_started_on_a_finished_run_says_so_and_leaves(make_run_cfg, tmp_path, capsys):
     """A second `docker compose up` of one RUN_ID: its workers joined a trainer long gone,
     waited sync.timeout_s (300 s) deaf to SIGTERM and died with a traceback. A run never
     prepared ended in a librdkafka traceback (UNKNOWN_TOPIC_OR_PART)."""
     from asyncrl.cli import main
     from asyncrl.config import dump_config
-    from asyncrl.kafka import Publisher
-    from asyncrl.schemas import SCHEMA_HEADER
 
     cfg = make_run_cfg("sync.timeout_s=60")
-    done = ev.RunFinished(cfg.run_id, 3, step=12, reason="total_training_steps reached")
-    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
-        pub.publish(
-            cfg.topic("control"), cfg.run_id, ev.encode_event(done), {SCHEMA_HEADER: done.tag()}
-        )
-    config = tmp_path / "run.yaml"
-    dump_config(cfg, config)
+    config = _finished_on_log(cfg, tmp_path / "run.yaml", "total_training_steps reached")
     capsys.readouterr()
     t0 = time.monotonic()
     assert main(["rollout", "--worker-id", "0", "--config", str(config)]) == 0
@@ -196,19 +205,10 @@ def test_a_trainer_started_on_a_finished_run_says_so_and_leaves(
     import subprocess
     import sys
 
-    from asyncrl.config import dump_config
-    from asyncrl.kafka import Publisher
     from asyncrl.launch.broker import free_port
-    from asyncrl.schemas import SCHEMA_HEADER
 
     cfg = make_run_cfg(*quick_policy, f"sync.master_port={free_port()}")
-    done = ev.RunFinished(cfg.run_id, 3, step=12, reason="target accuracy 0.90 reached")
-    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
-        pub.publish(
-            cfg.topic("control"), cfg.run_id, ev.encode_event(done), {SCHEMA_HEADER: done.tag()}
-        )
-    config = tmp_path / "run.yaml"
-    dump_config(cfg, config)
+    config = _finished_on_log(cfg, tmp_path / "run.yaml", "target accuracy 0.90 reached")
     try:
         out = subprocess.run(
             [sys.executable, "-m", "asyncrl", "train", "--config", str(config)],
