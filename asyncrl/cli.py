@@ -234,7 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
         "day as the tables show it (HH:MM:SS, UTC, the latest such moment), or epoch ms",
     )
     p.add_argument("--until", help="records before this time")
-    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON lines instead of a table (times ISO 8601 with the date)",
+    )
     p.add_argument("--text", action="store_true", help="decode token ids to text")
     _output_dir_arg(p)
     _config_args(p, reads_run=True)

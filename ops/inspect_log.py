@@ -64,6 +64,12 @@ def _ts(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%H:%M:%S.%f")[:-3]
 
 
+def _iso(ms: int) -> str:
+    """A record's time with its date, for ``--json`` (a table shows the time of day alone, but
+    a script joining rows of a run that crossed midnight, or of two days, needs the date)."""
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+
+
 def _consumed_at(cfg: RunConfig, bootstrap: str) -> dict[str, tuple[int, int]]:
     """sample_id -> (step, trainer version) of the step in force that trained on it (a step
     a trainer restart voided trained on nothing that lasted)."""
@@ -267,6 +273,8 @@ def inspect_topic(
             row = ROWS[name](rec, decode_text, consumed)
         except DecodeError as err:
             row = {"offset": rec.offset, "time": _ts(rec.timestamp_ms), "decode_error": str(err)}
+        if as_json:
+            row["time"] = _iso(rec.timestamp_ms)
         rows.append(row)
     if as_json:
         for row in rows:

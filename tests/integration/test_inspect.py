@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from rich.console import Console
@@ -11,7 +12,7 @@ from rich.console import Console
 from asyncrl.consumers.trainer import Trainer
 from asyncrl.kafka import Publisher
 from asyncrl.launch.launcher import run
-from asyncrl.ops.inspect_log import inspect_topic
+from asyncrl.ops.inspect_log import inspect_topic, parse_time
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas.sample import TAG, encode_sample
 from tests.integration.test_trainer_restart import TRAINER_ALONE, synthetic_sample
@@ -47,6 +48,15 @@ def test_inspect_samples_control_steps_and_dead_letter(make_run_cfg, quick_polic
 
     window = _rows(cfg, "samples", start=2, end=4)
     assert [r["offset"] for r in window] == [2, 3]
+
+    # --json rows carry the date and zone (a table shows the time of day alone), and a row's
+    # time given back to --since starts the listing at that row
+    last = datetime.fromisoformat(good[-1]["time"])
+    assert last.tzinfo is not None
+    assert abs(datetime.now(timezone.utc) - last) < timedelta(hours=1)
+    since = _rows(cfg, "samples", since_ms=parse_time(good[-1]["time"]))
+    assert good[-1]["offset"] in [r["offset"] for r in since]
+    assert all(datetime.fromisoformat(r["time"]) >= last for r in since)
 
     control = _rows(cfg, "control")
     syncs = [r["version"] for r in control if r["event"] == "SyncRequested"]
