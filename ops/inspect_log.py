@@ -144,7 +144,8 @@ def _partial_row(rec, text: Callable[[TokenIds], str] | None, _consumed) -> dict
     phases = [json.loads(a)["phase"] for a in p.agent_state if a]
     if any(phase != "generating" for phase in phases):  # agents cut in other states
         row["agent_phases"] = phases
-    if text is not None:
+    if text is not None:  # as a sample's row: what was asked, then what was written so far
+        row["prompt"] = text(p.sample.prompt_ids)
         row["responses"] = [text(t.response_ids) for t in trajs]
     return row
 

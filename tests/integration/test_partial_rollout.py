@@ -92,6 +92,11 @@ def test_interrupted_samples_continue_under_the_new_weights(make_run_cfg, demo_p
     chains = [seg for r in rows if "segments" in r for seg in r["segments"] if len(seg) > 1]
     assert chains and all(a["version"] < b["version"] for seg in chains for a, b in pairwise(seg))
     assert all(sum(s["tokens"] for s in seg) > 0 for seg in chains)
+    # `inspect partials --text`: each cut sample with its prompt, as a sample's row has it
+    cut = inspect_topic(
+        cfg, cfg.kafka.bootstrap_servers, "partials", Console(file=out), as_json=True, text=True
+    )
+    assert cut and all(r["prompt"].endswith("=") for r in cut)
 
     steps = [r.value for r in read_topic(cfg, "steps")]
     assert sum(x.metrics["fully_async/partial/total_partial_num"] for x in steps) > 0
