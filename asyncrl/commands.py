@@ -140,10 +140,37 @@ def _log_broker(
         from asyncrl.launch.log_archive import log_dir
 
         logging.getLogger("asyncrl").info("reading the run's archived log, %s", log_dir(cfg))
-        with offline_broker(cfg, topics) as bootstrap:
+        with contextlib.ExitStack() as stack:
+            with reading_shown(role):
+                bootstrap = stack.enter_context(offline_broker(cfg, topics))
             yield bootstrap
     else:
         yield _reading_bootstrap(cfg, role, named)
+
+
+@contextlib.contextmanager
+def reading_shown(role: str, console: Console | None = None) -> Iterator[None]:
+    """A transient line on stderr while ``role`` reads a run's log ("audit: demo.prompts:
+    1,204,000 records"), on a terminal only: a long run's log is millions of records, and
+    its restore and reading took minutes with nothing on the screen."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from asyncrl.kafka.records import reporting_progress
+
+    console = console or Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as shown:
+        task = shown.add_task(f"{role}: reading the run's log")
+
+        def report(what: str, records: int) -> None:
+            shown.update(task, description=f"{role}: {what}: {records:,} records")
+
+        with reporting_progress(report):
+            yield
 
 
 def _named_bootstrap(args: argparse.Namespace) -> bool:
@@ -479,7 +506,7 @@ def _time_range(args: argparse.Namespace) -> tuple[int | None, int | None]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from asyncrl.ops.inspect_log import READS, inspect_topic
+    from asyncrl.ops.inspect_log import READS, print_rows, topic_rows
 
     cfg = _load_run(args)
     try:
@@ -487,11 +514,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"asyncrl inspect: {err}", file=sys.stderr)
         return 2
-    with _log_broker(cfg, args, "inspect", READS[args.topic]) as bootstrap:
-        inspect_topic(
-            cfg, bootstrap, args.topic, table_console(), args.start, args.end, args.json, args.text,
-            since, until,
-        )  # fmt: skip
+    with (
+        _log_broker(cfg, args, "inspect", READS[args.topic]) as bootstrap,
+        reading_shown("inspect"),
+    ):
+        rows = topic_rows(
+            cfg, bootstrap, args.topic, args.start, args.end, args.json, args.text, since, until
+        )
+    ranged = bool(args.start or args.end or since or until)
+    print_rows(cfg, args.topic, rows, table_console(), args.json, ranged)
     return 0
 
 
@@ -503,7 +534,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     cfg = _run_config(args)
     try:
-        with _log_broker(cfg, args, "audit") as bootstrap:
+        with _log_broker(cfg, args, "audit") as bootstrap, reading_shown("audit"):
             report = audit_run(cfg, bootstrap)
     except (AuditError, ArchiveError) as err:
         print(f"asyncrl audit: {err}", file=sys.stderr)

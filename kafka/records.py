@@ -3,8 +3,10 @@ scan, the feed's idempotence check, the audit, inspect and replay all read with.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 
 from asyncrl.config import RunConfig
 from asyncrl.kafka.reader import Reader
@@ -14,6 +16,32 @@ LogScan = Callable[[str, "dict[int, int] | None"], Iterable[Record[bytes | None]
 """Raw records of a run's topic (by name), from a start offset per partition (None: from the
 start) to its current end: how the worker's recovery scan reads the log, from Kafka
 (``log_scan``) or from ``asyncrl.testing``'s memory broker."""
+
+
+ReadProgress = Callable[[str, int], None]
+"""Told (what is being read, e.g. a topic's name; records so far) as a long read goes on."""
+
+_progress: ContextVar[ReadProgress | None] = ContextVar("asyncrl_read_progress", default=None)
+
+REPORT_EVERY = 2000
+"""Records between two reports: often enough for a live line, rarely enough to cost nothing."""
+
+
+@contextlib.contextmanager
+def reporting_progress(report: ReadProgress) -> Iterator[None]:
+    """Within the block, reads of a run's log (``read_records``, an archive's restore) tell
+    ``report`` how far they are: a long run's log is millions of records, and the tools that
+    read it (audit, inspect, replay) ran for minutes with nothing on the screen."""
+    token = _progress.set(report)
+    try:
+        yield
+    finally:
+        _progress.reset(token)
+
+
+def progress_reporter() -> ReadProgress | None:
+    """The ``report`` of the enclosing :func:`reporting_progress`, if any."""
+    return _progress.get()
 
 
 def read_records(
@@ -52,6 +80,7 @@ def read_records(
             return
         reader.assign(topic, {p: starts[p] for p in remaining})
         deadline = time.monotonic() + timeout_s
+        report, read = progress_reporter(), 0
         while remaining:
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -60,6 +89,12 @@ def read_records(
             records = reader.poll(0.2)
             if records:
                 deadline = time.monotonic() + timeout_s
+                if (
+                    report is not None
+                    and (read + len(records)) // REPORT_EVERY > read // REPORT_EVERY
+                ):
+                    report(topic, read + len(records))
+                read += len(records)
             for rec in records:
                 in_time = (since_ms is None or rec.timestamp_ms >= since_ms) and (
                     until_ms is None or rec.timestamp_ms < until_ms

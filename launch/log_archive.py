@@ -402,6 +402,7 @@ def restore(
     from confluent_kafka import Producer
 
     from asyncrl.kafka import client_callbacks, count_records, producer_config
+    from asyncrl.kafka.records import REPORT_EVERY, progress_reporter
     from asyncrl.kafka.topics import create_run_topics
 
     directory = directory or log_dir(cfg)
@@ -417,6 +418,7 @@ def restore(
         {**producer_config(cfg.kafka, bootstrap), **client_callbacks(cfg.kafka, bootstrap)}
     )
     expected: dict[str, int] = {}
+    report = progress_reporter()
     partitions = archived_partitions(directory)
     if topics is not None:
         wanted = {cfg.topic(name) for name in topics}
@@ -445,6 +447,8 @@ def restore(
             producer.poll(0)
             expected[topic] += 1
             written += 1
+            if report is not None and expected[topic] % REPORT_EVERY == 0:
+                report(f"restoring {topic}", expected[topic])
     remaining = producer.flush(60)
     if failures or remaining:
         raise ArchiveError(f"restoring {directory} failed: {failures[:3] or remaining}")

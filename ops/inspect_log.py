@@ -251,6 +251,24 @@ def inspect_topic(
     until_ms: int | None = None,
 ) -> list[dict[str, Any]]:
     """Print (and return) one row per record of ``name`` in ``[start, end)``."""
+    rows = topic_rows(cfg, bootstrap, name, start, end, as_json, text, since_ms, until_ms)
+    print_rows(cfg, name, rows, console, as_json, bool(start or end or since_ms or until_ms))
+    return rows
+
+
+def topic_rows(
+    cfg: RunConfig,
+    bootstrap: str,
+    name: str,
+    start: int = 0,
+    end: int | None = None,
+    as_json: bool = False,
+    text: bool = False,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+) -> list[dict[str, Any]]:
+    """One row per record of ``name`` in ``[start, end)`` (``as_json``: times with their
+    date), read before anything is printed (the CLI shows its progress while it reads)."""
     if name not in ROWS:
         raise ValueError(f"unknown topic {name!r}; choose from {', '.join(TOPICS)}")
     decode_text = None
@@ -277,16 +295,25 @@ def inspect_topic(
         if as_json:
             row["time"] = _iso(rec.timestamp_ms)
         rows.append(row)
+    return rows
+
+
+def print_rows(
+    cfg: RunConfig,
+    name: str,
+    rows: list[dict[str, Any]],
+    console: Console,
+    as_json: bool = False,
+    ranged: bool = False,
+) -> None:
+    """``rows`` of topic ``name`` as JSON lines or one table (``ranged``: they are a range's)."""
     if as_json:
         for row in rows:
             console.file.write(json.dumps(row, default=str) + "\n")
-        return rows
+        return
     if not rows:  # a table with no columns prints as one blank line
-        console.print(
-            f"{cfg.topic(name)}: no records"
-            + (" in that range" if start or end or since_ms or until_ms else "")
-        )
-        return rows
+        console.print(f"{cfg.topic(name)}: no records" + (" in that range" if ranged else ""))
+        return
     table = Table(title=f"{cfg.topic(name)}: {len(rows)} records")
     columns: list[str] = []
     for row in rows:
@@ -301,7 +328,6 @@ def inspect_topic(
             "checkpoint) and the step was trained again, on the same samples: a later row"
         )
     console.print(table)
-    return rows
 
 
 def _cell(value: Any) -> str:

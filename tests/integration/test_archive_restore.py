@@ -113,3 +113,44 @@ def test_a_tool_gets_only_the_topics_it_reads_restored(make_run_cfg):
     with offline_broker(cfg, topics=("steps",)) as offline:
         assert len(list(read_records(cfg, offline, "steps"))) == 3
         assert list(read_records(cfg, offline, "prompts")) == []
+
+
+def test_a_long_restore_and_read_report_their_progress(make_run_cfg, monkeypatch):
+    """The offline tools restored and read a long run's log (millions of records, minutes)
+    with nothing on the screen; reads and restores now report how far they are, and the CLI
+    shows it on a terminal."""
+    import io
+
+    from rich.console import Console
+
+    from asyncrl.commands import reading_shown
+    from asyncrl.kafka import records
+
+    monkeypatch.setattr(records, "REPORT_EVERY", 10)
+    cfg = make_run_cfg()
+    with Publisher(cfg.kafka, cfg.kafka.bootstrap_servers) as pub:
+        for i in range(45):
+            pub.publish(cfg.topic("steps"), str(i), b"step")
+    Archiver(cfg, cfg.kafka.bootstrap_servers).start().stop()
+
+    told: list[tuple[str, int]] = []
+    report = records.reporting_progress(lambda what, n: told.append((what, n)))
+    with report, offline_broker(cfg, ["steps"]) as offline:
+        assert len(list(read_records(cfg, offline, "steps"))) == 45
+    topic = cfg.topic("steps")
+    restoring = [n for what, n in told if what == f"restoring {topic}"]
+    reading = [n for what, n in told if what == topic]
+    assert restoring == [10, 20, 30, 40]
+    assert reading and reading == sorted(reading) and 10 <= reading[-1] <= 45
+    told.clear()
+    list(read_records(cfg, cfg.kafka.bootstrap_servers, "steps"))
+    assert not told  # outside the block nothing is told
+
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=100)
+    with reading_shown("audit", terminal):
+        records.progress_reporter()("demo.steps", 1_234)  # type: ignore[misc]
+    assert "audit: demo.steps: 1,234 records" in screen.getvalue()
+    off_terminal = Console(file=io.StringIO(), force_terminal=False)
+    with reading_shown("audit", off_terminal):
+        assert records.progress_reporter() is None  # pipes and logs get no live line
