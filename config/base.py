@@ -16,6 +16,11 @@ DEFAULT_CONFIG = Path(asyncrl.__file__).resolve().parent / "configs" / "default.
 """The embedded demo's config; the shipped configs beside it load by name (``calculator``)."""
 
 
+MAX_WAIT_S = 7 * 24 * 3600
+"""The longest timeout a key takes (a week): more is no timeout a user means, and torch's
+rendezvous and Python's waits overflow on the likes of 1e300 s, late in a run's start."""
+
+
 class Strict(BaseModel):
     """Base for every config section: unknown keys are errors, not silently ignored, and a
     float key refuses inf and nan (``optim.lr=.inf`` passed ``gt=0`` and crash-looped the

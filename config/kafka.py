@@ -10,7 +10,7 @@ from pydantic import (
     model_validator,
 )
 
-from asyncrl.config.base import Strict
+from asyncrl.config.base import MAX_WAIT_S, Strict
 
 DEFAULT_PARTITIONS = {
     "prompts": 4,
@@ -112,7 +112,7 @@ class KafkaConfig(Strict):
     waiting fetch when data arrives, so this bounds every hop's latency there (median hop
     25 ms at 100, 5.5 ms at 20); Apache Kafka answers at once, so a larger value (librdkafka's
     default is 500) only cuts idle requests."""
-    broker_down_timeout_s: float = Field(15.0, gt=0)
+    broker_down_timeout_s: float = Field(15.0, gt=0, le=MAX_WAIT_S)
     """How long every broker may stay unreachable before a client gives up with
     BrokerUnavailable (naming kafka.bootstrap_servers), instead of retrying quietly: a dead
     broker then ends a flush or a poll within this bound, not after librdkafka's timeouts."""

@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from asyncrl.config.base import Strict
+from asyncrl.config.base import MAX_WAIT_S, Strict
 from asyncrl.config.kafka import KafkaConfig
 from asyncrl.config.offpolicy import FilterGroupsConfig, RolloutCorrectionConfig
 
@@ -351,7 +351,7 @@ class RolloutConfig(Strict):
     is): the worker reacts to control events while it decodes. false: the worker steps it
     between two turns of its loop, one token at a time (tests that script a sync at a given
     decoding step)."""
-    emulated_decode_latency_s: float = Field(0.0, ge=0)
+    emulated_decode_latency_s: float = Field(0.0, ge=0, le=60)
     """Seconds the hf and hf_cached engines sleep after each decoding step, to emulate a bigger
     model's decode time on CPU (benchmarks and tests of partial rollout). 0: off."""
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
@@ -508,8 +508,10 @@ class SyncConfig(Strict):
     """Address of the trainer, which hosts the weight collective's rendezvous store."""
     master_port: int | None = Field(None, ge=1, le=65535)
     """Port of that store (workers join through it); unset: the launcher picks a free one."""
-    timeout_s: float = Field(300.0, gt=0)
-    """How long the trainer waits for every worker to pause before failing the sync."""
+    timeout_s: float = Field(300.0, gt=0, le=MAX_WAIT_S)
+    """How long the trainer waits for every worker to pause before failing the sync (at most
+    a week: torch's rendezvous refused more, after the warm start and the feed, blaming the
+    port)."""
     verify_checksum: bool = True
     """Workers hash the received weights and compare with the trainer's hash (bit-for-bit check)."""
     shared_memory: bool = True
@@ -536,7 +538,7 @@ class SyncConfig(Strict):
 class SimConfig(Strict):
     """The `sim` engine's latency model (rollout.name=sim): benchmarks of the pipeline at scale."""
 
-    decode_step_s: float = Field(0.004, gt=0)
+    decode_step_s: float = Field(0.004, gt=0, le=60)
     """Modelled time of one decoding step of a replica of at most `capacity` sequences, each
     getting one token (see scheduling for more)."""
     capacity: int = Field(64, ge=1)
@@ -595,7 +597,7 @@ class CustomRewardFunctionConfig(Strict):
     """The function in that file: ``name(data_source, solution_str, ground_truth,
     extra_info=None, **reward_kwargs)`` returning a float, or a dict with "score" and other
     numbers (logged as reward/<key>/mean)."""
-    timeout_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(10.0, gt=0, le=MAX_WAIT_S)
     """Longest one call may take. A call that raises or times out is a reward failure: logged,
     counted (reward/failures) and its trajectory marked (reward_error), never trained on."""
     reward_kwargs: dict[str, Any] = Field(default_factory=dict)

@@ -44,6 +44,25 @@ def test_non_finite_and_overflowing_floats_are_refused(override):
 
 
 @pytest.mark.parametrize(
+    "override",
+    [
+        "sync.timeout_s=1e300",
+        "kafka.broker_down_timeout_s=1e9",
+        "custom_reward_function.timeout_s=1e9",
+        "actor_rollout_ref.rollout.emulated_decode_latency_s=1e9",
+        "sim.decode_step_s=1e9",
+    ],
+)
+def test_timeouts_no_one_means_are_refused(override):
+    """sync.timeout_s=1e300 passed start-up; the trainer died after the warm start and the
+    feed, in torch's rendezvous (OverflowError), in a message that blamed the port."""
+    key = override.split("=")[0]
+    [line] = _problems(override)
+    assert line.startswith(f"  {key} (command line): ") and "less than or equal to" in line
+    assert load_config(overrides=[f"{key}=30"])
+
+
+@pytest.mark.parametrize(
     "rs, threshold, good",
     [
         ("token_k1", "0.5", "2"),  # one bound u < 1: lower 1/u = 2 above it
