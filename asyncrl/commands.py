@@ -148,29 +148,15 @@ def _log_broker(
         yield _reading_bootstrap(cfg, role, named)
 
 
-@contextlib.contextmanager
-def reading_shown(role: str, console: Console | None = None) -> Iterator[None]:
+def reading_shown(role: str, console: Console | None = None) -> contextlib.AbstractContextManager:
     """A transient line on stderr while ``role`` reads a run's log ("audit: demo.prompts:
     1,204,000 records"), on a terminal only: a long run's log is millions of records, and
     its restore and reading took minutes with nothing on the screen."""
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from asyncrl.kafka.records import reporting_progress
+    from asyncrl.launch.progress import records_shown
 
-    console = console or Console(stderr=True)
-    if not console.is_terminal:
-        yield
-        return
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as shown:
-        task = shown.add_task(f"{role}: reading the run's log")
-
-        def report(what: str, records: int) -> None:
-            shown.update(task, description=f"{role}: {what}: {records:,} records")
-
-        with reporting_progress(report):
-            yield
+    return records_shown(console or Console(stderr=True), f"{role}: reading the run's log", role)
 
 
 def _named_bootstrap(args: argparse.Namespace) -> bool:

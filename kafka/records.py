@@ -93,7 +93,7 @@ def read_records(
                     report is not None
                     and (read + len(records)) // REPORT_EVERY > read // REPORT_EVERY
                 ):
-                    report(topic, read + len(records))
+                    report(f"reading {topic}", read + len(records))
                 read += len(records)
             for rec in records:
                 in_time = (since_ms is None or rec.timestamp_ms >= since_ms) and (

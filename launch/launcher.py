@@ -35,7 +35,7 @@ from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.launch.log_archive import ArchiveError
 from asyncrl.launch.preflight import check_startable
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
-from asyncrl.launch.progress import StepProgress, counts_text, wide_console
+from asyncrl.launch.progress import StepProgress, counts_text, records_shown, wide_console
 
 
 class RunFailed(RuntimeError):
@@ -251,8 +251,10 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
 
         _log_data(resolved, console, "val", load_split(resolved, "val", load_tokenizer(resolved)))
     init_tracing(resolved, "asyncrl-launcher")  # the feed's spans: the prompts' contexts
+    # a long run's feed is millions of prompts (every step's, up front): minutes, shown live
     try:
-        written, present = feed_prompts(resolved, bootstrap, train=train)
+        with records_shown(console, "checking the prompts already fed", "prepare"):
+            written, present = feed_prompts(resolved, bootstrap, train=train)
     finally:
         shutdown_tracing()
     console.log(

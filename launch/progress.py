@@ -7,8 +7,10 @@ evaluation also prints a line, so the log of a non-interactive run still tells t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from types import TracebackType
 
 from rich.console import Console
@@ -27,6 +29,29 @@ def wide_console() -> Console:
     """A console at the terminal's width, or ``PIPED_WIDTH`` off a terminal."""
     piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
     return Console(width=PIPED_WIDTH) if piped else Console()
+
+
+@contextlib.contextmanager
+def records_shown(console: Console, start: str, prefix: str) -> Iterator[None]:
+    """A transient live line on ``console``, on a terminal only, while the block reads or
+    writes many records (``asyncrl.kafka.records.reporting_progress``): "``start``" first,
+    then "``prefix``: demo.prompts: 1,204,000 records" as the block reports."""
+    from rich.progress import SpinnerColumn
+
+    from asyncrl.kafka.records import reporting_progress
+
+    if not console.is_terminal:
+        yield
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as shown:
+        task = shown.add_task(start)
+
+        def report(what: str, records: int) -> None:
+            shown.update(task, description=f"{prefix}: {what}: {records:,} records")
+
+        with reporting_progress(report):
+            yield
 
 
 def counts_text(counts: dict) -> str:

@@ -99,6 +99,9 @@ def feed_prompts(
     span = tracing.tracer().start_as_current_span(
         "feed prompts", attributes={"asyncrl.count": count}
     )
+    from asyncrl.kafka import records
+
+    report = records.progress_reporter()
     with span, Publisher(cfg.kafka, bootstrap) as pub:
         written = present = 0
         for epoch in range(math.ceil(count / len(train))):
@@ -112,4 +115,6 @@ def feed_prompts(
                     continue
                 pub.publish(topic, rec.prompt_id, encode_prompt(rec), headers={SCHEMA_HEADER: TAG})
                 written += 1
+                if report is not None and written % records.REPORT_EVERY == 0:
+                    report(f"feeding {topic}", written)
     return written, present

@@ -25,9 +25,14 @@ def with_tag(schema: pa.Schema, name: str, version: int) -> pa.Schema:
     return schema.with_metadata({METADATA_KEY: schema_tag(name, version).encode()})
 
 
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions()
+"""Given to every writer: without options, pyarrow reads ten environment variables per
+message to pick its defaults (15% of encoding a prompt; the feed encodes millions)."""
+
+
 def encode_batch(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
+    with pa.ipc.new_stream(sink, batch.schema, options=_WRITE_OPTIONS) as writer:
         writer.write_batch(batch)
     return sink.getvalue().to_pybytes()
 

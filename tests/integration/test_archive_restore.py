@@ -139,7 +139,7 @@ def test_a_long_restore_and_read_report_their_progress(make_run_cfg, monkeypatch
         assert len(list(read_records(cfg, offline, "steps"))) == 45
     topic = cfg.topic("steps")
     restoring = [n for what, n in told if what == f"restoring {topic}"]
-    reading = [n for what, n in told if what == topic]
+    reading = [n for what, n in told if what == f"reading {topic}"]
     assert restoring == [10, 20, 30, 40]
     assert reading and reading == sorted(reading) and 10 <= reading[-1] <= 45
     told.clear()
@@ -149,8 +149,8 @@ def test_a_long_restore_and_read_report_their_progress(make_run_cfg, monkeypatch
     screen = io.StringIO()
     terminal = Console(file=screen, force_terminal=True, width=100)
     with reading_shown("audit", terminal):
-        records.progress_reporter()("demo.steps", 1_234)  # type: ignore[misc]
-    assert "audit: demo.steps: 1,234 records" in screen.getvalue()
+        records.progress_reporter()("reading demo.steps", 1_234)  # type: ignore[misc]
+    assert "audit: reading demo.steps: 1,234 records" in screen.getvalue()
     off_terminal = Console(file=io.StringIO(), force_terminal=False)
     with reading_shown("audit", off_terminal):
         assert records.progress_reporter() is None  # pipes and logs get no live line

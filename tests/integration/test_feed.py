@@ -32,6 +32,23 @@ def test_feeding_again_writes_only_the_prompts_not_there_yet(run_cfg):
     assert Counter(p.epoch for p in fed) == {0: 30, 1: 20}
 
 
+def test_a_long_feed_reports_its_progress(run_cfg, monkeypatch):
+    """A long run's feed writes every step's prompts up front (320K for 20K steps: ~50 s on
+    the 2-core machine), and ``asyncrl run`` said nothing until it was done; it reports as it
+    writes, and reads back what is fed already, for the launcher's live line."""
+    from asyncrl.kafka import records
+
+    monkeypatch.setattr(records, "REPORT_EVERY", 10)
+    run_cfg.data.train_size = 30
+    told: list[tuple[str, int]] = []
+    with records.reporting_progress(lambda what, n: told.append((what, n))):
+        feed_prompts(run_cfg, run_cfg.kafka.bootstrap_servers, count=25)
+        feed_prompts(run_cfg, run_cfg.kafka.bootstrap_servers, count=45)
+    topic = run_cfg.topic("prompts")
+    assert [n for what, n in told if what == f"feeding {topic}"] == [10, 20, 10, 20]
+    assert any(what == f"reading {topic}" for what, _ in told)  # the second feed's check
+
+
 def test_a_run_directory_that_never_held_the_run_is_refused_in_front_of_its_log(
     make_run_cfg, quick_policy
 ):
