@@ -445,7 +445,8 @@ def _restore_log(cfg: RunConfig, bootstrap: str, console: Console) -> None:
     from asyncrl.launch.log_archive import log_dir, restore
 
     t0 = time.monotonic()
-    n = restore(cfg, bootstrap)
+    with records_shown(console, f"restoring {log_dir(cfg)}", "resume"):
+        n = restore(cfg, bootstrap)
     console.log(f"restored {n} records of {log_dir(cfg)} in {time.monotonic() - t0:.1f} s")
 
 
