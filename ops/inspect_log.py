@@ -239,20 +239,12 @@ needs restored (never ``prompts``, a long run's largest)."""
 
 
 def inspect_topic(
-    cfg: RunConfig,
-    bootstrap: str,
-    name: str,
-    console: Console,
-    start: int = 0,
-    end: int | None = None,
-    as_json: bool = False,
-    text: bool = False,
-    since_ms: int | None = None,
-    until_ms: int | None = None,
+    cfg: RunConfig, bootstrap: str, name: str, console: Console, **selection: Any
 ) -> list[dict[str, Any]]:
-    """Print (and return) one row per record of ``name`` in ``[start, end)``."""
-    rows = topic_rows(cfg, bootstrap, name, start, end, as_json, text, since_ms, until_ms)
-    print_rows(cfg, name, rows, console, as_json, bool(start or end or since_ms or until_ms))
+    """Print (and return) the rows of :func:`topic_rows` (``selection``: its keywords)."""
+    rows = topic_rows(cfg, bootstrap, name, **selection)
+    ranged = any(selection.get(k) for k in ("start", "end", "since_ms", "until_ms"))
+    print_rows(cfg, name, rows, console, selection.get("as_json", False), ranged)
     return rows
 
 
