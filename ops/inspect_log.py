@@ -286,8 +286,23 @@ def topic_rows(
             row = {"offset": rec.offset, "time": _ts(rec.timestamp_ms), "decode_error": str(err)}
         if as_json:
             row["time"] = _iso(rec.timestamp_ms)
+            if name == "steps" and "decode_error" not in row:
+                row.update(_step_details(rec))
         rows.append(row)
     return rows
+
+
+def _step_details(rec) -> dict[str, Any]:
+    """What a step's JSON row adds to its table row: every metric the trainer logged and the
+    samples it trained on, where they were on the log. A script had the table's eight
+    columns, and had to read metrics.jsonl (not on the log) or the raw topic for the rest."""
+    s = decode_step(rec.value, rec.headers)
+    where = zip(s.sample_ids, s.partitions, s.offsets, strict=True)
+    return {
+        "weights_checksum": s.weights_checksum,
+        "metrics": s.metrics,
+        "samples_trained": [{"sample_id": i, "partition": p, "offset": o} for i, p, o in where],
+    }
 
 
 def print_rows(

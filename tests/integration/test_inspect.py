@@ -65,6 +65,13 @@ def test_inspect_samples_control_steps_and_dead_letter(make_run_cfg, quick_polic
 
     steps = _rows(cfg, "steps")
     assert [r["step"] for r in steps] == [1, 2, 3]
+    # --json: every metric of the step, and the samples it trained where they were on the log
+    for r in steps:
+        assert r["metrics"]["critic/score/mean"] == r["reward"] and "actor/lr" in r["metrics"]
+        at = {(t["sample_id"], t["offset"]) for t in r["samples_trained"]}
+        assert at == {
+            (x["sample_id"], x["offset"]) for x in trained if x["trained_at_step"] == r["step"]
+        }
 
     [dead] = _rows(cfg, "dead-letter")
     assert dead["source"] == f"{cfg.topic('samples')}[0]@0"  # topic[partition]@offset
