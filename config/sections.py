@@ -60,6 +60,10 @@ class DataConfig(Strict):
     """The column of data.train_files/val_files holding each prompt."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch (seeded by data.seed); false: file order."""
+    feed_ahead_steps: int = Field(1000, ge=0)
+    """Steps' worth of prompts on the prompts topic ahead of the trainer: the set-up feeds
+    this many steps' (twice their samples), and the trainer feeds the rest as it trains. 0:
+    every step's up front (a 20K-step run: 320K prompts, a minute, before its first step)."""
 
     @model_validator(mode="after")
     def _check_files(self) -> DataConfig:

@@ -52,6 +52,7 @@ from asyncrl.consumers.io import TrainerIO, kafka_io
 from asyncrl.consumers.step_stats import StepStats
 from asyncrl.kafka import Record
 from asyncrl.models.policy import resolve_device
+from asyncrl.producers.feed import FeedAhead, feeds_ahead
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample
@@ -119,11 +120,15 @@ class Trainer:
             self.step, version, history = state.step, state.version, state.metrics
             offsets = self.batcher.restore(state.batcher)
             log.info("resumed from %s: step %d, version %d", ckpt, self.step, version)
+        self.feed: FeedAhead | None = None
+        """The rest of the prompt feed, written as the run goes (``producers/feed.py``)."""
         if io is None:
             bootstrap = bootstrap or cfg.kafka.bootstrap_servers
             if bootstrap is None:
                 raise ValueError("no Kafka broker: pass bootstrap or set kafka.bootstrap_servers")
             io = kafka_io(cfg, bootstrap)
+            if feeds_ahead(cfg):
+                self.feed = FeedAhead(cfg, bootstrap, io.publisher)
         self.io = io
         self.io.samples.assign(cfg.topic("samples"), offsets)
         self.io.control.start()
@@ -359,6 +364,8 @@ class Trainer:
         while self.step < tc.total_training_steps:
             if self.stopping:
                 self._stop()
+            if self.feed is not None:
+                self.feed.through(self.step)
             t_step = time.monotonic()
             batch = self._wait_for_batch(self.cfg.required_samples)  # 1
             filtered = self.batcher.taken_filtered

@@ -240,7 +240,7 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     _refuse_a_foreign_log(resolved, bootstrap)
     prepare_policy(resolved, console)
 
-    from asyncrl.producers.feed import feed_prompts, train_prompts
+    from asyncrl.producers.feed import feed_prompts, feeds_ahead, train_prompts
     from asyncrl.telemetry.tracing import init_tracing, shutdown_tracing
 
     train, split = train_prompts(resolved)
@@ -257,9 +257,11 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
             written, present = feed_prompts(resolved, bootstrap, train=train)
     finally:
         shutdown_tracing()
+    ahead = resolved.data.feed_ahead_steps
     console.log(
         f"fed {written} prompts to {resolved.topic('prompts')}"
         + (f" ({present} were there already: not fed twice)" if present else "")
+        + (f"; the trainer feeds the rest, {ahead} steps ahead" if feeds_ahead(resolved) else "")
     )
     config_path = cfg.run_dir / "config.yaml"
     dump_config(resolved, config_path)

@@ -11,6 +11,11 @@ Feeding is idempotent: the feed is a fixed sequence (shuffled per epoch from the
 and a prompt already on the topic (same prompt id and epoch, i.e. the same sample id) is not
 written again. So ``asyncrl run`` started again with the same run id, or a set-up interrupted
 half-way and run again, feeds each prompt once and never creates a second sample of it.
+
+The set-up feeds ``data.feed_ahead_steps`` steps' worth; the trainer (:class:`FeedAhead`)
+writes the rest of the same sequence as it trains, that many steps ahead of its step. Fed all
+at once, a long run's prompts were millions of records written before its first step (a
+minute of start-up at 20K steps) and held by the broker, and restored at every resume.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from asyncrl.config import RunConfig
 from asyncrl.kafka import Publisher
+from asyncrl.kafka.interfaces import Sink
 from asyncrl.schemas import SCHEMA_HEADER, DecodeError
 from asyncrl.schemas.prompt import TAG, PromptRecord, decode_prompt, encode_prompt
 from asyncrl.telemetry import tracing
@@ -41,16 +47,29 @@ FILTER_FEED = 4
 worth of samples (the rest of a step's groups filtered) before the feed runs dry."""
 
 
-def prompts_needed(cfg: RunConfig) -> int:
-    """Prompts to feed: ``FEED_MARGIN`` times every step's, plus a version's budget per
-    partition; with dynamic sampling, every step's times the batches it may read to fill
+def prompts_needed(cfg: RunConfig, through_step: int | None = None) -> int:
+    """Prompts to feed for the steps up to ``through_step`` (default: every step of the run):
+    ``FEED_MARGIN`` times their samples, plus a version's budget per partition; with dynamic
+    sampling, their samples times the batches a step may read to fill
     (``algorithm.filter_groups.max_num_gen_batches``, or ``FILTER_FEED`` without a limit)."""
-    steps = cfg.trainer.total_training_steps * cfg.required_samples
+    total = cfg.trainer.total_training_steps
+    steps = min(total, total if through_step is None else through_step) * cfg.required_samples
     fg = cfg.algorithm.filter_groups
     if fg.enable:
         steps *= fg.max_num_gen_batches if fg.max_num_gen_batches > 0 else FILTER_FEED
     partitions = cfg.kafka.topics.partitions["prompts"]
     return FEED_MARGIN * steps + partitions * cfg.max_samples_per_version
+
+
+def first_feed(cfg: RunConfig) -> int:
+    """Prompts the set-up feeds: ``data.feed_ahead_steps`` steps' worth (0: all of them)."""
+    ahead = cfg.data.feed_ahead_steps
+    return prompts_needed(cfg, ahead or None)
+
+
+def feeds_ahead(cfg: RunConfig) -> bool:
+    """Whether the trainer feeds the rest: the set-up's feed stops short of the run's end."""
+    return first_feed(cfg) < prompts_needed(cfg)
 
 
 def fed_sample_ids(cfg: RunConfig, bootstrap: str) -> set[str]:
@@ -82,18 +101,35 @@ def train_prompts(cfg: RunConfig) -> tuple[list[PromptRecord], Split | None]:
     return [row.record() for row in split.rows], split
 
 
+def _sequence(cfg: RunConfig, train: list[PromptRecord], start: int, stop: int):
+    """Prompts ``start`` to ``stop`` of the feed: epoch after epoch of ``train``, each epoch
+    shuffled from the data seed (unless data.shuffle is false)."""
+    per_epoch = len(train)
+    for epoch in range(start // per_epoch, math.ceil(stop / per_epoch)):
+        order = list(train)
+        if cfg.data.shuffle:
+            random.Random(cfg.data.seed * 1_000_003 + epoch).shuffle(order)
+        first = epoch * per_epoch
+        for prompt in order[max(start - first, 0) : stop - first]:
+            yield dataclasses.replace(prompt, epoch=epoch)
+
+
+def _publish(pub: Sink, topic: str, rec: PromptRecord) -> None:
+    pub.publish(topic, rec.prompt_id, encode_prompt(rec), headers={SCHEMA_HEADER: TAG})
+
+
 def feed_prompts(
     cfg: RunConfig,
     bootstrap: str,
     count: int | None = None,
     train: list[PromptRecord] | None = None,
 ) -> tuple[int, int]:
-    """Make the first ``count`` prompts of the feed (default: prompts_needed) be on the topic,
-    shuffled per epoch (unless data.shuffle is false); returns (written now, already there).
-    ``train``: the prompts of :func:`train_prompts`, if already read."""
+    """Make the first ``count`` prompts of the feed (default: :func:`first_feed`) be on the
+    topic; returns (written now, already there). ``train``: the prompts of
+    :func:`train_prompts`, if already read."""
     if train is None:
         train, _ = train_prompts(cfg)
-    count = prompts_needed(cfg) if count is None else count
+    count = first_feed(cfg) if count is None else count
     topic = cfg.topic("prompts")
     fed = fed_sample_ids(cfg, bootstrap)
     span = tracing.tracer().start_as_current_span(
@@ -104,17 +140,52 @@ def feed_prompts(
     report = records.progress_reporter()
     with span, Publisher(cfg.kafka, bootstrap) as pub:
         written = present = 0
-        for epoch in range(math.ceil(count / len(train))):
-            order = list(train)
-            if cfg.data.shuffle:
-                random.Random(cfg.data.seed * 1_000_003 + epoch).shuffle(order)
-            for prompt in order[: count - written - present]:
-                rec = dataclasses.replace(prompt, epoch=epoch)
-                if rec.sample_id in fed:
-                    present += 1
-                    continue
-                pub.publish(topic, rec.prompt_id, encode_prompt(rec), headers={SCHEMA_HEADER: TAG})
-                written += 1
-                if report is not None and written % records.REPORT_EVERY == 0:
-                    report(f"feeding {topic}", written)
+        for rec in _sequence(cfg, train, 0, count):
+            if rec.sample_id in fed:
+                present += 1
+                continue
+            _publish(pub, topic, rec)
+            written += 1
+            if report is not None and written % records.REPORT_EVERY == 0:
+                report(f"feeding {topic}", written)
     return written, present
+
+
+class FeedAhead:
+    """The trainer's part of the feed: before each step it makes the feed reach
+    ``data.feed_ahead_steps`` steps past that step, writing the rest of the set-up's
+    sequence through the trainer's own producer.
+
+    A started (or restarted) trainer first checks the topic as the set-up does (a trainer
+    that died half-way through a top-up left some of it), then keeps count. A run whose topic
+    holds no prompt at all is fed by no one (a trainer of a replayed stream of samples)."""
+
+    def __init__(self, cfg: RunConfig, bootstrap: str, publisher: Sink) -> None:
+        self.cfg = cfg
+        self.bootstrap = bootstrap
+        self.publisher = publisher
+        self.topic = cfg.topic("prompts")
+        self.fed: int | None = None
+        """Prompts of the sequence known to be on the topic (None: not checked yet)."""
+        self._train: list[PromptRecord] = []
+
+    def through(self, step: int) -> int:
+        """Feed the prompts up to ``step`` + ``data.feed_ahead_steps``; returns how many
+        this call wrote."""
+        target = prompts_needed(self.cfg, step + self.cfg.data.feed_ahead_steps)
+        if self.fed is None:
+            from asyncrl.kafka import count_records
+
+            if not count_records(self.cfg.kafka, self.bootstrap, self.topic):
+                self.fed = prompts_needed(self.cfg)  # never prepared: nothing to feed
+                return 0
+            self._train, _ = train_prompts(self.cfg)
+            written, present = feed_prompts(self.cfg, self.bootstrap, target, self._train)
+            self.fed = target
+            return written
+        if target <= self.fed:
+            return 0
+        for rec in _sequence(self.cfg, self._train, self.fed, target):
+            _publish(self.publisher, self.topic, rec)
+        written, self.fed = target - self.fed, target
+        return written

@@ -27,7 +27,14 @@ NOT_IN_CACHE_KEY = {
     # Response length caps generation only, not the warm start (answers are <= 4 tokens),
     # so benchmarks with long modelled responses reuse the demo's policy. Dataset files feed
     # RL only (the warm start is on data.task's problems).
-    "data": {"max_response_length", "train_files", "val_files", "prompt_key", "shuffle"},
+    "data": {
+        "max_response_length",
+        "train_files",
+        "val_files",
+        "prompt_key",
+        "shuffle",
+        "feed_ahead_steps",  # how the prompts reach the topic, not which
+    },
 }
 """Config fields that do not change the warm-started weights."""
 

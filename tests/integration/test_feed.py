@@ -82,3 +82,44 @@ def test_a_run_directory_that_never_held_the_run_is_refused_in_front_of_its_log(
     dump_config(cfg, cfg.run_dir / "config.yaml")  # the directory that started it: resumes
     resolved, _ = prepare(cfg, bootstrap, Console(file=StringIO()))
     assert resolved.run_id == cfg.run_id
+
+
+def test_the_trainer_feeds_a_long_run_as_it_trains(make_run_cfg, quick_policy):
+    """A run longer than data.feed_ahead_steps gets its first steps' prompts from the set-up
+    and the rest from its trainer, one step at a time: the same sequence, each prompt once.
+    Fed all up front, a 20K-step run wrote 320K prompts (~50 s) before its first step."""
+    import io
+
+    from rich.console import Console
+
+    from asyncrl.launch.launcher import run
+    from asyncrl.producers.feed import first_feed, prompts_needed
+    from tests.helpers import check_log_invariants, read_topic
+
+    cfg = make_run_cfg(
+        *quick_policy,
+        "trainer.total_training_steps=6",
+        "data.feed_ahead_steps=2",
+        "trainer.test_freq=0",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    )
+    assert first_feed(cfg) < prompts_needed(cfg)
+    out = io.StringIO()
+    run(cfg, Console(file=out, width=200))
+    assert "the trainer feeds the rest, 2 steps ahead" in out.getvalue()
+
+    prompts = list(read_records(cfg, cfg.kafka.bootstrap_servers, "prompts"))
+    fed = [decode_prompt(r.value) for r in prompts]
+    assert len({p.sample_id for p in fed}) == len(fed) == prompts_needed(cfg, 6 - 1 + 2)
+    first_step = min(r.value.ts for r in read_topic(cfg, "steps"))
+    before = [r for r in prompts if r.timestamp_ms / 1000 <= first_step]
+    assert len(before) == first_feed(cfg)  # the set-up's; the trainer's came after
+    # the trainer's prompts continue the set-up's sequence: the feed a set-up alone writes
+    cfg_all = cfg.model_copy(deep=True)
+    cfg_all.data.feed_ahead_steps = 0
+    from asyncrl.producers.feed import _sequence, train_prompts
+
+    expected = list(_sequence(cfg_all, train_prompts(cfg_all)[0], 0, len(fed)))
+    assert {p.sample_id for p in fed} == {p.sample_id for p in expected}
+    check_log_invariants(cfg)

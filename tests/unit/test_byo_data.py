@@ -554,5 +554,6 @@ def test_settings_of_a_checkpoint_leave_the_built_in_policys_cache_key_alone() -
         cache_key(load_config()),
         cache_key(load_config(overrides=[path])),
         cache_key(load_config(overrides=[path, override])),
+        cache_key(load_config(overrides=["data.feed_ahead_steps=5"])),  # how prompts are fed
     }
     assert len(keys) == 1
