@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from asyncrl.config import RunConfig
@@ -101,7 +102,9 @@ def train_prompts(cfg: RunConfig) -> tuple[list[PromptRecord], Split | None]:
     return [row.record() for row in split.rows], split
 
 
-def _sequence(cfg: RunConfig, train: list[PromptRecord], start: int, stop: int):
+def _sequence(
+    cfg: RunConfig, train: list[PromptRecord], start: int, stop: int
+) -> Iterator[PromptRecord]:
     """Prompts ``start`` to ``stop`` of the feed: epoch after epoch of ``train``, each epoch
     shuffled from the data seed (unless data.shuffle is false)."""
     per_epoch = len(train)
@@ -180,7 +183,7 @@ class FeedAhead:
                 self.fed = prompts_needed(self.cfg)  # never prepared: nothing to feed
                 return 0
             self._train, _ = train_prompts(self.cfg)
-            written, present = feed_prompts(self.cfg, self.bootstrap, target, self._train)
+            written, _present = feed_prompts(self.cfg, self.bootstrap, target, self._train)
             self.fed = target
             return written
         if target <= self.fed:
