@@ -72,6 +72,10 @@ def stop_on_sigterm() -> None:
 STOP_GRACE_S = 120.0
 """How long a stopped run waits for its trainer to end its step and checkpoint it."""
 
+LAUNCHER_LOG = "launcher.log"
+"""The launcher's own log in ``run_dir/logs``: the spans of ``tracing.exporter=console``,
+which its stdout, the live progress, would drown (a 4-step run: 9,500 lines of JSON)."""
+
 
 def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console: Console) -> None:
     """Stop the roles as their own SIGTERM asks: the trainer between two steps, with a
@@ -119,8 +123,9 @@ def _failure_report(name: str, rc: int, log_path: Path) -> str:
     report = f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
     if name != "trainer":
         return report
+    skip = {log_path, log_path.parent / LAUNCHER_LOG}  # the launcher's holds spans only
     for other in sorted(log_path.parent.glob("*.log")):
-        if other != log_path and (lines := _tail(other, lines=12)):
+        if other not in skip and (lines := _tail(other, lines=12)):
             report += f"\n--- last lines of {other}:\n{lines}"
     return report
 
@@ -250,7 +255,8 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
         from asyncrl.tasks.files import load_split
 
         _log_data(resolved, console, "val", load_split(resolved, "val", load_tokenizer(resolved)))
-    init_tracing(resolved, "asyncrl-launcher")  # the feed's spans: the prompts' contexts
+    # The feed's spans (the prompts' contexts); console spans to a log, not the terminal.
+    init_tracing(resolved, "asyncrl-launcher", console_log=cfg.run_dir / "logs" / LAUNCHER_LOG)
     try:
         written, present = feed_prompts(resolved, bootstrap, train=train)
     finally:

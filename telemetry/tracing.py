@@ -88,12 +88,17 @@ def enabled_by(cfg: RunConfig) -> bool:
     return cfg.tracing.enabled or (env not in ("", "none"))
 
 
-def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
+def init_tracing(
+    cfg: RunConfig, service: str, exporter: Any = None, console_log: Path | None = None
+) -> bool:
     """Install this process's tracer provider (once); returns whether tracing is on.
 
     ``service`` names the process in the trace viewer (``asyncrl-trainer``,
     ``asyncrl-rollout-0``, ...) unless ``OTEL_SERVICE_NAME`` is set. ``exporter`` replaces
     the configured one (tests pass an in-memory exporter) and turns tracing on.
+    ``console_log``: the file the console exporter writes to, for a process whose stdout is
+    the user's terminal (the launcher: its spans drowned the live progress); by default
+    stdout, which is a role's log file.
     """
     global _provider
     if exporter is None and not enabled_by(cfg):
@@ -122,7 +127,9 @@ def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
         if "OTEL_TRACES_SAMPLER" not in os.environ:
             sampler = ParentBased(TraceIdRatioBased(cfg.tracing.sample_ratio))
         provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
-        provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(cfg, service)))
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter or _exporter(cfg, service, console_log))
+        )
         _provider = provider
         atexit.register(shutdown_tracing)
     return True
@@ -160,11 +167,13 @@ def _otlp_protocol() -> str:
     )
 
 
-def _exporter(cfg: RunConfig, service: str):
+def _exporter(cfg: RunConfig, service: str, console_log: Path | None = None):
     kind = _exporter_kind(cfg)
     if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
+        if console_log is not None:
+            return ConsoleFileSpanExporter(service, console_log)
         return ConsoleSpanExporter(service_name=service)
     if kind == "file":
         return JsonLinesSpanExporter(cfg.run_dir / "traces" / f"{service}.jsonl")
@@ -221,6 +230,26 @@ class JsonLinesSpanExporter:
     def shutdown(self) -> None:
         with self._lock:
             self._file.close()
+
+
+class ConsoleFileSpanExporter:
+    """The SDK's console exporter (its pretty-printed JSON), into a file it closes at shutdown."""
+
+    def __init__(self, service: str, path: Path) -> None:
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a")  # noqa: SIM115 (closed by shutdown)
+        self._console = ConsoleSpanExporter(service_name=service, out=self._file)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._console.export(spans)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self._file.close()
 
 
 # --- context in Kafka headers ---------------------------------------------------------------

@@ -153,3 +153,35 @@ def test_otel_traces_exporter_turns_it_on(run_cfg, monkeypatch):
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert not tracing.enabled_by(run_cfg)
+
+
+def test_console_spans_go_to_each_process_log_not_the_terminal(broker, tmp_path, quick_policy):
+    """``tracing.exporter=console``: the launcher's spans (one per prompt fed) went to its
+    stdout, 9,500 lines of JSON in front of the live progress; they go to logs/launcher.log,
+    the roles' to their own logs, as the roles' always did."""
+    overrides = [
+        *quick_policy,
+        f"run_id=t{uuid.uuid4().hex[:8]}",
+        f"output_dir='{tmp_path}'",
+        *on_session_broker(broker),
+        "tracing.enabled=true",
+        "tracing.exporter=console",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=0",
+        "trainer.target_accuracy=null",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "run", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cfg = load_config(overrides=overrides)
+    assert '"trace_id"' not in proc.stdout + proc.stderr
+    logs = cfg.run_dir / "logs"
+    launcher = (logs / "launcher.log").read_text()
+    assert f'"name": "send {cfg.topic("prompts")}"' in launcher
+    assert '"service.name": "asyncrl-launcher"' in launcher
+    assert '"name": "train.step"' in (logs / "trainer.log").read_text()
+    assert f'"name": "send {cfg.topic("samples")}"' in (logs / "rollout-0.log").read_text()
