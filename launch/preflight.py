@@ -122,6 +122,17 @@ def _package(key: str, module: str, extra: str) -> Check:
     return Check(key, True, f"{module} is installed")
 
 
+def _tracing(cfg: RunConfig) -> Check:
+    """The span exporter can be made (OTEL_TRACES_EXPORTER names one asyncrl has, the gRPC
+    exporter is installed for OTEL_EXPORTER_OTLP_PROTOCOL=grpc)."""
+    from asyncrl.telemetry import tracing
+
+    if not tracing.enabled_by(cfg):
+        return Check("tracing.enabled", True, "off")
+    problem = tracing.exporter_problem(cfg)
+    return Check("tracing.exporter", problem is None, problem or tracing.exporter_kind(cfg))
+
+
 def _kafka_security(cfg: RunConfig) -> list[Check]:
     from asyncrl.kafka import MissingSecret, security_settings
 
@@ -354,6 +365,7 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
         checks.append(_package("trainer.logger", "tensorboard", "tensorboard"))
     if role == "run" and cfg.launcher == "ray":
         checks.append(_package("launcher", "ray", "ray"))
+    checks.append(_tracing(cfg))
     checks += _kafka_security(cfg)
     checks.append(_kafka_clients(cfg))
     if role != "rollout":

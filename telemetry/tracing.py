@@ -135,12 +135,48 @@ def init_tracing(
     return True
 
 
+EXPORTERS = ("otlp", "console", "file")
+
+GRPC_MISSING = (
+    "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: "
+    "pip install 'asyncrl[otlp-grpc]' (or use http/protobuf, port 4318)"
+)
+
+
+def exporter_problem(cfg: RunConfig) -> str | None:
+    """Why this process could not make its span exporter, or None (it can, or tracing is off).
+
+    The start-up checks ask it, so ``OTEL_TRACES_EXPORTER=jaeger`` (or the spec's list form,
+    ``otlp,console``) stops a run at once naming the variable: the launcher died in a
+    ValueError traceback from its first span.
+    """
+    if not enabled_by(cfg):
+        return None
+    kind = exporter_kind(cfg)
+    if kind not in EXPORTERS:
+        return (
+            f"OTEL_TRACES_EXPORTER={os.environ.get('OTEL_TRACES_EXPORTER', '')!r}: asyncrl "
+            "exports to one of otlp, console or file (none: off); for several destinations, "
+            "export otlp to a collector"
+        )
+    if kind == "otlp" and _otlp_protocol() == "grpc":
+        import importlib.util
+
+        try:
+            grpc = importlib.util.find_spec("opentelemetry.exporter.otlp.proto.grpc")
+        except ModuleNotFoundError:
+            grpc = None
+        if grpc is None:
+            return GRPC_MISSING
+    return None
+
+
 def _missing_collector(cfg: RunConfig) -> str | None:
     """The OTLP endpoint, where the exporter is OTLP and nothing accepts a connection there;
     else None."""
     from asyncrl.kafka.health import accepts_connection
 
-    if _exporter_kind(cfg) != "otlp":
+    if exporter_kind(cfg) != "otlp":
         return None
     grpc = _otlp_protocol() == "grpc"
     endpoint = os.environ.get(
@@ -153,7 +189,7 @@ def _missing_collector(cfg: RunConfig) -> str | None:
     return None if accepts_connection(host, port, 1.0) else endpoint
 
 
-def _exporter_kind(cfg: RunConfig) -> str:
+def exporter_kind(cfg: RunConfig) -> str:
     """OTEL_TRACES_EXPORTER where set (and not none), else ``tracing.exporter``."""
     env = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     return env if env not in ("", "none") else cfg.tracing.exporter
@@ -168,7 +204,7 @@ def _otlp_protocol() -> str:
 
 
 def _exporter(cfg: RunConfig, service: str, console_log: Path | None = None):
-    kind = _exporter_kind(cfg)
+    kind = exporter_kind(cfg)
     if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -183,10 +219,7 @@ def _exporter(cfg: RunConfig, service: str, console_log: Path | None = None):
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError as err:
-            raise RuntimeError(
-                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: "
-                "pip install 'asyncrl[otlp-grpc]' (or use http/protobuf, port 4318)"
-            ) from err
+            raise RuntimeError(GRPC_MISSING) from err
         return OTLPSpanExporter()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
