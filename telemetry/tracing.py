@@ -5,7 +5,7 @@ exporter (``otlp`` or ``console``; ``none`` keeps it off). The OTLP exporter is 
 standard way (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL`` =
 ``http/protobuf`` (default) or ``grpc``, ``OTEL_EXPORTER_OTLP_HEADERS``, ...);
 ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the process; ``OTEL_TRACES_SAMPLER``
-overrides ``tracing.sample_ratio``. For local runs ``tracing.exporter=file`` writes one JSON
+(or ``OTEL_TRACES_SAMPLER_ARG`` alone, a ratio) overrides ``tracing.sample_ratio``. For local runs ``tracing.exporter=file`` writes one JSON
 span per line to ``<run_dir>/traces/<service>.jsonl``.
 
 When tracing is off every call here is the API's no-op and nothing is added to the headers,
@@ -125,7 +125,7 @@ def init_tracing(
         }
         sampler = None  # the SDK reads OTEL_TRACES_SAMPLER / _ARG when set
         if "OTEL_TRACES_SAMPLER" not in os.environ:
-            sampler = ParentBased(TraceIdRatioBased(cfg.tracing.sample_ratio))
+            sampler = ParentBased(TraceIdRatioBased(sample_ratio(cfg)))
         provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
         provider.add_span_processor(
             BatchSpanProcessor(exporter or _exporter(cfg, service, console_log))
@@ -169,6 +169,28 @@ def exporter_problem(cfg: RunConfig) -> str | None:
         if grpc is None:
             return GRPC_MISSING
     return None
+
+
+def sample_ratio(cfg: RunConfig) -> float:
+    """The share of root spans recorded: ``OTEL_TRACES_SAMPLER_ARG`` where it is set alone
+    (it is the argument of the ratio sampler asyncrl uses; the SDK reads it only beside
+    ``OTEL_TRACES_SAMPLER``, so alone it changed nothing), else ``tracing.sample_ratio``.
+    A value that is no ratio is warned about and left out, as the SDK does."""
+    arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    if not arg:
+        return cfg.tracing.sample_ratio
+    try:
+        ratio = float(arg)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        log.warning(
+            "OTEL_TRACES_SAMPLER_ARG=%r is not a ratio in [0, 1]: tracing.sample_ratio=%s applies",
+            arg,
+            cfg.tracing.sample_ratio,
+        )
+        return cfg.tracing.sample_ratio
+    return ratio
 
 
 def _missing_collector(cfg: RunConfig) -> str | None:
