@@ -122,6 +122,9 @@ def init_tracing(
         attrs = {
             SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", service),
             "asyncrl.run_id": cfg.run_id,
+            # Which process, whatever OTEL_SERVICE_NAME says: `asyncrl run` passes its
+            # environment to every role, so a name set there is every process's.
+            "asyncrl.process": service,
         }
         sampler = None  # the SDK reads OTEL_TRACES_SAMPLER / _ARG when set
         if "OTEL_TRACES_SAMPLER" not in os.environ:

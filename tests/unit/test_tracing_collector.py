@@ -76,3 +76,18 @@ def test_otel_traces_sampler_wins_with_its_arg(monkeypatch):
         assert tracing._provider.sampler.get_description() == "TraceIdRatioBased{0.25}"
     finally:
         tracing.shutdown_tracing()
+
+
+def test_a_process_is_told_apart_when_otel_service_name_renames_them_all(monkeypatch):
+    """``OTEL_SERVICE_NAME=job asyncrl run``: the launcher passes it to every role, so the
+    trainer and each worker were all ``job``, with nothing saying which was which."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "job")
+    try:
+        assert tracing.init_tracing(load_config(overrides=[]), "asyncrl-trainer") is True
+        attrs = tracing._provider.resource.attributes
+        assert attrs["service.name"] == "job"
+        assert attrs["asyncrl.process"] == "asyncrl-trainer"
+    finally:
+        tracing.shutdown_tracing()
