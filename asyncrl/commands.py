@@ -211,7 +211,10 @@ def _run_config(args: argparse.Namespace):
 
     from asyncrl.config import load_config
 
-    output_dir, run = Path(args.output_dir), args.run
+    # --output-dir, else output_dir= among the overrides (or --config's), as inspect takes
+    # it: `asyncrl monitor RUN output_dir=/x` looked in runs/ ("no run RUN in runs/").
+    output_dir = Path(args.output_dir or load_config(args.config, args.overrides).output_dir)
+    run = args.run
     given = Path(run)
     if len(given.parts) > 1:  # a path (runs/demo, /abs/run), not a run_id
         output_dir, run = given.resolve().parent, given.resolve().name

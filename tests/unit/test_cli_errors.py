@@ -139,6 +139,25 @@ def test_audit_and_monitor_take_a_run_directory_as_report_does(tmp_path: Path) -
     assert cfg.kafka.bootstrap_servers == "127.0.0.1:1"
 
 
+def test_audit_monitor_and_export_model_take_output_dir_as_inspect_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`asyncrl run output_dir=/x run_id=r` then `asyncrl monitor r output_dir=/x` (or audit,
+    export-model): the override was overwritten by --output-dir's default, runs/, and the
+    run was not found ("no run 'r' in runs/"); inspect took it."""
+    _saved_run(tmp_path, "r8", "127.0.0.1:1", archived=False)
+    for command in (["audit", "r8"], ["monitor", "r8", "--once"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*command, f"output_dir='{tmp_path}'"])
+        # found: it goes on to the broker its saved config names
+        assert "nothing listens at 127.0.0.1:1" in str(exc.value), command
+    assert main(["export-model", "r8", "--out", str(tmp_path / "m"), f"output_dir='{tmp_path}'"])
+    assert f"no checkpoint in {tmp_path / 'r8' / 'checkpoints'}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # --output-dir still wins over the override
+        main(["audit", "r8", "--output-dir", str(tmp_path / "other"), f"output_dir='{tmp_path}'"])
+    assert f"no run 'r8' in {tmp_path / 'other'}/" in str(exc.value)
+
+
 def test_a_failed_run_prints_the_log_tail_as_a_message(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
