@@ -185,3 +185,48 @@ def test_console_spans_go_to_each_process_log_not_the_terminal(broker, tmp_path,
     assert '"service.name": "asyncrl-launcher"' in launcher
     assert '"name": "train.step"' in (logs / "trainer.log").read_text()
     assert f'"name": "send {cfg.topic("samples")}"' in (logs / "rollout-0.log").read_text()
+
+
+def test_an_in_flight_sync_is_one_trace_with_the_workers_load(broker, tmp_path, quick_policy):
+    """``in_flight_update=true``: the worker swaps weights between two tokens, with no pause.
+    Its part of the sync was missing from the sync's trace (its RolloutPaused and
+    WeightsLoaded went out as roots of their own); it is the trainer's child, as in (c)/(d)."""
+    overrides = [
+        *quick_policy,
+        f"run_id=t{uuid.uuid4().hex[:8]}",
+        f"output_dir='{tmp_path}'",
+        *on_session_broker(broker),
+        "tracing.enabled=true",
+        "tracing.exporter=file",
+        "actor_rollout_ref.rollout.name=sim",
+        "async_training.staleness_threshold=0.5",
+        "async_training.partial_rollout=true",
+        "async_training.in_flight_update=true",
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=0",
+        "trainer.target_accuracy=null",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "run", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cfg = load_config(overrides=overrides)
+    spans = _spans(cfg.run_dir)
+    trainer, rollout = spans["asyncrl-trainer"], spans["asyncrl-rollout-0"]
+    by_id = {s["context"]["span_id"]: s for s in trainer + rollout}
+    syncs = [s for s in trainer if s["name"] == "weight_sync"]
+    assert len(syncs) == 3  # after steps 1-3
+    for sync in syncs:
+        (load,) = [
+            s
+            for s in rollout
+            if s["name"] == "weights.load"
+            and s["context"]["trace_id"] == sync["context"]["trace_id"]
+        ]
+        assert load["attributes"]["asyncrl.version"] == sync["attributes"]["asyncrl.version"]
+        assert by_id[load["parent_id"]]["name"] == f"send {cfg.topic('control')}"  # SyncRequested
+        sends = [s for s in rollout if s["parent_id"] == load["context"]["span_id"]]
+        assert len(sends) == 2  # RolloutPaused and WeightsLoaded
