@@ -29,6 +29,10 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from asyncrl.telemetry import tracing
 
+INTERRUPTED_EVENT = "interrupted by a weight sync"
+"""The event on a ``generate`` segment a sync cut short (mode (d)); docs/observability.md
+quotes it, what a user searches a trace for."""
+
 
 class SampleTrace:
     """The spans of one in-flight sample."""
@@ -86,7 +90,7 @@ class SampleTrace:
         if self.segment is None:
             return
         if interrupted:
-            self.segment.add_event("interrupted by a weight sync")
+            self.segment.add_event(INTERRUPTED_EVENT)
         if tokens is not None:
             self.segment.set_attribute("asyncrl.response_tokens", tokens)
         self.segment.end()
