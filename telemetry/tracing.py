@@ -106,7 +106,7 @@ def init_tracing(
     with _lock:
         if _provider is not None:
             return True
-        if exporter is None and (missing := _missing_collector(cfg)) is not None:
+        if exporter is None and (missing := missing_collector(cfg)) is not None:
             log.warning(
                 "tracing is off: no OTLP collector answers at %s (start one, such as Jaeger: "
                 "docs/observability.md; or tracing.exporter=file). Exporting to it would "
@@ -196,7 +196,7 @@ def sample_ratio(cfg: RunConfig) -> float:
     return ratio
 
 
-def _missing_collector(cfg: RunConfig) -> str | None:
+def missing_collector(cfg: RunConfig) -> str | None:
     """The OTLP endpoint, where the exporter is OTLP and nothing accepts a connection there;
     else None."""
     from asyncrl.kafka.health import accepts_connection

@@ -59,3 +59,25 @@ def test_known_exporters_and_tracing_off_pass(monkeypatch, env, ok):
     _, check = _tracing_check(monkeypatch, **env)
     assert check.ok is True
     assert check.detail == ok
+
+
+def test_the_dry_run_says_when_no_otlp_collector_answers(monkeypatch):
+    """`asyncrl run --dry-run tracing.enabled=true` said "ok tracing.exporter: otlp" with
+    nothing at the endpoint; the run then warned in every process and traced nothing."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    _, check = _tracing_check(monkeypatch, OTEL_TRACES_EXPORTER="otlp")
+    assert check.ok is True  # the run starts: a collector may be up by then
+    assert f"no OTLP collector answers at http://127.0.0.1:{port}" in check.detail
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}"
+        )
+        _, check = _tracing_check(monkeypatch, OTEL_TRACES_EXPORTER="otlp")
+        assert check.detail == "otlp"

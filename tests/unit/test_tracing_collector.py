@@ -34,11 +34,11 @@ def test_a_listening_collector_or_another_exporter_is_not_questioned(cfg, monkey
         server.bind(("127.0.0.1", 0))
         server.listen()
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"127.0.0.1:{server.getsockname()[1]}")
-        assert tracing._missing_collector(cfg) is None
+        assert tracing.missing_collector(cfg) is None
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
-    assert tracing._missing_collector(cfg) == "http://127.0.0.1:1"
+    assert tracing.missing_collector(cfg) == "http://127.0.0.1:1"
     file_cfg = load_config(overrides=["tracing.enabled=true", "tracing.exporter=file"])
-    assert tracing._missing_collector(file_cfg) is None
+    assert tracing.missing_collector(file_cfg) is None
 
 
 @pytest.mark.parametrize(
