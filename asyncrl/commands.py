@@ -169,14 +169,15 @@ def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
     closed = _closed_loopback(cfg.kafka.bootstrap_servers)
     if closed is None:
         return cfg.kafka.bootstrap_servers
-    from asyncrl.launch.log_archive import has_archive, log_dir
+    from asyncrl.launch.log_archive import has_archive, log_dir, run_ref
 
     if has_archive(cfg) and not named:
+        ref = run_ref(cfg)
         raise SystemExit(
             f"asyncrl {role}: run {cfg.run_id!r} has ended: nothing listens at its broker's "
             f"{closed} any more. Its log is archived in {log_dir(cfg)}: `asyncrl inspect "
-            f"samples run_id={cfg.run_id}`, `asyncrl audit {cfg.run_id}` and `asyncrl report "
-            f"{cfg.run_id}` read it without a broker"
+            f"samples {ref}`, `asyncrl audit {ref}` and `asyncrl report {ref}` read it "
+            "without a broker"
         )
     raise SystemExit(
         f"asyncrl {role}: nothing listens at {closed} (kafka.bootstrap_servers): start the "

@@ -32,7 +32,7 @@ from rich.table import Table
 from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, ConfigError, RunConfig, dump_config
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
-from asyncrl.launch.log_archive import ArchiveError
+from asyncrl.launch.log_archive import ArchiveError, run_ref
 from asyncrl.launch.preflight import check_startable
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
 from asyncrl.launch.progress import StepProgress, counts_text, wide_console
@@ -433,10 +433,10 @@ def _launch(
                 archiver.stop(drain=broker is not None and broker.running)
                 total, added = archiver.total, archiver.archived
                 counts = f"{total} records" + (f", {added} of them new" if added < total else "")
+                ref = run_ref(cfg)
                 console.log(
-                    f"log archived: {archiver.directory} ({counts}); "
-                    f"`asyncrl inspect samples run_id={cfg.run_id}` or `asyncrl audit "
-                    f"{cfg.run_id}` reads it with no broker running"
+                    f"log archived: {archiver.directory} ({counts}); `asyncrl inspect "
+                    f"samples {ref}` or `asyncrl audit {ref}` reads it with no broker running"
                 )
             except ArchiveError as err:  # do not hide why the run ended
                 console.log(f"[red]{err}")

@@ -127,6 +127,25 @@ def test_monitor_of_a_finished_run_points_to_its_archived_log(tmp_path: Path) ->
     assert str(run_dir / "log") in message and "asyncrl audit done" in message
 
 
+def test_the_commands_suggested_for_a_finished_run_find_it_in_its_output_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run under another output_dir: the monitor (and the launcher's last line) suggested
+    `asyncrl audit done`, which looked in runs/ and said "no run 'done' in runs/"."""
+    _saved_run(tmp_path, "done", f"127.0.0.1:{free_port()}", archived=True)
+    with pytest.raises(SystemExit) as exc:
+        main(["monitor", "done", "--once", "--output-dir", str(tmp_path)])
+    suggested = re.findall(r"`asyncrl (\w+) ([^`]*)`", str(exc.value))
+    assert [command for command, _ in suggested] == ["inspect", "audit", "report"]
+    for command, rest in suggested:
+        assert f"done --output-dir {tmp_path}" in rest, command
+    from asyncrl.commands import _run_config
+
+    audit = next(rest for command, rest in suggested if command == "audit")
+    args = cli.build_parser().parse_args(["audit", *audit.split()])
+    assert _run_config(args).run_dir == tmp_path / "done"  # the suggestion finds the run
+
+
 def test_audit_and_monitor_take_a_run_directory_as_report_does(tmp_path: Path) -> None:
     import argparse
 
