@@ -9,7 +9,8 @@ A sample's spans, one trace from the prompt to the trainer's step:
     +- send <run>.partials           PRODUCER, at each interrupt (mode d)
     +- reward                        one per trajectory, as each finishes
     +- send <run>.samples            PRODUCER; its context rides in the sample's headers and
-                                      the trainer's train.step span links to it
+       |                              the trainer's train.step span links to it
+       +- process <run>.samples      the trainer's: the step that trained it (consumers/spans)
 
 A worker's sync spans are children of the trainer's ``weight_sync`` span, whose context rides
 in SyncRequested's headers: ``sync.pause`` (stop admitting, interrupt, RolloutPaused) and

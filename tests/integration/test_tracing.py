@@ -99,6 +99,24 @@ def test_a_step_links_exactly_the_samples_it_trained_on(broker, tmp_path, quick_
         assert span["attributes"]["messaging.batch.message_count"] == len(steps[n].sample_ids)
         assert span["attributes"]["asyncrl.version"] == steps[n].version
 
+    # From a sample's own trace, the step that trained it: the trainer's "process" span, a
+    # child of the sample's send span, names the step and links to its train.step span.
+    marks = {
+        s["parent_id"]: s
+        for s in trainer
+        if s["name"] == f"process {cfg.topic('samples')}" and s["kind"] == "SpanKind.CONSUMER"
+    }
+    for n, step in steps.items():
+        for sid in step.sample_ids:
+            mark = marks[sample_span[sid]]
+            assert (
+                mark["context"]["trace_id"] == send_spans[sample_span[sid]]["context"]["trace_id"]
+            )
+            assert mark["attributes"]["asyncrl.step"] == n
+            assert mark["attributes"]["messaging.kafka.message.key"] == sid
+            (link,) = mark["links"]
+            assert link["context"]["span_id"] == step_spans[n]["context"]["span_id"]
+
     # A sample's rollout spans form one tree under its process span: generate segments (more
     # than one for a sample continued after a sync), rewards, the send.
     by_parent = defaultdict(list)
