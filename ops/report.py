@@ -317,6 +317,15 @@ def _rest(w: dict[str, float]) -> float:
     return max(w["resumed_s"] - w["pause_s"] - w["transfer_s"], 0.0)
 
 
+def _rate_label(launches: int) -> str:
+    """What the run's samples/s is over. One launch: the trainer's own figure (the progress
+    line's), from when the first worker got its weights, so not samples trained over the
+    wall time beside it, which it was taken for; several: the joined launches' wall time."""
+    if launches > 1:
+        return "samples/s (over the wall time, start-ups included)"
+    return "samples/s (from the first worker's weights on)"
+
+
 def _trained(row: dict[str, Any]) -> float:
     """Samples trained so far (in the row's launch), as the row says. ``perf/samples_per_s``
     is over the time since the first worker joined, shorter than ``perf/elapsed_s``: their
@@ -359,7 +368,7 @@ def _markdown(
         ("finished because", summary.get("reason", "(not finished: still running, or stopped)")),
         ("held-out accuracy, start -> end", _acc(summary, rows)),
         ("wall time", f"{last['perf/elapsed_s']:.1f} s"),
-        ("samples/s (whole run)", f"{last['perf/samples_per_s']:.2f}"),
+        (_rate_label(launches), f"{last['perf/samples_per_s']:.2f}"),
         ("samples trained", trained or "-"),
         ("of them stale", f"{stale} ({stale / trained:.0%})" if trained else "-"),
         ("dropped", counts_text(summary["dropped"]) if "dropped" in summary else "-"),

@@ -38,6 +38,8 @@ def test_report_states_the_scripted_figures(tmp_path):
     assert window["rollouter_budget_idle"] == 0.2
     md = write_report(run).read_text()
     assert "| samples trained | 16 |" in md
+    # not samples trained over the wall time: the trainer's rate from the first worker's join
+    assert "| samples/s (from the first worker's weights on) | 8.00 |" in md
     assert "| of them stale | 3 (19%) |" in md
     assert "| held-out accuracy, start -> end | 0.400 -> 0.600 |" in md
     assert "| sync pause / transfer, mean (trainer) | 100 / 20 ms |" in md
@@ -151,6 +153,7 @@ def test_a_run_resumed_after_a_kill_reads_as_one_run(tmp_path):
     md = write_report(run).read_text()
     assert "| launches (resumed after a kill) | 2 |" in md
     assert "| wall time | 4.0 s |" in md and "| samples trained | 32 |" in md
+    assert "| samples/s (over the wall time, start-ups included) | 10.00 |" in md
     assert "| syncs | 3 |" in md  # the summary's 1 is the last launch's alone
     assert "| trainer idle ratio, mean of windows | 0.50 |" in md  # the gap's NaN left out
 
