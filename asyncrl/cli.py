@@ -261,9 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run", help="a run_id under --output-dir, or a run directory")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument(
-        "--output-dir", default="runs", help="where run directories live (default: runs)"
-    )
+    _output_dir_arg(p)
     _config_args(p, reads_run=True)
 
     p = sub.add_parser(
@@ -313,9 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run", help="a run_id under --output-dir, or a run directory")
     p.add_argument("--once", action="store_true", help="print what is there now and exit")
-    p.add_argument(
-        "--output-dir", default="runs", help="where run directories live (default: runs)"
-    )
+    _output_dir_arg(p)
     p.add_argument(
         "--engine",
         choices=["auto", "faust", "kafka"],
@@ -435,9 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a run_id under --output-dir, or a run directory")
     p.add_argument("--out", required=True, help="a new (or empty) directory to write")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
-    p.add_argument(
-        "--output-dir", default="runs", help="where run directories live (default: runs)"
-    )
+    _output_dir_arg(p)
     _config_args(p, reads_run=True)
 
     p = sub.add_parser(

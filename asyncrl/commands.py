@@ -182,14 +182,15 @@ def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
     closed = _closed_loopback(cfg.kafka.bootstrap_servers)
     if closed is None:
         return cfg.kafka.bootstrap_servers
-    from asyncrl.launch.log_archive import has_archive, log_dir
+    from asyncrl.launch.log_archive import has_archive, log_dir, run_ref
 
     if has_archive(cfg) and not named:
+        ref = run_ref(cfg)
         raise SystemExit(
             f"asyncrl {role}: run {cfg.run_id!r} has ended: nothing listens at its broker's "
             f"{closed} any more. Its log is archived in {log_dir(cfg)}: `asyncrl inspect "
-            f"samples run_id={cfg.run_id}`, `asyncrl audit {cfg.run_id}` and `asyncrl report "
-            f"{cfg.run_id}` read it without a broker"
+            f"samples {ref}`, `asyncrl audit {ref}` and `asyncrl report {ref}` read it "
+            "without a broker"
         )
     raise SystemExit(
         f"asyncrl {role}: nothing listens at {closed} (kafka.bootstrap_servers): start the "
@@ -224,7 +225,10 @@ def _run_config(args: argparse.Namespace):
 
     from asyncrl.config import load_config
 
-    output_dir, run = Path(args.output_dir), args.run
+    # --output-dir, else output_dir= among the overrides (or --config's), as inspect takes
+    # it: `asyncrl monitor RUN output_dir=/x` looked in runs/ ("no run RUN in runs/").
+    output_dir = Path(args.output_dir or load_config(args.config, args.overrides).output_dir)
+    run = args.run
     given = Path(run)
     if len(given.parts) > 1:  # a path (runs/demo, /abs/run), not a run_id
         output_dir, run = given.resolve().parent, given.resolve().name

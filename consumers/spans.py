@@ -2,7 +2,8 @@
 
 ``train.step`` carries a **link** to the ``send <run>.samples`` span of each sample in its
 batch (the context rides in the sample's Kafka headers), so a trace viewer goes from a step to
-the rollouts that fed it, across processes, and from a rollout to the step that used it.
+the rollouts that fed it, across processes; each of those samples' traces gets a ``process
+<run>.samples`` span naming the step and linked to it, the way from a rollout to its step.
 ``weight_sync`` (linked to the step that triggered it) holds ``sync.pause`` and
 ``sync.transfer``; SyncRequested and WeightsPublished are sent inside it, so each worker's
 ``sync.pause`` and ``weights.load`` spans join the same trace. No-ops when tracing is off.
@@ -42,12 +43,45 @@ def start_step(batch: Sequence[Record[Any]], step: int, version: int, topic: str
         "asyncrl.version": version,
         "asyncrl.batch_size": len(batch),
     }
-    return tracing.tracer().start_span(
+    span = tracing.tracer().start_span(
         "train.step",
         kind=SpanKind.CONSUMER,
         links=links,
         attributes=tracing.messaging_attributes(topic, "process", **attributes),
     )
+    _mark_samples(batch, span, step, version, topic)
+    return span
+
+
+def _mark_samples(
+    batch: Sequence[Record[Any]], step_span: Span, step: int, version: int, topic: str
+) -> None:
+    """In each sample's own trace, a ``process <run>.samples`` span (child of the sample's send
+    span, linked to ``train.step``) naming the step that trained it. A link points one way:
+    with the step's links alone, a viewer showing a sample's trace (Jaeger, by trace id)
+    showed no sign of the trainer, and no viewer searches spans by the links they carry."""
+    step_link = [Link(step_span.get_span_context())]
+    for r in batch:
+        ctx = tracing.context_from_headers(r.headers)
+        if not trace.get_current_span(ctx).get_span_context().is_valid:
+            continue
+        tracing.tracer().start_span(
+            f"process {topic}",
+            context=ctx,
+            kind=SpanKind.CONSUMER,
+            links=step_link,
+            attributes=tracing.messaging_attributes(
+                topic,
+                "process",
+                r.key,
+                **{
+                    "messaging.kafka.offset": r.offset,
+                    "messaging.destination.partition.id": str(r.partition),
+                    "asyncrl.step": step,
+                    "asyncrl.version": version,
+                },
+            ),
+        ).end()
 
 
 def end_step(span: Span, metrics: dict[str, float]) -> None:

@@ -133,6 +133,9 @@ class StepStats:
                 "perf/samples_per_s": self.samples_trained
                 / max(now - (first_join or self.t_start), 1e-9),
                 "perf/elapsed_s": now - self.t_start,
+                # The count itself: the rate is over a shorter time than elapsed_s, so
+                # rate x elapsed overcounted (the report's per-step samples/s).
+                "perf/samples_trained": float(self.samples_trained),
                 "fully_async/count/dropped_samples": float(dropped),
                 "fully_async/count/duplicate_samples": float(duplicates),
                 "trainer/queue_size": float(queued),

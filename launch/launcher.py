@@ -32,7 +32,7 @@ from rich.table import Table
 from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, ConfigError, RunConfig, dump_config
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
-from asyncrl.launch.log_archive import ArchiveError
+from asyncrl.launch.log_archive import ArchiveError, run_ref
 from asyncrl.launch.preflight import check_startable
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
 from asyncrl.launch.progress import StepProgress, counts_text, records_shown, wide_console
@@ -71,6 +71,10 @@ def stop_on_sigterm() -> None:
 
 STOP_GRACE_S = 120.0
 """How long a stopped run waits for its trainer to end its step and checkpoint it."""
+
+LAUNCHER_LOG = "launcher.log"
+"""The launcher's own log in ``run_dir/logs``: the spans of ``tracing.exporter=console``,
+which its stdout, the live progress, would drown (a 4-step run: 9,500 lines of JSON)."""
 
 
 def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console: Console) -> None:
@@ -119,8 +123,9 @@ def _failure_report(name: str, rc: int, log_path: Path) -> str:
     report = f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
     if name != "trainer":
         return report
+    skip = {log_path, log_path.parent / LAUNCHER_LOG}  # the launcher's holds spans only
     for other in sorted(log_path.parent.glob("*.log")):
-        if other != log_path and (lines := _tail(other, lines=12)):
+        if other not in skip and (lines := _tail(other, lines=12)):
             report += f"\n--- last lines of {other}:\n{lines}"
     return report
 
@@ -250,8 +255,9 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
         from asyncrl.tasks.files import load_split
 
         _log_data(resolved, console, "val", load_split(resolved, "val", load_tokenizer(resolved)))
-    init_tracing(resolved, "asyncrl-launcher")  # the feed's spans: the prompts' contexts
-    # a long run's feed is millions of prompts (every step's, up front): minutes, shown live
+    # The feed's spans (the prompts' contexts); console spans to a log, not the terminal.
+    init_tracing(resolved, "asyncrl-launcher", console_log=cfg.run_dir / "logs" / LAUNCHER_LOG)
+    # a long run's first steps' prompts, checked and fed: shown live on a terminal
     try:
         with records_shown(console, "checking the prompts already fed", "prepare"):
             written, present = feed_prompts(resolved, bootstrap, train=train)
@@ -431,10 +437,10 @@ def _launch(
                 archiver.stop(drain=broker is not None and broker.running)
                 total, added = archiver.total, archiver.archived
                 counts = f"{total} records" + (f", {added} of them new" if added < total else "")
+                ref = run_ref(cfg)
                 console.log(
-                    f"log archived: {archiver.directory} ({counts}); "
-                    f"`asyncrl inspect samples run_id={cfg.run_id}` or `asyncrl audit "
-                    f"{cfg.run_id}` reads it with no broker running"
+                    f"log archived: {archiver.directory} ({counts}); `asyncrl inspect "
+                    f"samples {ref}` or `asyncrl audit {ref}` reads it with no broker running"
                 )
             except ArchiveError as err:  # do not hide why the run ended
                 console.log(f"[red]{err}")

@@ -69,6 +69,19 @@ def log_dir(cfg: RunConfig) -> Path:
     return cfg.run_dir / "log"
 
 
+def run_ref(cfg: RunConfig) -> str:
+    """How a reading command (inspect, audit, report, monitor) is to name this run: its
+    run_id, with ``--output-dir`` where that is not the default ``runs``. The commands the
+    launcher and the monitor suggested named the run_id alone, which looks in runs/."""
+    import shlex
+
+    from asyncrl.config import RunConfig
+
+    if Path(cfg.output_dir) == Path(RunConfig.model_fields["output_dir"].default):
+        return shlex.quote(cfg.run_id)
+    return f"{shlex.quote(cfg.run_id)} --output-dir {shlex.quote(str(cfg.output_dir))}"
+
+
 def has_archive(cfg: RunConfig) -> bool:
     return any(log_dir(cfg).glob("*/*.log"))
 

@@ -122,6 +122,26 @@ def _package(key: str, module: str, extra: str) -> Check:
     return Check(key, True, f"{module} is installed")
 
 
+def _tracing(cfg: RunConfig) -> Check:
+    """The span exporter can be made (OTEL_TRACES_EXPORTER names one asyncrl has, the gRPC
+    exporter is installed for OTEL_EXPORTER_OTLP_PROTOCOL=grpc); for OTLP, whether a
+    collector answers (the dry run said "ok" of a run that would then trace nothing)."""
+    from asyncrl.telemetry import tracing
+
+    if not tracing.enabled_by(cfg):
+        return Check("tracing.enabled", True, "off")
+    problem = tracing.exporter_problem(cfg)
+    if problem is not None:
+        return Check("tracing.exporter", False, problem)
+    detail = tracing.exporter_kind(cfg)
+    if (missing := tracing.missing_collector(cfg)) is not None:  # the run still starts
+        detail += (
+            f"; no OTLP collector answers at {missing} now: unless one does when the run "
+            "starts, each process warns and traces nothing"
+        )
+    return Check("tracing.exporter", True, detail)
+
+
 def _kafka_security(cfg: RunConfig) -> list[Check]:
     from asyncrl.kafka import MissingSecret, security_settings
 
@@ -354,6 +374,7 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
         checks.append(_package("trainer.logger", "tensorboard", "tensorboard"))
     if role == "run" and cfg.launcher == "ray":
         checks.append(_package("launcher", "ray", "ray"))
+    checks.append(_tracing(cfg))
     checks += _kafka_security(cfg)
     checks.append(_kafka_clients(cfg))
     if role != "rollout":

@@ -18,6 +18,7 @@ group, no topic created, starts faster).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 
@@ -28,6 +29,10 @@ from asyncrl.config import RunConfig
 from asyncrl.ops.monitor_stats import RunMonitor, feed
 
 TOPICS = ("samples", "steps", "control", "dead-letter")
+
+HEALTH_LOG = "asyncrl.kafka.health"
+"""The logger of the clients' broker warnings; quiet once the run has finished, when its
+embedded broker stops with the launcher and a failed reconnect is no news."""
 
 
 def monitor(
@@ -48,8 +53,6 @@ def monitor(
     """
     import importlib.util
 
-    from asyncrl.kafka import Reader, raw_decode
-
     if engine not in ("auto", "faust", "kafka"):
         raise ValueError(f"monitor engine {engine!r}: choose auto, faust or kafka")
     secured = cfg.kafka.security.protocol != "PLAINTEXT"
@@ -63,7 +66,7 @@ def monitor(
             console.print("faust-streaming not installed ('asyncrl[monitor]'): plain Kafka reader")
     if engine == "faust":
         try:
-            from asyncrl.ops import monitor_faust
+            from asyncrl.ops import monitor_faust  # noqa: F401 (a missing faust is said here)
         except ImportError as err:
             raise RuntimeError(
                 f"the faust monitor needs faust-streaming ({err}): pip install 'asyncrl[monitor]',"
@@ -71,6 +74,17 @@ def monitor(
             ) from err
     mon = RunMonitor()
     topics = [cfg.topic(name) for name in TOPICS]
+    level = logging.getLogger(HEALTH_LOG).level  # _read raises it once the run has finished
+    try:
+        _follow(mon, cfg, bootstrap, engine, topics, console, follow, refresh_s, idle_exit_s)
+    finally:
+        logging.getLogger(HEALTH_LOG).setLevel(level)
+    return mon
+
+
+def _follow(mon, cfg, bootstrap, engine, topics, console, follow, refresh_s, idle_exit_s) -> None:
+    from asyncrl.kafka import Reader, raw_decode
+
     with Reader(cfg.kafka, bootstrap, raw_decode) as reader:
         ends = {}
         for topic in topics:
@@ -80,13 +94,14 @@ def monitor(
             reader.close()  # not read from: its connections would fail aloud as the broker ends
         with Live(mon.render(cfg.run_id), console=console, refresh_per_second=4) as live:
             if engine == "faust":
+                from asyncrl.ops import monitor_faust
+
                 monitor_faust.read(
                     mon, cfg, bootstrap, topics, ends, live, follow, refresh_s, idle_exit_s
                 )
             else:
                 _read(mon, cfg, reader, topics, ends, live, follow, refresh_s, idle_exit_s)
             live.update(mon.render(cfg.run_id))
-    return mon
 
 
 def _read(mon, cfg, reader, topics, ends, live, follow, refresh_s, idle_exit_s) -> None:
@@ -102,6 +117,11 @@ def _read(mon, cfg, reader, topics, ends, live, follow, refresh_s, idle_exit_s) 
             feed(mon, cfg, records)
             seen.update(r.topic for r in records)
             live.update(mon.render(cfg.run_id))
+            if mon.finished:
+                # The run is over: its embedded broker stops with the launcher, and the
+                # reader's failed reconnects are expected, not news (every monitor of a run
+                # that ended printed a librdkafka FAIL warning among its last lines).
+                logging.getLogger(HEALTH_LOG).setLevel(logging.ERROR)
         caught_up = all(seen[t] >= n for t, n in ends.items())
         if not follow and caught_up:
             break

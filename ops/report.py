@@ -87,12 +87,14 @@ def join_launches(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             launch += 1
             offset += prev_t
             samples_before += prev_samples
-        samples = float(raw.get("perf/samples_per_s", 0.0)) * t
+        samples = _trained(raw)
         prev_t, prev_samples = t, samples
         row = dict(raw, launch=launch)
         if "perf/elapsed_s" in raw:
             row["perf/elapsed_s"] = offset + t
-            if "perf/samples_per_s" in raw and offset + t > 0:
+            if "perf/samples_trained" in raw:
+                row["perf/samples_trained"] = samples_before + samples
+            if "perf/samples_per_s" in raw and launch > 1:  # the whole run's, start-ups in
                 row["perf/samples_per_s"] = (samples_before + samples) / (offset + t)
         while joined and joined[-1]["step"] >= row["step"]:
             joined.pop()  # voided by the restart
@@ -315,13 +317,31 @@ def _rest(w: dict[str, float]) -> float:
     return max(w["resumed_s"] - w["pause_s"] - w["transfer_s"], 0.0)
 
 
+def _rate_label(launches: int) -> str:
+    """What the run's samples/s is over. One launch: the trainer's own figure (the progress
+    line's), from when the first worker got its weights, so not samples trained over the
+    wall time beside it, which it was taken for; several: the joined launches' wall time."""
+    if launches > 1:
+        return "samples/s (over the wall time, start-ups included)"
+    return "samples/s (from the first worker's weights on)"
+
+
+def _trained(row: dict[str, Any]) -> float:
+    """Samples trained so far (in the row's launch), as the row says. ``perf/samples_per_s``
+    is over the time since the first worker joined, shorter than ``perf/elapsed_s``: their
+    product, all a run logged before ``perf/samples_trained``, overcounts early steps."""
+    if "perf/samples_trained" in row:
+        return float(row["perf/samples_trained"])
+    return float(row.get("perf/samples_per_s", 0.0)) * float(row.get("perf/elapsed_s", 0.0))
+
+
 def _step_rates(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """Samples/s between consecutive steps, from the running average and elapsed time."""
+    """Samples/s between consecutive steps: samples trained over the time between them."""
     points = []
     prev_t, prev_n = 0.0, 0.0
     for r in rows:
         t = r["perf/elapsed_s"]
-        n = r["perf/samples_per_s"] * t  # samples trained so far
+        n = _trained(r)
         if t > prev_t:
             points.append((t, (n - prev_n) / (t - prev_t)))
         prev_t, prev_n = t, n
@@ -348,7 +368,7 @@ def _markdown(
         ("finished because", summary.get("reason", "(not finished: still running, or stopped)")),
         ("held-out accuracy, start -> end", _acc(summary, rows)),
         ("wall time", f"{last['perf/elapsed_s']:.1f} s"),
-        ("samples/s (whole run)", f"{last['perf/samples_per_s']:.2f}"),
+        (_rate_label(launches), f"{last['perf/samples_per_s']:.2f}"),
         ("samples trained", trained or "-"),
         ("of them stale", f"{stale} ({stale / trained:.0%})" if trained else "-"),
         ("dropped", counts_text(summary["dropped"]) if "dropped" in summary else "-"),

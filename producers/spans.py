@@ -9,7 +9,8 @@ A sample's spans, one trace from the prompt to the trainer's step:
     +- send <run>.partials           PRODUCER, at each interrupt (mode d)
     +- reward                        one per trajectory, as each finishes
     +- send <run>.samples            PRODUCER; its context rides in the sample's headers and
-                                      the trainer's train.step span links to it
+       |                              the trainer's train.step span links to it
+       +- process <run>.samples      the trainer's: the step that trained it (consumers/spans)
 
 A worker's sync spans are children of the trainer's ``weight_sync`` span, whose context rides
 in SyncRequested's headers: ``sync.pause`` (stop admitting, interrupt, RolloutPaused) and
@@ -28,6 +29,10 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from asyncrl.telemetry import tracing
+
+INTERRUPTED_EVENT = "interrupted by a weight sync"
+"""The event on a ``generate`` segment a sync cut short (mode (d)); docs/observability.md
+quotes it, what a user searches a trace for."""
 
 
 class SampleTrace:
@@ -86,7 +91,7 @@ class SampleTrace:
         if self.segment is None:
             return
         if interrupted:
-            self.segment.add_event("interrupted by a weight sync")
+            self.segment.add_event(INTERRUPTED_EVENT)
         if tokens is not None:
             self.segment.set_attribute("asyncrl.response_tokens", tokens)
         self.segment.end()

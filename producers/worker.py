@@ -320,16 +320,22 @@ class RolloutWorker:
         self.shadow = ShadowWeights.after_join(self.cfg, self.follower.sink, self.engine.model)
 
     def _swap(self, request: ev.SyncRequested, published: ev.WeightsPublished) -> None:
-        """A sync without a pause: nothing is logged to partials, nothing waits for the broker."""
+        """A sync without a pause: nothing is logged to partials, nothing waits for the broker.
+
+        Its ``weights.load`` span (the swap, checksum, RolloutPaused and WeightsLoaded) joins
+        the trainer's sync trace, as mode (c)'s and (d)'s do: without it the worker's part of
+        an in-flight sync was missing from the trace, its events sent as roots of their own."""
         assert self.shadow is not None
-        checksum, pause_s = self.shadow.swap(self.engine, self.in_flight, published.version)
-        if checksum and published.checksum and not same_format(checksum, published.checksum):
-            # Hashed ahead in another format than the trainer chose (its first sync, or a
-            # trainer restarted on another kind of device): again in the trainer's.
-            checksum = weights_checksum(self.engine.model, like=published.checksum)
-        self.shadow.like = published.checksum or None
-        receive_s = self.shadow.receive_s
-        self.follower.swapped(request, published, checksum, pause_s, receive_s, self.produced)
+        attrs = {"asyncrl.version": request.version, "asyncrl.worker": self.worker_id}
+        with sync_span("weights.load", request.headers, **attrs):
+            checksum, pause_s = self.shadow.swap(self.engine, self.in_flight, published.version)
+            if checksum and published.checksum and not same_format(checksum, published.checksum):
+                # Hashed ahead in another format than the trainer chose (its first sync, or a
+                # trainer restarted on another kind of device): again in the trainer's.
+                checksum = weights_checksum(self.engine.model, like=published.checksum)
+            self.shadow.like = published.checksum or None
+            receive_s = self.shadow.receive_s
+            self.follower.swapped(request, published, checksum, pause_s, receive_s, self.produced)
         self._open_budget(published, consumed=request.consumed, flush=False)
 
     def _open_budget(

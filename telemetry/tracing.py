@@ -5,7 +5,7 @@ exporter (``otlp`` or ``console``; ``none`` keeps it off). The OTLP exporter is 
 standard way (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL`` =
 ``http/protobuf`` (default) or ``grpc``, ``OTEL_EXPORTER_OTLP_HEADERS``, ...);
 ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the process; ``OTEL_TRACES_SAMPLER``
-overrides ``tracing.sample_ratio``. For local runs ``tracing.exporter=file`` writes one JSON
+(or ``OTEL_TRACES_SAMPLER_ARG`` alone, a ratio) overrides ``tracing.sample_ratio``. For local runs ``tracing.exporter=file`` writes one JSON
 span per line to ``<run_dir>/traces/<service>.jsonl``.
 
 When tracing is off every call here is the API's no-op and nothing is added to the headers,
@@ -88,12 +88,17 @@ def enabled_by(cfg: RunConfig) -> bool:
     return cfg.tracing.enabled or (env not in ("", "none"))
 
 
-def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
+def init_tracing(
+    cfg: RunConfig, service: str, exporter: Any = None, console_log: Path | None = None
+) -> bool:
     """Install this process's tracer provider (once); returns whether tracing is on.
 
     ``service`` names the process in the trace viewer (``asyncrl-trainer``,
     ``asyncrl-rollout-0``, ...) unless ``OTEL_SERVICE_NAME`` is set. ``exporter`` replaces
     the configured one (tests pass an in-memory exporter) and turns tracing on.
+    ``console_log``: the file the console exporter writes to, for a process whose stdout is
+    the user's terminal (the launcher: its spans drowned the live progress); by default
+    stdout, which is a role's log file.
     """
     global _provider
     if exporter is None and not enabled_by(cfg):
@@ -101,7 +106,7 @@ def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
     with _lock:
         if _provider is not None:
             return True
-        if exporter is None and (missing := _missing_collector(cfg)) is not None:
+        if exporter is None and (missing := missing_collector(cfg)) is not None:
             log.warning(
                 "tracing is off: no OTLP collector answers at %s (start one, such as Jaeger: "
                 "docs/observability.md; or tracing.exporter=file). Exporting to it would "
@@ -117,23 +122,86 @@ def init_tracing(cfg: RunConfig, service: str, exporter: Any = None) -> bool:
         attrs = {
             SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", service),
             "asyncrl.run_id": cfg.run_id,
+            # Which process, whatever OTEL_SERVICE_NAME says: `asyncrl run` passes its
+            # environment to every role, so a name set there is every process's.
+            "asyncrl.process": service,
         }
         sampler = None  # the SDK reads OTEL_TRACES_SAMPLER / _ARG when set
         if "OTEL_TRACES_SAMPLER" not in os.environ:
-            sampler = ParentBased(TraceIdRatioBased(cfg.tracing.sample_ratio))
+            sampler = ParentBased(TraceIdRatioBased(sample_ratio(cfg)))
         provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
-        provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(cfg, service)))
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter or _exporter(cfg, service, console_log))
+        )
         _provider = provider
         atexit.register(shutdown_tracing)
     return True
 
 
-def _missing_collector(cfg: RunConfig) -> str | None:
+EXPORTERS = ("otlp", "console", "file")
+
+GRPC_MISSING = (
+    "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: "
+    "pip install 'asyncrl[otlp-grpc]' (or use http/protobuf, port 4318)"
+)
+
+
+def exporter_problem(cfg: RunConfig) -> str | None:
+    """Why this process could not make its span exporter, or None (it can, or tracing is off).
+
+    The start-up checks ask it, so ``OTEL_TRACES_EXPORTER=jaeger`` (or the spec's list form,
+    ``otlp,console``) stops a run at once naming the variable: the launcher died in a
+    ValueError traceback from its first span.
+    """
+    if not enabled_by(cfg):
+        return None
+    kind = exporter_kind(cfg)
+    if kind not in EXPORTERS:
+        return (
+            f"OTEL_TRACES_EXPORTER={os.environ.get('OTEL_TRACES_EXPORTER', '')!r}: asyncrl "
+            "exports to one of otlp, console or file (none: off); for several destinations, "
+            "export otlp to a collector"
+        )
+    if kind == "otlp" and _otlp_protocol() == "grpc":
+        import importlib.util
+
+        try:
+            grpc = importlib.util.find_spec("opentelemetry.exporter.otlp.proto.grpc")
+        except ModuleNotFoundError:
+            grpc = None
+        if grpc is None:
+            return GRPC_MISSING
+    return None
+
+
+def sample_ratio(cfg: RunConfig) -> float:
+    """The share of root spans recorded: ``OTEL_TRACES_SAMPLER_ARG`` where it is set alone
+    (it is the argument of the ratio sampler asyncrl uses; the SDK reads it only beside
+    ``OTEL_TRACES_SAMPLER``, so alone it changed nothing), else ``tracing.sample_ratio``.
+    A value that is no ratio is warned about and left out, as the SDK does."""
+    arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    if not arg:
+        return cfg.tracing.sample_ratio
+    try:
+        ratio = float(arg)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        log.warning(
+            "OTEL_TRACES_SAMPLER_ARG=%r is not a ratio in [0, 1]: tracing.sample_ratio=%s applies",
+            arg,
+            cfg.tracing.sample_ratio,
+        )
+        return cfg.tracing.sample_ratio
+    return ratio
+
+
+def missing_collector(cfg: RunConfig) -> str | None:
     """The OTLP endpoint, where the exporter is OTLP and nothing accepts a connection there;
     else None."""
     from asyncrl.kafka.health import accepts_connection
 
-    if _exporter_kind(cfg) != "otlp":
+    if exporter_kind(cfg) != "otlp":
         return None
     grpc = _otlp_protocol() == "grpc"
     endpoint = os.environ.get(
@@ -146,7 +214,7 @@ def _missing_collector(cfg: RunConfig) -> str | None:
     return None if accepts_connection(host, port, 1.0) else endpoint
 
 
-def _exporter_kind(cfg: RunConfig) -> str:
+def exporter_kind(cfg: RunConfig) -> str:
     """OTEL_TRACES_EXPORTER where set (and not none), else ``tracing.exporter``."""
     env = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     return env if env not in ("", "none") else cfg.tracing.exporter
@@ -160,11 +228,13 @@ def _otlp_protocol() -> str:
     )
 
 
-def _exporter(cfg: RunConfig, service: str):
-    kind = _exporter_kind(cfg)
+def _exporter(cfg: RunConfig, service: str, console_log: Path | None = None):
+    kind = exporter_kind(cfg)
     if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
+        if console_log is not None:
+            return ConsoleFileSpanExporter(service, console_log)
         return ConsoleSpanExporter(service_name=service)
     if kind == "file":
         return JsonLinesSpanExporter(cfg.run_dir / "traces" / f"{service}.jsonl")
@@ -174,10 +244,7 @@ def _exporter(cfg: RunConfig, service: str):
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError as err:
-            raise RuntimeError(
-                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: "
-                "pip install 'asyncrl[otlp-grpc]' (or use http/protobuf, port 4318)"
-            ) from err
+            raise RuntimeError(GRPC_MISSING) from err
         return OTLPSpanExporter()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -221,6 +288,26 @@ class JsonLinesSpanExporter:
     def shutdown(self) -> None:
         with self._lock:
             self._file.close()
+
+
+class ConsoleFileSpanExporter:
+    """The SDK's console exporter (its pretty-printed JSON), into a file it closes at shutdown."""
+
+    def __init__(self, service: str, path: Path) -> None:
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a")  # noqa: SIM115 (closed by shutdown)
+        self._console = ConsoleSpanExporter(service_name=service, out=self._file)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._console.export(spans)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self._file.close()
 
 
 # --- context in Kafka headers ---------------------------------------------------------------

@@ -99,6 +99,24 @@ def test_a_step_links_exactly_the_samples_it_trained_on(broker, tmp_path, quick_
         assert span["attributes"]["messaging.batch.message_count"] == len(steps[n].sample_ids)
         assert span["attributes"]["asyncrl.version"] == steps[n].version
 
+    # From a sample's own trace, the step that trained it: the trainer's "process" span, a
+    # child of the sample's send span, names the step and links to its train.step span.
+    marks = {
+        s["parent_id"]: s
+        for s in trainer
+        if s["name"] == f"process {cfg.topic('samples')}" and s["kind"] == "SpanKind.CONSUMER"
+    }
+    for n, step in steps.items():
+        for sid in step.sample_ids:
+            mark = marks[sample_span[sid]]
+            assert (
+                mark["context"]["trace_id"] == send_spans[sample_span[sid]]["context"]["trace_id"]
+            )
+            assert mark["attributes"]["asyncrl.step"] == n
+            assert mark["attributes"]["messaging.kafka.message.key"] == sid
+            (link,) = mark["links"]
+            assert link["context"]["span_id"] == step_spans[n]["context"]["span_id"]
+
     # A sample's rollout spans form one tree under its process span: generate segments (more
     # than one for a sample continued after a sync), rewards, the send.
     by_parent = defaultdict(list)
@@ -153,3 +171,80 @@ def test_otel_traces_exporter_turns_it_on(run_cfg, monkeypatch):
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert not tracing.enabled_by(run_cfg)
+
+
+def test_console_spans_go_to_each_process_log_not_the_terminal(broker, tmp_path, quick_policy):
+    """``tracing.exporter=console``: the launcher's spans (one per prompt fed) went to its
+    stdout, 9,500 lines of JSON in front of the live progress; they go to logs/launcher.log,
+    the roles' to their own logs, as the roles' always did."""
+    overrides = [
+        *quick_policy,
+        f"run_id=t{uuid.uuid4().hex[:8]}",
+        f"output_dir='{tmp_path}'",
+        *on_session_broker(broker),
+        "tracing.enabled=true",
+        "tracing.exporter=console",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=0",
+        "trainer.target_accuracy=null",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "run", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cfg = load_config(overrides=overrides)
+    assert '"trace_id"' not in proc.stdout + proc.stderr
+    logs = cfg.run_dir / "logs"
+    launcher = (logs / "launcher.log").read_text()
+    assert f'"name": "send {cfg.topic("prompts")}"' in launcher
+    assert '"service.name": "asyncrl-launcher"' in launcher
+    assert '"name": "train.step"' in (logs / "trainer.log").read_text()
+    assert f'"name": "send {cfg.topic("samples")}"' in (logs / "rollout-0.log").read_text()
+
+
+def test_an_in_flight_sync_is_one_trace_with_the_workers_load(broker, tmp_path, quick_policy):
+    """``in_flight_update=true``: the worker swaps weights between two tokens, with no pause.
+    Its part of the sync was missing from the sync's trace (its RolloutPaused and
+    WeightsLoaded went out as roots of their own); it is the trainer's child, as in (c)/(d)."""
+    overrides = [
+        *quick_policy,
+        f"run_id=t{uuid.uuid4().hex[:8]}",
+        f"output_dir='{tmp_path}'",
+        *on_session_broker(broker),
+        "tracing.enabled=true",
+        "tracing.exporter=file",
+        "actor_rollout_ref.rollout.name=sim",
+        "async_training.staleness_threshold=0.5",
+        "async_training.partial_rollout=true",
+        "async_training.in_flight_update=true",
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=0",
+        "trainer.target_accuracy=null",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "run", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cfg = load_config(overrides=overrides)
+    spans = _spans(cfg.run_dir)
+    trainer, rollout = spans["asyncrl-trainer"], spans["asyncrl-rollout-0"]
+    by_id = {s["context"]["span_id"]: s for s in trainer + rollout}
+    syncs = [s for s in trainer if s["name"] == "weight_sync"]
+    assert len(syncs) == 3  # after steps 1-3
+    for sync in syncs:
+        (load,) = [
+            s
+            for s in rollout
+            if s["name"] == "weights.load"
+            and s["context"]["trace_id"] == sync["context"]["trace_id"]
+        ]
+        assert load["attributes"]["asyncrl.version"] == sync["attributes"]["asyncrl.version"]
+        assert by_id[load["parent_id"]]["name"] == f"send {cfg.topic('control')}"  # SyncRequested
+        sends = [s for s in rollout if s["parent_id"] == load["context"]["span_id"]]
+        assert len(sends) == 2  # RolloutPaused and WeightsLoaded

@@ -127,6 +127,25 @@ def test_monitor_of_a_finished_run_points_to_its_archived_log(tmp_path: Path) ->
     assert str(run_dir / "log") in message and "asyncrl audit done" in message
 
 
+def test_the_commands_suggested_for_a_finished_run_find_it_in_its_output_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run under another output_dir: the monitor (and the launcher's last line) suggested
+    `asyncrl audit done`, which looked in runs/ and said "no run 'done' in runs/"."""
+    _saved_run(tmp_path, "done", f"127.0.0.1:{free_port()}", archived=True)
+    with pytest.raises(SystemExit) as exc:
+        main(["monitor", "done", "--once", "--output-dir", str(tmp_path)])
+    suggested = re.findall(r"`asyncrl (\w+) ([^`]*)`", str(exc.value))
+    assert [command for command, _ in suggested] == ["inspect", "audit", "report"]
+    for command, rest in suggested:
+        assert f"done --output-dir {tmp_path}" in rest, command
+    from asyncrl.commands import _run_config
+
+    audit = next(rest for command, rest in suggested if command == "audit")
+    args = cli.build_parser().parse_args(["audit", *audit.split()])
+    assert _run_config(args).run_dir == tmp_path / "done"  # the suggestion finds the run
+
+
 def test_audit_and_monitor_take_a_run_directory_as_report_does(tmp_path: Path) -> None:
     import argparse
 
@@ -137,6 +156,25 @@ def test_audit_and_monitor_take_a_run_directory_as_report_does(tmp_path: Path) -
     cfg = _run_config(args)
     assert (cfg.run_id, cfg.run_dir) == ("r7", run_dir.resolve())
     assert cfg.kafka.bootstrap_servers == "127.0.0.1:1"
+
+
+def test_audit_monitor_and_export_model_take_output_dir_as_inspect_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`asyncrl run output_dir=/x run_id=r` then `asyncrl monitor r output_dir=/x` (or audit,
+    export-model): the override was overwritten by --output-dir's default, runs/, and the
+    run was not found ("no run 'r' in runs/"); inspect took it."""
+    _saved_run(tmp_path, "r8", "127.0.0.1:1", archived=False)
+    for command in (["audit", "r8"], ["monitor", "r8", "--once"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*command, f"output_dir='{tmp_path}'"])
+        # found: it goes on to the broker its saved config names
+        assert "nothing listens at 127.0.0.1:1" in str(exc.value), command
+    assert main(["export-model", "r8", "--out", str(tmp_path / "m"), f"output_dir='{tmp_path}'"])
+    assert f"no checkpoint in {tmp_path / 'r8' / 'checkpoints'}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # --output-dir still wins over the override
+        main(["audit", "r8", "--output-dir", str(tmp_path / "other"), f"output_dir='{tmp_path}'"])
+    assert f"no run 'r8' in {tmp_path / 'other'}/" in str(exc.value)
 
 
 def test_a_failed_run_prints_the_log_tail_as_a_message(

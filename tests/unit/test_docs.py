@@ -57,3 +57,12 @@ def test_package_list_matches_the_tree():
             rel = init.parent.relative_to(ROOT / folder).parts
             found.add(".".join([package, *rel]))
     assert found == listed
+
+
+def test_observability_quotes_the_span_event_a_sync_leaves():
+    """The sample diagram said an "interrupted" event; the worker adds "interrupted by a
+    weight sync", which is what a trace viewer's search has to be given."""
+    from asyncrl.producers.spans import INTERRUPTED_EVENT
+
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    assert f'"{INTERRUPTED_EVENT}"' in doc

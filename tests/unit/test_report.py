@@ -38,6 +38,8 @@ def test_report_states_the_scripted_figures(tmp_path):
     assert window["rollouter_budget_idle"] == 0.2
     md = write_report(run).read_text()
     assert "| samples trained | 16 |" in md
+    # not samples trained over the wall time: the trainer's rate from the first worker's join
+    assert "| samples/s (from the first worker's weights on) | 8.00 |" in md
     assert "| of them stale | 3 (19%) |" in md
     assert "| held-out accuracy, start -> end | 0.400 -> 0.600 |" in md
     assert "| sync pause / transfer, mean (trainer) | 100 / 20 ms |" in md
@@ -151,6 +153,7 @@ def test_a_run_resumed_after_a_kill_reads_as_one_run(tmp_path):
     md = write_report(run).read_text()
     assert "| launches (resumed after a kill) | 2 |" in md
     assert "| wall time | 4.0 s |" in md and "| samples trained | 32 |" in md
+    assert "| samples/s (over the wall time, start-ups included) | 10.00 |" in md
     assert "| syncs | 3 |" in md  # the summary's 1 is the last launch's alone
     assert "| trainer idle ratio, mean of windows | 0.50 |" in md  # the gap's NaN left out
 
@@ -165,3 +168,46 @@ def test_a_run_without_its_summary_still_states_its_start_accuracy(tmp_path):
     md = write_report(run).read_text()
     assert "| held-out accuracy, start -> end | 0.400 -> 0.600 |" in md
     assert "| finished because | (not finished: still running, or stopped) |" in md
+
+
+def test_per_step_samples_per_s_counts_the_samples_trained(tmp_path):
+    """The trainer's ``perf/samples_per_s`` runs from when the first worker joined (here 1 s
+    after the trainer started), ``perf/elapsed_s`` from the trainer's start: the report took
+    their product for the samples trained so far and drew 145 and 135 samples/s for steps
+    that trained 8 samples in 0.1 s each (80/s)."""
+    from asyncrl.ops.report import _step_rates, join_launches
+
+    rows = [
+        {"step": n, "version": 0, "perf/elapsed_s": t, "perf/samples_per_s": 8.0 * n / (t - 1),
+         "perf/samples_trained": 8.0 * n}
+        for n, t in ((1, 2.0), (2, 2.1), (3, 2.2))
+    ]  # fmt: skip
+    joined = join_launches(rows)
+    assert [rate for _, rate in _step_rates(joined)] == pytest.approx([4.0, 80.0, 80.0])
+    assert joined[-1]["perf/samples_per_s"] == pytest.approx(20.0)  # the trainer's own
+    # killed after step 3 and resumed: the second launch counts from 0 again
+    second = {"step": 4, "version": 0, "perf/elapsed_s": 2.0, "perf/samples_per_s": 8.0,
+              "perf/samples_trained": 8.0}  # fmt: skip
+    joined = join_launches([*rows, second])
+    assert joined[-1]["perf/samples_trained"] == 32.0
+    assert joined[-1]["perf/samples_per_s"] == pytest.approx(32.0 / 4.2)
+
+
+def test_the_trainer_logs_the_samples_it_trained(monkeypatch):
+    """The count the report reads, beside the rate it came from."""
+    from asyncrl.consumers import step_stats
+    from asyncrl.consumers.step_stats import StepStats
+
+    monkeypatch.setattr(step_stats, "step_metrics", lambda samples, **_: {})
+    from types import SimpleNamespace
+
+    clock = iter([100.0, 103.0, 105.0])  # the trainer starts, then two steps end
+    monkeypatch.setattr(step_stats, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    stats = StepStats({}, n_devices=1)
+    kw = {"step": 1, "version": 0, "timing_raw": {}, "dropped": 0, "duplicates": 0, "queued": 0}
+    first = stats.of_step([object()] * 8, first_join=101.0, **kw)
+    assert first["perf/samples_trained"] == 8.0
+    assert first["perf/samples_per_s"] == pytest.approx(8 / 2.0)
+    assert first["perf/elapsed_s"] == pytest.approx(3.0)
+    second = stats.of_step([object()] * 8, first_join=101.0, **{**kw, "step": 2})
+    assert second["perf/samples_trained"] == 16.0

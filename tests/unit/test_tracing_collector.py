@@ -34,8 +34,60 @@ def test_a_listening_collector_or_another_exporter_is_not_questioned(cfg, monkey
         server.bind(("127.0.0.1", 0))
         server.listen()
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"127.0.0.1:{server.getsockname()[1]}")
-        assert tracing._missing_collector(cfg) is None
+        assert tracing.missing_collector(cfg) is None
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
-    assert tracing._missing_collector(cfg) == "http://127.0.0.1:1"
+    assert tracing.missing_collector(cfg) == "http://127.0.0.1:1"
     file_cfg = load_config(overrides=["tracing.enabled=true", "tracing.exporter=file"])
-    assert tracing._missing_collector(file_cfg) is None
+    assert tracing.missing_collector(file_cfg) is None
+
+
+@pytest.mark.parametrize(
+    ("arg", "ratio"), [(None, 0.5), ("0.1", 0.1), ("0", 0.0), ("1.5", 0.5), ("ten", 0.5)]
+)
+def test_otel_traces_sampler_arg_alone_sets_the_ratio(monkeypatch, arg, ratio):
+    """The docs say OTEL_TRACES_SAMPLER/_ARG override tracing.sample_ratio; _ARG alone was
+    ignored (the SDK reads it only beside OTEL_TRACES_SAMPLER), so every trace was kept."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    if arg is None:
+        monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    half = load_config(overrides=["tracing.sample_ratio=0.5"])
+    try:
+        assert tracing.init_tracing(half, "test") is True
+        assert tracing._provider.sampler.get_description() == (
+            f"ParentBased{{root:TraceIdRatioBased{{{ratio}}},"
+            "remoteParentSampled:AlwaysOnSampler,remoteParentNotSampled:AlwaysOffSampler,"
+            "localParentSampled:AlwaysOnSampler,localParentNotSampled:AlwaysOffSampler}"
+        )
+    finally:
+        tracing.shutdown_tracing()
+
+
+def test_otel_traces_sampler_wins_with_its_arg(monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    try:
+        assert tracing.init_tracing(load_config(overrides=[]), "test") is True
+        assert tracing._provider.sampler.get_description() == "TraceIdRatioBased{0.25}"
+    finally:
+        tracing.shutdown_tracing()
+
+
+def test_a_process_is_told_apart_when_otel_service_name_renames_them_all(monkeypatch):
+    """``OTEL_SERVICE_NAME=job asyncrl run``: the launcher passes it to every role, so the
+    trainer and each worker were all ``job``, with nothing saying which was which."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "job")
+    try:
+        assert tracing.init_tracing(load_config(overrides=[]), "asyncrl-trainer") is True
+        attrs = tracing._provider.resource.attributes
+        assert attrs["service.name"] == "job"
+        assert attrs["asyncrl.process"] == "asyncrl-trainer"
+    finally:
+        tracing.shutdown_tracing()
