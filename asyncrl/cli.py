@@ -132,7 +132,6 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     """``bench engine``'s sizes; unset, each shape's smoke default (bench/engine.py)."""
     p.add_argument(
         "--shapes",
-        default="demo,500M",
         help="engine only: comma-separated model shapes among demo (the config's policy), 5M, "
         "50M, 500M (Qwen2.5-0.5B's); random weights (default: demo,500M)",
     )
@@ -146,7 +145,6 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, help="engine only: tokens generated per request")
     p.add_argument(
         "--device",
-        default="auto",
         help="engine and sync: cpu, cuda, cuda:N (default: auto, a GPU when there is one)",
     )
     p.add_argument(
@@ -388,7 +386,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seeds",
         type=int,
-        default=1,
         help="learn and tuning: run every setup with this many trainer.seed values (from the "
         "config's, one more each) and compare medians (default 1)",
     )
@@ -400,20 +397,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trigger",
-        default="1,2,4",
-        help="tuning only: comma-separated async_training.trigger_parameter_sync_step values",
+        help="tuning only: comma-separated async_training.trigger_parameter_sync_step values "
+        "(default 1,2,4)",
     )
     p.add_argument(
         "--workload",
         choices=["seed", "long-tail"],
-        default="seed",
         help="modes only: the sim workload; seed (default): the seed's 128-GPU Qwen2.5-7B "
         "figures, time-scaled; long-tail: round numbers (bench/workloads.py)",
     )
     p.add_argument(
         "--time-scale",
         type=float,
-        default=0.01,
         help="modes --workload seed: seconds here per second of the seed (default 0.01)",
     )
     engine_args(p)

@@ -226,6 +226,53 @@ def test_bench_staleness_is_checked_before_any_run(capsys: pytest.CaptureFixture
     assert "--staleness applies to modes and tuning, not learn" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["learn", "--trigger", "2"], "--trigger applies to tuning, not learn"),
+        (["modes", "--seeds", "3"], "--seeds applies to learn and tuning, not modes"),
+        (["learn", "--workload", "long-tail"], "--workload applies to modes, not learn"),
+        (["tuning", "--time-scale", "0.1"], "--time-scale applies to modes, not tuning"),
+        (["learn", "--device", "cpu"], "--device applies to engine and sync, not learn"),
+        (["offpolicy", "--new-tokens", "8"], "--new-tokens applies to engine, not offpolicy"),
+        (["modes", "--workload", "long-tail", "--time-scale", "0.1"], "--workload seed"),
+        (["modes", "--time-scale", "0"], "--time-scale must be above 0 (got 0)"),
+        (["tuning", "--trigger", "1,0"], "--trigger takes numbers of at least 1, not 0"),
+        (["tuning", "--staleness", "-1"], "--staleness takes numbers of at least 0, not -1"),
+        (["engine", "--batch", "0"], "--batch must be at least 1 (got 0)"),
+    ],
+)
+def test_a_bench_option_the_benchmark_does_not_read_or_cannot_take_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    """Each option was read by some benchmarks only: given to another it was ignored without a
+    word (``bench learn --trigger 2`` ran learn's own setups), and a value no run could take
+    (``--trigger 0``) surfaced only after the colocated baseline had run. Found by a tuning
+    walkthrough: both now end at once, in one line, and no benchmark starts."""
+    import asyncrl.bench.engine
+    import asyncrl.bench.learn
+    import asyncrl.bench.modes
+    import asyncrl.bench.offpolicy
+    import asyncrl.bench.tuning
+
+    started: list[str] = []
+    for module, name in (
+        (asyncrl.bench.learn, "learn"),
+        (asyncrl.bench.modes, "modes"),
+        (asyncrl.bench.tuning, "tuning"),
+        (asyncrl.bench.engine, "engine"),
+        (asyncrl.bench.offpolicy, "offpolicy"),
+    ):
+        monkeypatch.setattr(module, name, lambda *a, _n=name, **k: started.append(_n))
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert started == []
+
+
 def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
     tmp_path: Path,
 ) -> None:
