@@ -150,6 +150,10 @@ def run_setups(
         else:
             plan.append((name, settings, _async))
     runs: dict[str, list[dict[str, Any]]] = {row: [] for row, _, _ in plan}
+    # Every run's config is loaded before the first starts: a setup that cannot run (bench
+    # tuning --trigger 0, a grid cell the overrides contradict) stops the bench at once, not
+    # after the runs before it took minutes.
+    todo: list[tuple[str, int, RunConfig, Callable[[RunConfig, Console], dict[str, Any]]]] = []
     for i in range(seeds):
         seed = given.seed + i
         for row, settings, run in plan:
@@ -158,8 +162,10 @@ def run_setups(
                 config,
                 [*base, *settings, f"trainer.seed={seed}", f"run_id=learn-{slug}-{seed}-{stamp}"],
             )
-            console.rule(f"{row}, trainer.seed={seed}")
-            runs[row].append({"seed": seed, **run(cfg, console)})
+            todo.append((row, seed, cfg, run))
+    for row, seed, cfg, run in todo:
+        console.rule(f"{row}, trainer.seed={seed}")
+        runs[row].append({"seed": seed, **run(cfg, console)})
     return runs
 
 
