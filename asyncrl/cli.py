@@ -132,8 +132,9 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     """``bench engine``'s sizes; unset, each shape's smoke default (bench/engine.py)."""
     p.add_argument(
         "--shapes",
-        help="engine only: comma-separated model shapes among demo (the config's policy), 5M, "
-        "50M, 500M (Qwen2.5-0.5B's); random weights (default: demo,500M)",
+        help="engine and sync: comma-separated model shapes, random weights: engine among demo "
+        "(the config's policy), 5M, 50M, 500M (Qwen2.5-0.5B's), default demo,500M; sync among "
+        "5M, 50M, 500M, default 50M,500M",
     )
     p.add_argument(
         "--batch",

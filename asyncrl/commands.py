@@ -672,7 +672,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         tuning(args.config, args.overrides, table_console(), seeds, grid, trigger)
         return 0
     if args.name == "sync":
-        sync(args.config, args.overrides, table_console(), device=args.device or "auto")
+        from asyncrl.bench.sync import DEFAULT_SHAPES
+
+        shapes = tuple(args.shapes.split(",")) if args.shapes else DEFAULT_SHAPES
+        sync(args.config, args.overrides, table_console(), shapes, device=args.device or "auto")
         return 0
     benchmarks[args.name](args.config, args.overrides, table_console())
     return 0
@@ -684,7 +687,7 @@ BENCH_OPTIONS: dict[str, tuple[str, ...]] = {
     "trigger": ("tuning",),
     "workload": ("modes",),
     "time_scale": ("modes",),
-    "shapes": ("engine",),
+    "shapes": ("engine", "sync"),
     "batch": ("engine",),
     "prompt_len": ("engine",),
     "new_tokens": ("engine",),

@@ -273,6 +273,28 @@ def test_a_bench_option_the_benchmark_does_not_read_or_cannot_take_is_refused(
     assert started == []
 
 
+def test_bench_sync_measures_the_shapes_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/benchmarks.md runs `asyncrl bench sync --shapes 50M,500M`, but --shapes went to
+    bench engine alone: bench sync always measured 50M and 500M (`--shapes 5M` took minutes
+    instead of seconds). Found by a tuning walkthrough: it reaches sync, and an unknown shape
+    is one line, as bench engine's."""
+    import asyncrl.bench.sync
+
+    seen: list[tuple[str, ...]] = []
+    real = asyncrl.bench.sync.sync
+    monkeypatch.setattr(
+        asyncrl.bench.sync, "sync", lambda c, o, console, shapes, **k: seen.append(shapes)
+    )
+    assert main(["bench", "sync", "--shapes", "5M"]) == 0
+    assert main(["bench", "sync"]) == 0
+    assert seen == [("5M",), ("50M", "500M")]
+    monkeypatch.setattr(asyncrl.bench.sync, "sync", real)
+    assert main(["bench", "sync", "--shapes", "5M,7M"]) == 2
+    assert "asyncrl bench: --shapes: no shape 7M (known: 5M, 50M, 500M)" in capsys.readouterr().err
+
+
 def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
     tmp_path: Path,
 ) -> None:
