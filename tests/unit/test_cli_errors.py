@@ -203,9 +203,18 @@ def test_a_subcommands_help_shows_the_common_keys_and_help_keys_every_one(
     with pytest.raises(SystemExit) as bad:
         main([command, "--help-keys", "kafak"])
     assert bad.value.code == 2
-    assert "no config key is or starts with 'kafak'; sections: actor_rollout_ref" in (
+    assert "no config key is or is under 'kafak'; sections: actor_rollout_ref" in (
         capsys.readouterr().err
     )
+    # a key's last part, or a prefix cut inside a part, lists nothing: the keys holding it
+    # are named (the message said "starts with", which async_training.staleness_threshold
+    # does). Found by a tuning walkthrough.
+    for text in ("staleness_threshold", "async_training.staleness"):
+        with pytest.raises(SystemExit):
+            main([command, "--help-keys", text])
+        err = capsys.readouterr().err
+        assert f"no config key is or is under '{text}'; keys containing it: " in err
+        assert err.strip().endswith("keys containing it: async_training.staleness_threshold")
 
 
 def test_every_common_key_is_a_config_key() -> None:
