@@ -41,6 +41,22 @@ COLOCATED = "colocated sync"
 """The baseline's row: the faster of its runs with one torch thread and with every core."""
 
 
+def note_overridden(
+    overrides: list[str], keys: dict[str, str], bench: str, console: Console
+) -> list[str]:
+    """Say which command-line overrides the benchmark replaces in each of its setups (``keys``:
+    the key -> what sets it), and return them: they were replaced without a word (``bench
+    tuning async_training.trigger_parameter_sync_step=2`` ran the grid's 1, 2 and 4). A note,
+    not an error: a shared override list (the tests' quick policy) may hold them."""
+    given = [o for o in overrides if o.lstrip("+").partition("=")[0].strip() in keys]
+    for o in given:
+        key = o.lstrip("+").partition("=")[0].strip()
+        console.print(
+            f"[yellow]bench {bench} sets {key} itself, {keys[key]}: {o} is not applied[/]"
+        )
+    return given
+
+
 def colocated_threads() -> list[int]:
     """The torch thread counts the colocated baseline runs with: one, and every core. Which
     is faster depends on the machine and on what else runs on it. On an idle 2-core Xeon the
@@ -89,6 +105,15 @@ def learn(
     Any task: with ``--config calculator`` all run the agent loop and its tool calls.
     Returns setup -> the median row over the seeds (``runs``: each seed's row).
     """
+    note_overridden(
+        overrides,
+        {
+            "async_training.partial_rollout": "false in async (c), true in the (d) rows",
+            "async_training.in_flight_update": "true in async (d in flight) alone",
+        },
+        "learn",
+        console,
+    )
     setups = {COLOCATED: [], **{f"async ({m})": s for m, s in ASYNC_SETUPS.items()}}
     results, out = compare(config, overrides, console, setups, seeds, "learn")
     target = results[COLOCATED]["target"]

@@ -30,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.bench.learn import note_overridden
 from asyncrl.bench.sync_pause import one_trainer, partial_totals, step_rows
 from asyncrl.bench.workloads import (
     SEED_ROWS,
@@ -204,6 +205,21 @@ def modes(
     """
     from asyncrl.launch.launcher import prepare_policy, run
 
+    note_overridden(
+        overrides,
+        {
+            f"async_training.{key}": "each mode's own (the ablation's: --staleness)"
+            for key in (
+                "staleness_threshold",
+                "trigger_parameter_sync_step",
+                "require_batches",
+                "partial_rollout",
+            )
+        }
+        | {"actor_rollout_ref.actor.ppo_mini_batch_size": "the workload's"},
+        "modes",
+        console,
+    )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     given = [
         o for o in overrides if o.lstrip("+").partition("=")[0] == "trainer.total_training_steps"
