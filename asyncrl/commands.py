@@ -738,6 +738,21 @@ def _bench_option_problem(args: argparse.Namespace) -> str | None:
             return f"{flag} must be at least 1 (got {value})"
     if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
         return f"--time-scale must be above 0 (got {args.time_scale:g})"
+    return _device_problem(args.device) if args.device is not None else None
+
+
+def _device_problem(device: str) -> str | None:
+    """``--device`` that torch would refuse deep in the benchmark, with a traceback: a name it
+    does not know, or CUDA where torch sees none (or fewer devices than the index)."""
+    match = re.fullmatch(r"auto|cpu|cuda(?::(\d+))?", device)
+    if match is None:
+        return f"--device takes auto, cpu, cuda or cuda:N, not {device!r}"
+    if device.startswith("cuda"):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(match.group(1) or 0) >= count:
+            return f"--device {device}: torch sees {count} CUDA device(s) here"
     return None
 
 

@@ -304,6 +304,41 @@ def test_bench_sync_measures_the_shapes_given(
     assert "asyncrl bench: --shapes: no shape 7M (known: 5M, 50M, 500M)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("device", "gpus", "message"),
+    [
+        ("foo", 1, "--device takes auto, cpu, cuda or cuda:N, not 'foo'"),
+        ("cuda", 0, "--device cuda: torch sees 0 CUDA device(s) here"),
+        ("cuda:1", 1, "--device cuda:1: torch sees 1 CUDA device(s) here"),
+    ],
+)
+def test_a_device_torch_would_refuse_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    device: str,
+    gpus: int,
+    message: str,
+) -> None:
+    """`bench sync --device foo` ended in torch's RuntimeError traceback, `--device cuda` on a
+    machine without CUDA in "Torch not compiled with CUDA enabled". Found by a tuning
+    walkthrough: both are one line before the benchmark starts."""
+    import torch
+
+    import asyncrl.bench.engine
+    import asyncrl.bench.sync
+
+    started: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(asyncrl.bench.sync, "sync", lambda *a, **k: started.append("sync"))
+    monkeypatch.setattr(asyncrl.bench.engine, "engine", lambda *a, **k: started.append("engine"))
+    for bench in ("sync", "engine"):
+        assert main(["bench", bench, "--device", device]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == f"asyncrl bench {bench}: {message}"
+    assert started == []
+
+
 def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
     tmp_path: Path,
 ) -> None:
