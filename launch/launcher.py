@@ -33,7 +33,7 @@ from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, ConfigError, RunConfig, 
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.launch.log_archive import ArchiveError
-from asyncrl.launch.preflight import check_startable
+from asyncrl.launch.preflight import check_startable, idle_workers_note
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
 from asyncrl.launch.progress import StepProgress, counts_text, wide_console
 
@@ -385,6 +385,8 @@ def _launch(
             f"{' in_flight_update=True' if at.in_flight_update else ''}; "
             f"{resolved.actor_rollout_ref.rollout.num_workers} rollout worker(s)"
         )
+        if (idle := idle_workers_note(resolved)) is not None:
+            console.log(f"[yellow]{idle}[/]")
         if resolved.actor_rollout_ref.rollout.num_workers == 0:
             console.log(
                 "[yellow]rollout.num_workers=0: no worker is started here; the trainer waits "
