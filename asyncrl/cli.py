@@ -487,7 +487,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("ASYNCRL_DEBUG", "") not in ("", "0"):
             raise
         print(f"asyncrl {args.command}: {err}", file=sys.stderr)
-        return 2 if isinstance(err, _usage_errors()) else 1
+        if isinstance(err, _usage_errors()):
+            return 2
+        return int(getattr(err, "EXIT_CODE", 1))  # 3: a trainer that gave up, not crashed
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
@@ -509,6 +511,7 @@ def _expected_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says all (file and line, config key, a process's log tail): shown
     as one message, not a traceback. Imported lazily, so ``--help`` stays instant."""
     from asyncrl.consumers.checkpoint import CheckpointWriteError, TrainerAlreadyRunning
+    from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted
     from asyncrl.kafka import BrokerUnavailable, KafkaDeliveryError, MessageTooLarge, UnknownTopic
     from asyncrl.launch.broker import BrokerError
     from asyncrl.launch.launcher import RunFailed
@@ -523,6 +526,7 @@ def _expected_errors() -> tuple[type[Exception], ...]:
         RunFailed,
         TrainerAlreadyRunning,
         CheckpointWriteError,
+        GenBatchesExhausted,
     )
 
 

@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, ConfigError, RunConfig, dump_config
+from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.launch.log_archive import ArchiveError
@@ -540,6 +541,11 @@ def _follow(
                             "no rollout worker is left to generate (stopped: "
                             f"{', '.join(sorted(left))}), so the trainer was not restarted; "
                             + _failure_report(name, rc, log_path)
+                        )
+                    if is_trainer and rc == GenBatchesExhausted.EXIT_CODE:
+                        raise RunFailed(
+                            "the trainer gave up (a limit the config sets, not a crash: it "
+                            "is not restarted); " + _failure_report(name, rc, log_path)
                         )
                     max_restarts = (
                         cfg.trainer.max_restarts

@@ -339,6 +339,29 @@ def test_a_device_torch_would_refuse_is_one_line(
     assert started == []
 
 
+def test_a_trainer_past_max_num_gen_batches_exits_3_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The limit of dynamic sampling is the config's, not a crash: `asyncrl train` says it in
+    one line and exits 3, which the launcher does not restart (it was a RuntimeError
+    traceback, exit 1, restarted). Found by a tuning walkthrough."""
+    from asyncrl.config import load_config
+    from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted, check_gen_batches
+
+    fg = load_config(overrides=["algorithm.filter_groups.max_num_gen_batches=1"])
+    with pytest.raises(GenBatchesExhausted) as limit:
+        check_gen_batches(fg.algorithm.filter_groups, queued=1, filtered=7, n=8, step=1)
+
+    def train(args: object) -> int:
+        raise limit.value
+
+    monkeypatch.setitem(cli.COMMANDS, "train", train)
+    assert main(["train"]) == GenBatchesExhausted.EXIT_CODE == 3
+    err = capsys.readouterr().err
+    assert err.startswith("asyncrl train: algorithm.filter_groups.max_num_gen_batches=1: step 1")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
     tmp_path: Path,
 ) -> None:
