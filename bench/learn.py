@@ -107,10 +107,7 @@ def learn(
     """
     note_overridden(
         overrides,
-        {
-            "async_training.partial_rollout": "false in async (c), true in the (d) rows",
-            "async_training.in_flight_update": "true in async (d in flight) alone",
-        },
+        {"async_training.partial_rollout": "false in async (c), true in the (d) rows"},
         "learn",
         console,
     )

@@ -189,3 +189,27 @@ def test_an_override_the_benchmark_replaces_is_named(monkeypatch, tmp_path):
     assert "async_training.trigger_parameter_sync_step=2 is not applied" in text
     assert "++async_training.staleness_threshold=0.3 is not applied" in text
     assert "in_flight_update" not in text
+
+
+def test_bench_learn_names_partial_rollout_alone_as_replaced(monkeypatch):
+    """Its "d in flight" row alone sets in_flight_update, so a user's reaches the (c) and (d)
+    rows: naming it "not applied" was wrong (found by a tuning walkthrough)."""
+    import io
+
+    from rich.console import Console
+
+    import asyncrl.bench.learn as learn_mod
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(learn_mod, "compare", stop)
+    out = io.StringIO()
+    given = ["async_training.partial_rollout=true", "async_training.in_flight_update=true"]
+    with pytest.raises(Stop):
+        learn_mod.learn(None, given, Console(file=out, width=300))
+    assert "async_training.partial_rollout=true is not applied" in out.getvalue()
+    assert "in_flight_update=true is not applied" not in out.getvalue()
