@@ -132,9 +132,9 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     """``bench engine``'s sizes; unset, each shape's smoke default (bench/engine.py)."""
     p.add_argument(
         "--shapes",
-        default="demo,500M",
-        help="engine only: comma-separated model shapes among demo (the config's policy), 5M, "
-        "50M, 500M (Qwen2.5-0.5B's); random weights (default: demo,500M)",
+        help="engine and sync: comma-separated model shapes, random weights: engine among demo "
+        "(the config's policy), 5M, 50M, 500M (Qwen2.5-0.5B's), default demo,500M; sync among "
+        "5M, 50M, 500M, default 50M,500M",
     )
     p.add_argument(
         "--batch",
@@ -146,7 +146,6 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, help="engine only: tokens generated per request")
     p.add_argument(
         "--device",
-        default="auto",
         help="engine and sync: cpu, cuda, cuda:N (default: auto, a GPU when there is one)",
     )
     p.add_argument(
@@ -302,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="A separate process reading RUN's samples, steps, control and dead-letter "
         "topics from the beginning (no consumer group, so it disturbs nobody) and showing, per "
         "weight version: samples produced, mean reward, partial ratio, samples consumed, stale "
-        "count and staleness spread, held-out accuracy, trainer and rollouter idle ratios; and "
+        "count and staleness spread, held-out accuracy, trainer and rollouter idle ratios (the "
+        "latter's share out of budget), engine occupancy (its empty share out of budget); and "
         "run-wide queue lag, drops, dead-lettered records and workers. Stops at RunFinished "
         "(or Ctrl-C). Reads from the run's broker: the one its resolved config names "
         "(OUTPUT_DIR/RUN/config.yaml: a live `asyncrl run`'s embedded broker is found so), "
@@ -388,7 +388,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seeds",
         type=int,
-        default=1,
         help="learn and tuning: run every setup with this many trainer.seed values (from the "
         "config's, one more each) and compare medians (default 1)",
     )
@@ -400,20 +399,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trigger",
-        default="1,2,4",
-        help="tuning only: comma-separated async_training.trigger_parameter_sync_step values",
+        help="tuning only: comma-separated async_training.trigger_parameter_sync_step values "
+        "(default 1,2,4)",
     )
     p.add_argument(
         "--workload",
         choices=["seed", "long-tail"],
-        default="seed",
         help="modes only: the sim workload; seed (default): the seed's 128-GPU Qwen2.5-7B "
         "figures, time-scaled; long-tail: round numbers (bench/workloads.py)",
     )
     p.add_argument(
         "--time-scale",
         type=float,
-        default=0.01,
         help="modes --workload seed: seconds here per second of the seed (default 0.01)",
     )
     engine_args(p)
@@ -488,7 +485,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("ASYNCRL_DEBUG", "") not in ("", "0"):
             raise
         print(f"asyncrl {args.command}: {err}", file=sys.stderr)
-        return 2 if isinstance(err, _usage_errors()) else 1
+        if isinstance(err, _usage_errors()):
+            return 2
+        return int(getattr(err, "EXIT_CODE", 1))  # 3: a trainer that gave up, not crashed
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
@@ -510,6 +509,7 @@ def _expected_errors() -> tuple[type[Exception], ...]:
     """Errors whose message says all (file and line, config key, a process's log tail): shown
     as one message, not a traceback. Imported lazily, so ``--help`` stays instant."""
     from asyncrl.consumers.checkpoint import CheckpointWriteError, TrainerAlreadyRunning
+    from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted
     from asyncrl.kafka import BrokerUnavailable, KafkaDeliveryError, MessageTooLarge, UnknownTopic
     from asyncrl.launch.broker import BrokerError
     from asyncrl.launch.launcher import RunFailed
@@ -524,6 +524,7 @@ def _expected_errors() -> tuple[type[Exception], ...]:
         RunFailed,
         TrainerAlreadyRunning,
         CheckpointWriteError,
+        GenBatchesExhausted,
     )
 
 

@@ -648,26 +648,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "tracing": tracing_cost,
         "tools": tools,
     }
-    try:
-        staleness = (
-            None if args.staleness is None else tuple(float(v) for v in args.staleness.split(","))
-        )
-    except ValueError as err:
-        print(f"asyncrl bench {args.name}: --staleness: {err}", file=sys.stderr)
+    problem = _bench_option_problem(args)
+    if problem:
+        print(f"asyncrl bench {args.name}: {problem}", file=sys.stderr)
         return 2
-    if staleness is not None and args.name not in ("modes", "tuning"):
-        print(
-            f"asyncrl bench: --staleness applies to modes and tuning, not {args.name}",
-            file=sys.stderr,
-        )
-        return 2
+    staleness = _floats(args.staleness) if args.staleness is not None else None
+    seeds = 1 if args.seeds is None else args.seeds
     if args.name == "modes":
         modes(
             args.config,
             args.overrides,
             table_console(),
-            workload=args.workload,
-            time_scale=args.time_scale,
+            workload=args.workload or "seed",
+            time_scale=0.01 if args.time_scale is None else args.time_scale,
             staleness=staleness,
         )
         return 0
@@ -678,45 +671,110 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.config,
             args.overrides,
             table_console(),
-            shapes=tuple(args.shapes.split(",")),
+            shapes=tuple((args.shapes or "demo,500M").split(",")),
             batch=args.batch,
             prompt_len=args.prompt_len,
             new_tokens=args.new_tokens,
-            device=args.device,
+            device=args.device or "auto",
             dtype=args.dtype,
             profile=args.profile,
         )
         return 0
-    if args.name in ("learn", "tuning"):
-        if args.seeds < 1:
-            print("asyncrl bench: --seeds must be at least 1", file=sys.stderr)
-            return 2
-        if args.name == "learn":
-            learn(args.config, args.overrides, table_console(), seeds=args.seeds)
-            return 0
-        from asyncrl.bench.tuning import STALENESS, tuning
-
-        try:
-            trigger = tuple(int(v) for v in args.trigger.split(","))
-        except ValueError as err:
-            print(f"asyncrl bench tuning: --trigger: {err}", file=sys.stderr)
-            return 2
-        grid = staleness or STALENESS
-        tuning(args.config, args.overrides, table_console(), args.seeds, grid, trigger)
+    if args.name == "learn":
+        learn(args.config, args.overrides, table_console(), seeds=seeds)
         return 0
-    if args.seeds != 1:
-        print(
-            f"asyncrl bench: --seeds applies to learn and tuning, not {args.name}", file=sys.stderr
+    if args.name == "tuning":
+        from asyncrl.bench.tuning import STALENESS, TRIGGER, tuning
+
+        trigger = (
+            TRIGGER if args.trigger is None else tuple(int(v) for v in args.trigger.split(","))
         )
-        return 2
-    if args.workload != "seed":
-        print(f"asyncrl bench: --workload applies to modes, not {args.name}", file=sys.stderr)
-        return 2
+        grid = staleness or STALENESS
+        tuning(args.config, args.overrides, table_console(), seeds, grid, trigger)
+        return 0
     if args.name == "sync":
-        sync(args.config, args.overrides, table_console(), device=args.device)
+        from asyncrl.bench.sync import DEFAULT_SHAPES
+
+        shapes = tuple(args.shapes.split(",")) if args.shapes else DEFAULT_SHAPES
+        sync(args.config, args.overrides, table_console(), shapes, device=args.device or "auto")
         return 0
     benchmarks[args.name](args.config, args.overrides, table_console())
     return 0
+
+
+BENCH_OPTIONS: dict[str, tuple[str, ...]] = {
+    "seeds": ("learn", "tuning"),
+    "staleness": ("modes", "tuning"),
+    "trigger": ("tuning",),
+    "workload": ("modes",),
+    "time_scale": ("modes",),
+    "shapes": ("engine", "sync"),
+    "batch": ("engine",),
+    "prompt_len": ("engine",),
+    "new_tokens": ("engine",),
+    "device": ("engine", "sync"),
+    "profile": ("engine",),
+    "dtype": ("engine",),
+}
+"""Each ``asyncrl bench`` option and the benchmarks that read it: given to another, it would be
+ignored without a word (``bench learn --trigger 2`` ran learn's own setups), so it is refused."""
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(","))
+
+
+def _bench_option_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``asyncrl bench``'s options, in one line, or None: an option the
+    benchmark does not read, or a value no run could take. Checked before any run starts, so a
+    slip does not surface after the baseline ran for minutes."""
+    for dest, benches in BENCH_OPTIONS.items():
+        given = getattr(args, dest)
+        if given is not None and given is not False and args.name not in benches:
+            flag = "--" + dest.replace("_", "-")
+            return f"{flag} applies to {' and '.join(benches)}, not {args.name}"
+    if args.time_scale is not None and args.workload == "long-tail":
+        return "--time-scale applies to --workload seed (long-tail is in seconds already)"
+    numbers: list[tuple[str, str | None, type, float]] = [
+        ("--staleness", args.staleness, float, 0),
+        ("--trigger", args.trigger, int, 1),
+    ]
+    for flag, text, kind, low in numbers:
+        if text is None:
+            continue
+        try:
+            values = [kind(v) for v in text.split(",")]
+        except ValueError as err:
+            return f"{flag}: {err}"
+        bad = [v for v in values if not low <= v < float("inf")]
+        if bad:
+            return f"{flag} takes numbers of at least {low:g}, not {bad[0]:g}"
+    for flag, value in (
+        ("--seeds", args.seeds),
+        ("--batch", args.batch),
+        ("--prompt-len", args.prompt_len),
+        ("--new-tokens", args.new_tokens),
+    ):
+        if value is not None and value < 1:
+            return f"{flag} must be at least 1 (got {value})"
+    if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
+        return f"--time-scale must be above 0 (got {args.time_scale:g})"
+    return _device_problem(args.device) if args.device is not None else None
+
+
+def _device_problem(device: str) -> str | None:
+    """``--device`` that torch would refuse deep in the benchmark, with a traceback: a name it
+    does not know, or CUDA where torch sees none (or fewer devices than the index)."""
+    match = re.fullmatch(r"auto|cpu|cuda(?::(\d+))?", device)
+    if match is None:
+        return f"--device takes auto, cpu, cuda or cuda:N, not {device!r}"
+    if device.startswith("cuda"):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(match.group(1) or 0) >= count:
+            return f"--device {device}: torch sees {count} CUDA device(s) here"
+    return None
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:

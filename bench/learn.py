@@ -41,6 +41,22 @@ COLOCATED = "colocated sync"
 """The baseline's row: the faster of its runs with one torch thread and with every core."""
 
 
+def note_overridden(
+    overrides: list[str], keys: dict[str, str], bench: str, console: Console
+) -> list[str]:
+    """Say which command-line overrides the benchmark replaces in each of its setups (``keys``:
+    the key -> what sets it), and return them: they were replaced without a word (``bench
+    tuning async_training.trigger_parameter_sync_step=2`` ran the grid's 1, 2 and 4). A note,
+    not an error: a shared override list (the tests' quick policy) may hold them."""
+    given = [o for o in overrides if o.lstrip("+").partition("=")[0].strip() in keys]
+    for o in given:
+        key = o.lstrip("+").partition("=")[0].strip()
+        console.print(
+            f"[yellow]bench {bench} sets {key} itself, {keys[key]}: {o} is not applied[/]"
+        )
+    return given
+
+
 def colocated_threads() -> list[int]:
     """The torch thread counts the colocated baseline runs with: one, and every core. Which
     is faster depends on the machine and on what else runs on it. On an idle 2-core Xeon the
@@ -89,6 +105,12 @@ def learn(
     Any task: with ``--config calculator`` all run the agent loop and its tool calls.
     Returns setup -> the median row over the seeds (``runs``: each seed's row).
     """
+    note_overridden(
+        overrides,
+        {"async_training.partial_rollout": "false in async (c), true in the (d) rows"},
+        "learn",
+        console,
+    )
     setups = {COLOCATED: [], **{f"async ({m})": s for m, s in ASYNC_SETUPS.items()}}
     results, out = compare(config, overrides, console, setups, seeds, "learn")
     target = results[COLOCATED]["target"]
@@ -150,6 +172,10 @@ def run_setups(
         else:
             plan.append((name, settings, _async))
     runs: dict[str, list[dict[str, Any]]] = {row: [] for row, _, _ in plan}
+    # Every run's config is loaded before the first starts: a setup that cannot run (bench
+    # tuning --trigger 0, a grid cell the overrides contradict) stops the bench at once, not
+    # after the runs before it took minutes.
+    todo: list[tuple[str, int, RunConfig, Callable[[RunConfig, Console], dict[str, Any]]]] = []
     for i in range(seeds):
         seed = given.seed + i
         for row, settings, run in plan:
@@ -158,8 +184,10 @@ def run_setups(
                 config,
                 [*base, *settings, f"trainer.seed={seed}", f"run_id=learn-{slug}-{seed}-{stamp}"],
             )
-            console.rule(f"{row}, trainer.seed={seed}")
-            runs[row].append({"seed": seed, **run(cfg, console)})
+            todo.append((row, seed, cfg, run))
+    for row, seed, cfg, run in todo:
+        console.rule(f"{row}, trainer.seed={seed}")
+        runs[row].append({"seed": seed, **run(cfg, console)})
     return runs
 
 

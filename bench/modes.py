@@ -30,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.bench.learn import note_overridden
 from asyncrl.bench.sync_pause import one_trainer, partial_totals, step_rows
 from asyncrl.bench.workloads import (
     SEED_ROWS,
@@ -204,12 +205,27 @@ def modes(
     """
     from asyncrl.launch.launcher import prepare_policy, run
 
+    note_overridden(
+        overrides,
+        {
+            f"async_training.{key}": "each mode's own (the ablation's: --staleness)"
+            for key in (
+                "staleness_threshold",
+                "trigger_parameter_sync_step",
+                "require_batches",
+                "partial_rollout",
+            )
+        }
+        | {"actor_rollout_ref.actor.ppo_mini_batch_size": "the workload's"},
+        "modes",
+        console,
+    )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     given = [
         o for o in overrides if o.lstrip("+").partition("=")[0] == "trainer.total_training_steps"
     ]
-    if given:
-        steps = int(given[-1].partition("=")[2])
+    if given:  # the loader checks it (a whole number, at least 1), naming the key
+        steps = load_config(config, given[-1:]).trainer.total_training_steps
         overrides = [o for o in overrides if o not in given]
         console.log(f"{steps} steps (sync windows) per setup, from trainer.total_training_steps")
     w = make_workload(workload, config, overrides, time_scale)
@@ -220,6 +236,25 @@ def modes(
     steps = steps or w.default_steps
     results: dict[str, dict[str, Any]] = {}
 
+    setups = {**w.setups, **(w.ablation if ablation else {})}
+    if only is not None:
+        setups = {k: v for k, v in setups.items() if k.startswith(only)}
+    # Every setup's config is loaded before anything runs: one that cannot run (--staleness 0
+    # for the mode (d) ablation) stops the bench at once, not after the colocated baseline.
+    configs: dict[str, RunConfig] = {}
+    for name, setup in setups.items():
+        run_id = "modes-" + name.split(")")[0].strip("(") + f"-{setup[2]}-{stamp}"
+        configs[name] = load_config(
+            config,
+            [
+                *w.overrides,
+                *_setup_overrides(w, setup),
+                f"trainer.total_training_steps={steps * setup[0]}",  # a step: one sync window
+                f"run_id={run_id.replace('.', '_')}",
+            ],
+        )
+        assert configs[name].samples_per_version == w.batch, (name, w.batch)
+
     cfg = load_config(config, [*w.overrides, f"run_id=modes-colocated-{stamp}"])
     in_flight = cfg.async_training.in_flight_update
     prepare_policy(cfg, console)  # once, before the async runs start their processes
@@ -228,22 +263,7 @@ def modes(
         cfg, steps, w.batch, w.colocated_train_s_per_sample, console
     )
 
-    setups = {**w.setups, **(w.ablation if ablation else {})}
-    if only is not None:
-        setups = {k: v for k, v in setups.items() if k.startswith(only)}
-    for name, setup in setups.items():
-        trigger = setup[0]
-        run_id = "modes-" + name.split(")")[0].strip("(") + f"-{setup[2]}-{stamp}"
-        cfg = load_config(
-            config,
-            [
-                *w.overrides,
-                *_setup_overrides(w, setup),
-                f"trainer.total_training_steps={steps * trigger}",  # a step: one sync window
-                f"run_id={run_id.replace('.', '_')}",
-            ],
-        )
-        assert cfg.samples_per_version == w.batch, (name, cfg.samples_per_version)
+    for name, cfg in configs.items():
         console.rule(name)
         results[name] = _async_row(cfg, one_trainer(cfg, run(cfg, console)), steps)
 

@@ -54,21 +54,23 @@ def offpolicy(config: str | None, overrides: list[str], console: Console) -> dic
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results: dict[str, dict[str, Any]] = {}
-    cfg: RunConfig | None = None
+    # Every variant's config is loaded before the first runs: an override only the corrected
+    # variants take (a bad rollout_rs) fails at once, not after the first variant's run.
+    configs: dict[str, RunConfig] = {}
     for i, (name, extra) in enumerate(VARIANTS.items()):
         # rollout_correction keys (e.g. adding rollout_rs) go to the corrected variants only:
         # without compute_prox_log_prob there is nothing for them to correct
         mine = [o for o in overrides if extra[:1] == CORRECTION[:1] or not _corrects(o)]
-        cfg = load_config(
+        configs[name] = load_config(
             config,
             [*OFFPOLICY_DEFAULTS, *mine, *extra, f"run_id=offpolicy-{i}-{stamp}"],
         )
+    for i, (name, cfg) in enumerate(configs.items()):
         if i == 0:
             prepare_policy(cfg, console)
         console.rule(name)
         summary = run(cfg, console)
         results[name] = _row(cfg, summary)
-    assert cfg is not None
     _table(results, console)
     out = Path(cfg.output_dir) / f"bench-offpolicy-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

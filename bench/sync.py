@@ -57,7 +57,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.config import load_config
+from asyncrl.config import ConfigError, load_config
 
 # hidden, layers, intermediate, vocab, attention heads, kv heads
 SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -65,6 +65,7 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
     "50M": (512, 12, 1536, 32000, 8, 2),
     "500M": (896, 24, 4864, 151936, 14, 2),  # Qwen2.5-0.5B's shape
 }
+DEFAULT_SHAPES = ("50M", "500M")
 METHODS = ("shared memory", "in place", "bucketed", "per-tensor", "safetensors")
 """In this order: the slots' warm-up tells the trainer its worker is local, so the weights are
 offered in place from the warm-up round of ``in place`` on."""
@@ -187,7 +188,7 @@ def sync(
     config: str | None,
     overrides: list[str],
     console: Console,
-    shapes: tuple[str, ...] = ("50M", "500M"),
+    shapes: tuple[str, ...] = DEFAULT_SHAPES,
     rounds: int = 3,
     pause_resume: bool = True,
     device: str = "cpu",
@@ -203,6 +204,9 @@ def sync(
     from asyncrl.sync.collective import WeightSender
     from asyncrl.sync.snapshot import save_snapshot
 
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:  # before any process starts, as bench engine's --shapes
+        raise ConfigError(f"--shapes: no shape {', '.join(unknown)} (known: {', '.join(SHAPES)})")
     cfg = load_config(config, overrides)
     device = str(resolve_device(device))
     methods = methods_for(device)

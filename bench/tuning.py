@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from asyncrl.bench.learn import COLOCATED, compare
+from asyncrl.bench.learn import COLOCATED, compare, note_overridden
 
 STALENESS = (0.5, 1.0, 2.0)
 TRIGGER = (1, 2, 4)
@@ -27,6 +27,15 @@ def tuning(
     trigger: tuple[int, ...] = TRIGGER,
 ) -> dict[str, Any]:
     """Returns setup name (``staleness=S trigger=T``) -> its median row (bench.learn)."""
+    note_overridden(
+        overrides,
+        {
+            "async_training.staleness_threshold": "the grid's (--staleness)",
+            "async_training.trigger_parameter_sync_step": "the grid's (--trigger)",
+        },
+        "tuning",
+        console,
+    )
     setups: dict[str, list[str]] = {COLOCATED: []}
     for s in staleness:
         for t in trigger:

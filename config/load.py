@@ -554,6 +554,9 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
         assert rule.convert is not None and rule.target
         try:
             d.result = rule.convert(e.value, get)
+            if d.result is verl_rules.UNSET:
+                d.kind, d.why = "ignored", f"null: {rule.target} keeps its value"
+                continue
             assign(rule.target, d.result, order, d)
         except (TypeError, ValueError) as err:
             problems.append(f"{d.where()}: cannot convert to {rule.target}: {err}")

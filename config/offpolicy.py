@@ -44,9 +44,11 @@ class RolloutCorrectionConfig(Strict):
     """Importance weights pi_prox / pi_behaviour on the policy loss: token (one per token,
     exp(prox_t - behaviour_t)), sequence (one per trajectory, the product over its trained
     tokens), or null (none). With async_training.compute_prox_log_prob this is decoupled PPO."""
-    rollout_is_threshold: float = Field(2.0, gt=0)
+    rollout_is_threshold: float = Field(2.0, ge=1)
     """Weights above this are truncated to it (TIS); the share above it (and below its inverse)
-    is logged as rollout_corr/rollout_is_ratio_fraction_high (_low)."""
+    is logged as rollout_corr/rollout_is_ratio_fraction_high (_low). At least 1: below it even
+    the weight of a token both policies agree on (1) would be cut, every token's loss scaled
+    down."""
     rollout_is_batch_normalize: bool = False
     """Divide the truncated weights by their mean over the step's batch (tokens for token,
     trajectories for sequence), so they average 1."""

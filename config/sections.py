@@ -668,7 +668,19 @@ class RunConfig(Strict):
                 "data.task=calculator needs actor_rollout_ref.rollout.multi_turn.enable=true "
                 "(the model answers it by calling the calculator tool)"
             )
+        if at.stale_token_action == "drop" and at.max_token_version_lag is None:
+            raise ValueError(
+                "async_training.stale_token_action=drop needs "
+                "async_training.max_token_version_lag: it says what happens to a trajectory "
+                "with tokens past that lag, and without it every token is trained"
+            )
         correction = self.algorithm.rollout_correction
+        if correction.rollout_is_batch_normalize and correction.rollout_is is None:
+            raise ValueError(
+                "algorithm.rollout_correction.rollout_is_batch_normalize=true needs "
+                "algorithm.rollout_correction.rollout_is (token or sequence): it normalises the "
+                "importance weights, and without rollout_is there are none"
+            )
         if correction.enabled and not at.compute_prox_log_prob:
             raise ValueError(
                 "algorithm.rollout_correction.rollout_is/rollout_rs need "

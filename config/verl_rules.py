@@ -3,6 +3,7 @@ conversions aliases use."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,22 +68,51 @@ def _show(value: Any) -> str:
     return str(value)
 
 
+UNSET = object()
+"""What a converting alias returns for verl's null: it sets nothing, and asyncrl's key keeps
+the value it has (the user's, else the default)."""
+
+
+def _whole(value: Any, least: int | None = None) -> int:
+    """A count as verl's YAML or an override gives it. ``int()`` took ``true`` as 1 and ``2.5``
+    as 2, so ``rollout.test_freq=2.5`` validated every 8 steps without a word; now a boolean, a
+    fraction or text is refused, and so is a count below ``least``."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float | str):  # YAML 1.1 reads 2e5 as text
+        try:
+            as_float = float(value)
+        except ValueError:
+            as_float = math.nan
+        number = int(as_float) if as_float.is_integer() else None
+    if number is None:
+        raise ValueError(f"a whole number is needed, not {_show(value)}")
+    if least is not None and number < least:
+        raise ValueError(f"a count of at least {least} is needed, not {number}")
+    return number
+
+
 def _required_samples(get: Get) -> int:
     return int(get("actor_rollout_ref.actor.ppo_mini_batch_size")) * int(
         get("async_training.require_batches")
     )
 
 
-def _total_steps(_value: Any, get: Get) -> int:
+def _total_steps(_value: Any, get: Get) -> Any:
     """verl's fully async run ends after ``rollout.total_rollout_steps`` samples (prompts), or
     earlier after ``total_epochs`` passes over the data; asyncrl's after that many samples'
-    worth of steps, each of ``ppo_mini_batch_size x require_batches`` samples."""
+    worth of steps, each of ``ppo_mini_batch_size x require_batches`` samples. Each is a count
+    of at least 1 (0 or -5 ran one step); null is no cap, and with no cap at all
+    trainer.total_training_steps keeps its value (``UNSET``)."""
     caps = []
     if (samples := get("rollout.total_rollout_steps")) is not None:
-        caps.append(int(samples))
+        caps.append(_whole(samples, least=1))
     for key in ("rollout.total_epochs", "trainer.total_epochs"):
         if (epochs := get(key)) is not None:
-            caps.append(int(epochs) * _epoch_size(get))
+            caps.append(_whole(epochs, least=1) * _epoch_size(get))
+    if not caps:
+        return UNSET
     return max(1, min(caps) // _required_samples(get))
 
 
@@ -105,12 +135,16 @@ def _epoch_size(get: Get) -> int:
         return int(get("data.train_size"))
 
 
-def _versions_to_steps(value: Any, get: Get) -> int:
+def _versions_to_steps(value: Any, get: Get) -> Any:
     """verl's fully async validates every ``rollout.test_freq`` weight versions; a version is
-    ``trigger_parameter_sync_step`` steps. verl's -1 (never) is asyncrl's 0 (only at the end)."""
-    if int(value) <= 0:
+    ``trigger_parameter_sync_step`` steps. verl's -1 (never) is asyncrl's 0 (only at the end);
+    null sets nothing (``UNSET``)."""
+    if value is None:
+        return UNSET
+    versions = _whole(value)
+    if versions <= 0:
         return 0
-    return int(value) * int(get("async_training.trigger_parameter_sync_step"))
+    return versions * int(get("async_training.trigger_parameter_sync_step"))
 
 
 def _local_dir(value: Any, get: Get) -> Any:

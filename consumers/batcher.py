@@ -103,6 +103,35 @@ class SampleBatcher:
         self._filtered_trailing = 0
         return None
 
+    def expire(self, current_version: int) -> list[Dropped]:
+        """Drop the queued samples ``max_version_lag`` no longer admits at ``current_version``.
+
+        ``offer`` checks the lag as a sample arrives; one queued then waits for its step, and a
+        sync in between ages it: with max_version_lag=0, whole steps trained samples a version
+        old. Called as each step is assembled, so no sample is trained past the lag. A dropped
+        sample's filtered groups go to the sample after it (or to the trailing count)."""
+        if self.max_version_lag is None:
+            return []
+        kept: deque[Record[Sample]] = deque()
+        before: deque[int] = deque()
+        carried = 0
+        out: list[Dropped] = []
+        for rec, filtered in zip(self.buffer, self._filtered_before, strict=True):
+            lag = current_version - rec.value.param_version
+            if lag > self.max_version_lag:
+                carried += filtered
+                self.consumed[rec.value.worker_id] += 1
+                self.dropped["max_version_lag"] += 1
+                reason = f"version lag {lag} > max_version_lag {self.max_version_lag} (queued)"
+                out.append(Dropped(rec, reason))
+                continue
+            kept.append(rec)
+            before.append(filtered + carried)
+            carried = 0
+        self.buffer, self._filtered_before = kept, before
+        self._filtered_trailing += carried
+        return out
+
     def _out_of_vocabulary(self, sample: Sample) -> str | None:
         if self.vocab_size is None:
             return None

@@ -80,6 +80,15 @@ def filter_metrics(filtered: int, kept: int, total: int) -> dict[str, float]:
     }
 
 
+class GenBatchesExhausted(RuntimeError):
+    """``max_num_gen_batches`` reached: a limit the config sets, so the run ends, as DAPO's.
+    A restarted trainer would only try again on the same prompts under the same policy (one
+    did, and its run then finished as if the limit held), so the trainer exits with
+    ``EXIT_CODE`` and the launcher does not restart it."""
+
+    EXIT_CODE = 3
+
+
 def check_gen_batches(
     fg: FilterGroupsConfig, queued: int, filtered: int, n: int, step: int
 ) -> None:
@@ -90,7 +99,7 @@ def check_gen_batches(
         return
     kept = min(queued, n)
     if kept < n and kept + filtered >= fg.max_num_gen_batches * n:
-        raise RuntimeError(
+        raise GenBatchesExhausted(
             f"algorithm.filter_groups.max_num_gen_batches={fg.max_num_gen_batches}: step "
             f"{step} read {kept + filtered} samples, filtered {filtered} (every "
             f"trajectory's {fg.metric or 'score'} equal) and kept {kept} of {n}: the prompts "

@@ -34,7 +34,7 @@ from opentelemetry import trace
 
 from asyncrl.config import RunConfig
 from asyncrl.consumers import spans
-from asyncrl.consumers.batcher import SampleBatcher
+from asyncrl.consumers.batcher import Dropped, SampleBatcher
 from asyncrl.consumers.checkpoint import (
     CheckpointWriter,
     TrainerState,
@@ -202,28 +202,35 @@ class Trainer:
         for rec in self.io.samples.poll(timeout):
             dropped = self.batcher.offer(rec, self.version)
             duplicate = dropped is not None and dropped.kind == "duplicate"
-            # A duplicate cost its worker no budget, and a filtered group's worker took its
-            # slot back as it published it: neither refunds anyone.
-            refunds = dropped is not None and dropped.kind not in ("duplicate", FILTERED)
             if not duplicate:
                 self.coordinator.received[(rec.value.worker_id, rec.value.param_version)] += 1
             if dropped is not None:
-                level = logging.INFO if dropped.kind == FILTERED else logging.WARNING
-                log.log(level, "dropped sample %s: %s", rec.value.sample_id, dropped.reason)
-                self.io.control.publish(
-                    ev.SamplesDropped(
-                        run_id=self.cfg.run_id,
-                        version=self.version,
-                        target_worker=rec.value.worker_id if refunds else ev.TRAINER,
-                        count=1,
-                        reason=dropped.reason,
-                        sample_ids=[rec.value.sample_id],
-                    )
-                )
+                self._report_dropped(dropped)
+
+    def _report_dropped(self, dropped: Dropped) -> None:
+        """Log a dropped sample and publish its SamplesDropped."""
+        sample = dropped.record.value
+        # A duplicate cost its worker no budget, and a filtered group's worker took its
+        # slot back as it published it: neither refunds anyone.
+        refunds = dropped.kind not in ("duplicate", FILTERED)
+        level = logging.INFO if dropped.kind == FILTERED else logging.WARNING
+        log.log(level, "dropped sample %s: %s", sample.sample_id, dropped.reason)
+        self.io.control.publish(
+            ev.SamplesDropped(
+                run_id=self.cfg.run_id,
+                version=self.version,
+                target_worker=sample.worker_id if refunds else ev.TRAINER,
+                count=1,
+                reason=dropped.reason,
+                sample_ids=[sample.sample_id],
+            )
+        )
 
     def _wait_for_batch(self, n: int) -> list[Record[Sample]]:
         deadline = time.monotonic() + self.cfg.sync.timeout_s
         while True:
+            for dropped in self.batcher.expire(self.version):  # aged past the lag in the queue
+                self._report_dropped(dropped)
             self._wait_for_samples(n, deadline)
             if not self.coordinator.deferred:
                 return self.batcher.take(n)

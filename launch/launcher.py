@@ -30,10 +30,11 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, ConfigError, RunConfig, dump_config
+from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
 from asyncrl.launch.log_archive import ArchiveError, run_ref
-from asyncrl.launch.preflight import check_startable
+from asyncrl.launch.preflight import check_startable, idle_workers_note
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
 from asyncrl.launch.progress import StepProgress, counts_text, records_shown, wide_console
 
@@ -395,6 +396,8 @@ def _launch(
             f"{' in_flight_update=True' if at.in_flight_update else ''}; "
             f"{resolved.actor_rollout_ref.rollout.num_workers} rollout worker(s)"
         )
+        if (idle := idle_workers_note(resolved)) is not None:
+            console.log(f"[yellow]{idle}[/]")
         if resolved.actor_rollout_ref.rollout.num_workers == 0:
             console.log(
                 "[yellow]rollout.num_workers=0: no worker is started here; the trainer waits "
@@ -549,6 +552,11 @@ def _follow(
                             "no rollout worker is left to generate (stopped: "
                             f"{', '.join(sorted(left))}), so the trainer was not restarted; "
                             + _failure_report(name, rc, log_path)
+                        )
+                    if is_trainer and rc == GenBatchesExhausted.EXIT_CODE:
+                        raise RunFailed(
+                            "the trainer gave up (a limit the config sets, not a crash: it "
+                            "is not restarted); " + _failure_report(name, rc, log_path)
                         )
                     max_restarts = (
                         cfg.trainer.max_restarts

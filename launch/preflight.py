@@ -399,6 +399,22 @@ def check_startable(cfg: RunConfig, role: str) -> list[Check]:
     return checks
 
 
+def idle_workers_note(cfg: RunConfig) -> str | None:
+    """A warning when some workers can never generate: a version's sample budget is split among
+    the workers a sample at a time, so past ``max_samples_per_version`` workers the rest get a
+    share of 0 every version (docs/tuning.md's "more rollout workers" stops paying there)."""
+    workers = cfg.actor_rollout_ref.rollout.num_workers
+    per_version = cfg.max_samples_per_version
+    if workers <= per_version:
+        return None
+    return (
+        f"rollout.num_workers={workers}, but a version admits at most {per_version} samples "
+        "((1 + staleness_threshold) x trigger_parameter_sync_step x require_batches x "
+        f"ppo_mini_batch_size) among its workers: {workers - per_version} worker(s) never "
+        "get one to generate. Use fewer workers, or a larger version"
+    )
+
+
 def dry_run(config: str | None, overrides: list[str], role: str = "run") -> int:
     """``asyncrl run --dry-run``: the resolved config in asyncrl's names, the aliases applied,
     the keys ignored, and every start-up check; starts nothing. 0 when the run could start."""
@@ -425,5 +441,7 @@ def dry_run(config: str | None, overrides: list[str], role: str = "run") -> int:
     print(f"# start-up checks ({role}): {len(checks) - len(failed)} passed, {len(failed)} failed")
     for check in checks:
         print(f"  {check.line()}")
+    if (idle := idle_workers_note(cfg)) is not None:
+        print(f"# warning: {idle}")
     print("# dry run: nothing started" + ("" if not failed else "; the run would not start"))
     return 2 if failed else 0

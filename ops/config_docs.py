@@ -203,9 +203,18 @@ def config_help(width: int = 100, prefix: str | None = None) -> str:
     else:
         chosen = [r for r in rows if not prefix or r[0] == prefix or r[0].startswith(f"{prefix}.")]
         if not chosen:
+            # A prefix is whole dotted parts: `async_training.staleness` or `staleness_threshold`
+            # lists nothing, so the keys holding the text are named (what the user looked for).
+            holding = [r[0] for r in rows if prefix.lower() in r[0].lower()]
             sections = sorted({r[0].split(".")[0] for r in rows})
             raise ValueError(
-                f"no config key is or starts with {prefix!r}; sections: {', '.join(sections)}"
+                f"no config key is or is under {prefix!r}; "
+                + (
+                    f"keys containing it: {', '.join(holding[:12])}"
+                    + (f" (and {len(holding) - 12} more)" if len(holding) > 12 else "")
+                    if holding
+                    else f"sections: {', '.join(sections)}"
+                )
             )
         title = [f"config keys{f' under {prefix}' if prefix else ''} ({len(chosen)})."]
     lines = [

@@ -32,8 +32,14 @@ class VersionStats:
     trainer_idle: float | None = None
     rollouter_idle: dict[int, float] = field(default_factory=dict)
     """Each worker's idle ratio while this version was the newest (its next RolloutResumed)."""
+    budget_idle: dict[int, float] = field(default_factory=dict)
+    """Of each worker's idle ratio, the part with the version's budget spent
+    (rollouter/budget_idle_ratio): docs/tuning.md's first test of a staleness_threshold."""
     engine_occupancy: dict[int, float] = field(default_factory=dict)
     """Each worker's rollouter/engine_occupancy over the same window."""
+    budget_unfilled: dict[int, float] = field(default_factory=dict)
+    """Each worker's rollouter/budget_unfilled_ratio over the same window: its engine's empty
+    share with the budget spent (the long-tail drain docs/tuning.md reads against budget_idle)."""
 
 
 class RunMonitor:
@@ -102,8 +108,11 @@ class RunMonitor:
             if e.version > 0:  # it closes the window of the version before (0: start-up)
                 v = self.versions[e.version - 1]
                 v.rollouter_idle[e.worker] = e.idle_ratio
+                v.budget_idle[e.worker] = e.budget_idle_ratio
                 if e.engine_occupancy >= 0:
                     v.engine_occupancy[e.worker] = e.engine_occupancy
+                if e.budget_unfilled_ratio >= 0:
+                    v.budget_unfilled[e.worker] = e.budget_unfilled_ratio
         elif isinstance(e, ev.WorkerStarted):
             self.workers[e.worker] = e.incarnation
         elif isinstance(e, ev.WorkerStopped):
@@ -135,12 +144,13 @@ class RunMonitor:
         table = Table(
             title="per weight version (newest last)",
             caption="made: samples published under the version; used: trained on at it; "
-            "0/1/2+: how many versions behind; idle T/R: trainer/rollouters; engine: how "
-            "full the rollouters' engines ran",
+            "0/1/2+: how many versions behind; idle T/R: trainer/rollouters; budget: of idle R, "
+            "the time with the version's budget spent; engine: how full the rollouters' engines "
+            "ran; unfilled: their empty share with the budget spent (docs/tuning.md)",
         )
         for col in (
             "version", "made", "reward", "partial", "used", "stale", "0/1/2+", "acc",
-            "idle T", "idle R", "engine",
+            "idle T", "idle R", "budget", "engine", "unfilled",
         ):  # fmt: skip
             table.add_column(col, justify="right")
         for version in sorted(self.versions)[-last_versions:]:
@@ -157,7 +167,9 @@ class RunMonitor:
                 _f(v.accuracy, ".3f"),
                 _f(v.trainer_idle),
                 _f(_mean(v.rollouter_idle)),
+                _f(_mean(v.budget_idle)),
                 _f(_mean(v.engine_occupancy)),
+                _f(_mean(v.budget_unfilled)),
             )
         return Group(head, table)
 

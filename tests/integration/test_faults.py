@@ -650,3 +650,37 @@ def test_a_second_process_started_as_the_same_worker_takes_its_place_and_says_so
     stopped = [e.reason for e in events if isinstance(e, ev.WorkerStopped)]
     assert stopped.count("displaced") == 2, stopped
     check_log_invariants(cfg)
+
+
+def test_a_trainer_past_max_num_gen_batches_fails_the_run_once_not_restarted(
+    make_run_cfg, quick_policy, tmp_path
+):
+    """docs/tuning.md: max_num_gen_batches turns too many filtered groups into an error, as in
+    DAPO. The trainer raised it, exited 1 and was restarted as after a crash (up to
+    trainer.max_restarts times); the restarted trainer could then finish the run as if the
+    limit held. Found by a tuning walkthrough: the trainer exits 3 (it gave up) and the
+    launcher fails the run with its reason, without a restart."""
+    from asyncrl.launch.launcher import RunFailed
+
+    zero = tmp_path / "zero_reward.py"
+    zero.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, **kw):\n    return 0.0\n"
+    )
+    cfg = make_run_cfg(
+        *SMALL,
+        *quick_policy,
+        "trainer.total_training_steps=4",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=1",
+        f"custom_reward_function.path={zero}",
+    )
+    out = io.StringIO()
+    with pytest.raises(RunFailed) as failed:
+        run(cfg, Console(file=out, width=300))
+    said = str(failed.value)
+    assert said.startswith("the trainer gave up (a limit the config sets, not a crash")
+    assert "trainer exited with code 3" in said
+    assert re.search(
+        r"max_num_gen_batches=1: step 1 read \d+ samples, filtered \d+ .* kept 0 of 4", said
+    )
+    assert "restarting" not in out.getvalue()

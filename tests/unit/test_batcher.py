@@ -43,6 +43,29 @@ def test_version_lag_drops_are_counted_and_settled():
     assert len(b) == 1
 
 
+def test_a_sample_queued_past_a_sync_is_dropped_once_the_lag_passes_it():
+    """The lag was checked as a sample arrived only: queued, it waited for its step while a
+    sync aged it, and a run at max_version_lag=0 trained whole steps of samples one version
+    old (fully_async/staleness/count_1 = 8 of 8 at a step). Found by a tuning walkthrough:
+    ``expire`` drops them as a step is assembled, counted, settled, and a filtered group
+    before one goes to the sample after it."""
+    b = SampleBatcher(max_version_lag=0)
+    b._filtered_trailing = 2  # two groups filtered before the first sample
+    assert b.offer(rec(0, version=3), current_version=3) is None
+    assert b.offer(rec(1, version=3, worker=1), current_version=3) is None
+    b._filtered_trailing = 1
+    assert b.offer(rec(2, version=4), current_version=4) is None
+    assert b.expire(3) == []  # nothing aged yet
+    dropped = b.expire(4)
+    assert [d.record.offset for d in dropped] == [0, 1]
+    assert all("version lag 1 > max_version_lag 0 (queued)" in d.reason for d in dropped)
+    assert all(d.kind == "max_version_lag" for d in dropped)
+    assert b.dropped["max_version_lag"] == 2 and b.consumed == {0: 1, 1: 1}
+    assert [r.offset for r in b.buffer] == [2] and b.settled_offsets() == {0: 2}
+    assert b.filtered_ahead(1) == 3  # the 2 before the dropped ones and the 1 before it
+    assert SampleBatcher().expire(10) == []  # no lag set: nothing expires
+
+
 def test_state_round_trip_restores_counters_and_offsets():
     b = SampleBatcher()
     for i in range(4):

@@ -114,3 +114,102 @@ def test_the_baseline_is_the_faster_colocated_row(monkeypatch):
     never = median_row([_run(0, 400, None, 0.8)])  # one that got there beats one that did not
     results = best_colocated({colocated_name(1): never, colocated_name(2): two})
     assert results[COLOCATED]["threads"] == 2 and list(results)[1] == "colocated sync, 1 thread"
+
+
+def test_every_setup_is_checked_before_the_first_one_runs(monkeypatch, tmp_path):
+    """A grid cell that cannot run (a tuning grid of staleness 0 in mode (d)) failed only when
+    its turn came, after the colocated baseline and the cells before it had run for minutes.
+    Found by a tuning walkthrough: every config is loaded first, so it fails before any run."""
+    from rich.console import Console
+
+    import asyncrl.bench.learn as learn
+    from asyncrl.bench.learn import run_setups
+    from asyncrl.config import ConfigError
+
+    ran: list[str] = []
+    monkeypatch.setattr(learn, "_colocated", lambda cfg, console, threads: ran.append("colo"))
+    monkeypatch.setattr(learn, "_async", lambda cfg, console: ran.append(cfg.run_id))
+    setups = {
+        COLOCATED: [],
+        "fine": ["async_training.staleness_threshold=0.5"],
+        "cannot": [
+            "async_training.staleness_threshold=0",
+            "async_training.partial_rollout=true",
+        ],
+    }
+    with pytest.raises(ConfigError, match="partial_rollout=True needs"):
+        run_setups(None, [f"output_dir={tmp_path}"], Console(), setups, 1, "stamp")
+    assert ran == []
+
+
+def test_bench_modes_checks_its_steps_and_every_setup_before_the_baseline(monkeypatch, tmp_path):
+    """``bench modes trainer.total_training_steps=abc`` ended in a ValueError traceback, and
+    ``--staleness 0`` (the mode (d) ablation, which needs staleness above 0) failed only after
+    the colocated baseline ran. Found by a tuning walkthrough: both are config errors that
+    name the key, before anything runs."""
+    from rich.console import Console
+
+    import asyncrl.bench.modes as modes_mod
+    import asyncrl.launch.launcher as launcher
+    from asyncrl.config import ConfigError
+
+    ran: list[str] = []
+    monkeypatch.setattr(launcher, "prepare_policy", lambda cfg, console: ran.append("policy"))
+    monkeypatch.setattr(modes_mod, "colocated_sim", lambda *a, **k: ran.append("colocated"))
+    monkeypatch.setattr(launcher, "run", lambda cfg, console: ran.append(cfg.run_id))
+    out = [f"output_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match="trainer.total_training_steps"):
+        modes_mod.modes(None, [*out, "trainer.total_training_steps=abc"], Console())
+    with pytest.raises(ConfigError, match="partial_rollout=True needs"):
+        modes_mod.modes(None, [*out, "trainer.total_training_steps=1"], Console(), staleness=(0.0,))
+    assert ran == []
+
+
+def test_an_override_the_benchmark_replaces_is_named(monkeypatch, tmp_path):
+    """``bench tuning async_training.trigger_parameter_sync_step=2`` ran the grid's 1, 2 and 4
+    and said nothing of the 2; learn's setups replace partial_rollout and in_flight_update,
+    modes' each mode's async keys. Found by a tuning walkthrough: each such override is named
+    as not applied (a note: shared override lists, as the tests' quick policy, hold them)."""
+    import io
+
+    from rich.console import Console
+
+    import asyncrl.bench.tuning as tuning_mod
+
+    monkeypatch.setattr(tuning_mod, "compare", lambda *a, **k: ({}, tmp_path / "x.json"))
+    out = io.StringIO()
+    given = [
+        "async_training.trigger_parameter_sync_step=2",
+        "++async_training.staleness_threshold=0.3",
+        "async_training.in_flight_update=true",  # not the grid's: applies to every cell
+    ]
+    tuning_mod.tuning(None, given, Console(file=out, width=300))
+    text = out.getvalue()
+    assert "bench tuning sets async_training.trigger_parameter_sync_step itself, the grid" in text
+    assert "async_training.trigger_parameter_sync_step=2 is not applied" in text
+    assert "++async_training.staleness_threshold=0.3 is not applied" in text
+    assert "in_flight_update" not in text
+
+
+def test_bench_learn_names_partial_rollout_alone_as_replaced(monkeypatch):
+    """Its "d in flight" row alone sets in_flight_update, so a user's reaches the (c) and (d)
+    rows: naming it "not applied" was wrong (found by a tuning walkthrough)."""
+    import io
+
+    from rich.console import Console
+
+    import asyncrl.bench.learn as learn_mod
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(learn_mod, "compare", stop)
+    out = io.StringIO()
+    given = ["async_training.partial_rollout=true", "async_training.in_flight_update=true"]
+    with pytest.raises(Stop):
+        learn_mod.learn(None, given, Console(file=out, width=300))
+    assert "async_training.partial_rollout=true is not applied" in out.getvalue()
+    assert "in_flight_update=true is not applied" not in out.getvalue()

@@ -241,9 +241,18 @@ def test_a_subcommands_help_shows_the_common_keys_and_help_keys_every_one(
     with pytest.raises(SystemExit) as bad:
         main([command, "--help-keys", "kafak"])
     assert bad.value.code == 2
-    assert "no config key is or starts with 'kafak'; sections: actor_rollout_ref" in (
+    assert "no config key is or is under 'kafak'; sections: actor_rollout_ref" in (
         capsys.readouterr().err
     )
+    # a key's last part, or a prefix cut inside a part, lists nothing: the keys holding it
+    # are named (the message said "starts with", which async_training.staleness_threshold
+    # does). Found by a tuning walkthrough.
+    for text in ("staleness_threshold", "async_training.staleness"):
+        with pytest.raises(SystemExit):
+            main([command, "--help-keys", text])
+        err = capsys.readouterr().err
+        assert f"no config key is or is under '{text}'; keys containing it: " in err
+        assert err.strip().endswith("keys containing it: async_training.staleness_threshold")
 
 
 def test_every_common_key_is_a_config_key() -> None:
@@ -262,6 +271,133 @@ def test_bench_staleness_is_checked_before_any_run(capsys: pytest.CaptureFixture
     )
     assert main(["bench", "learn", "--staleness", "1"]) == 2
     assert "--staleness applies to modes and tuning, not learn" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["learn", "--trigger", "2"], "--trigger applies to tuning, not learn"),
+        (["modes", "--seeds", "3"], "--seeds applies to learn and tuning, not modes"),
+        (["learn", "--workload", "long-tail"], "--workload applies to modes, not learn"),
+        (["tuning", "--time-scale", "0.1"], "--time-scale applies to modes, not tuning"),
+        (["learn", "--device", "cpu"], "--device applies to engine and sync, not learn"),
+        (["offpolicy", "--new-tokens", "8"], "--new-tokens applies to engine, not offpolicy"),
+        (["modes", "--workload", "long-tail", "--time-scale", "0.1"], "--workload seed"),
+        (["modes", "--time-scale", "0"], "--time-scale must be above 0 (got 0)"),
+        (["tuning", "--trigger", "1,0"], "--trigger takes numbers of at least 1, not 0"),
+        (["tuning", "--staleness", "-1"], "--staleness takes numbers of at least 0, not -1"),
+        (["engine", "--batch", "0"], "--batch must be at least 1 (got 0)"),
+    ],
+)
+def test_a_bench_option_the_benchmark_does_not_read_or_cannot_take_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    """Each option was read by some benchmarks only: given to another it was ignored without a
+    word (``bench learn --trigger 2`` ran learn's own setups), and a value no run could take
+    (``--trigger 0``) surfaced only after the colocated baseline had run. Found by a tuning
+    walkthrough: both now end at once, in one line, and no benchmark starts."""
+    import asyncrl.bench.engine
+    import asyncrl.bench.learn
+    import asyncrl.bench.modes
+    import asyncrl.bench.offpolicy
+    import asyncrl.bench.tuning
+
+    started: list[str] = []
+    for module, name in (
+        (asyncrl.bench.learn, "learn"),
+        (asyncrl.bench.modes, "modes"),
+        (asyncrl.bench.tuning, "tuning"),
+        (asyncrl.bench.engine, "engine"),
+        (asyncrl.bench.offpolicy, "offpolicy"),
+    ):
+        monkeypatch.setattr(module, name, lambda *a, _n=name, **k: started.append(_n))
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert started == []
+
+
+def test_bench_sync_measures_the_shapes_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/benchmarks.md runs `asyncrl bench sync --shapes 50M,500M`, but --shapes went to
+    bench engine alone: bench sync always measured 50M and 500M (`--shapes 5M` took minutes
+    instead of seconds). Found by a tuning walkthrough: it reaches sync, and an unknown shape
+    is one line, as bench engine's."""
+    import asyncrl.bench.sync
+
+    seen: list[tuple[str, ...]] = []
+    real = asyncrl.bench.sync.sync
+    monkeypatch.setattr(
+        asyncrl.bench.sync, "sync", lambda c, o, console, shapes, **k: seen.append(shapes)
+    )
+    assert main(["bench", "sync", "--shapes", "5M"]) == 0
+    assert main(["bench", "sync"]) == 0
+    assert seen == [("5M",), ("50M", "500M")]
+    monkeypatch.setattr(asyncrl.bench.sync, "sync", real)
+    assert main(["bench", "sync", "--shapes", "5M,7M"]) == 2
+    assert "asyncrl bench: --shapes: no shape 7M (known: 5M, 50M, 500M)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "message"),
+    [
+        ("foo", 1, "--device takes auto, cpu, cuda or cuda:N, not 'foo'"),
+        ("cuda", 0, "--device cuda: torch sees 0 CUDA device(s) here"),
+        ("cuda:1", 1, "--device cuda:1: torch sees 1 CUDA device(s) here"),
+    ],
+)
+def test_a_device_torch_would_refuse_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    device: str,
+    gpus: int,
+    message: str,
+) -> None:
+    """`bench sync --device foo` ended in torch's RuntimeError traceback, `--device cuda` on a
+    machine without CUDA in "Torch not compiled with CUDA enabled". Found by a tuning
+    walkthrough: both are one line before the benchmark starts."""
+    import torch
+
+    import asyncrl.bench.engine
+    import asyncrl.bench.sync
+
+    started: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(asyncrl.bench.sync, "sync", lambda *a, **k: started.append("sync"))
+    monkeypatch.setattr(asyncrl.bench.engine, "engine", lambda *a, **k: started.append("engine"))
+    for bench in ("sync", "engine"):
+        assert main(["bench", bench, "--device", device]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == f"asyncrl bench {bench}: {message}"
+    assert started == []
+
+
+def test_a_trainer_past_max_num_gen_batches_exits_3_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The limit of dynamic sampling is the config's, not a crash: `asyncrl train` says it in
+    one line and exits 3, which the launcher does not restart (it was a RuntimeError
+    traceback, exit 1, restarted). Found by a tuning walkthrough."""
+    from asyncrl.config import load_config
+    from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted, check_gen_batches
+
+    fg = load_config(overrides=["algorithm.filter_groups.max_num_gen_batches=1"])
+    with pytest.raises(GenBatchesExhausted) as limit:
+        check_gen_batches(fg.algorithm.filter_groups, queued=1, filtered=7, n=8, step=1)
+
+    def train(args: object) -> int:
+        raise limit.value
+
+    monkeypatch.setitem(cli.COMMANDS, "train", train)
+    assert main(["train"]) == GenBatchesExhausted.EXIT_CODE == 3
+    err = capsys.readouterr().err
+    assert err.startswith("asyncrl train: algorithm.filter_groups.max_num_gen_batches=1: step 1")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(

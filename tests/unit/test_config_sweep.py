@@ -43,6 +43,48 @@ def test_non_finite_and_overflowing_floats_are_refused(override):
     assert cfg.max_samples_per_version == 1001 * cfg.samples_per_version
 
 
+CORRECTED = [
+    "async_training.compute_prox_log_prob=true",
+    "algorithm.rollout_correction.rollout_is=token",
+]
+
+
+@pytest.mark.parametrize(
+    ("setting", "needs", "with_it"),
+    [
+        (
+            "async_training.stale_token_action=drop",
+            "needs async_training.max_token_version_lag",
+            ["async_training.max_token_version_lag=1"],
+        ),
+        (
+            "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+            "needs algorithm.rollout_correction.rollout_is (token or sequence)",
+            CORRECTED,
+        ),
+    ],
+)
+def test_a_setting_that_needs_another_to_act_is_refused_without_it(setting, needs, with_it):
+    """Both loaded and did nothing: stale_token_action only acts past max_token_version_lag,
+    rollout_is_batch_normalize only on rollout_is's weights. Found by a tuning walkthrough."""
+    [line] = _problems(setting)
+    assert line.startswith(f"  {setting} {needs}")
+    assert line.endswith(f"set by {setting.partition('=')[0]} (command line)")
+    assert load_config(overrides=[setting, *with_it])
+
+
+def test_an_importance_weight_threshold_below_1_is_refused():
+    """rollout_is_threshold=0.5 loaded: every weight, 1 where both policies agree, was cut to
+    0.5 and the clamp to [1/C, C] behind the std and ESS had its bounds crossed. Found by a
+    tuning walkthrough."""
+    [line] = _problems(*CORRECTED, "algorithm.rollout_correction.rollout_is_threshold=0.5")
+    assert line.startswith("  algorithm.rollout_correction.rollout_is_threshold (command line)")
+    assert "greater than or equal to 1 (got 0.5)" in line
+    assert load_config(
+        overrides=[*CORRECTED, "algorithm.rollout_correction.rollout_is_threshold=1"]
+    )
+
+
 @pytest.mark.parametrize(
     "override",
     [

@@ -34,3 +34,33 @@ def test_steps_a_trainer_restart_voided_leave_the_trained_count():
     for n, version in ((1, 0), (2, 1), (3, 2), (3, 3)):
         late.add_step(_step(n, version, [f"x{n}"]))
     assert late.trained == 3 and late.versions[2].consumed == 0
+
+
+def test_the_version_table_shows_the_budget_ratios_docs_tuning_reads():
+    """docs/tuning.md tells a user to compare rollouter/budget_idle_ratio with idle_ratio, and
+    budget_unfilled_ratio with budget_idle_ratio, in the monitor among others; its table showed
+    idle R and engine only. Found by a tuning walkthrough: both are columns, per version the
+    mean over the workers' windows."""
+    from rich.console import Console
+
+    mon = RunMonitor()
+    for worker, (idle, budget, occ, unfilled) in enumerate(
+        [(0.40, 0.30, 0.50, 0.45), (0.20, 0.10, 0.70, 0.25)]
+    ):
+        mon.add_event(
+            ev.RolloutResumed(
+                "r", 2, worker=worker, idle_ratio=idle, budget_idle_ratio=budget,
+                engine_occupancy=occ, budget_unfilled_ratio=unfilled,
+            )
+        )  # fmt: skip
+    v = mon.versions[1]
+    assert sum(v.budget_idle.values()) / 2 == 0.2 and sum(v.budget_unfilled.values()) / 2 == 0.35
+    console = Console(width=200, record=True)
+    console.print(mon.render("r"))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "version" in line and "idle R" in line)
+    assert [c.strip() for c in header.strip("┃│ ").split("┃")][-4:] == [
+        "idle R", "budget", "engine", "unfilled",
+    ]  # fmt: skip
+    row = next(line for line in text.splitlines() if line.strip("│ ").startswith("1 "))
+    assert [c.strip() for c in row.strip("│ ").split("│")][-4:] == ["0.30", "0.20", "0.60", "0.35"]

@@ -81,6 +81,38 @@ def test_a_trainer_step_filters_stale_samples_and_logs_the_step(tmp_path):
     assert kinds[1] == "TrainerResumed" and kinds[-1] == "RunFinished"
 
 
+def test_a_sample_that_aged_past_the_lag_in_the_queue_is_dropped_not_trained(tmp_path):
+    """max_version_lag was checked as a sample arrived: one queued at version 3 and trained
+    after a sync, at 4, passed max_version_lag=0 (a run trained whole steps of samples a
+    version old). Found by a tuning walkthrough: the trainer drops it as the step is
+    assembled, with its SamplesDropped (budget refunded), and trains the fresh one."""
+    cfg = _cfg(
+        tmp_path,
+        "async_training.max_version_lag=0",
+        "trainer.total_training_steps=1",
+        "actor_rollout_ref.rollout.num_workers=0",
+    )
+    broker = MemoryBroker()
+    broker.control(cfg).publish(
+        ev.WeightsPublished(run_id=cfg.run_id, version=2, step=4, checksum="")
+    )
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
+    assert trainer.version == 3
+    aged = _publish_group(broker, cfg, prompt=0, version=3)
+    trainer._read_samples(0.5)  # queued at version 3: lag 0
+    assert len(trainer.batcher) == len(aged)
+    trainer.coordinator.version = 4  # as a sync does, before the sample's step
+    fresh = _publish_group(broker, cfg, prompt=1, version=4)
+    trainer.run()
+    trainer.close()
+
+    (step,) = [decode_step(r.value, r.headers) for r in broker.topics[cfg.topic("steps")]]
+    assert step.sample_ids == fresh
+    dropped = [e for e in broker.events(cfg) if isinstance(e, ev.SamplesDropped)]
+    assert sorted(i for e in dropped for i in e.sample_ids) == sorted(aged)
+    assert all(e.target_worker == 0 and "(queued)" in e.reason for e in dropped)
+
+
 def test_a_mode_c_sync_waits_for_the_pause_then_sends_the_weights(tmp_path):
     cfg = _cfg(tmp_path, "trainer.total_training_steps=2", "sync.master_port=1")
     broker = MemoryBroker()

@@ -175,6 +175,47 @@ def test_total_epochs_counts_the_rows_of_your_data_files(
     assert load_config(empty_config, task).trainer.total_training_steps == 2 * 2000 // 8
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rollout.total_rollout_steps=-5", "a count of at least 1 is needed, not -5"),
+        ("rollout.total_rollout_steps=0", "a count of at least 1 is needed, not 0"),
+        ("rollout.total_rollout_steps=1.7", "a whole number is needed, not 1.7"),
+        ("rollout.total_rollout_steps=true", "a whole number is needed, not true"),
+        ("trainer.total_epochs=0", "a count of at least 1 is needed, not 0"),
+        ("rollout.test_freq=2.5", "a whole number is needed, not 2.5"),
+        ("rollout.test_freq=true", "a whole number is needed, not true"),
+    ],
+)
+def test_a_verl_count_that_is_not_one_is_refused_naming_the_key(
+    empty_config: Path, override: str, message: str
+) -> None:
+    """int() took them: total_rollout_steps of -5, 0, 1.7 or true ran one step, total_epochs=0
+    one step, rollout.test_freq=2.5 validated every 8 steps (2 x 4) and true every 4. Found by
+    a tuning walkthrough."""
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}=\S+ \(command line\): cannot convert") as err:
+        load_config(empty_config, ["async_training.trigger_parameter_sync_step=4", override])
+    assert message in str(err.value)
+
+
+def test_verls_null_counts_leave_asyncrls_keys_as_they_are(empty_config: Path) -> None:
+    """verl's YAML has total_rollout_steps: null (count from the epochs) and a launch script may
+    null test_freq: with no number at all this was "min() arg is an empty sequence" or an int()
+    TypeError. Now null sets nothing, as verl's null does; a cap beside it still applies."""
+    nulls = ["rollout.total_rollout_steps=null", "rollout.test_freq=null"]
+    cfg = load_config(empty_config, ["trainer.total_training_steps=50", *nulls])
+    assert (cfg.trainer.total_training_steps, cfg.trainer.test_freq) == (50, 5)
+    capped = ["actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.total_epochs=1"]
+    assert load_config(empty_config, [*nulls, *capped]).trainer.total_training_steps == 2000 // 8
+    assert (
+        load_config(
+            empty_config, ["rollout.total_rollout_steps=2e3", *capped[:1]]
+        ).trainer.total_training_steps
+        == 250
+    )
+
+
 def test_verls_gsm8k_truncation_error_loads_with_data_files(
     empty_config: Path, tmp_path: Path
 ) -> None:
