@@ -97,7 +97,8 @@ class Tool(ABC):
 
     @abstractmethod
     async def execute(self, arguments: dict[str, Any]) -> str:
-        """Run the tool on validated arguments; raise ToolError with a message for the model."""
+        """Run the tool on validated arguments and return the text the model reads (a str:
+        anything else is answered as an error); raise ToolError with a message for the model."""
 
     async def call(self, call: ToolCall) -> ToolResult:
         """Validate, run with the timeout, and turn every failure into an error result."""
@@ -113,4 +114,7 @@ class Tool(ABC):
             return ToolResult(f"error: {err}", False, time.monotonic() - t0)
         except Exception as err:  # a tool's bug is the rollout's tool error, not its crash
             return ToolResult(f"error: {type(err).__name__}: {err}", False, time.monotonic() - t0)
+        if not isinstance(text, str):  # a verl tool's (ToolResponse, reward, metrics), a dict
+            why = f"error: tool {self.name!r} returned {type(text).__name__}, not str"
+            return ToolResult(why, False, time.monotonic() - t0)
         return ToolResult(text, True, time.monotonic() - t0)

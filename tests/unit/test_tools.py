@@ -197,3 +197,19 @@ def test_a_tool_config_path_under_home_expands(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     shutil.copy(shipped_tools_path(), tmp_path / "tools.yaml")
     assert set(load_tools("~/tools.yaml")) == {"calculator"}
+
+
+class _ReturnsADict(Tool):
+    """A verl habit: execute returns a structure (verl's ToolResponse tuple), not the text."""
+
+    async def execute(self, arguments):
+        return {"result": 1}
+
+
+def test_a_tool_that_returns_no_str_is_an_error_result_not_a_crash():
+    """It raised TypeError in the loop that cuts the response (unhashable type: 'slice'): the
+    trainer's held-out evaluation, or the rollout worker, died with a traceback."""
+    schema = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    result = _call(_ReturnsADict(schema))
+    assert not result.ok
+    assert result.text == "error: tool 'lookup' returned dict, not str"
