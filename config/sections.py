@@ -305,7 +305,8 @@ class MultiTurnConfig(Strict):
     """Tool-call syntax: hermes (<tool_call>{json}</tool_call>, chat models) or compact
     ([expression], the character-level demo model)."""
     max_tool_response_length: int = Field(256, ge=1)
-    """Characters of one tool response kept in the context (verl: the rest is cut)."""
+    """Characters of one tool response kept in the context and the trajectory's messages
+    (verl: the rest is cut)."""
 
 
 class RolloutConfig(Strict):

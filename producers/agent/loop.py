@@ -144,11 +144,13 @@ class AgentLoop:
         state.tool_calls += len(results)
         state.tool_errors += sum(not r.ok for r in results)
         state.tool_seconds += sum(r.seconds for r in results)
-        for r in results:
-            state.messages.append({"role": "tool", "content": r.text})
-        state.pending_calls = []
+        # Cut before it is kept anywhere, as verl does: the messages go into the agent state a
+        # sync logs to partials, and a tool's 10 MB answer there outgrew kafka.max_message_bytes.
         cut = self.limits.max_tool_response_length
         shown = [ToolResult(r.text[:cut], r.ok, r.seconds) for r in results]
+        for r in shown:
+            state.messages.append({"role": "tool", "content": r.text})
+        state.pending_calls = []
         self._append_context(state, self.parser.render(shown))
 
     def answer(self, state: AgentState) -> str:

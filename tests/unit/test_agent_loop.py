@@ -86,7 +86,19 @@ def test_limits_end_the_trajectory(tok):
     loop.on_tool_results(state, [ToolResult(str(9**30), True)])
     tail = state.response_ids[state.response_mask.index(0) :]
     assert tok.decode(tail) == "=423 " and state.phase == Phase.GENERATING
-    assert state.messages[-1]["content"] == str(9**30)  # the record keeps it whole
+    assert state.messages[-1]["content"] == str(9**30)[:3]  # the record keeps what it read
+
+
+def test_a_huge_tool_response_is_cut_in_the_agent_state_a_sync_logs(tok):
+    """A tool that answered 10 MB kept all of it in the state's messages: the partial record a
+    sync logs (agent_state JSON) then outgrew kafka.max_message_bytes (8 MiB)."""
+    state = AgentState(prompt_ids=[1, 5])
+    loop = _loop(tok, max_tool_response_length=8)
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[9*9]"))
+    loop.on_tool_results(state, [ToolResult("81 " + "9" * 10_000_000, True)])
+    assert state.messages[-1] == {"role": "tool", "content": "81 99999"}
+    assert len(state.to_json()) < 2_000
 
 
 def test_a_failed_tool_call_is_answered_and_the_rollout_goes_on(tok):
