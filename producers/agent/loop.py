@@ -56,7 +56,7 @@ class AgentLimits:
     max_user_turns: int = 0
     response_length: int = 32
     max_tool_response_length: int = 256
-    """Characters of one tool response kept; the rest is cut (verl's rule, right side)."""
+    """Characters of one tool response kept; the rest is cut (verl's tool_response_truncate_side=left)."""
 
 
 class AgentLoop:
