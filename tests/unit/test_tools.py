@@ -213,3 +213,26 @@ def test_a_tool_that_returns_no_str_is_an_error_result_not_a_crash():
     result = _call(_ReturnsADict(schema))
     assert not result.ok
     assert result.text == "error: tool 'lookup' returned dict, not str"
+
+
+class _Blocking(Tool):
+    """time.sleep in an async def: asyncio.wait_for cannot cancel it."""
+
+    async def execute(self, arguments):
+        time.sleep(0.3)
+        return "late"
+
+
+def test_a_tool_that_blocks_past_its_timeout_is_an_error_and_says_why(caplog):
+    """A user's tool with time.sleep(3) under timeout_s=0.5 was answered 'late', ok, after 3 s,
+    and held every other call of the worker: a run sat at 'waiting for the first step' for
+    minutes with nothing in any log."""
+    schema = {"type": "function", "function": {"name": "blocky", "parameters": {"type": "object"}}}
+    tool = _Blocking(schema, {"timeout_s": 0.05})
+    with caplog.at_level("WARNING", logger="asyncrl.producers.tools.base"):
+        result, again = _call(tool), _call(tool)
+    assert not result.ok and result.text == "error: timed out after 0.05 s"
+    assert result.seconds >= 0.3 and not again.ok
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1  # once per tool, not per call
+    assert "'blocky'" in warnings[0] and "asyncio.to_thread" in warnings[0]
