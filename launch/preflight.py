@@ -53,7 +53,7 @@ def _tool_checks(cfg: RunConfig) -> list[Check]:
     try:
         tools = load_tools(path)
     except ToolConfigError as err:
-        return [Check(key, False, f"{path}: {err}")]
+        return [Check(key, False, str(err))]  # it names the file
     checks = [Check(key, True, f"{path}: tools {', '.join(sorted(tools))}")]
     if mt.enable:
         checks += _tool_call_format(cfg, tools)

@@ -43,8 +43,16 @@ def _import_class(dotted: str, where: str) -> type[Tool]:
     if not module_name:
         raise ToolConfigError(f"{where}.class_name: {dotted!r} is not a dotted path")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ToolConfigError(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
+    except Exception as err:  # the module's own code failed: a SyntaxError, a RuntimeError
+        raise ToolConfigError(
+            f"{where}.class_name: importing {module_name!r} raised {type(err).__name__}: {err}"
+        ) from err
+    try:
+        cls = getattr(module, attr)
+    except AttributeError as err:
         raise ToolConfigError(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
         raise ToolConfigError(f"{where}.class_name: {dotted!r} is not a Tool subclass")
@@ -57,7 +65,7 @@ def load_tools(path: str | Path) -> dict[str, Tool]:
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as err:
-        raise ToolConfigError(f"multi_turn.tool_config_path: cannot read {path}: {err}") from err
+        raise ToolConfigError(f"{path}: cannot read it: {err}") from err
     except yaml.YAMLError as err:
         raise ToolConfigError(f"{path}: not valid YAML: {err}") from err
     entries = (doc or {}).get("tools") if isinstance(doc, dict) else None
@@ -65,7 +73,7 @@ def load_tools(path: str | Path) -> dict[str, Tool]:
         raise ToolConfigError(f"{path}: expected a non-empty list under 'tools'")
     tools: dict[str, Tool] = {}
     for i, entry in enumerate(entries):
-        where = f"{path.name}: tools[{i}]"
+        where = f"{path}: tools[{i}]"
         if not isinstance(entry, dict) or "class_name" not in entry:
             raise ToolConfigError(f"{where}.class_name: missing")
         cls = _import_class(str(entry["class_name"]), where)
@@ -75,6 +83,10 @@ def load_tools(path: str | Path) -> dict[str, Tool]:
             # A tool names a bad config key itself ("config.cpu_s must ..."); else the schema.
             why = f".{err}" if str(err).startswith("config.") else f".tool_schema: {err}"
             raise ToolConfigError(f"{where}{why}") from err
+        except Exception as err:  # the tool's own start failed (a missing key file, a client)
+            raise ToolConfigError(
+                f"{where}: {cls.__name__}(tool_schema, config) raised {type(err).__name__}: {err}"
+            ) from err
         if tool.name in tools:
             raise ToolConfigError(f"{where}.tool_schema.function.name: {tool.name!r} twice")
         tools[tool.name] = tool

@@ -2,6 +2,7 @@
 
 import asyncio
 import functools
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -236,3 +237,35 @@ def test_a_tool_that_blocks_past_its_timeout_is_an_error_and_says_why(caplog):
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1  # once per tool, not per call
     assert "'blocky'" in warnings[0] and "asyncio.to_thread" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        ("def broken(:\n", "importing 'my_tools' raised SyntaxError: "),
+        ("raise RuntimeError('set MY_API_KEY')\n", "raised RuntimeError: set MY_API_KEY"),
+        (
+            "from asyncrl.producers.tools.base import Tool\n"
+            "class MyTool(Tool):\n"
+            "    def __init__(self, tool_schema, config):\n"
+            "        raise RuntimeError('no search index at /data/index')\n"
+            "    async def execute(self, arguments):\n"
+            "        return ''\n",
+            "tools[0]: MyTool(tool_schema, config) raised RuntimeError: no search index",
+        ),
+    ],
+)
+def test_a_tool_module_that_fails_is_a_config_error_naming_the_file(
+    tmp_path, monkeypatch, module, message
+):
+    """A user's tool module with a syntax error, or one raising at import or in its
+    constructor, escaped as a traceback from asyncrl run (--dry-run too)."""
+    (tmp_path / "my_tools.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_tools", raising=False)
+    path = tmp_path / "tools.yaml"
+    path.write_text("tools:\n  - class_name: my_tools.MyTool\n    tool_schema: {}\n")
+    with pytest.raises(ToolConfigError) as err:
+        load_tools(path)
+    assert str(err.value).startswith(f"{path}: tools[0]")
+    assert message in str(err.value)
