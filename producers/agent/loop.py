@@ -9,8 +9,10 @@ Transitions of one trajectory (``AgentState.phase``)::
                    └───────────────────────────────────────────────────────────────────┘
 
 Limits (verl's keys): ``max_assistant_turns`` (a turn that reaches it ends the trajectory even
-if it called a tool), ``max_user_turns`` (interaction replies), ``response_length`` (all
-response tokens, tool responses included; the last message is cut to fit).
+if it called a tool), ``max_user_turns`` (rounds of tool responses and interaction replies, as
+verl counts them: the turn after the last ends the trajectory; 0: no limit),
+``response_length`` (all response tokens, tool responses included; the last message is cut
+to fit).
 
 :class:`AgentLoop` is the transition logic only (no engine, no threads), so it is tested state
 by state. :class:`AgentRunner` drives many trajectories through a stepwise engine and a tool
@@ -54,9 +56,11 @@ class Interaction(Protocol):
 class AgentLimits:
     max_assistant_turns: int = 5
     max_user_turns: int = 0
+    """Rounds of tool responses and interaction replies (verl's count); 0: no limit."""
     response_length: int = 32
     max_tool_response_length: int = 256
-    """Characters of one tool response kept; the rest is cut (verl's tool_response_truncate_side=left)."""
+    """Characters of one tool response kept: its start, the rest is cut (verl's
+    tool_response_truncate_side=left)."""
 
 
 class AgentLoop:
@@ -120,16 +124,16 @@ class AgentLoop:
         state.assistant_turns += 1
         calls = self.parser.parse(text) if result.finish_reason == "stop" else []
         room = len(state.response_ids) < self.limits.response_length
-        if calls and state.assistant_turns >= self.limits.max_assistant_turns:
+        max_user = self.limits.max_user_turns
+        users_left = not max_user or state.user_turns < max_user
+        if calls and (state.assistant_turns >= self.limits.max_assistant_turns or not users_left):
             self._terminate(state, "max_turns")
         elif calls:
             state.phase = Phase.PROCESSING_TOOLS
             state.pending_calls = [c.to_dict() for c in calls]
         elif result.finish_reason == "length" or (calls and not room):
             self._terminate(state, "length")
-        elif (
-            self.interaction is not None and state.user_turns < self.limits.max_user_turns and room
-        ):
+        elif self.interaction is not None and users_left and room:
             state.phase = Phase.INTERACTING
         else:
             self._terminate(state, "stop")
@@ -141,6 +145,7 @@ class AgentLoop:
     def on_tool_results(self, state: AgentState, results: list[ToolResult]) -> None:
         if state.phase != Phase.PROCESSING_TOOLS or len(results) != len(state.pending_calls):
             raise ValueError(f"{len(results)} results for {len(state.pending_calls)} calls")
+        state.user_turns += 1  # a round of responses is a user turn, as verl counts it
         state.tool_calls += len(results)
         state.tool_errors += sum(not r.ok for r in results)
         state.tool_seconds += sum(r.seconds for r in results)

@@ -118,7 +118,7 @@ class _Retry:
 
     async def respond(self, state, answer):
         await asyncio.sleep(0.02)
-        return state.user_turns >= 1, "?"
+        return any(m["role"] == "user" for m in state.messages), "?"
 
 
 def test_an_interaction_adds_user_turns_up_to_max_user_turns(tok):
@@ -132,6 +132,30 @@ def test_an_interaction_adds_user_turns_up_to_max_user_turns(tok):
     loop.on_turn(state, _turn(tok, "r", "13", eos=True))
     assert state.phase == Phase.TERMINATED  # max_user_turns reached: no more interaction
     assert [m["role"] for m in state.messages] == ["assistant", "user", "assistant"]
+
+
+def test_max_user_turns_counts_tool_response_rounds_as_verl_does(tok):
+    """verl counts each round of tool responses as a user turn, and the turn after the last
+    ends the trajectory, tool call or not; asyncrl counted interaction replies only, so a verl
+    config's max_user_turns=1 let a model call tools until max_assistant_turns."""
+    loop = _loop(tok, max_user_turns=1, max_assistant_turns=5)
+    state = AgentState(prompt_ids=[1, 5])
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[2*3]"))
+    loop.on_tool_results(state, [ToolResult("6", True)])
+    assert state.user_turns == 1 and state.phase == Phase.GENERATING
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[6*7]"))
+    assert (state.phase, state.finish_reason) == (Phase.TERMINATED, "max_turns")
+    assert state.pending_calls == [] and state.tool_calls == 1
+    # 0 is verl's null: no limit (max_assistant_turns still ends it)
+    loop = _loop(tok, max_user_turns=0, max_assistant_turns=3)
+    state = AgentState(prompt_ids=[1, 5])
+    for _ in range(2):
+        loop.request("r", state)
+        loop.on_turn(state, _turn(tok, "r", "[2*3]"))
+        loop.on_tool_results(state, [ToolResult("6", True)])
+    assert state.user_turns == 2 and state.phase == Phase.GENERATING
 
 
 def test_transitions_out_of_order_are_refused(tok):
@@ -253,10 +277,10 @@ def test_interrupt_and_resume_in_any_state_gives_the_uninterrupted_trajectory(
     model, val = policy
     prompt_ids = tok(val[0].prompt)["input_ids"]
     with ToolExecutor({"calculator": CalculatorTool()}) as executor:
-        whole = _runner(tok, model, executor, _Retry(), 1).run("r", AgentState(prompt_ids))
-        assert calc.used_tool(whole.messages) and whole.user_turns == 1  # every state visited
+        whole = _runner(tok, model, executor, _Retry(), 2).run("r", AgentState(prompt_ids))
+        assert calc.used_tool(whole.messages) and whole.user_turns == 2  # every state visited
 
-        runner = _runner(tok, model, executor, _Retry(), 1)
+        runner = _runner(tok, model, executor, _Retry(), 2)
         state = AgentState(prompt_ids)
         if phase != "pending":
             runner.add("r", state)
@@ -268,7 +292,7 @@ def test_interrupt_and_resume_in_any_state_gives_the_uninterrupted_trajectory(
             assert len(state.response_ids) - state.turn_start == tokens  # kept, not redone
         # Another process picks it up from the log.
         saved = AgentState.from_json(state.to_json())
-        resumed = _runner(tok, model, executor, _Retry(), 1).run("r", saved)
+        resumed = _runner(tok, model, executor, _Retry(), 2).run("r", saved)
     assert resumed.response_ids == whole.response_ids
     assert resumed.response_mask == whole.response_mask
     assert resumed.response_logprobs == pytest.approx(whole.response_logprobs, abs=1e-5)
@@ -321,7 +345,7 @@ class _SlowRetry(_Retry):
 
     async def respond(self, state, answer):
         await asyncio.sleep(random.uniform(0.0, 0.02))
-        return state.user_turns >= 1, "?"
+        return any(m["role"] == "user" for m in state.messages), "?"
 
 
 class _Late(Future):
@@ -354,7 +378,7 @@ class _LateExecutor(ToolExecutor):
 
 def _sample(tok, model, prompts, executor, interaction, wait_for_tools: bool) -> dict:
     """Three sampled trajectories per prompt, all in one batch (seed 0), timings left out."""
-    loop = _loop(tok, interaction=interaction, greedy=False, max_user_turns=1)
+    loop = _loop(tok, interaction=interaction, greedy=False, max_user_turns=2)
     engine = HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
     runner = AgentRunner(loop, engine, executor, wait_for_tools=wait_for_tools)
     for i, p in enumerate(prompts):
