@@ -439,3 +439,53 @@ def test_a_hermes_turn_runs_its_calls_and_appends_the_responses_as_context():
     assert state.phase == Phase.GENERATING and state.tool_calls == 2
     loop.on_turn(state, _turn(tok, "r", "42 and 1024.", eos=True))
     assert state.phase == Phase.TERMINATED and loop.answer(state) == "42 and 1024."
+
+
+QWENISH = (  # the shape of Qwen2.5's template: a default system prompt, tools as a user turn
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{%- if m['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif m['role'] %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_hermes_with_a_chat_template_frames_responses_as_the_template_does():
+    """With a chat model, tool responses were appended as bare <tool_response> blocks right
+    after the model's end of turn, with no user turn around them and no assistant header for
+    the next turn: not the layout the model was tuned on, nor verl's (the chat template's)."""
+    import string
+
+    tok = build_tokenizer("".join(c for c in string.printable if c not in "\t\r\x0b\x0c"))
+    tok.chat_template = QWENISH
+    loop = AgentLoop(tok, HermesParser(), AgentLimits(response_length=600), interaction=_Retry())
+    state = AgentState(prompt_ids=tok("What is 6*7 and 2**10?")["input_ids"])
+    loop.request("r", state)
+    turn = (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "2**10"}}</tool_call>'
+    )
+    loop.on_turn(state, _turn(tok, "r", turn, eos=True))
+    loop.on_tool_results(state, [ToolResult("42", True), ToolResult("1024", True)])
+    appended = tok.decode(state.response_ids[state.response_mask.index(0) :])
+    assert appended == (
+        "<|im_start|>user\n<tool_response>\n42\n</tool_response>\n<tool_response>\n1024\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    start = len(state.response_ids)
+    loop.on_turn(state, _turn(tok, "r", "42 and 1024.", eos=True))
+    assert state.phase == Phase.INTERACTING
+    loop.on_user_reply(state, False, "Sure?")
+    tail = state.response_ids[start:]
+    reply = tok.decode(
+        [t for t, m in zip(tail, state.response_mask[start:], strict=True) if m == 0]
+    )
+    assert reply == "<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n"
+    assert [m["content"] for m in state.messages if m["role"] == "tool"] == ["42", "1024"]
