@@ -20,6 +20,7 @@ wire). Errors name the entry and key (``tools[0].class_name: ...``).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import importlib
 import threading
 from collections.abc import Coroutine, Iterable
@@ -32,6 +33,10 @@ import yaml
 from asyncrl.producers.tools.base import Tool, ToolCall, ToolResult
 
 T = TypeVar("T")
+
+
+ENTRY_KEYS = ("class_name", "config", "tool_schema")
+"""The keys of one entry under ``tools`` (verl's)."""
 
 
 class ToolConfigError(ValueError):
@@ -76,6 +81,12 @@ def load_tools(path: str | Path) -> dict[str, Tool]:
         where = f"{path}: tools[{i}]"
         if not isinstance(entry, dict) or "class_name" not in entry:
             raise ToolConfigError(f"{where}.class_name: missing")
+        for key in sorted(set(entry) - set(ENTRY_KEYS)):  # a typo would drop a schema silently
+            near = difflib.get_close_matches(str(key), ENTRY_KEYS, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ToolConfigError(
+                f"{where}.{key}: unknown key ({hint}an entry has {', '.join(ENTRY_KEYS)})"
+            )
         cls = _import_class(str(entry["class_name"]), where)
         try:
             tool = cls(entry.get("tool_schema"), entry.get("config") or {})

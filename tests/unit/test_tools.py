@@ -269,3 +269,22 @@ def test_a_tool_module_that_fails_is_a_config_error_naming_the_file(
         load_tools(path)
     assert str(err.value).startswith(f"{path}: tools[0]")
     assert message in str(err.value)
+
+
+def test_a_misspelt_key_of_a_tool_entry_is_refused_not_dropped(tmp_path):
+    """tool_shema: (a typo) was ignored: the calculator then ran with its built-in schema and
+    a user's own schema never applied, with nothing said; confg: dropped the timeouts."""
+    path = tmp_path / "tools.yaml"
+    shipped = SHIPPED.read_text()
+    path.write_text(shipped.replace("    tool_schema:", "    tool_shema:"))
+    with pytest.raises(ToolConfigError) as err:
+        load_tools(path)
+    assert str(err.value) == (
+        f"{path}: tools[0].tool_shema: unknown key (did you mean 'tool_schema'? an entry has "
+        "class_name, config, tool_schema)"
+    )
+    path.write_text(shipped.replace("    config:", "    confg:"))
+    with pytest.raises(
+        ToolConfigError, match=r"tools\[0\]\.confg: unknown key \(did you mean 'config'"
+    ):
+        load_tools(path)
