@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import importlib
+import inspect
 import threading
 from collections.abc import Coroutine, Iterable
 from concurrent.futures import Future
@@ -61,6 +62,11 @@ def _import_class(dotted: str, where: str) -> type[Tool]:
         raise ToolConfigError(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
         raise ToolConfigError(f"{where}.class_name: {dotted!r} is not a Tool subclass")
+    if not inspect.iscoroutinefunction(cls.execute):  # else every call is a TypeError
+        raise ToolConfigError(
+            f"{where}.class_name: {dotted}.execute must be an async def (run blocking code "
+            "in it with asyncio.to_thread)"
+        )
     return cls
 
 

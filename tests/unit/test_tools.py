@@ -288,3 +288,23 @@ def test_a_misspelt_key_of_a_tool_entry_is_refused_not_dropped(tmp_path):
         ToolConfigError, match=r"tools\[0\]\.confg: unknown key \(did you mean 'config'"
     ):
         load_tools(path)
+
+
+def test_a_tool_whose_execute_is_not_async_fails_at_load(tmp_path, monkeypatch):
+    """def execute(...) (no async) loaded, and every call came back 'error: TypeError: An
+    asyncio.Future, a coroutine or an awaitable is required': a run of tool errors."""
+    (tmp_path / "sync_tools.py").write_text(
+        "from asyncrl.producers.tools.base import Tool\n"
+        "class Echo(Tool):\n"
+        "    def execute(self, arguments):\n"
+        "        return 'hi'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "sync_tools", raising=False)
+    path = tmp_path / "tools.yaml"
+    path.write_text(
+        "tools:\n  - class_name: sync_tools.Echo\n"
+        "    tool_schema: {type: function, function: {name: echo}}\n"
+    )
+    with pytest.raises(ToolConfigError, match=r"sync_tools\.Echo\.execute must be an async def"):
+        load_tools(path)
