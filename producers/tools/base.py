@@ -88,9 +88,15 @@ class Tool(ABC):
     ) -> None:
         # None: the tool file has no tool_schema (a subclass may have a default, the calculator's)
         tool_schema = tool_schema or {}
-        function = tool_schema.get("function", {})
-        if tool_schema.get("type") != "function" or not function.get("name"):
-            raise ValueError("tool_schema must be {type: function, function: {name: ..., ...}}")
+        function = tool_schema.get("function")
+        shape = "{type: function, function: {name: ..., description: ..., parameters: ...}}"
+        if not tool_schema:
+            raise ValueError(f"missing: a tool's schema is {shape}")
+        if tool_schema.get("type") != "function":
+            raise ValueError(f"type must be function, not {tool_schema.get('type')!r} ({shape})")
+        if not isinstance(function, dict) or not function.get("name"):
+            what = "function" if not isinstance(function, dict) else "function.name"
+            raise ValueError(f"{what}: missing ({shape})")
         self.tool_schema = tool_schema
         self.name: str = function["name"]
         self.description: str = function.get("description", "")

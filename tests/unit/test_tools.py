@@ -308,3 +308,28 @@ def test_a_tool_whose_execute_is_not_async_fails_at_load(tmp_path, monkeypatch):
     )
     with pytest.raises(ToolConfigError, match=r"sync_tools\.Echo\.execute must be an async def"):
         load_tools(path)
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("", "tools[0].tool_schema: missing: a tool's schema is {type: function"),
+        (
+            "tool_schema: {function: {name: x}}",
+            "tools[0].tool_schema: type must be function, not None",
+        ),
+        ("tool_schema: {type: function}", "tools[0].tool_schema: function: missing"),
+        (
+            "tool_schema: {type: function, function: {description: adds}}",
+            "tools[0].tool_schema: function.name: missing",
+        ),
+    ],
+)
+def test_a_tool_schema_missing_a_field_names_the_field(tmp_path, schema, message):
+    """A schema without its function's name said only 'tool_schema must be {type: function,
+    function: {name: ..., ...}}', whichever field was missing."""
+    path = tmp_path / "tools.yaml"
+    path.write_text(f"tools:\n  - class_name: {__name__}._Slow\n    {schema}\n")
+    with pytest.raises(ToolConfigError) as err:
+        load_tools(path)
+    assert message in str(err.value)
