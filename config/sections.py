@@ -301,7 +301,9 @@ class MultiTurnConfig(Strict):
     max_assistant_turns: int = Field(5, ge=1)
     """Assistant turns per trajectory; the one that reaches it ends it, tool call or not."""
     max_user_turns: int = Field(0, ge=0)
-    """Replies of an interaction (a simulated user) per trajectory; 0: none."""
+    """User turns per trajectory as verl counts them: each round of tool responses, and each
+    reply of an interaction (a simulated user); the turn after the last ends the trajectory,
+    tool call or not. 0: no limit (verl's null)."""
     tool_config_path: str | None = None
     """verl-format tool config (YAML); None: the shipped calculator
     (asyncrl/configs/tools/calculator.yaml)."""
@@ -309,7 +311,8 @@ class MultiTurnConfig(Strict):
     """Tool-call syntax: hermes (<tool_call>{json}</tool_call>, chat models) or compact
     ([expression], the character-level demo model)."""
     max_tool_response_length: int = Field(256, ge=1)
-    """Characters of one tool response kept in the context (verl: the rest is cut)."""
+    """Characters of one tool response kept in the context and the trajectory's messages
+    (verl: the rest is cut)."""
 
 
 class RolloutConfig(Strict):

@@ -367,7 +367,9 @@ VERL_KEYS: dict[str, VerlKey] = {
         "asyncrl runs a turn's tool calls all at once"
     ),
     "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": fixed(
-        "asyncrl keeps a long tool response's start", "right"
+        "asyncrl keeps a long tool response's start (verl's left; its right keeps the end, "
+        "middle both ends)",
+        "left",
     ),
     "actor_rollout_ref.rollout.multi_turn.interaction_config_path": fixed(
         "asyncrl ships no interaction (simulated user) yet", None

@@ -131,8 +131,8 @@ OUR_KEYS: dict[str, tuple[str, Callable[[Any, Get], Any]]] = {
         _turns,
     ),
     "actor_rollout_ref.rollout.multi_turn.max_user_turns": (
-        "verl's null is 0 (asyncrl ships no interaction)",
-        _unset_is_default("verl's null: asyncrl's 0 (it ships no interaction)"),
+        "verl's null (no limit) is 0",
+        _unset_is_default("verl's null (no limit): asyncrl's 0"),
     ),
 }
 """verl's values of keys both have: (what happens, in words; the translation, or Refused)."""

@@ -53,11 +53,27 @@ def _tool_checks(cfg: RunConfig) -> list[Check]:
     try:
         tools = load_tools(path)
     except ToolConfigError as err:
-        return [Check(key, False, f"{path}: {err}")]
+        return [Check(key, False, str(err))]  # it names the file
     checks = [Check(key, True, f"{path}: tools {', '.join(sorted(tools))}")]
     if mt.enable:
         checks += _tool_call_format(cfg, tools)
     return checks
+
+
+HERMES_CALL = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+"""A hermes call: its markup and JSON must survive the tokenizer for a model to write one."""
+
+
+def _spells(tokenizer: Any, text: str) -> None:
+    """ValueError if ``text`` has characters the tokenizer turns into its unknown token (the
+    built-in model's, which knows digits and operators): the model cannot write it."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    unk = tokenizer.unk_token_id
+    if unk is not None and unk in ids:
+        raise ValueError(
+            f"the tokenizer cannot write a tool call {text!r} (it reads back as "
+            f"{tokenizer.decode(ids)[:40]!r}...); the built-in model writes format=compact"
+        )
 
 
 def _tool_call_format(cfg: RunConfig, tools: dict[str, Any]) -> list[Check]:
@@ -73,9 +89,13 @@ def _tool_call_format(cfg: RunConfig, tools: dict[str, Any]) -> list[Check]:
         return []
     try:
         stop_token_ids(tokenizer, make_parser(fmt, tools))
+        if fmt == "hermes":
+            _spells(tokenizer, HERMES_CALL)
     except ValueError as err:
         if cfg.actor_rollout_ref.model.path:
             whose = f"{cfg.actor_rollout_ref.model.path}'s tokenizer"
+        elif fmt == "hermes":  # no built-in tokenizer spells JSON
+            whose = f"data.task={cfg.data.task}'s tokenizer"
         else:  # the built-in tokenizers are the tasks' characters
             whose = f"data.task={cfg.data.task}'s tokenizer; data.task=calculator has the tokens"
         return [Check(key, False, f"{fmt}: {err} ({whose})")]

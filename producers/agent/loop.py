@@ -9,8 +9,10 @@ Transitions of one trajectory (``AgentState.phase``)::
                    └───────────────────────────────────────────────────────────────────┘
 
 Limits (verl's keys): ``max_assistant_turns`` (a turn that reaches it ends the trajectory even
-if it called a tool), ``max_user_turns`` (interaction replies), ``response_length`` (all
-response tokens, tool responses included; the last message is cut to fit).
+if it called a tool), ``max_user_turns`` (rounds of tool responses and interaction replies, as
+verl counts them: the turn after the last ends the trajectory; 0: no limit),
+``response_length`` (all response tokens, tool responses included; the last message is cut
+to fit).
 
 :class:`AgentLoop` is the transition logic only (no engine, no threads), so it is tested state
 by state. :class:`AgentRunner` drives many trajectories through a stepwise engine and a tool
@@ -28,17 +30,20 @@ executor, one decoding step at a time, and can be interrupted between any two st
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from asyncrl.producers.agent.parser import ToolParser
+from asyncrl.producers.agent.parser import HermesParser, ToolParser
 from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.engines.base import Engine, GenRequest, GenResult
 from asyncrl.producers.tools.base import ToolCall, ToolResult
 from asyncrl.producers.tools.registry import ToolExecutor
+
+log = logging.getLogger(__name__)
 
 
 class Interaction(Protocol):
@@ -54,9 +59,11 @@ class Interaction(Protocol):
 class AgentLimits:
     max_assistant_turns: int = 5
     max_user_turns: int = 0
+    """Rounds of tool responses and interaction replies (verl's count); 0: no limit."""
     response_length: int = 32
     max_tool_response_length: int = 256
-    """Characters of one tool response kept; the rest is cut (verl's rule, right side)."""
+    """Characters of one tool response kept: its start, the rest is cut (verl's
+    tool_response_truncate_side=left)."""
 
 
 class AgentLoop:
@@ -76,6 +83,7 @@ class AgentLoop:
         self.interaction = interaction
         self.greedy = greedy
         self.stop_token_ids = stop_token_ids(tokenizer, parser)
+        self.chat_framing = _frames_by_chat_template(tokenizer, parser)
 
     # --- generating ----------------------------------------------------------------------------
     def request(self, request_id: str, state: AgentState) -> GenRequest:
@@ -120,16 +128,16 @@ class AgentLoop:
         state.assistant_turns += 1
         calls = self.parser.parse(text) if result.finish_reason == "stop" else []
         room = len(state.response_ids) < self.limits.response_length
-        if calls and state.assistant_turns >= self.limits.max_assistant_turns:
+        max_user = self.limits.max_user_turns
+        users_left = not max_user or state.user_turns < max_user
+        if calls and (state.assistant_turns >= self.limits.max_assistant_turns or not users_left):
             self._terminate(state, "max_turns")
         elif calls:
             state.phase = Phase.PROCESSING_TOOLS
             state.pending_calls = [c.to_dict() for c in calls]
         elif result.finish_reason == "length" or (calls and not room):
             self._terminate(state, "length")
-        elif (
-            self.interaction is not None and state.user_turns < self.limits.max_user_turns and room
-        ):
+        elif self.interaction is not None and users_left and room:
             state.phase = Phase.INTERACTING
         else:
             self._terminate(state, "stop")
@@ -141,15 +149,18 @@ class AgentLoop:
     def on_tool_results(self, state: AgentState, results: list[ToolResult]) -> None:
         if state.phase != Phase.PROCESSING_TOOLS or len(results) != len(state.pending_calls):
             raise ValueError(f"{len(results)} results for {len(state.pending_calls)} calls")
+        state.user_turns += 1  # a round of responses is a user turn, as verl counts it
         state.tool_calls += len(results)
         state.tool_errors += sum(not r.ok for r in results)
         state.tool_seconds += sum(r.seconds for r in results)
-        for r in results:
-            state.messages.append({"role": "tool", "content": r.text})
-        state.pending_calls = []
+        # Cut before it is kept anywhere, as verl does: the messages go into the agent state a
+        # sync logs to partials, and a tool's 10 MB answer there outgrew kafka.max_message_bytes.
         cut = self.limits.max_tool_response_length
         shown = [ToolResult(r.text[:cut], r.ok, r.seconds) for r in results]
-        self._append_context(state, self.parser.render(shown))
+        added = [{"role": "tool", "content": r.text} for r in shown]
+        state.messages += added
+        state.pending_calls = []
+        self._append_context(state, self._framed(added, self.parser.render(shown)))
 
     def answer(self, state: AgentState) -> str:
         """The last assistant message: what the interaction (or the reward) reads."""
@@ -163,8 +174,20 @@ class AgentLoop:
             self._terminate(state, "stop")
             return
         state.user_turns += 1
-        state.messages.append({"role": "user", "content": reply})
-        self._append_context(state, reply)
+        added = [{"role": "user", "content": reply}]
+        state.messages += added
+        self._append_context(state, self._framed(added, reply))
+
+    def _framed(self, messages: list[dict[str, str]], raw: str) -> str:
+        """The text that follows the model's turn for ``messages`` (tool responses, a user
+        reply). With hermes and a chat model's template, what the template writes for them,
+        the next assistant header included, as verl's agent loop appends it: for Qwen,
+        ``<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>``
+        ``assistant\n``; without, the model would read a bare response after its end of turn
+        and write the next turn with no header. Otherwise ``raw`` (the parser's rendering)."""
+        if not self.chat_framing:
+            return raw
+        return _chat_template_tail(self.tokenizer, messages)
 
     def _append_context(self, state: AgentState, text: str) -> None:
         """Append non-model tokens (mask 0), then the next assistant turn, if room is left."""
@@ -297,6 +320,39 @@ class AgentRunner:
                     return done
             if not self.engine.num_active:
                 (idle or (lambda: time.sleep(0.001)))()
+
+
+def _chat_template_tail(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """``messages`` through the chat template with the generation prompt, less what the
+    template writes before any message (a default system prompt; verl's ``[{}]`` probe)."""
+    whole = str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    try:
+        before = str(tokenizer.apply_chat_template([{}], tokenize=False))
+    except Exception:  # a template that needs a role: it writes nothing before the messages
+        before = ""
+    return whole[len(before) :] if before and whole.startswith(before) else whole
+
+
+def _frames_by_chat_template(tokenizer: Any, parser: ToolParser) -> bool:
+    """Hermes with a chat model's template (not the built-in model's, which writes the text
+    alone), which can write a tool message: a template that fails on one is left out, and
+    the responses appended as the parser renders them."""
+    from asyncrl.models.policy import TINY_CHAT_TEMPLATE
+
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(parser, HermesParser) or not template or template == TINY_CHAT_TEMPLATE:
+        return False
+    try:
+        _chat_template_tail(tokenizer, [{"role": "tool", "content": "1"}])
+    except Exception as err:
+        log.warning(
+            "hermes: the chat template cannot write a tool message (%s: %s); tool responses "
+            "are appended as <tool_response> blocks without it",
+            type(err).__name__,
+            err,
+        )
+        return False
+    return True
 
 
 def stop_token_ids(tokenizer: Any, parser: ToolParser) -> list[int]:

@@ -5,7 +5,8 @@ Two formats (``multi_turn.format``):
 - ``hermes``: what Qwen-style chat models emit, as in verl:
   ``<tool_call>{"name": "calculator", "arguments": {"expression": "347*86"}}</tool_call>``,
   any number per turn; the turn ends at EOS, and responses are appended as
-  ``<tool_response>...</tool_response>`` blocks.
+  ``<tool_response>...</tool_response>`` blocks (with a chat model's template, as the
+  template writes tool messages: ``AgentLoop._framed``).
 - ``compact``: for the character-level demo model, which cannot spell JSON: ``[347*86]``
   calls the first tool with its first required argument; ``]`` ends the turn. The response is
   written ``=29842 `` (``=? `` for an error: the demo vocabulary cannot spell messages; the

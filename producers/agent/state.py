@@ -53,6 +53,7 @@ class AgentState:
     turn_start: int = 0
     assistant_turns: int = 0
     user_turns: int = 0
+    """Rounds of tool responses and interaction replies (verl's user turns)."""
     pending_calls: list[dict[str, Any]] = field(default_factory=list)
     """Tool calls of the last turn not answered yet (ToolCall.to_dict())."""
     tool_calls: int = 0

@@ -8,10 +8,13 @@ A call never raises into the rollout: bad arguments, a failure or a timeout come
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -85,9 +88,15 @@ class Tool(ABC):
     ) -> None:
         # None: the tool file has no tool_schema (a subclass may have a default, the calculator's)
         tool_schema = tool_schema or {}
-        function = tool_schema.get("function", {})
-        if tool_schema.get("type") != "function" or not function.get("name"):
-            raise ValueError("tool_schema must be {type: function, function: {name: ..., ...}}")
+        function = tool_schema.get("function")
+        shape = "{type: function, function: {name: ..., description: ..., parameters: ...}}"
+        if not tool_schema:
+            raise ValueError(f"missing: a tool's schema is {shape}")
+        if tool_schema.get("type") != "function":
+            raise ValueError(f"type must be function, not {tool_schema.get('type')!r} ({shape})")
+        if not isinstance(function, dict) or not function.get("name"):
+            what = "function" if not isinstance(function, dict) else "function.name"
+            raise ValueError(f"{what}: missing ({shape})")
         self.tool_schema = tool_schema
         self.name: str = function["name"]
         self.description: str = function.get("description", "")
@@ -95,9 +104,25 @@ class Tool(ABC):
         self.config = dict(config or {})
         self.timeout_s = float(self.config.get("timeout_s", 5.0))
 
+    def _warn_blocking(self, seconds: float) -> None:
+        """Say once why a run stalls: every call of the worker waits behind a blocking one."""
+        if getattr(self, "_warned_blocking", False):
+            return
+        self._warned_blocking = True
+        log.warning(
+            "tool %r: a call took %.1f s, over its timeout_s=%g, which could not stop it: a "
+            "tool's execute (this one's, or one running beside it) blocks the event loop (a "
+            "blocking call in an async def), and every tool call of this process waits behind "
+            "it; run blocking code with asyncio.to_thread",
+            self.name,
+            seconds,
+            self.timeout_s,
+        )
+
     @abstractmethod
     async def execute(self, arguments: dict[str, Any]) -> str:
-        """Run the tool on validated arguments; raise ToolError with a message for the model."""
+        """Run the tool on validated arguments and return the text the model reads (a str:
+        anything else is answered as an error); raise ToolError with a message for the model."""
 
     async def call(self, call: ToolCall) -> ToolResult:
         """Validate, run with the timeout, and turn every failure into an error result."""
@@ -105,12 +130,22 @@ class Tool(ABC):
         why = schema_errors(self.parameters, call.arguments)
         if why is not None:
             return ToolResult(f"error: {why}", False, time.monotonic() - t0)
+        timed_out = ToolResult(
+            f"error: timed out after {self.timeout_s:g} s", False, self.timeout_s
+        )
         try:
             text = await asyncio.wait_for(self.execute(call.arguments), self.timeout_s)
         except TimeoutError:
-            return ToolResult(f"error: timed out after {self.timeout_s:g} s", False, self.timeout_s)
+            return timed_out
         except ToolError as err:
             return ToolResult(f"error: {err}", False, time.monotonic() - t0)
         except Exception as err:  # a tool's bug is the rollout's tool error, not its crash
             return ToolResult(f"error: {type(err).__name__}: {err}", False, time.monotonic() - t0)
+        seconds = time.monotonic() - t0
+        if seconds > self.timeout_s:  # the timeout could not fire: execute held the loop
+            self._warn_blocking(seconds)
+            return ToolResult(timed_out.text, False, seconds)
+        if not isinstance(text, str):  # a verl tool's (ToolResponse, reward, metrics), a dict
+            why = f"error: tool {self.name!r} returned {type(text).__name__}, not str"
+            return ToolResult(why, False, time.monotonic() - t0)
         return ToolResult(text, True, time.monotonic() - t0)

@@ -20,7 +20,9 @@ wire). Errors name the entry and key (``tools[0].class_name: ...``).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import importlib
+import inspect
 import threading
 from collections.abc import Coroutine, Iterable
 from concurrent.futures import Future
@@ -34,6 +36,10 @@ from asyncrl.producers.tools.base import Tool, ToolCall, ToolResult
 T = TypeVar("T")
 
 
+ENTRY_KEYS = ("class_name", "config", "tool_schema")
+"""The keys of one entry under ``tools`` (verl's)."""
+
+
 class ToolConfigError(ValueError):
     """The tool config cannot be used; the message names the file, entry and key."""
 
@@ -43,11 +49,24 @@ def _import_class(dotted: str, where: str) -> type[Tool]:
     if not module_name:
         raise ToolConfigError(f"{where}.class_name: {dotted!r} is not a dotted path")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ToolConfigError(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
+    except Exception as err:  # the module's own code failed: a SyntaxError, a RuntimeError
+        raise ToolConfigError(
+            f"{where}.class_name: importing {module_name!r} raised {type(err).__name__}: {err}"
+        ) from err
+    try:
+        cls = getattr(module, attr)
+    except AttributeError as err:
         raise ToolConfigError(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
         raise ToolConfigError(f"{where}.class_name: {dotted!r} is not a Tool subclass")
+    if not inspect.iscoroutinefunction(cls.execute):  # else every call is a TypeError
+        raise ToolConfigError(
+            f"{where}.class_name: {dotted}.execute must be an async def (run blocking code "
+            "in it with asyncio.to_thread)"
+        )
     return cls
 
 
@@ -57,7 +76,7 @@ def load_tools(path: str | Path) -> dict[str, Tool]:
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as err:
-        raise ToolConfigError(f"multi_turn.tool_config_path: cannot read {path}: {err}") from err
+        raise ToolConfigError(f"{path}: cannot read it: {err}") from err
     except yaml.YAMLError as err:
         raise ToolConfigError(f"{path}: not valid YAML: {err}") from err
     entries = (doc or {}).get("tools") if isinstance(doc, dict) else None
@@ -65,9 +84,15 @@ def load_tools(path: str | Path) -> dict[str, Tool]:
         raise ToolConfigError(f"{path}: expected a non-empty list under 'tools'")
     tools: dict[str, Tool] = {}
     for i, entry in enumerate(entries):
-        where = f"{path.name}: tools[{i}]"
+        where = f"{path}: tools[{i}]"
         if not isinstance(entry, dict) or "class_name" not in entry:
             raise ToolConfigError(f"{where}.class_name: missing")
+        for key in sorted(set(entry) - set(ENTRY_KEYS)):  # a typo would drop a schema silently
+            near = difflib.get_close_matches(str(key), ENTRY_KEYS, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ToolConfigError(
+                f"{where}.{key}: unknown key ({hint}an entry has {', '.join(ENTRY_KEYS)})"
+            )
         cls = _import_class(str(entry["class_name"]), where)
         try:
             tool = cls(entry.get("tool_schema"), entry.get("config") or {})
@@ -75,6 +100,10 @@ def load_tools(path: str | Path) -> dict[str, Tool]:
             # A tool names a bad config key itself ("config.cpu_s must ..."); else the schema.
             why = f".{err}" if str(err).startswith("config.") else f".tool_schema: {err}"
             raise ToolConfigError(f"{where}{why}") from err
+        except Exception as err:  # the tool's own start failed (a missing key file, a client)
+            raise ToolConfigError(
+                f"{where}: {cls.__name__}(tool_schema, config) raised {type(err).__name__}: {err}"
+            ) from err
         if tool.name in tools:
             raise ToolConfigError(f"{where}.tool_schema.function.name: {tool.name!r} twice")
         tools[tool.name] = tool

@@ -86,7 +86,19 @@ def test_limits_end_the_trajectory(tok):
     loop.on_tool_results(state, [ToolResult(str(9**30), True)])
     tail = state.response_ids[state.response_mask.index(0) :]
     assert tok.decode(tail) == "=423 " and state.phase == Phase.GENERATING
-    assert state.messages[-1]["content"] == str(9**30)  # the record keeps it whole
+    assert state.messages[-1]["content"] == str(9**30)[:3]  # the record keeps what it read
+
+
+def test_a_huge_tool_response_is_cut_in_the_agent_state_a_sync_logs(tok):
+    """A tool that answered 10 MB kept all of it in the state's messages: the partial record a
+    sync logs (agent_state JSON) then outgrew kafka.max_message_bytes (8 MiB)."""
+    state = AgentState(prompt_ids=[1, 5])
+    loop = _loop(tok, max_tool_response_length=8)
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[9*9]"))
+    loop.on_tool_results(state, [ToolResult("81 " + "9" * 10_000_000, True)])
+    assert state.messages[-1] == {"role": "tool", "content": "81 99999"}
+    assert len(state.to_json()) < 2_000
 
 
 def test_a_failed_tool_call_is_answered_and_the_rollout_goes_on(tok):
@@ -106,7 +118,7 @@ class _Retry:
 
     async def respond(self, state, answer):
         await asyncio.sleep(0.02)
-        return state.user_turns >= 1, "?"
+        return any(m["role"] == "user" for m in state.messages), "?"
 
 
 def test_an_interaction_adds_user_turns_up_to_max_user_turns(tok):
@@ -120,6 +132,30 @@ def test_an_interaction_adds_user_turns_up_to_max_user_turns(tok):
     loop.on_turn(state, _turn(tok, "r", "13", eos=True))
     assert state.phase == Phase.TERMINATED  # max_user_turns reached: no more interaction
     assert [m["role"] for m in state.messages] == ["assistant", "user", "assistant"]
+
+
+def test_max_user_turns_counts_tool_response_rounds_as_verl_does(tok):
+    """verl counts each round of tool responses as a user turn, and the turn after the last
+    ends the trajectory, tool call or not; asyncrl counted interaction replies only, so a verl
+    config's max_user_turns=1 let a model call tools until max_assistant_turns."""
+    loop = _loop(tok, max_user_turns=1, max_assistant_turns=5)
+    state = AgentState(prompt_ids=[1, 5])
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[2*3]"))
+    loop.on_tool_results(state, [ToolResult("6", True)])
+    assert state.user_turns == 1 and state.phase == Phase.GENERATING
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "[6*7]"))
+    assert (state.phase, state.finish_reason) == (Phase.TERMINATED, "max_turns")
+    assert state.pending_calls == [] and state.tool_calls == 1
+    # 0 is verl's null: no limit (max_assistant_turns still ends it)
+    loop = _loop(tok, max_user_turns=0, max_assistant_turns=3)
+    state = AgentState(prompt_ids=[1, 5])
+    for _ in range(2):
+        loop.request("r", state)
+        loop.on_turn(state, _turn(tok, "r", "[2*3]"))
+        loop.on_tool_results(state, [ToolResult("6", True)])
+    assert state.user_turns == 2 and state.phase == Phase.GENERATING
 
 
 def test_transitions_out_of_order_are_refused(tok):
@@ -241,10 +277,10 @@ def test_interrupt_and_resume_in_any_state_gives_the_uninterrupted_trajectory(
     model, val = policy
     prompt_ids = tok(val[0].prompt)["input_ids"]
     with ToolExecutor({"calculator": CalculatorTool()}) as executor:
-        whole = _runner(tok, model, executor, _Retry(), 1).run("r", AgentState(prompt_ids))
-        assert calc.used_tool(whole.messages) and whole.user_turns == 1  # every state visited
+        whole = _runner(tok, model, executor, _Retry(), 2).run("r", AgentState(prompt_ids))
+        assert calc.used_tool(whole.messages) and whole.user_turns == 2  # every state visited
 
-        runner = _runner(tok, model, executor, _Retry(), 1)
+        runner = _runner(tok, model, executor, _Retry(), 2)
         state = AgentState(prompt_ids)
         if phase != "pending":
             runner.add("r", state)
@@ -256,7 +292,7 @@ def test_interrupt_and_resume_in_any_state_gives_the_uninterrupted_trajectory(
             assert len(state.response_ids) - state.turn_start == tokens  # kept, not redone
         # Another process picks it up from the log.
         saved = AgentState.from_json(state.to_json())
-        resumed = _runner(tok, model, executor, _Retry(), 1).run("r", saved)
+        resumed = _runner(tok, model, executor, _Retry(), 2).run("r", saved)
     assert resumed.response_ids == whole.response_ids
     assert resumed.response_mask == whole.response_mask
     assert resumed.response_logprobs == pytest.approx(whole.response_logprobs, abs=1e-5)
@@ -309,7 +345,7 @@ class _SlowRetry(_Retry):
 
     async def respond(self, state, answer):
         await asyncio.sleep(random.uniform(0.0, 0.02))
-        return state.user_turns >= 1, "?"
+        return any(m["role"] == "user" for m in state.messages), "?"
 
 
 class _Late(Future):
@@ -342,7 +378,7 @@ class _LateExecutor(ToolExecutor):
 
 def _sample(tok, model, prompts, executor, interaction, wait_for_tools: bool) -> dict:
     """Three sampled trajectories per prompt, all in one batch (seed 0), timings left out."""
-    loop = _loop(tok, interaction=interaction, greedy=False, max_user_turns=1)
+    loop = _loop(tok, interaction=interaction, greedy=False, max_user_turns=2)
     engine = HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
     runner = AgentRunner(loop, engine, executor, wait_for_tools=wait_for_tools)
     for i, p in enumerate(prompts):
@@ -403,3 +439,53 @@ def test_a_hermes_turn_runs_its_calls_and_appends_the_responses_as_context():
     assert state.phase == Phase.GENERATING and state.tool_calls == 2
     loop.on_turn(state, _turn(tok, "r", "42 and 1024.", eos=True))
     assert state.phase == Phase.TERMINATED and loop.answer(state) == "42 and 1024."
+
+
+QWENISH = (  # the shape of Qwen2.5's template: a default system prompt, tools as a user turn
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{%- if m['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif m['role'] %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_hermes_with_a_chat_template_frames_responses_as_the_template_does():
+    """With a chat model, tool responses were appended as bare <tool_response> blocks right
+    after the model's end of turn, with no user turn around them and no assistant header for
+    the next turn: not the layout the model was tuned on, nor verl's (the chat template's)."""
+    import string
+
+    tok = build_tokenizer("".join(c for c in string.printable if c not in "\t\r\x0b\x0c"))
+    tok.chat_template = QWENISH
+    loop = AgentLoop(tok, HermesParser(), AgentLimits(response_length=600), interaction=_Retry())
+    state = AgentState(prompt_ids=tok("What is 6*7 and 2**10?")["input_ids"])
+    loop.request("r", state)
+    turn = (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "2**10"}}</tool_call>'
+    )
+    loop.on_turn(state, _turn(tok, "r", turn, eos=True))
+    loop.on_tool_results(state, [ToolResult("42", True), ToolResult("1024", True)])
+    appended = tok.decode(state.response_ids[state.response_mask.index(0) :])
+    assert appended == (
+        "<|im_start|>user\n<tool_response>\n42\n</tool_response>\n<tool_response>\n1024\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    start = len(state.response_ids)
+    loop.on_turn(state, _turn(tok, "r", "42 and 1024.", eos=True))
+    assert state.phase == Phase.INTERACTING
+    loop.on_user_reply(state, False, "Sure?")
+    tail = state.response_ids[start:]
+    reply = tok.decode(
+        [t for t, m in zip(tail, state.response_mask[start:], strict=True) if m == 0]
+    )
+    assert reply == "<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n"
+    assert [m["content"] for m in state.messages if m["role"] == "tool"] == ["42", "1024"]

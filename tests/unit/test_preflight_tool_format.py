@@ -40,3 +40,13 @@ def test_the_calculator_task_passes_and_single_turn_is_not_checked():
     passed = next(c for c in startup_checks(cfg, "run") if c.key == KEY)
     assert passed.ok is True
     assert _format_check() is None  # multi_turn.enable=false: nothing to check
+
+
+def test_hermes_with_a_tokenizer_that_cannot_spell_it_fails():
+    """format=hermes on the calculator demo: the dry run said 'ok: the tokenizer ends a tool
+    call', and the run trained for nothing, its character model unable to write '<' or '{'
+    (every call read back as <unk>), so tool use stayed at 0."""
+    cfg = load_config("calculator", ["actor_rollout_ref.rollout.multi_turn.format=hermes"])
+    check = next(c for c in startup_checks(cfg, "run") if c.key == KEY)
+    assert check.ok is False
+    assert "cannot write a tool call" in check.detail and "format=compact" in check.detail

@@ -2,6 +2,7 @@
 
 import asyncio
 import functools
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -197,3 +198,138 @@ def test_a_tool_config_path_under_home_expands(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     shutil.copy(shipped_tools_path(), tmp_path / "tools.yaml")
     assert set(load_tools("~/tools.yaml")) == {"calculator"}
+
+
+class _ReturnsADict(Tool):
+    """A verl habit: execute returns a structure (verl's ToolResponse tuple), not the text."""
+
+    async def execute(self, arguments):
+        return {"result": 1}
+
+
+def test_a_tool_that_returns_no_str_is_an_error_result_not_a_crash():
+    """It raised TypeError in the loop that cuts the response (unhashable type: 'slice'): the
+    trainer's held-out evaluation, or the rollout worker, died with a traceback."""
+    schema = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    result = _call(_ReturnsADict(schema))
+    assert not result.ok
+    assert result.text == "error: tool 'lookup' returned dict, not str"
+
+
+class _Blocking(Tool):
+    """time.sleep in an async def: asyncio.wait_for cannot cancel it."""
+
+    async def execute(self, arguments):
+        time.sleep(0.3)
+        return "late"
+
+
+def test_a_tool_that_blocks_past_its_timeout_is_an_error_and_says_why(caplog):
+    """A user's tool with time.sleep(3) under timeout_s=0.5 was answered 'late', ok, after 3 s,
+    and held every other call of the worker: a run sat at 'waiting for the first step' for
+    minutes with nothing in any log."""
+    schema = {"type": "function", "function": {"name": "blocky", "parameters": {"type": "object"}}}
+    tool = _Blocking(schema, {"timeout_s": 0.05})
+    with caplog.at_level("WARNING", logger="asyncrl.producers.tools.base"):
+        result, again = _call(tool), _call(tool)
+    assert not result.ok and result.text == "error: timed out after 0.05 s"
+    assert result.seconds >= 0.3 and not again.ok
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1  # once per tool, not per call
+    assert "'blocky'" in warnings[0] and "asyncio.to_thread" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        ("def broken(:\n", "importing 'my_tools' raised SyntaxError: "),
+        ("raise RuntimeError('set MY_API_KEY')\n", "raised RuntimeError: set MY_API_KEY"),
+        (
+            "from asyncrl.producers.tools.base import Tool\n"
+            "class MyTool(Tool):\n"
+            "    def __init__(self, tool_schema, config):\n"
+            "        raise RuntimeError('no search index at /data/index')\n"
+            "    async def execute(self, arguments):\n"
+            "        return ''\n",
+            "tools[0]: MyTool(tool_schema, config) raised RuntimeError: no search index",
+        ),
+    ],
+)
+def test_a_tool_module_that_fails_is_a_config_error_naming_the_file(
+    tmp_path, monkeypatch, module, message
+):
+    """A user's tool module with a syntax error, or one raising at import or in its
+    constructor, escaped as a traceback from asyncrl run (--dry-run too)."""
+    (tmp_path / "my_tools.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_tools", raising=False)
+    path = tmp_path / "tools.yaml"
+    path.write_text("tools:\n  - class_name: my_tools.MyTool\n    tool_schema: {}\n")
+    with pytest.raises(ToolConfigError) as err:
+        load_tools(path)
+    assert str(err.value).startswith(f"{path}: tools[0]")
+    assert message in str(err.value)
+
+
+def test_a_misspelt_key_of_a_tool_entry_is_refused_not_dropped(tmp_path):
+    """tool_shema: (a typo) was ignored: the calculator then ran with its built-in schema and
+    a user's own schema never applied, with nothing said; confg: dropped the timeouts."""
+    path = tmp_path / "tools.yaml"
+    shipped = SHIPPED.read_text()
+    path.write_text(shipped.replace("    tool_schema:", "    tool_shema:"))
+    with pytest.raises(ToolConfigError) as err:
+        load_tools(path)
+    assert str(err.value) == (
+        f"{path}: tools[0].tool_shema: unknown key (did you mean 'tool_schema'? an entry has "
+        "class_name, config, tool_schema)"
+    )
+    path.write_text(shipped.replace("    config:", "    confg:"))
+    with pytest.raises(
+        ToolConfigError, match=r"tools\[0\]\.confg: unknown key \(did you mean 'config'"
+    ):
+        load_tools(path)
+
+
+def test_a_tool_whose_execute_is_not_async_fails_at_load(tmp_path, monkeypatch):
+    """def execute(...) (no async) loaded, and every call came back 'error: TypeError: An
+    asyncio.Future, a coroutine or an awaitable is required': a run of tool errors."""
+    (tmp_path / "sync_tools.py").write_text(
+        "from asyncrl.producers.tools.base import Tool\n"
+        "class Echo(Tool):\n"
+        "    def execute(self, arguments):\n"
+        "        return 'hi'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "sync_tools", raising=False)
+    path = tmp_path / "tools.yaml"
+    path.write_text(
+        "tools:\n  - class_name: sync_tools.Echo\n"
+        "    tool_schema: {type: function, function: {name: echo}}\n"
+    )
+    with pytest.raises(ToolConfigError, match=r"sync_tools\.Echo\.execute must be an async def"):
+        load_tools(path)
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("", "tools[0].tool_schema: missing: a tool's schema is {type: function"),
+        (
+            "tool_schema: {function: {name: x}}",
+            "tools[0].tool_schema: type must be function, not None",
+        ),
+        ("tool_schema: {type: function}", "tools[0].tool_schema: function: missing"),
+        (
+            "tool_schema: {type: function, function: {description: adds}}",
+            "tools[0].tool_schema: function.name: missing",
+        ),
+    ],
+)
+def test_a_tool_schema_missing_a_field_names_the_field(tmp_path, schema, message):
+    """A schema without its function's name said only 'tool_schema must be {type: function,
+    function: {name: ..., ...}}', whichever field was missing."""
+    path = tmp_path / "tools.yaml"
+    path.write_text(f"tools:\n  - class_name: {__name__}._Slow\n    {schema}\n")
+    with pytest.raises(ToolConfigError) as err:
+        load_tools(path)
+    assert message in str(err.value)

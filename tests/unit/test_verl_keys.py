@@ -547,3 +547,16 @@ def test_verls_checkpoint_directory_names_the_run_directory(empty_config: Path) 
     assert (cfg.output_dir, cfg.run_dir) == ("/ckpts/DAPO", Path("/ckpts/DAPO/exp1"))
     cfg = load_config(empty_config, [f"{key}=/ckpts/DAPO/exp-1.5b"])
     assert cfg.run_dir == Path("/ckpts/DAPO/exp-1.5b/demo")
+
+
+def test_tool_response_truncate_side_is_verls_left_which_keeps_the_start(
+    empty_config: Path,
+) -> None:
+    """verl's left keeps a long tool response's start (text[:max]) and right its end; asyncrl,
+    which keeps the start, accepted right ("changes nothing") and refused left."""
+    key = "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side"
+    loaded = load(empty_config, [f"++{key}=left"])
+    assert [d.kind for d in loaded.report.decisions if d.key == key] == ["ignored"]
+    for side in ("right", "middle"):
+        with pytest.raises(ConfigError, match=f"{key}={side} .*not supported by asyncrl"):
+            load_config(empty_config, [f"++{key}={side}"])
