@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config import load_config
+from asyncrl.config import RunConfig, load_config
 from asyncrl.kafka import Publisher
 from asyncrl.kafka.records import read_records
 from asyncrl.telemetry import tracing
@@ -38,23 +38,20 @@ def _span_id(headers: dict[str, bytes]) -> str:
     return "0x" + headers["traceparent"].decode().split("-")[2]
 
 
-def test_a_step_links_exactly_the_samples_it_trained_on(broker, tmp_path, quick_policy):
+def _traced_run(
+    broker: str, tmp_path: Path, quick_policy: tuple[str, ...], *settings: str
+) -> tuple[RunConfig, subprocess.CompletedProcess[str]]:
+    """``asyncrl run`` as a user starts it, traced, with ``settings`` (the exporter, the
+    mode, the steps) on the session's broker; returns its config and finished process."""
     overrides = [
         *quick_policy,
         f"run_id=t{uuid.uuid4().hex[:8]}",
         f"output_dir='{tmp_path}'",
         *on_session_broker(broker),
         "tracing.enabled=true",
-        "tracing.exporter=file",
-        "actor_rollout_ref.rollout.name=sim",
-        "sim.long_tail_fraction=0.5",  # long responses in flight at every sync: partials
-        "data.max_response_length=128",
-        "actor_rollout_ref.rollout.n=4",
-        "async_training.staleness_threshold=0.5",
-        "async_training.partial_rollout=true",
-        "trainer.total_training_steps=5",
         "trainer.test_freq=0",
         "trainer.target_accuracy=null",
+        *settings,
     ]
     proc = subprocess.run(
         [sys.executable, "-m", "asyncrl", "run", *overrides],
@@ -63,7 +60,23 @@ def test_a_step_links_exactly_the_samples_it_trained_on(broker, tmp_path, quick_
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cfg = load_config(overrides=overrides)
+    return load_config(overrides=overrides), proc
+
+
+def test_a_step_links_exactly_the_samples_it_trained_on(broker, tmp_path, quick_policy):
+    cfg, _ = _traced_run(
+        broker,
+        tmp_path,
+        quick_policy,
+        "tracing.exporter=file",
+        "actor_rollout_ref.rollout.name=sim",
+        "sim.long_tail_fraction=0.5",  # long responses in flight at every sync: partials
+        "data.max_response_length=128",
+        "actor_rollout_ref.rollout.n=4",
+        "async_training.staleness_threshold=0.5",
+        "async_training.partial_rollout=true",
+        "trainer.total_training_steps=5",
+    )
     spans = _spans(cfg.run_dir)
     assert set(spans) == {"asyncrl-launcher", "asyncrl-rollout-0", "asyncrl-trainer"}
     trainer, rollout = spans["asyncrl-trainer"], spans["asyncrl-rollout-0"]
@@ -177,25 +190,13 @@ def test_console_spans_go_to_each_process_log_not_the_terminal(broker, tmp_path,
     """``tracing.exporter=console``: the launcher's spans (one per prompt fed) went to its
     stdout, 9,500 lines of JSON in front of the live progress; they go to logs/launcher.log,
     the roles' to their own logs, as the roles' always did."""
-    overrides = [
-        *quick_policy,
-        f"run_id=t{uuid.uuid4().hex[:8]}",
-        f"output_dir='{tmp_path}'",
-        *on_session_broker(broker),
-        "tracing.enabled=true",
+    cfg, proc = _traced_run(
+        broker,
+        tmp_path,
+        quick_policy,
         "tracing.exporter=console",
         "trainer.total_training_steps=2",
-        "trainer.test_freq=0",
-        "trainer.target_accuracy=null",
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "asyncrl", "run", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cfg = load_config(overrides=overrides)
     assert '"trace_id"' not in proc.stdout + proc.stderr
     logs = cfg.run_dir / "logs"
     launcher = (logs / "launcher.log").read_text()
@@ -209,29 +210,17 @@ def test_an_in_flight_sync_is_one_trace_with_the_workers_load(broker, tmp_path, 
     """``in_flight_update=true``: the worker swaps weights between two tokens, with no pause.
     Its part of the sync was missing from the sync's trace (its RolloutPaused and
     WeightsLoaded went out as roots of their own); it is the trainer's child, as in (c)/(d)."""
-    overrides = [
-        *quick_policy,
-        f"run_id=t{uuid.uuid4().hex[:8]}",
-        f"output_dir='{tmp_path}'",
-        *on_session_broker(broker),
-        "tracing.enabled=true",
+    cfg, _ = _traced_run(
+        broker,
+        tmp_path,
+        quick_policy,
         "tracing.exporter=file",
         "actor_rollout_ref.rollout.name=sim",
         "async_training.staleness_threshold=0.5",
         "async_training.partial_rollout=true",
         "async_training.in_flight_update=true",
         "trainer.total_training_steps=4",
-        "trainer.test_freq=0",
-        "trainer.target_accuracy=null",
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "asyncrl", "run", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    cfg = load_config(overrides=overrides)
     spans = _spans(cfg.run_dir)
     trainer, rollout = spans["asyncrl-trainer"], spans["asyncrl-rollout-0"]
     by_id = {s["context"]["span_id"]: s for s in trainer + rollout}

@@ -413,19 +413,27 @@ def test_waiting_for_tools_makes_sampled_runs_repeat_whatever_the_tools_latency(
     assert late[False, 1] != late[False, 2]
 
 
+TWO_CALLS = (  # a hermes turn asking the calculator twice
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "2**10"}}</tool_call>'
+)
+
+
+def _printable_tokenizer():
+    """A wide character vocabulary standing in for a chat model's tokenizer."""
+    import string
+
+    return build_tokenizer("".join(c for c in string.printable if c not in "\t\r\x0b\x0c"))
+
+
 def test_a_hermes_turn_runs_its_calls_and_appends_the_responses_as_context():
     """The chat-model format end to end through the loop and the real calculator (a wide
     character vocabulary stands in for a chat tokenizer)."""
-    import string
-
-    tok = build_tokenizer("".join(c for c in string.printable if c not in "\t\r\x0b\x0c"))
+    tok = _printable_tokenizer()
     loop = AgentLoop(tok, HermesParser(), AgentLimits(response_length=400))
     state = AgentState(prompt_ids=tok("What is 6*7 and 2**10?")["input_ids"])
     loop.request("r", state)
-    turn = (
-        '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
-        '<tool_call>{"name": "calculator", "arguments": {"expression": "2**10"}}</tool_call>'
-    )
+    turn = TWO_CALLS
     loop.on_turn(state, _turn(tok, "r", turn, eos=True))
     assert state.phase == Phase.PROCESSING_TOOLS and len(state.pending_calls) == 2
     with ToolExecutor({"calculator": CalculatorTool()}) as executor:
@@ -461,17 +469,12 @@ def test_hermes_with_a_chat_template_frames_responses_as_the_template_does():
     """With a chat model, tool responses were appended as bare <tool_response> blocks right
     after the model's end of turn, with no user turn around them and no assistant header for
     the next turn: not the layout the model was tuned on, nor verl's (the chat template's)."""
-    import string
-
-    tok = build_tokenizer("".join(c for c in string.printable if c not in "\t\r\x0b\x0c"))
+    tok = _printable_tokenizer()
     tok.chat_template = QWENISH
     loop = AgentLoop(tok, HermesParser(), AgentLimits(response_length=600), interaction=_Retry())
     state = AgentState(prompt_ids=tok("What is 6*7 and 2**10?")["input_ids"])
     loop.request("r", state)
-    turn = (
-        '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
-        '<tool_call>{"name": "calculator", "arguments": {"expression": "2**10"}}</tool_call>'
-    )
+    turn = TWO_CALLS
     loop.on_turn(state, _turn(tok, "r", turn, eos=True))
     loop.on_tool_results(state, [ToolResult("42", True), ToolResult("1024", True)])
     appended = tok.decode(state.response_ids[state.response_mask.index(0) :])

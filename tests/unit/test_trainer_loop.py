@@ -52,20 +52,26 @@ def _publish_group(broker, cfg, prompt: int, version: int, worker: int = 0) -> l
     return ids
 
 
-def test_a_trainer_step_filters_stale_samples_and_logs_the_step(tmp_path):
+def _trainer_at_version_3(tmp_path, max_version_lag: int):
+    """A one-step trainer with no worker, started above version 2, which an earlier trainer
+    published: it trains at version 3."""
     cfg = _cfg(
         tmp_path,
-        "async_training.max_version_lag=1",
+        f"async_training.max_version_lag={max_version_lag}",
         "trainer.total_training_steps=1",
         "actor_rollout_ref.rollout.num_workers=0",
     )
     broker = MemoryBroker()
-    # An earlier trainer published version 2: this one starts above it, at 3.
     broker.control(cfg).publish(
         ev.WeightsPublished(run_id=cfg.run_id, version=2, step=4, checksum="")
     )
     trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
     assert trainer.version == 3
+    return cfg, broker, trainer
+
+
+def test_a_trainer_step_filters_stale_samples_and_logs_the_step(tmp_path):
+    cfg, broker, trainer = _trainer_at_version_3(tmp_path, max_version_lag=1)
     stale = _publish_group(broker, cfg, prompt=0, version=1)  # 3 - 1 > max_version_lag
     fresh = _publish_group(broker, cfg, prompt=1, version=2)
     summary = trainer.run()
@@ -86,18 +92,7 @@ def test_a_sample_that_aged_past_the_lag_in_the_queue_is_dropped_not_trained(tmp
     after a sync, at 4, passed max_version_lag=0 (a run trained whole steps of samples a
     version old). Found by a tuning walkthrough: the trainer drops it as the step is
     assembled, with its SamplesDropped (budget refunded), and trains the fresh one."""
-    cfg = _cfg(
-        tmp_path,
-        "async_training.max_version_lag=0",
-        "trainer.total_training_steps=1",
-        "actor_rollout_ref.rollout.num_workers=0",
-    )
-    broker = MemoryBroker()
-    broker.control(cfg).publish(
-        ev.WeightsPublished(run_id=cfg.run_id, version=2, step=4, checksum="")
-    )
-    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None))
-    assert trainer.version == 3
+    cfg, broker, trainer = _trainer_at_version_3(tmp_path, max_version_lag=0)
     aged = _publish_group(broker, cfg, prompt=0, version=3)
     trainer._read_samples(0.5)  # queued at version 3: lag 0
     assert len(trainer.batcher) == len(aged)
