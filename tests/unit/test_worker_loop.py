@@ -589,12 +589,15 @@ def test_a_group_without_signal_gives_its_budget_slot_back_as_it_is_published(tm
     worker = run.worker
 
     def finish_once_idle() -> None:  # the budget spent and nothing in flight: all it may make
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        # Idle for 0.2 s, not at one look: between a flat group leaving the worker's in-flight
+        # samples and its slot coming back, the worker looks idle too (CI ended a run there,
+        # one kept group short).
+        deadline, idle_looks = time.monotonic() + 60, 0
+        while time.monotonic() < deadline and idle_looks < 4:
             time.sleep(0.05)
             published = run.broker.topics.get(topic)
-            if published and not len(worker.in_flight) and worker.budget.remaining == 0:
-                break
+            idle = published and not len(worker.in_flight) and worker.budget.remaining == 0
+            idle_looks = idle_looks + 1 if idle else 0
         run.trainer.finish()
 
     watcher = threading.Thread(target=finish_once_idle, daemon=True)
