@@ -44,6 +44,23 @@ def progress_reporter() -> ReadProgress | None:
     return _progress.get()
 
 
+def progress_counter(what: str) -> Callable[[int], None]:
+    """A counter of the records ``what`` ("reading demo.prompts") has done: called with the
+    count so far, it tells the enclosing :func:`reporting_progress` each time the count passes
+    another ``REPORT_EVERY``; outside one, it does nothing. What reads, restores or feeds a
+    run's log counts through it."""
+    report = progress_reporter()
+    passed = 0
+
+    def count(done: int) -> None:
+        nonlocal passed
+        if report is not None and done // REPORT_EVERY > passed:
+            passed = done // REPORT_EVERY
+            report(what, done)
+
+    return count
+
+
 def read_records(
     cfg: RunConfig,
     bootstrap: str,
@@ -80,7 +97,7 @@ def read_records(
             return
         reader.assign(topic, {p: starts[p] for p in remaining})
         deadline = time.monotonic() + timeout_s
-        report, read = progress_reporter(), 0
+        counted, read = progress_counter(f"reading {topic}"), 0
         while remaining:
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -89,12 +106,8 @@ def read_records(
             records = reader.poll(0.2)
             if records:
                 deadline = time.monotonic() + timeout_s
-                if (
-                    report is not None
-                    and (read + len(records)) // REPORT_EVERY > read // REPORT_EVERY
-                ):
-                    report(f"reading {topic}", read + len(records))
                 read += len(records)
+                counted(read)
             for rec in records:
                 in_time = (since_ms is None or rec.timestamp_ms >= since_ms) and (
                     until_ms is None or rec.timestamp_ms < until_ms

@@ -415,7 +415,7 @@ def restore(
     from confluent_kafka import Producer
 
     from asyncrl.kafka import client_callbacks, count_records, producer_config
-    from asyncrl.kafka.records import REPORT_EVERY, progress_reporter
+    from asyncrl.kafka.records import progress_counter
     from asyncrl.kafka.topics import create_run_topics
 
     directory = directory or log_dir(cfg)
@@ -431,7 +431,6 @@ def restore(
         {**producer_config(cfg.kafka, bootstrap), **client_callbacks(cfg.kafka, bootstrap)}
     )
     expected: dict[str, int] = {}
-    report = progress_reporter()
     partitions = archived_partitions(directory)
     if topics is not None:
         wanted = {cfg.topic(name) for name in topics}
@@ -439,7 +438,8 @@ def restore(
     for (topic, partition), path in _in_read_order(cfg, partitions):
         if topic not in expected and count_records(cfg.kafka, bootstrap, topic):
             raise ArchiveError(f"{topic} is not empty: an archive is restored into a new broker")
-        expected.setdefault(topic, 0)
+        if topic not in expected:
+            expected[topic], counted = 0, progress_counter(f"restoring {topic}")
         for i, rec in enumerate(read_partition(path)):
             if rec.offset != i:
                 raise ArchiveError(f"{path}: record {i} has offset {rec.offset} (gap in the log)")
@@ -460,8 +460,7 @@ def restore(
             producer.poll(0)
             expected[topic] += 1
             written += 1
-            if report is not None and expected[topic] % REPORT_EVERY == 0:
-                report(f"restoring {topic}", expected[topic])
+            counted(expected[topic])
     remaining = producer.flush(60)
     if failures or remaining:
         raise ArchiveError(f"restoring {directory} failed: {failures[:3] or remaining}")

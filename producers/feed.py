@@ -138,9 +138,9 @@ def feed_prompts(
     span = tracing.tracer().start_as_current_span(
         "feed prompts", attributes={"asyncrl.count": count}
     )
-    from asyncrl.kafka import records
+    from asyncrl.kafka.records import progress_counter
 
-    report = records.progress_reporter()
+    counted = progress_counter(f"feeding {topic}")
     with span, Publisher(cfg.kafka, bootstrap) as pub:
         written = present = 0
         for rec in _sequence(cfg, train, 0, count):
@@ -149,8 +149,7 @@ def feed_prompts(
                 continue
             _publish(pub, topic, rec)
             written += 1
-            if report is not None and written % records.REPORT_EVERY == 0:
-                report(f"feeding {topic}", written)
+            counted(written)
     return written, present
 
 
