@@ -164,8 +164,10 @@ def _named_bootstrap(args: argparse.Namespace) -> bool:
 
 
 def _overrides_key(args: argparse.Namespace, key: str) -> bool:
-    """Whether the command line sets ``key`` (``key=value``)."""
-    return any(o.partition("=")[0] == key for o in args.overrides)
+    """Whether the command line sets ``key`` (``key=value``, or Hydra's forms of it)."""
+    from asyncrl.config.overrides import override_key
+
+    return any(override_key(o) == key for o in args.overrides)
 
 
 def _reading_bootstrap(cfg, role: str, named: bool = False) -> str:
@@ -606,10 +608,11 @@ def _replayable_overrides(overrides: list[str]) -> None:
     """``replay step N key=value`` re-runs the update with other settings; one that builds
     another model (``actor_rollout_ref.model.hidden_size=64``) warm-started that model for
     ~45 s, then died in a 44-line traceback loading the checkpoint into it."""
+    from asyncrl.config.overrides import override_key
     from asyncrl.ops.replay import ReplayError
 
     for override in overrides:
-        key = override.partition("=")[0].lstrip("+")
+        key = override_key(override)
         if MODEL_SHAPE.match(key):
             raise ReplayError(
                 f"{key}: replay step runs the step on the model its checkpoint holds, so the "

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from asyncrl.bench.sync_pause import step_rows, trainer_restarts
 from asyncrl.config import RunConfig, load_config
+from asyncrl.config.overrides import override_key
 from asyncrl.ops.plots import line_plot
 
 LEARN_DEFAULTS = ["trainer.total_training_steps=400"]
@@ -48,9 +49,9 @@ def note_overridden(
     the key -> what sets it), and return them: they were replaced without a word (``bench
     tuning async_training.trigger_parameter_sync_step=2`` ran the grid's 1, 2 and 4). A note,
     not an error: a shared override list (the tests' quick policy) may hold them."""
-    given = [o for o in overrides if o.lstrip("+").partition("=")[0].strip() in keys]
+    given = [o for o in overrides if override_key(o) in keys]
     for o in given:
-        key = o.lstrip("+").partition("=")[0].strip()
+        key = override_key(o)
         console.print(
             f"[yellow]bench {bench} sets {key} itself, {keys[key]}: {o} is not applied[/]"
         )

@@ -42,6 +42,7 @@ from asyncrl.bench.workloads import (
     seed_speedup_equal_tokens,
 )
 from asyncrl.config import RunConfig, load_config
+from asyncrl.config.overrides import override_key
 from asyncrl.telemetry.metrics import stale_in_step
 
 WORKLOADS = ("seed", "long-tail")
@@ -221,9 +222,7 @@ def modes(
         console,
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    given = [
-        o for o in overrides if o.lstrip("+").partition("=")[0] == "trainer.total_training_steps"
-    ]
+    given = [o for o in overrides if override_key(o) == "trainer.total_training_steps"]
     if given:  # the loader checks it (a whole number, at least 1), naming the key
         steps = load_config(config, given[-1:]).trainer.total_training_steps
         overrides = [o for o in overrides if o not in given]

@@ -12,6 +12,15 @@ DELETE = object()
 """parse_overrides' value for Hydra's ``~key``: remove the key."""
 
 
+def override_key(item: str) -> str:
+    """The key an override sets (``a.b=1``, Hydra's ``+a.b=1`` and ``++a.b=1``) or removes
+    (``~a.b``), as :func:`parse_overrides` reads it: what a command asks to tell whether the
+    command line names a key."""
+    if item.startswith("~"):
+        return item[1:].partition("=")[0].strip()
+    return item.removeprefix("++").removeprefix("+").partition("=")[0].strip()
+
+
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     """Parse ``a.b.c=value`` strings; values are read as YAML scalars (0.5, true, null, text).
 
@@ -20,14 +29,14 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     """
     parsed: list[tuple[str, Any]] = []
     for item in overrides:
+        key = override_key(item)
         if item.startswith("~"):
-            key = item[1:].partition("=")[0].strip()
             if not key:
                 raise ConfigError(f"override {item!r} must look like ~key.path")
             parsed.append((key, DELETE))
             continue
-        key, sep, raw = item.removeprefix("++").removeprefix("+").partition("=")
-        if not sep or not key.strip():
+        _, sep, raw = item.partition("=")
+        if not sep or not key:
             raise ConfigError(f"override {item!r} must look like key.path=value")
         try:
             value = load_yaml(raw) if raw.strip() else ""
@@ -35,7 +44,7 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
             raise ConfigError(f"override {item!r}: {_yaml_problem(err)}") from None
         except ValueError as err:
             raise ConfigError(f"override {item!r}: {err}") from None
-        parsed.append((key.strip(), value))
+        parsed.append((key, value))
     return parsed
 
 
