@@ -5,8 +5,9 @@ exporter (``otlp`` or ``console``; ``none`` keeps it off). The OTLP exporter is 
 standard way (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL`` =
 ``http/protobuf`` (default) or ``grpc``, ``OTEL_EXPORTER_OTLP_HEADERS``, ...);
 ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the process; ``OTEL_TRACES_SAMPLER``
-(or ``OTEL_TRACES_SAMPLER_ARG`` alone, a ratio) overrides ``tracing.sample_ratio``. For local runs ``tracing.exporter=file`` writes one JSON
-span per line to ``<run_dir>/traces/<service>.jsonl``.
+(or ``OTEL_TRACES_SAMPLER_ARG`` alone, a ratio) overrides ``tracing.sample_ratio``. For local
+runs ``tracing.exporter=file`` writes one JSON span per line to
+``<run_dir>/traces/<service>.jsonl``.
 
 When tracing is off every call here is the API's no-op and nothing is added to the headers,
 so the data path pays (almost) nothing.

@@ -147,5 +147,5 @@ class Tool(ABC):
             return ToolResult(timed_out.text, False, seconds)
         if not isinstance(text, str):  # a verl tool's (ToolResponse, reward, metrics), a dict
             why = f"error: tool {self.name!r} returned {type(text).__name__}, not str"
-            return ToolResult(why, False, time.monotonic() - t0)
-        return ToolResult(text, True, time.monotonic() - t0)
+            return ToolResult(why, False, seconds)
+        return ToolResult(text, True, seconds)
