@@ -30,7 +30,7 @@ from asyncrl.schemas import DecodeError
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.partial import decode_partial
 from asyncrl.schemas.sample import TokenIds, decode_sample
-from asyncrl.schemas.step import decode_step
+from asyncrl.schemas.step import StepRecord, decode_step
 from asyncrl.telemetry.metrics import stale_in_step
 
 TOPICS = ("samples", "partials", "control", "steps", "dead-letter")
@@ -200,6 +200,7 @@ def _step_row(rec, _text, voided) -> dict[str, Any]:
     }
     if rec.offset in voided:  # a column only where a restart voided a step
         row["void"] = True
+    row.update(_step_details(s))
     return row
 
 
@@ -286,17 +287,18 @@ def topic_rows(
             row = {"offset": rec.offset, "time": _ts(rec.timestamp_ms), "decode_error": str(err)}
         if as_json:
             row["time"] = _iso(rec.timestamp_ms)
-            if name == "steps" and "decode_error" not in row:
-                row.update(_step_details(rec))
         rows.append(row)
     return rows
 
 
-def _step_details(rec) -> dict[str, Any]:
+JSON_ONLY = ("weights_checksum", "metrics", "samples_trained")
+"""The keys of a step's row that ``--json`` prints and a table leaves out (see _step_details)."""
+
+
+def _step_details(s: StepRecord) -> dict[str, Any]:
     """What a step's JSON row adds to its table row: every metric the trainer logged and the
     samples it trained on, where they were on the log. A script had the table's eight
     columns, and had to read metrics.jsonl (not on the log) or the raw topic for the rest."""
-    s = decode_step(rec.value, rec.headers)
     where = zip(s.sample_ids, s.partitions, s.offsets, strict=True)
     return {
         "weights_checksum": s.weights_checksum,
@@ -324,7 +326,7 @@ def print_rows(
     table = Table(title=f"{cfg.topic(name)}: {len(rows)} records")
     columns: list[str] = []
     for row in rows:
-        columns += [k for k in row if k not in columns]
+        columns += [k for k in row if k not in columns and k not in JSON_ONLY]
     for col in columns:
         table.add_column(col, overflow="fold")
     for row in rows:
