@@ -153,7 +153,7 @@ def _tracing(cfg: RunConfig) -> Check:
     problem = tracing.exporter_problem(cfg)
     if problem is not None:
         return Check("tracing.exporter", False, problem)
-    detail = tracing.exporter_kind(cfg)
+    detail = ",".join(tracing.exporter_kinds(cfg))
     if (missing := tracing.missing_collector(cfg)) is not None:  # the run still starts
         detail += (
             f"; no OTLP collector answers at {missing} now: unless one does when the run "

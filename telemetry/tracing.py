@@ -1,7 +1,7 @@
 """OpenTelemetry tracing across rollout and training, with the context carried in Kafka headers.
 
 Off by default. On with ``tracing.enabled=true`` or when ``OTEL_TRACES_EXPORTER`` names an
-exporter (``otlp`` or ``console``; ``none`` keeps it off). The OTLP exporter is configured the
+exporter (``otlp``, ``console``, ``file`` or a comma-separated list; ``none`` keeps it off). The OTLP exporter is configured the
 standard way (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL`` =
 ``http/protobuf`` (default) or ``grpc``, ``OTEL_EXPORTER_OTLP_HEADERS``, ...);
 ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the process; ``OTEL_TRACES_SAMPLER``
@@ -107,14 +107,18 @@ def init_tracing(
     with _lock:
         if _provider is not None:
             return True
+        kinds = exporter_kinds(cfg)
         if exporter is None and (missing := missing_collector(cfg)) is not None:
+            kinds = tuple(kind for kind in kinds if kind != "otlp")
             log.warning(
-                "tracing is off: no OTLP collector answers at %s (start one, such as Jaeger: "
+                "%s: no OTLP collector answers at %s (start one, such as Jaeger: "
                 "docs/observability.md; or tracing.exporter=file). Exporting to it would "
                 "have retried for ~30 s at the end of each process",
+                f"spans go to {', '.join(kinds)} only" if kinds else "tracing is off",
                 missing,
             )
-            return False
+            if not kinds:
+                return False
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -131,9 +135,13 @@ def init_tracing(
         if "OTEL_TRACES_SAMPLER" not in os.environ:
             sampler = ParentBased(TraceIdRatioBased(sample_ratio(cfg)))
         provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
-        provider.add_span_processor(
-            BatchSpanProcessor(exporter or _exporter(cfg, service, console_log))
+        exporters = (
+            [exporter]
+            if exporter is not None
+            else [_exporter(cfg, kind, service, console_log) for kind in kinds]
         )
+        for each in exporters:
+            provider.add_span_processor(BatchSpanProcessor(each))
         _provider = provider
         atexit.register(shutdown_tracing)
     return True
@@ -150,20 +158,20 @@ GRPC_MISSING = (
 def exporter_problem(cfg: RunConfig) -> str | None:
     """Why this process could not make its span exporter, or None (it can, or tracing is off).
 
-    The start-up checks ask it, so ``OTEL_TRACES_EXPORTER=jaeger`` (or the spec's list form,
-    ``otlp,console``) stops a run at once naming the variable: the launcher died in a
-    ValueError traceback from its first span.
+    The start-up checks ask it, so ``OTEL_TRACES_EXPORTER=jaeger`` stops a run at once
+    naming the variable: the launcher died in a ValueError traceback from its first span.
     """
     if not enabled_by(cfg):
         return None
-    kind = exporter_kind(cfg)
-    if kind not in EXPORTERS:
+    kinds = exporter_kinds(cfg)
+    unknown = [kind for kind in kinds if kind not in EXPORTERS]
+    if unknown or not kinds:
         return (
             f"OTEL_TRACES_EXPORTER={os.environ.get('OTEL_TRACES_EXPORTER', '')!r}: asyncrl "
-            "exports to one of otlp, console or file (none: off); for several destinations, "
-            "export otlp to a collector"
+            "exports to otlp, console and file, one or a comma-separated list (none: off)"
+            + (f"; it has no {', '.join(unknown)} exporter" if unknown else "")
         )
-    if kind == "otlp" and _otlp_protocol() == "grpc":
+    if "otlp" in kinds and _otlp_protocol() == "grpc":
         import importlib.util
 
         try:
@@ -202,7 +210,7 @@ def missing_collector(cfg: RunConfig) -> str | None:
     else None."""
     from asyncrl.kafka.health import accepts_connection
 
-    if exporter_kind(cfg) != "otlp":
+    if "otlp" not in exporter_kinds(cfg):
         return None
     grpc = _otlp_protocol() == "grpc"
     endpoint = os.environ.get(
@@ -215,10 +223,14 @@ def missing_collector(cfg: RunConfig) -> str | None:
     return None if accepts_connection(host, port, 1.0) else endpoint
 
 
-def exporter_kind(cfg: RunConfig) -> str:
-    """OTEL_TRACES_EXPORTER where set (and not none), else ``tracing.exporter``."""
+def exporter_kinds(cfg: RunConfig) -> tuple[str, ...]:
+    """The exporters OTEL_TRACES_EXPORTER names, where set (and not none): one, or the spec's
+    comma-separated list (``otlp,console``: every span goes to each); else
+    ``tracing.exporter``."""
     env = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    return env if env not in ("", "none") else cfg.tracing.exporter
+    if env in ("", "none"):
+        return (cfg.tracing.exporter,)
+    return tuple(dict.fromkeys(kind.strip() for kind in env.split(",") if kind.strip()))
 
 
 def _otlp_protocol() -> str:
@@ -229,8 +241,7 @@ def _otlp_protocol() -> str:
     )
 
 
-def _exporter(cfg: RunConfig, service: str, console_log: Path | None = None):
-    kind = exporter_kind(cfg)
+def _exporter(cfg: RunConfig, kind: str, service: str, console_log: Path | None = None):
     if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 

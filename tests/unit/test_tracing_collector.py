@@ -41,6 +41,27 @@ def test_a_listening_collector_or_another_exporter_is_not_questioned(cfg, monkey
     assert tracing.missing_collector(file_cfg) is None
 
 
+def test_every_exporter_of_a_list_gets_the_spans_and_a_missing_collector_drops_only_otlp(
+    cfg, monkeypatch, tmp_path, caplog
+):
+    """``OTEL_TRACES_EXPORTER=otlp,file`` (the spec's list form) was refused at start-up;
+    with no collector up, the file still gets every span."""
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp,file")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+    here = load_config(overrides=[f"output_dir='{tmp_path}'"])
+    try:
+        with caplog.at_level(logging.WARNING, logger="asyncrl.telemetry.tracing"):
+            assert tracing.init_tracing(here, "test") is True
+        assert "spans go to file only: no OTLP collector answers" in caplog.text
+        with tracing.tracer().start_as_current_span("one"):
+            pass
+    finally:
+        tracing.shutdown_tracing()
+    (written,) = (here.run_dir / "traces").glob("*.jsonl")
+    assert '"name": "one"' in written.read_text()
+
+
 @pytest.mark.parametrize(
     ("arg", "ratio"), [(None, 0.5), ("0.1", 0.1), ("0", 0.0), ("1.5", 0.5), ("ten", 0.5)]
 )
