@@ -46,8 +46,7 @@ def _tool_checks(cfg: RunConfig) -> list[Check]:
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable and mt.tool_config_path is None:
         return [Check(key, True, "unused (multi_turn.enable=false)")]
-    from asyncrl.producers.agent.factory import shipped_tools_path
-    from asyncrl.producers.tools.registry import ToolConfigError, load_tools
+    from asyncrl.producers.tools.registry import ToolConfigError, load_tools, shipped_tools_path
 
     path = Path(mt.tool_config_path).expanduser() if mt.tool_config_path else shipped_tools_path()
     try:

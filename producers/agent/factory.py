@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
@@ -18,17 +17,10 @@ from asyncrl.producers.agent.state import AgentState
 if TYPE_CHECKING:
     from asyncrl.producers.engines.hf import HFEngine
 from asyncrl.producers.engines.base import Engine
-from asyncrl.producers.tools.registry import ToolExecutor, load_tools
+from asyncrl.producers.tools.registry import ToolExecutor, run_tools
 from asyncrl.tasks.arithmetic import Problem, score
 
 log = logging.getLogger(__name__)
-
-
-def shipped_tools_path() -> Path:
-    """The calculator's tool config, shipped with the package."""
-    import asyncrl
-
-    return Path(asyncrl.__file__).parent / "configs" / "tools" / "calculator.yaml"
 
 
 def make_runner(
@@ -44,7 +36,7 @@ def make_runner(
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     parser: ToolParser
     if mt.enable:
-        tools = load_tools(mt.tool_config_path or shipped_tools_path())
+        tools = run_tools(cfg)
         parser = make_parser(mt.format, tools)
         limits = AgentLimits(
             max_assistant_turns=mt.max_assistant_turns,
@@ -142,7 +134,6 @@ def evaluate_rows(
     logged), greedy or sampled as :func:`evaluate_agent`, and
     ``val-core/<data_source>/reward/mean@1`` that of each data source's rows (verl's name);
     ``tool_use`` with the agent loop."""
-    from asyncrl.models.policy import encode_prompt
     from asyncrl.producers.reward import RewardCall
     from asyncrl.tasks import calculator
 
@@ -155,7 +146,7 @@ def evaluate_rows(
         for start in range(0, len(rows), batch_size):
             chunk = {str(start + i): r for i, r in enumerate(rows[start : start + batch_size])}
             for rid, row in chunk.items():
-                ids = encode_prompt(tokenizer, row.prompt)[-cfg.data.max_prompt_length :]
+                ids = runner.prompt_ids(row.prompt, cfg.data.max_prompt_length)
                 runner.add(rid, AgentState(ids))
             while runner.busy:
                 for rid, state in runner.step():

@@ -41,7 +41,7 @@ from asyncrl.producers.agent.parser import HermesParser, ToolParser
 from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.engines.base import Engine, GenRequest, GenResult
 from asyncrl.producers.tools.base import ToolCall, ToolResult
-from asyncrl.producers.tools.registry import ToolExecutor
+from asyncrl.producers.tools.registry import ToolExecutor, tool_schemas
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +244,17 @@ class AgentRunner:
     @property
     def busy(self) -> bool:
         return bool(self.states)
+
+    def prompt_ids(self, prompt: str | list[dict[str, Any]], max_length: int) -> list[int]:
+        """A prompt's ids as a trajectory of this runner starts from them: chat messages
+        through the chat template with the schemas of the tools this runner calls (verl's
+        ``tools=``), plain text as it is; the last ``max_length`` kept (verl's
+        ``truncation=left``). Rollout workers and the held-out evaluation both encode here, so
+        the ids a worker records are those an evaluation generates from."""
+        from asyncrl.models.policy import encode_prompt
+
+        tools = tool_schemas(self.executor.tools)
+        return encode_prompt(self.loop.tokenizer, prompt, tools)[-max_length:]
 
     def add(self, request_id: str, state: AgentState) -> None:
         """Start or resume ``state`` from its phase (see the module doc)."""

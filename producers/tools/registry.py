@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from asyncrl.config import ConfigError, RunConfig
 from asyncrl.producers.tools.base import Tool, ToolCall, ToolResult
 
 T = TypeVar("T")
@@ -42,6 +43,39 @@ ENTRY_KEYS = ("class_name", "config", "tool_schema")
 
 class ToolConfigError(ValueError):
     """The tool config cannot be used; the message names the file, entry and key."""
+
+
+TOOL_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+
+
+def shipped_tools_path() -> Path:
+    """The calculator's tool config, shipped with the package."""
+    import asyncrl
+
+    return Path(asyncrl.__file__).parent / "configs" / "tools" / "calculator.yaml"
+
+
+def run_tools(cfg: RunConfig) -> dict[str, Tool]:
+    """The tools the run's agent loop calls: ``multi_turn.tool_config_path``'s, or the shipped
+    calculator's; none with ``multi_turn.enable`` off."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    return load_tools(mt.tool_config_path or shipped_tools_path()) if mt.enable else {}
+
+
+def tool_schemas(tools: dict[str, Tool]) -> list[dict[str, Any]] | None:
+    """What a chat prompt's template gets as ``tools=`` (verl's ``tool_schemas``): the
+    OpenAI-style schema of each tool, in the config's order; None without tools, so a
+    template renders as it does with no ``tools`` at all."""
+    return [tool.tool_schema for tool in tools.values()] or None
+
+
+def prompt_tool_schemas(cfg: RunConfig) -> list[dict[str, Any]] | None:
+    """:func:`tool_schemas` of the run's tools, for code that encodes prompts without an agent
+    loop at hand (the data's length filter); ConfigError naming the key if they do not load."""
+    try:
+        return tool_schemas(run_tools(cfg))
+    except ToolConfigError as err:
+        raise ConfigError(f"{TOOL_CONFIG_KEY}: {err}") from None
 
 
 def _import_class(dotted: str, where: str) -> type[Tool]:
