@@ -10,9 +10,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
+from asyncrl.producers.agent.interaction import ConfiguredInteractions, load_interactions
 from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
 from asyncrl.producers.agent.parser import SingleTurn, ToolParser, make_parser
-from asyncrl.producers.agent.state import AgentState
 
 if TYPE_CHECKING:
     from asyncrl.producers.engines.hf import HFEngine
@@ -47,8 +47,17 @@ def make_runner(
     else:
         tools, parser = {}, SingleTurn()
         limits = AgentLimits(1, 0, cfg.data.max_response_length, 1)
-    loop = AgentLoop(tokenizer, parser, limits, greedy=greedy)
+    loop = AgentLoop(tokenizer, parser, limits, interaction=run_interaction(cfg), greedy=greedy)
     return AgentRunner(loop, engine, ToolExecutor(tools), wait_for_tools=wait_for_tools)
+
+
+def run_interaction(cfg: RunConfig) -> ConfiguredInteractions | None:
+    """The run's interactions (``multi_turn.interaction_config_path``), or None; with the
+    agent loop off, none: a single turn has no user."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable or mt.interaction_config_path is None:
+        return None
+    return ConfiguredInteractions(load_interactions(mt.interaction_config_path))
 
 
 def _eval_runner(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
@@ -86,7 +95,8 @@ def evaluate_agent(
         for start in range(0, len(problems), batch_size):
             chunk = {str(start + i): p for i, p in enumerate(problems[start : start + batch_size])}
             for rid, p in chunk.items():
-                runner.add(rid, AgentState(tokenizer(p.prompt)["input_ids"]))
+                ids = tokenizer(p.prompt)["input_ids"]
+                runner.add(rid, runner.start_state(ids, p.prompt))
             while runner.busy:
                 for rid, state in runner.step():
                     correct += score(cfg.data.task, chunk[rid].answer, state.messages)
@@ -147,7 +157,7 @@ def evaluate_rows(
             chunk = {str(start + i): r for i, r in enumerate(rows[start : start + batch_size])}
             for rid, row in chunk.items():
                 ids = runner.prompt_ids(row.prompt, cfg.data.max_prompt_length)
-                runner.add(rid, AgentState(ids))
+                runner.add(rid, runner.start_state(ids, row.prompt, row.extra_info))
             while runner.busy:
                 for rid, state in runner.step():
                     row = chunk[rid]

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 import string
+from pathlib import Path
 
+import pytest
+
+import asyncrl
 from asyncrl.config import load_config
 from asyncrl.models.policy import TINY_CHAT_TEMPLATE, encode_prompt, load_tokenizer
 from asyncrl.models.tiny import build_model, build_tokenizer
@@ -55,11 +59,23 @@ def test_a_template_that_renders_tools_gets_their_schemas_and_one_that_ignores_t
     assert encode_prompt(tiny, plain, [schema]) == encode_prompt(tiny, plain)
 
 
-def test_the_worker_the_evaluation_and_the_length_filter_encode_a_chat_prompt_alike(tmp_path):
+@pytest.mark.parametrize("interaction", [False, True])
+def test_the_worker_the_evaluation_and_the_length_filter_encode_a_chat_prompt_alike(
+    tmp_path, interaction
+):
     """verl writes the tool schemas into the prompt; the worker encoded a chat prompt without
-    them, so a chat model never read which tools it had."""
+    them, so a chat model never read which tools it had. With an interaction, the worker's
+    trajectories also carry what it is called with (the sample's interaction_kwargs)."""
+    shipped = Path(asyncrl.__file__).parent / "configs" / "interactions" / "retry.yaml"
+    users = [f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={shipped}"]
     cfg = load_config(
-        "calculator", overrides=[*SMALL, f"output_dir={tmp_path}", "data.max_prompt_length=600"]
+        "calculator",
+        overrides=[
+            *SMALL,
+            f"output_dir={tmp_path}",
+            "data.max_prompt_length=600",
+            *(users if interaction else []),
+        ],
     )
     tok = _chat_tokenizer()
     model = build_model(cfg.actor_rollout_ref.model, len(tok), seed=0)
@@ -67,7 +83,14 @@ def test_the_worker_the_evaluation_and_the_length_filter_encode_a_chat_prompt_al
     runner = make_runner(cfg, tok, engine)
     broker = MemoryBroker()
     try:
-        record = PromptRecord("chat-0", "", "29842", messages=json.dumps(MESSAGES))
+        kwargs = {"name": "retry", "ground_truth": "29842"}
+        record = PromptRecord(
+            "chat-0",
+            "",
+            "29842",
+            messages=json.dumps(MESSAGES),
+            extra_info=json.dumps({"interaction_kwargs": kwargs}),
+        )
         broker.append(
             cfg.topic("prompts"), "chat-0", encode_record(record), {SCHEMA_HEADER: TAG.encode()}
         )
@@ -84,6 +107,8 @@ def test_the_worker_the_evaluation_and_the_length_filter_encode_a_chat_prompt_al
     assert started.prompt_ids == expected
     assert json.dumps(_calculator_schema()) in tok.decode(started.prompt_ids)
     assert runner.prompt_ids(MESSAGES, 600) == expected  # the held-out evaluation's
+    assert started.interaction_kwargs == (kwargs if interaction else {})
+    assert started.prompt_messages == (MESSAGES if interaction else [])
 
 
 def test_without_the_agent_loop_no_tools_reach_the_template():
