@@ -300,13 +300,13 @@ def checked_rows(cfg: RunConfig, split: str) -> list[DataRow]:
 def _check_interactions(cfg: RunConfig, rows: list[DataRow], key: str) -> None:
     """With an interaction config, every row picks one of its interactions
     (``extra_info.interaction_kwargs.name``): a worker would otherwise meet the row mid-run."""
-    from asyncrl.producers.agent.interaction import picked, run_interaction_names
+    from asyncrl.producers.agent.interaction import pick_error, run_interaction_names
 
     names = run_interaction_names(cfg)
     if names is None:
         return
     for row in rows:
-        why = picked(names, row.extra_info, f"{key}: prompt {row.prompt_id}")
+        why = pick_error(names, row.extra_info, f"{key}: prompt {row.prompt_id}")
         if why is not None:
             raise ConfigError(why)
 

@@ -140,7 +140,7 @@ def run_interaction_names(cfg: RunConfig) -> list[str] | None:
         raise ConfigError(f"{KEY}: {err}") from None
 
 
-def picked(names: list[str], extra_info: dict[str, Any], where: str) -> str | None:
+def pick_error(names: list[str], extra_info: dict[str, Any], where: str) -> str | None:
     """Why a sample's ``extra_info.interaction_kwargs`` picks none of ``names`` (a message
     naming ``where`` and the key), or None if it picks one."""
     kwargs = extra_info.get("interaction_kwargs")
