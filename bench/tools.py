@@ -43,9 +43,8 @@ def tools(config: str | None, overrides: list[str], console: Console) -> dict[st
     """Measure both ways; print one table and return the figures."""
     import asyncio
 
-    from asyncrl.producers.agent.factory import shipped_tools_path
     from asyncrl.producers.tools.base import ToolCall
-    from asyncrl.producers.tools.registry import ToolExecutor
+    from asyncrl.producers.tools.registry import ToolExecutor, shipped_tools_path
 
     cfg = load_config(config, overrides)
     rollout = cfg.actor_rollout_ref.rollout

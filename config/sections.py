@@ -307,6 +307,11 @@ class MultiTurnConfig(Strict):
     tool_config_path: str | None = None
     """verl-format tool config (YAML); None: the shipped calculator
     (asyncrl/configs/tools/calculator.yaml)."""
+    interaction_config_path: str | None = None
+    """verl-format interaction config (YAML: ``interaction: [{name, class_name, config}]``):
+    simulated users that answer the model's final answer (docs/agent.md); a sample picks one
+    by ``extra_info.interaction_kwargs.name`` (a single one: every sample). None: no user
+    turns."""
     format: Literal["hermes", "compact"] = "compact"
     """Tool-call syntax: hermes (<tool_call>{json}</tool_call>, chat models) or compact
     ([expression], the character-level demo model)."""
@@ -689,6 +694,12 @@ class RunConfig(Strict):
                 "algorithm.rollout_correction.rollout_is/rollout_rs need "
                 "async_training.compute_prox_log_prob=true: they compare the rollout's "
                 "log-probs with the trainer's (verl's bypass_mode is not supported)"
+            )
+        if multi_turn.interaction_config_path is not None and not multi_turn.enable:
+            raise ValueError(
+                "actor_rollout_ref.rollout.multi_turn.interaction_config_path needs "
+                "actor_rollout_ref.rollout.multi_turn.enable=true (a user replies to the "
+                "agent loop's answers)"
             )
         if multi_turn.enable and self.actor_rollout_ref.rollout.name == "sim":
             raise ValueError(

@@ -371,9 +371,6 @@ VERL_KEYS: dict[str, VerlKey] = {
         "middle both ends)",
         "left",
     ),
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": fixed(
-        "asyncrl ships no interaction (simulated user) yet", None
-    ),
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": ignored(
         "asyncrl's tasks use no chat template"
     ),

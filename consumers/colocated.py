@@ -59,7 +59,7 @@ def rollout(
     prompt_ids = [tok(p.prompt)["input_ids"] for p in problems]
     for i, ids in enumerate(prompt_ids):
         for j in range(n):
-            runner.add(f"{i}/{j}", AgentState(list(ids)))
+            runner.add(f"{i}/{j}", runner.start_state(ids, problems[i].prompt))
     finished: dict[str, AgentState] = {}
     while runner.busy:
         finished.update(runner.step())

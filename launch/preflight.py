@@ -46,8 +46,7 @@ def _tool_checks(cfg: RunConfig) -> list[Check]:
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable and mt.tool_config_path is None:
         return [Check(key, True, "unused (multi_turn.enable=false)")]
-    from asyncrl.producers.agent.factory import shipped_tools_path
-    from asyncrl.producers.tools.registry import ToolConfigError, load_tools
+    from asyncrl.producers.tools.registry import ToolConfigError, load_tools, shipped_tools_path
 
     path = Path(mt.tool_config_path).expanduser() if mt.tool_config_path else shipped_tools_path()
     try:
@@ -58,6 +57,34 @@ def _tool_checks(cfg: RunConfig) -> list[Check]:
     if mt.enable:
         checks += _tool_call_format(cfg, tools)
     return checks
+
+
+def _interaction_checks(cfg: RunConfig) -> list[Check]:
+    """The interaction config loads (each class imports and is built, as every worker and the
+    trainer's evaluation build it), and the built-in tasks' prompts, which carry no
+    interaction_kwargs, can pick one: only where there is one. A data file's rows are checked
+    with the rows (``tasks.files.checked_rows``)."""
+    from asyncrl.producers.agent.interaction import KEY, load_interactions
+    from asyncrl.producers.tools.registry import ConfigFileError
+
+    path = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path
+    if path is None:
+        return []
+    try:
+        names = list(load_interactions(path))
+    except ConfigFileError as err:
+        return [Check(KEY, False, str(err))]  # it names the file and the entry
+    if not cfg.data.from_files and len(names) > 1:
+        return [
+            Check(
+                KEY,
+                False,
+                f"{path}: interactions {', '.join(names)}, and data.task={cfg.data.task}'s "
+                "prompts name none (extra_info.interaction_kwargs.name): keep one, or train "
+                "on data files whose rows name theirs",
+            )
+        ]
+    return [Check(KEY, True, f"{path}: interactions {', '.join(names)}")]
 
 
 HERMES_CALL = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
@@ -384,7 +411,8 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     here = role != "run" or cfg.launcher == "local"  # this process starts the one that needs it
-    checks = [*_tool_checks(cfg), _model_path(cfg), *_model_length(cfg)]
+    checks = [*_tool_checks(cfg), *_interaction_checks(cfg), _model_path(cfg)]
+    checks += _model_length(cfg)
     checks.append(_reward_function(cfg, here))
     if role != "rollout":
         checks.append(_filter_metric(cfg))

@@ -17,7 +17,6 @@ import logging
 
 from asyncrl.config import RunConfig
 from asyncrl.kafka.records import LogScan
-from asyncrl.models.policy import encode_prompt
 from asyncrl.producers.budget import RolloutBudget
 from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.producers.io import PromptFeed
@@ -103,9 +102,11 @@ class PromptAdmission:
                 *(self.worker_id, p.sample_id, left, self.cfg.actor_rollout_ref.rollout.n),
             )
             return True
-        # chat messages through the chat template; a built-in task's text: <bos> + characters
-        prompt_ids = encode_prompt(self.tokenizer, p.chat() or p.prompt)
-        prompt_ids = prompt_ids[-self.cfg.data.max_prompt_length :]  # verl truncation="left"
+        # chat messages through the chat template, with the tools' schemas; a built-in task's
+        # text: <bos> + characters. The held-out evaluation encodes with the same method.
+        prompt_ids = self.in_flight.runner.prompt_ids(
+            p.chat() or p.prompt, self.cfg.data.max_prompt_length
+        )
         self.in_flight.start(rec, prompt_ids, version)
         return True
 

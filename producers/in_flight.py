@@ -192,8 +192,10 @@ class InFlightSamples:
         fl = self.samples[p.sample_id] = InFlight(rec, prompt_ids, version, time.time())
         fl.trace.start(rec.topic, p.sample_id, rec.headers, rec.partition, rec.offset, version)
         fl.trace.start_segment(version)
+        prompt, extra_info = p.chat() or p.prompt, p.reward_extra_info()
         for i in range(self.n):
-            self.runner.add(f"{p.sample_id}#{i}", AgentState(prompt_ids=list(prompt_ids)))
+            state = self.runner.start_state(prompt_ids, prompt, extra_info)
+            self.runner.add(f"{p.sample_id}#{i}", state)
         return fl
 
     def resume_logged(self, rec: Record[PromptRecord], partial: PartialSample, version: int) -> int:

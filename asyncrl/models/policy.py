@@ -7,8 +7,9 @@ sync delivers), with no warm start. Unset, the built-in tiny model (:mod:`asyncr
 is built and warm-started on ``data.task`` once, and cached.
 
 Prompts (:func:`encode_prompt`): chat messages go through the tokenizer's chat template with
-the generation prompt added, as verl's dataset does (the template's text, then tokenized
-without adding special tokens again); plain text is tokenized as it is.
+the generation prompt added (and, with the agent loop, its tools' schemas), as verl's agent
+loop does (the template's text, then tokenized without adding special tokens again); plain
+text is tokenized as it is.
 """
 
 from __future__ import annotations
@@ -231,9 +232,15 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
-def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[int]:
+def encode_prompt(
+    tokenizer: Any,
+    prompt: str | list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """Token ids of a prompt: chat messages through the chat template (generation prompt
-    added), plain text as it is (with the tokenizer's special tokens, e.g. ``<bos>``)."""
+    added, and ``tools``, the agent loop's tool schemas, as verl passes them: a chat model's
+    template writes them into its system prompt, one that ignores them is unchanged), plain
+    text as it is (with the tokenizer's special tokens, e.g. ``<bos>``)."""
     if isinstance(prompt, str):
         return list(tokenizer(prompt)["input_ids"])
     if not tokenizer.chat_template:
@@ -244,7 +251,9 @@ def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]]) -> list[in
     from jinja2 import TemplateError
 
     try:
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            prompt, tools=tools, add_generation_prompt=True, tokenize=False
+        )
     except (TemplateError, ValueError, TypeError, KeyError) as err:
         # a template's raise_exception ("System role not supported"), or a broken template
         raise ConfigError(

@@ -218,17 +218,22 @@ def _check_json(value: Any, where: str) -> None:
 
 
 def filter_overlong(
-    rows: list[DataRow], tokenizer: Any, max_prompt_length: int, vocab_size: int | None = None
+    rows: list[DataRow],
+    tokenizer: Any,
+    max_prompt_length: int,
+    vocab_size: int | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[DataRow], int]:
     """(rows whose prompt is at most ``max_prompt_length`` tokens after the chat template,
-    how many were longer). ConfigError for a prompt with a token id the model does not embed
+    with ``tools`` as the workers encode it, how many were longer). ConfigError for a prompt
+    with a token id the model does not embed
     (``vocab_size``): tokens added to a tokenizer whose model was not resized made the
     trainer and the workers die on IndexError, restarted until the run failed."""
     from asyncrl.models.policy import PATH_KEY, encode_prompt
 
     def fits(row: DataRow) -> bool:
         try:
-            ids = encode_prompt(tokenizer, row.prompt)
+            ids = encode_prompt(tokenizer, row.prompt, tools)
         except ConfigError as err:  # which prompt: the template may refuse only some
             raise ConfigError(f"prompt {row.prompt_id}: {err}") from None
         past = [i for i in ids if vocab_size is not None and i >= vocab_size]
@@ -253,11 +258,15 @@ def load_split(
     key = f"data.{split}_files"
     rows = checked_rows(cfg, split) if rows is None else rows
     from asyncrl.models.policy import vocab_size
+    from asyncrl.producers.tools.registry import prompt_tool_schemas
 
     path = cfg.actor_rollout_ref.model.path
     embedded = None if path is None else vocab_size(path)
+    tools = prompt_tool_schemas(cfg)  # the schemas the workers' template writes too
     try:
-        kept, too_long = filter_overlong(rows, tokenizer, cfg.data.max_prompt_length, embedded)
+        kept, too_long = filter_overlong(
+            rows, tokenizer, cfg.data.max_prompt_length, embedded, tools
+        )
     except ConfigError as err:
         raise ConfigError(f"{key}: {err}") from None
     if not kept:
@@ -284,7 +293,22 @@ def checked_rows(cfg: RunConfig, split: str) -> list[DataRow]:
                 f"{', '.join(unknown)}, which no built-in rule scores (built-in: "
                 f"{', '.join(BUILTIN_SOURCES)}): name your compute_score file"
             )
+    _check_interactions(cfg, rows, key)
     return rows
+
+
+def _check_interactions(cfg: RunConfig, rows: list[DataRow], key: str) -> None:
+    """With an interaction config, every row picks one of its interactions
+    (``extra_info.interaction_kwargs.name``): a worker would otherwise meet the row mid-run."""
+    from asyncrl.producers.agent.interaction import pick_error, run_interaction_names
+
+    names = run_interaction_names(cfg)
+    if names is None:
+        return
+    for row in rows:
+        why = pick_error(names, row.extra_info, f"{key}: prompt {row.prompt_id}")
+        if why is not None:
+            raise ConfigError(why)
 
 
 # --- the built-in tasks in this format ----------------------------------------------------------

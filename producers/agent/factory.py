@@ -7,28 +7,20 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import RunConfig
+from asyncrl.producers.agent.interaction import ConfiguredInteractions, load_interactions
 from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
 from asyncrl.producers.agent.parser import SingleTurn, ToolParser, make_parser
-from asyncrl.producers.agent.state import AgentState
 
 if TYPE_CHECKING:
     from asyncrl.producers.engines.hf import HFEngine
 from asyncrl.producers.engines.base import Engine
-from asyncrl.producers.tools.registry import ToolExecutor, load_tools
+from asyncrl.producers.tools.registry import ToolExecutor, run_tools
 from asyncrl.tasks.arithmetic import Problem, score
 
 log = logging.getLogger(__name__)
-
-
-def shipped_tools_path() -> Path:
-    """The calculator's tool config, shipped with the package."""
-    import asyncrl
-
-    return Path(asyncrl.__file__).parent / "configs" / "tools" / "calculator.yaml"
 
 
 def make_runner(
@@ -44,7 +36,7 @@ def make_runner(
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     parser: ToolParser
     if mt.enable:
-        tools = load_tools(mt.tool_config_path or shipped_tools_path())
+        tools = run_tools(cfg)
         parser = make_parser(mt.format, tools)
         limits = AgentLimits(
             max_assistant_turns=mt.max_assistant_turns,
@@ -55,8 +47,17 @@ def make_runner(
     else:
         tools, parser = {}, SingleTurn()
         limits = AgentLimits(1, 0, cfg.data.max_response_length, 1)
-    loop = AgentLoop(tokenizer, parser, limits, greedy=greedy)
+    loop = AgentLoop(tokenizer, parser, limits, interaction=run_interaction(cfg), greedy=greedy)
     return AgentRunner(loop, engine, ToolExecutor(tools), wait_for_tools=wait_for_tools)
+
+
+def run_interaction(cfg: RunConfig) -> ConfiguredInteractions | None:
+    """The run's interactions (``multi_turn.interaction_config_path``), or None; with the
+    agent loop off, none: a single turn has no user."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable or mt.interaction_config_path is None:
+        return None
+    return ConfiguredInteractions(load_interactions(mt.interaction_config_path))
 
 
 def _eval_runner(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
@@ -94,7 +95,8 @@ def evaluate_agent(
         for start in range(0, len(problems), batch_size):
             chunk = {str(start + i): p for i, p in enumerate(problems[start : start + batch_size])}
             for rid, p in chunk.items():
-                runner.add(rid, AgentState(tokenizer(p.prompt)["input_ids"]))
+                ids = tokenizer(p.prompt)["input_ids"]
+                runner.add(rid, runner.start_state(ids, p.prompt))
             while runner.busy:
                 for rid, state in runner.step():
                     correct += score(cfg.data.task, chunk[rid].answer, state.messages)
@@ -142,7 +144,6 @@ def evaluate_rows(
     logged), greedy or sampled as :func:`evaluate_agent`, and
     ``val-core/<data_source>/reward/mean@1`` that of each data source's rows (verl's name);
     ``tool_use`` with the agent loop."""
-    from asyncrl.models.policy import encode_prompt
     from asyncrl.producers.reward import RewardCall
     from asyncrl.tasks import calculator
 
@@ -155,8 +156,8 @@ def evaluate_rows(
         for start in range(0, len(rows), batch_size):
             chunk = {str(start + i): r for i, r in enumerate(rows[start : start + batch_size])}
             for rid, row in chunk.items():
-                ids = encode_prompt(tokenizer, row.prompt)[-cfg.data.max_prompt_length :]
-                runner.add(rid, AgentState(ids))
+                ids = runner.prompt_ids(row.prompt, cfg.data.max_prompt_length)
+                runner.add(rid, runner.start_state(ids, row.prompt, row.extra_info))
             while runner.busy:
                 for rid, state in runner.step():
                     row = chunk[rid]

@@ -24,12 +24,13 @@ executor, one decoding step at a time, and can be interrupted between any two st
   results were never part of the state). Tools must therefore be idempotent, as the shipped
   calculator is: the re-run gives the same response.
 - INTERACTING: the interaction's reply is abandoned and asked for again on resume (the same
-  rule as tools).
+  rule as tools); the interaction is finalized here and started again where it resumes.
 - PENDING: nothing was started; resuming starts it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -41,17 +42,24 @@ from asyncrl.producers.agent.parser import HermesParser, ToolParser
 from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.engines.base import Engine, GenRequest, GenResult
 from asyncrl.producers.tools.base import ToolCall, ToolResult
-from asyncrl.producers.tools.registry import ToolExecutor
+from asyncrl.producers.tools.registry import ToolExecutor, tool_schemas
 
 log = logging.getLogger(__name__)
 
 
 class Interaction(Protocol):
     """A simulated user answering the model's final answer (verl's interaction; async, as a
-    user model or an environment would be)."""
+    user model or an environment would be). The configured ones (verl's config and classes)
+    come through ``agent.interaction.ConfiguredInteractions``."""
 
-    async def respond(self, state: AgentState, answer: str) -> tuple[bool, str]:
-        """``(done, reply)``: done ends the trajectory; otherwise ``reply`` is the user's turn."""
+    async def respond(self, request_id: str, state: AgentState) -> tuple[bool, str]:
+        """``(done, reply)`` to the trajectory's last answer: done ends the trajectory;
+        otherwise ``reply`` is the user's turn. Raising ends the trajectory
+        (``finish_reason`` ``interaction_error``)."""
+        ...
+
+    async def end(self, request_id: str) -> None:
+        """The trajectory ended here or left this process (interrupted)."""
         ...
 
 
@@ -167,6 +175,13 @@ class AgentLoop:
         turns = [m["content"] for m in state.messages if m["role"] == "assistant"]
         return turns[-1] if turns else ""
 
+    def on_interaction_error(self, state: AgentState) -> None:
+        """The interaction failed: the trajectory ends as it stands (the answer is scored),
+        marked, rather than the worker stopping (verl's agent loop raises)."""
+        if state.phase != Phase.INTERACTING:
+            raise ValueError(f"no user turn in phase {state.phase}")
+        self._terminate(state, "interaction_error")
+
     def on_user_reply(self, state: AgentState, done: bool, reply: str) -> None:
         if state.phase != Phase.INTERACTING:
             raise ValueError(f"no user turn in phase {state.phase}")
@@ -240,10 +255,41 @@ class AgentRunner:
         self._tools: dict[str, Future[list[ToolResult]]] = {}
         self._users: dict[str, Future[tuple[bool, str]]] = {}
         self._done: list[tuple[str, AgentState]] = []
+        self._failures: dict[str, int] = {}
+        """Interaction failures by message, each logged once with its count so far."""
+        self._ending: list[Future[None]] = []
+        """Interactions being finalized (``close`` lets them finish)."""
 
     @property
     def busy(self) -> bool:
         return bool(self.states)
+
+    def start_state(
+        self,
+        prompt_ids: list[int],
+        prompt: str | list[dict[str, Any]],
+        extra_info: dict[str, Any] | None = None,
+    ) -> AgentState:
+        """A new trajectory of ``prompt`` (``prompt_ids``: :meth:`prompt_ids`); with an
+        interaction, the state also keeps what it is called with: the prompt as messages and
+        the sample's ``extra_info.interaction_kwargs`` (verl's)."""
+        state = AgentState(prompt_ids=list(prompt_ids))
+        if self.loop.interaction is not None:
+            chat = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            state.prompt_messages = [dict(m) for m in chat]
+            state.interaction_kwargs = dict((extra_info or {}).get("interaction_kwargs") or {})
+        return state
+
+    def prompt_ids(self, prompt: str | list[dict[str, Any]], max_length: int) -> list[int]:
+        """A prompt's ids as a trajectory of this runner starts from them: chat messages
+        through the chat template with the schemas of the tools this runner calls (verl's
+        ``tools=``), plain text as it is; the last ``max_length`` kept (verl's
+        ``truncation=left``). Rollout workers and the held-out evaluation both encode here, so
+        the ids a worker records are those an evaluation generates from."""
+        from asyncrl.models.policy import encode_prompt
+
+        tools = tool_schemas(self.executor.tools)
+        return encode_prompt(self.loop.tokenizer, prompt, tools)[-max_length:]
 
     def add(self, request_id: str, state: AgentState) -> None:
         """Start or resume ``state`` from its phase (see the module doc)."""
@@ -261,10 +307,30 @@ class AgentRunner:
         elif state.phase == Phase.INTERACTING:
             if self.loop.interaction is None:
                 raise ValueError(f"{rid}: waits for a user reply but no interaction is set")
-            respond = self.loop.interaction.respond(state, self.loop.answer(state))
+            respond = self.loop.interaction.respond(rid, state)
             self._users[rid] = self.executor.submit_coroutine(respond)
         else:
             self._done.append((rid, self.states.pop(rid)))
+            self._end_interaction(rid)
+
+    def _end_interaction(self, rid: str) -> None:
+        if self.loop.interaction is not None:
+            self._ending = [f for f in self._ending if not f.done()]
+            self._ending.append(self.executor.submit_coroutine(self.loop.interaction.end(rid)))
+
+    def _user_failed(self, rid: str, err: BaseException) -> None:
+        """Log an interaction's failure (once per message, with how often it happened) and end
+        the trajectory with finish_reason interaction_error."""
+        why = f"{type(err).__name__}: {err}"
+        count = self._failures[why] = self._failures.get(why, 0) + 1
+        if count == 1:
+            log.warning(
+                "interaction failed for %s (%s): the trajectory ends with finish_reason "
+                "interaction_error; further failures with this message are not logged",
+                rid,
+                why,
+            )
+        self.loop.on_interaction_error(self.states[rid])
 
     def step(self, timeout: float = 0.0) -> list[tuple[str, AgentState]]:
         """The engine's finished turns (an inline engine: one decoding step; one on its own
@@ -286,9 +352,13 @@ class AgentRunner:
                 self._dispatch(rid, self.states[rid])
         for rid, reply in list(self._users.items()):
             if self.wait_for_tools or reply.done():
-                answer = reply.result()
                 del self._users[rid]
-                self.loop.on_user_reply(self.states[rid], *answer)
+                try:
+                    answer = reply.result()
+                except Exception as err:  # the interaction's failure ends its trajectory only
+                    self._user_failed(rid, err)
+                else:
+                    self.loop.on_user_reply(self.states[rid], *answer)
                 self._dispatch(rid, self.states[rid])
         done, self._done = self._done, []
         return done
@@ -302,11 +372,16 @@ class AgentRunner:
         for pending in (self._tools, self._users):
             for rid in ids & set(pending):
                 pending.pop(rid).cancel()  # asked again on resume (see the module doc)
+        for rid in ids:
+            self._end_interaction(rid)  # started again where it resumes
         return {rid: self.states.pop(rid) for rid in ids}
 
     def close(self) -> None:
         """Stop everything running and the tool executor's thread."""
         self.interrupt()
+        for ending in self._ending:  # an interaction's clean-up, before its loop stops
+            with contextlib.suppress(Exception):
+                ending.result(timeout=5)
         self.executor.close()
 
     def run(

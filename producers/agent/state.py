@@ -61,7 +61,14 @@ class AgentState:
     tool_seconds: float = 0.0
     """Wall time of this trajectory's tool calls, summed."""
     finish_reason: str = ""
-    """stop (answered), length (response_length reached), max_turns (turn limit)."""
+    """stop (answered), length (response_length reached), max_turns (turn limit),
+    interaction_error (the interaction raised: the trajectory ends as it stood)."""
+    prompt_messages: list[dict[str, Any]] = field(default_factory=list)
+    """With an interaction: the prompt as messages, which its ``messages`` begin with (verl's);
+    else empty (nothing more to log in partials)."""
+    interaction_kwargs: dict[str, Any] = field(default_factory=dict)
+    """With an interaction: the sample's ``extra_info.interaction_kwargs`` (``name`` picks
+    the interaction)."""
 
     @property
     def num_turns(self) -> int:

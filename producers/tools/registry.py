@@ -20,6 +20,7 @@ wire). Errors name the entry and key (``tools[0].class_name: ...``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import importlib
 import inspect
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from asyncrl.config import ConfigError, RunConfig
 from asyncrl.producers.tools.base import Tool, ToolCall, ToolResult
 
 T = TypeVar("T")
@@ -40,27 +42,109 @@ ENTRY_KEYS = ("class_name", "config", "tool_schema")
 """The keys of one entry under ``tools`` (verl's)."""
 
 
-class ToolConfigError(ValueError):
-    """The tool config cannot be used; the message names the file, entry and key."""
+class ConfigFileError(ValueError):
+    """A YAML config of classes (tools, interactions) cannot be used; the message names the
+    file, entry and key."""
 
 
-def _import_class(dotted: str, where: str) -> type[Tool]:
+class ToolConfigError(ConfigFileError):
+    """The tool config cannot be used."""
+
+
+TOOL_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+
+
+def shipped_tools_path() -> Path:
+    """The calculator's tool config, shipped with the package."""
+    import asyncrl
+
+    return Path(asyncrl.__file__).parent / "configs" / "tools" / "calculator.yaml"
+
+
+def run_tools(cfg: RunConfig) -> dict[str, Tool]:
+    """The tools the run's agent loop calls: ``multi_turn.tool_config_path``'s, or the shipped
+    calculator's; none with ``multi_turn.enable`` off."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    return load_tools(mt.tool_config_path or shipped_tools_path()) if mt.enable else {}
+
+
+def tool_schemas(tools: dict[str, Tool]) -> list[dict[str, Any]] | None:
+    """What a chat prompt's template gets as ``tools=`` (verl's ``tool_schemas``): the
+    OpenAI-style schema of each tool, in the config's order; None without tools, so a
+    template renders as it does with no ``tools`` at all."""
+    return [tool.tool_schema for tool in tools.values()] or None
+
+
+def prompt_tool_schemas(cfg: RunConfig) -> list[dict[str, Any]] | None:
+    """:func:`tool_schemas` of the run's tools, for code that encodes prompts without an agent
+    loop at hand (the data's length filter); ConfigError naming the key if they do not load."""
+    try:
+        return tool_schemas(run_tools(cfg))
+    except ToolConfigError as err:
+        raise ConfigError(f"{TOOL_CONFIG_KEY}: {err}") from None
+
+
+def import_class(
+    dotted: str, where: str, error: type[ConfigFileError] = ConfigFileError
+) -> type[Any]:
+    """The class ``dotted`` names (``pkg.mod.Class``), imported from the run's own config file;
+    ``error`` naming ``where``'s ``class_name`` if it cannot be (also when the module's own
+    code fails as it is imported: a syntax error, a missing API key)."""
     module_name, _, attr = dotted.rpartition(".")
     if not module_name:
-        raise ToolConfigError(f"{where}.class_name: {dotted!r} is not a dotted path")
+        raise error(f"{where}.class_name: {dotted!r} is not a dotted path")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ToolConfigError(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
+        raise error(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
     except Exception as err:  # the module's own code failed: a SyntaxError, a RuntimeError
-        raise ToolConfigError(
+        raise error(
             f"{where}.class_name: importing {module_name!r} raised {type(err).__name__}: {err}"
         ) from err
     try:
         cls = getattr(module, attr)
     except AttributeError as err:
-        raise ToolConfigError(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
-    if not (isinstance(cls, type) and issubclass(cls, Tool)):
+        raise error(f"{where}.class_name: cannot import {dotted!r}: {err}") from err
+    if not isinstance(cls, type):
+        raise error(f"{where}.class_name: {dotted!r} is not a class")
+    return cls
+
+
+def read_entries(
+    path: str | Path,
+    section: str,
+    keys: tuple[str, ...],
+    error: type[ConfigFileError] = ConfigFileError,
+) -> tuple[Path, list[tuple[str, dict[str, Any]]]]:
+    """The entries of the non-empty list under ``section`` of a YAML file, each with where it
+    is (``file: section[i]``): a mapping with a ``class_name`` and no key outside ``keys`` (a
+    typo would drop a setting silently). ``error`` names the file, the entry and the key."""
+    path = Path(path).expanduser()
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise error(f"{path}: cannot read it: {err}") from err
+    except yaml.YAMLError as err:
+        raise error(f"{path}: not valid YAML: {err}") from err
+    entries = (doc or {}).get(section) if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise error(f"{path}: expected a non-empty list under {section!r}")
+    found = []
+    for i, entry in enumerate(entries):
+        where = f"{path}: {section}[{i}]"
+        if not isinstance(entry, dict) or "class_name" not in entry:
+            raise error(f"{where}.class_name: missing")
+        for key in sorted(set(entry) - set(keys)):
+            near = difflib.get_close_matches(str(key), keys, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise error(f"{where}.{key}: unknown key ({hint}an entry has {', '.join(keys)})")
+        found.append((where, entry))
+    return path, found
+
+
+def _import_tool(dotted: str, where: str) -> type[Tool]:
+    cls = import_class(dotted, where, ToolConfigError)
+    if not issubclass(cls, Tool):
         raise ToolConfigError(f"{where}.class_name: {dotted!r} is not a Tool subclass")
     if not inspect.iscoroutinefunction(cls.execute):  # else every call is a TypeError
         raise ToolConfigError(
@@ -72,28 +156,10 @@ def _import_class(dotted: str, where: str) -> type[Tool]:
 
 def load_tools(path: str | Path) -> dict[str, Tool]:
     """The tools of a tool config file, by name."""
-    path = Path(path).expanduser()
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ToolConfigError(f"{path}: cannot read it: {err}") from err
-    except yaml.YAMLError as err:
-        raise ToolConfigError(f"{path}: not valid YAML: {err}") from err
-    entries = (doc or {}).get("tools") if isinstance(doc, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise ToolConfigError(f"{path}: expected a non-empty list under 'tools'")
+    _, entries = read_entries(path, "tools", ENTRY_KEYS, ToolConfigError)
     tools: dict[str, Tool] = {}
-    for i, entry in enumerate(entries):
-        where = f"{path}: tools[{i}]"
-        if not isinstance(entry, dict) or "class_name" not in entry:
-            raise ToolConfigError(f"{where}.class_name: missing")
-        for key in sorted(set(entry) - set(ENTRY_KEYS)):  # a typo would drop a schema silently
-            near = difflib.get_close_matches(str(key), ENTRY_KEYS, n=1)
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            raise ToolConfigError(
-                f"{where}.{key}: unknown key ({hint}an entry has {', '.join(ENTRY_KEYS)})"
-            )
-        cls = _import_class(str(entry["class_name"]), where)
+    for where, entry in entries:
+        cls = _import_tool(str(entry["class_name"]), where)
         try:
             tool = cls(entry.get("tool_schema"), entry.get("config") or {})
         except (ValueError, TypeError, KeyError) as err:
@@ -146,6 +212,10 @@ class ToolExecutor:
         return self.submit(calls).result()
 
     def close(self) -> None:
+        # One pass of the loop first: coroutines submitted last (an interaction's end) start,
+        # rather than being dropped unawaited by the stop.
+        with contextlib.suppress(Exception):
+            self.submit_coroutine(asyncio.sleep(0)).result(timeout=1)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()

@@ -3,6 +3,7 @@ it in every state (greedy, a real tiny model that learned to call the calculator
 
 import asyncio
 import json
+import logging
 import random
 import time
 from concurrent.futures import Future
@@ -14,6 +15,7 @@ import torch
 from asyncrl.config import ModelConfig
 from asyncrl.models.tiny import CHARS, build_model, build_tokenizer
 from asyncrl.models.warm_start import encode_turns, warm_start_turns
+from asyncrl.producers.agent.interaction import ConfiguredInteractions, Interaction
 from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
 from asyncrl.producers.agent.parser import CompactParser, HermesParser, make_parser
 from asyncrl.producers.agent.state import AgentState, Phase
@@ -116,9 +118,12 @@ def test_a_failed_tool_call_is_answered_and_the_rollout_goes_on(tok):
 class _Retry:
     """A user who asks once for the answer again, then is done."""
 
-    async def respond(self, state, answer):
+    async def respond(self, request_id, state):
         await asyncio.sleep(0.02)
         return any(m["role"] == "user" for m in state.messages), "?"
+
+    async def end(self, request_id):
+        pass
 
 
 def test_an_interaction_adds_user_turns_up_to_max_user_turns(tok):
@@ -343,7 +348,7 @@ class _SlowCalculator(CalculatorTool):
 class _SlowRetry(_Retry):
     """``_Retry``, replying after a random 0-20 ms."""
 
-    async def respond(self, state, answer):
+    async def respond(self, request_id, state):
         await asyncio.sleep(random.uniform(0.0, 0.02))
         return any(m["role"] == "user" for m in state.messages), "?"
 
@@ -492,3 +497,64 @@ def test_hermes_with_a_chat_template_frames_responses_as_the_template_does():
     )
     assert reply == "<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n"
     assert [m["content"] for m in state.messages if m["role"] == "tool"] == ["42", "1024"]
+
+
+# --- a configured interaction (verl's BaseInteraction) that fails mid-run ------------------------
+class _Recorder(Interaction):
+    """Replies "again" once, then is done; fails for a trajectory whose kwargs say so; records
+    what it is called with."""
+
+    calls: list = []
+
+    async def start_interaction(self, instance_id=None, **kwargs):
+        self.calls.append(("start", instance_id, kwargs))
+        return instance_id
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        self.calls.append(("reply", instance_id, [m["role"] for m in messages]))
+        if kwargs.get("fail"):
+            raise ConnectionError("user model unreachable")
+        return any(m["role"] == "user" for m in messages[1:]), "again", 0.0, {}
+
+    async def finalize_interaction(self, instance_id, **kwargs):
+        self.calls.append(("finalize", instance_id))
+
+
+def test_a_failing_interaction_ends_its_trajectory_not_the_worker(tok, policy, caplog):
+    """An interaction that raised stopped the runner's step (the worker) with its exception;
+    verl's loop raises too. Now that trajectory ends as it stood (finish_reason
+    interaction_error, logged once), and the others go on."""
+    model, val = policy
+    _Recorder.calls = []
+    users = ConfiguredInteractions({"user": _Recorder({"name": "user"})})
+    loop = AgentLoop(tok, CompactParser(CalculatorTool()), AgentLimits(response_length=64), users)
+    engine = HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
+    executor = ToolExecutor({"calculator": CalculatorTool()})
+    runner = AgentRunner(loop, engine, executor, wait_for_tools=True)
+    try:
+        for rid, fail, p in zip(("ok", "bad1", "bad2"), (False, True, True), val, strict=False):
+            info = {"interaction_kwargs": {"name": "user", "fail": fail}}
+            runner.add(rid, runner.start_state(tok(p.prompt)["input_ids"], p.prompt, info))
+        with caplog.at_level(logging.WARNING):
+            done = {}
+            while runner.busy:
+                done.update(runner.step())
+    finally:
+        runner.close()
+    assert {rid: s.finish_reason for rid, s in done.items()} == {
+        "ok": "stop",
+        "bad1": "interaction_error",
+        "bad2": "interaction_error",
+    }
+    assert "user" in [m["role"] for m in done["ok"].messages]
+    bad = done["bad1"]
+    assert bad.phase == Phase.TERMINATED and bad.messages[-1]["role"] == "assistant"
+    assert 0 not in bad.response_mask[bad.turn_start :]  # it ends with the model's answer
+    warnings = [r.getMessage() for r in caplog.records if "interaction failed" in r.getMessage()]
+    assert len(warnings) == 1 and "ConnectionError: user model unreachable" in warnings[0]
+    ok = [c for c in _Recorder.calls if c[1] == "ok"]
+    assert ok[0] == ("start", "ok", {"name": "user", "fail": False})
+    # verl's messages: the prompt's, then the conversation (a call, its response, an answer)
+    assert ok[1] == ("reply", "ok", ["user", "assistant", "tool", "assistant"])
+    assert ok[2][2][:6] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert {c[1] for c in _Recorder.calls if c[0] == "finalize"} == {"ok", "bad1", "bad2"}

@@ -193,7 +193,7 @@ def test_a_tool_config_path_under_home_expands(tmp_path, monkeypatch) -> None:
     the data files and the reward file expand ~."""
     import shutil
 
-    from asyncrl.producers.agent.factory import shipped_tools_path
+    from asyncrl.producers.tools.registry import shipped_tools_path
 
     monkeypatch.setenv("HOME", str(tmp_path))
     shutil.copy(shipped_tools_path(), tmp_path / "tools.yaml")

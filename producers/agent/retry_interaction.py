@@ -1,0 +1,55 @@
+"""An example interaction (a simulated user) to copy: it tells the model whether its answer
+was right and lets it try again, ``max_retries`` times (default 1).
+
+Configured as verl configures interactions (``multi_turn.interaction_config_path``; the
+shipped ``asyncrl/configs/interactions/retry.yaml``)::
+
+    interaction:
+      - name: retry
+        class_name: asyncrl.producers.agent.retry_interaction.RetryInteraction
+        config: {max_retries: 1}
+
+and each data row names it with its answer (``extra_info.interaction_kwargs``, as verl's
+gsm8k example does): ``{"name": "retry", "ground_truth": "29842"}``.
+
+It keeps no state per trajectory: the attempts are the assistant messages it is shown, so a
+trajectory that a sync moves to another worker is answered the same there.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from asyncrl.producers.agent.interaction import Interaction
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def is_right(answer: str, ground_truth: str) -> bool:
+    """The answer's last number is the ground truth (commas ignored), or, for an answer with
+    no number, the whole answer is."""
+    numbers = _NUMBER.findall(answer)
+    said = numbers[-1].replace(",", "") if numbers else answer.strip()
+    return said == str(ground_truth).strip()
+
+
+class RetryInteraction(Interaction):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.max_retries = int(config.get("max_retries", 1))
+        if self.max_retries < 0:
+            raise ValueError(f"config.max_retries must be >= 0, not {self.max_retries}")
+
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
+    ) -> tuple[bool, str, float, dict[str, Any]]:
+        if "ground_truth" not in kwargs:
+            raise ValueError("interaction_kwargs has no ground_truth")
+        answers = [m["content"] for m in messages if m.get("role") == "assistant"]
+        attempts = len(answers)
+        if answers and is_right(answers[-1], kwargs["ground_truth"]):
+            return True, "Your answer is correct.", 1.0, {"attempts": attempts}
+        if attempts > self.max_retries:
+            return True, "Your answer is incorrect.", 0.0, {"attempts": attempts}
+        return False, "Your answer is incorrect. Try again.", 0.0, {"attempts": attempts}

@@ -1,0 +1,171 @@
+"""Interactions (simulated users) configured as verl configures them: the YAML file loads
+or fails naming the file, entry and key; each sample picks its interaction by
+``extra_info.interaction_kwargs.name``; the shipped example interaction; and an interaction
+that fails mid-run ends its trajectory (``interaction_error``) instead of the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import asyncrl
+from asyncrl.config import ConfigError, ModelConfig, load_config
+from asyncrl.launch.preflight import check_startable
+from asyncrl.models.tiny import CHARS, build_model, build_tokenizer
+from asyncrl.producers.agent.interaction import (
+    ConfiguredInteractions,
+    InteractionConfigError,
+    load_interactions,
+)
+from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
+from asyncrl.producers.agent.parser import CompactParser
+from asyncrl.producers.agent.retry_interaction import RetryInteraction
+from asyncrl.producers.agent.state import AgentState
+from asyncrl.producers.engines.hf import HFEngine
+from asyncrl.producers.tools.calculator import CalculatorTool
+from asyncrl.producers.tools.registry import ToolExecutor
+from asyncrl.tasks import calculator as calc
+from asyncrl.tasks.files import checked_rows
+
+SHIPPED = Path(asyncrl.__file__).parent / "configs" / "interactions" / "retry.yaml"
+KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
+RETRY = "asyncrl.producers.agent.retry_interaction.RetryInteraction"
+
+
+def test_the_shipped_example_loads_and_an_entry_without_a_name_gets_verls_default(tmp_path):
+    (retry,) = load_interactions(SHIPPED).values()
+    assert isinstance(retry, RetryInteraction) and retry.config == {
+        "max_retries": 1,
+        "name": "retry",
+    }
+    path = tmp_path / "i.yaml"
+    path.write_text(f"interaction:\n  - class_name: {RETRY}\n")  # no name, no config
+    assert list(load_interactions(path)) == ["retry"]  # RetryInteraction, less Interaction
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("interaction: []", "expected a non-empty list under 'interaction'"),
+        ("interaction: [", "not valid YAML"),
+        ("interaction:\n  - name: x", "interaction[0].class_name: missing"),
+        ("interaction:\n  - class_name: no.such.Thing", "interaction[0].class_name: cannot import"),
+        (f"interaction:\n  - class_name: {RETRY}\n    confg: {{}}", "confg: unknown key"),
+        (
+            f"interaction:\n  - class_name: {RETRY}\n    config: {{max_retries: -1}}",
+            "interaction[0]: RetryInteraction(config=...) raised ValueError: config.max_retries",
+        ),
+        (
+            f"interaction:\n  - class_name: {RETRY}\n  - class_name: {RETRY}",
+            "interaction[1].name: 'retry' twice",
+        ),
+        (
+            "interaction:\n  - class_name: asyncrl.producers.tools.base.ToolCall",
+            "needs an async def generate_response",
+        ),
+    ],
+)
+def test_a_bad_interaction_config_fails_naming_the_entry_and_key(tmp_path, text, message):
+    path = tmp_path / "interactions.yaml"
+    path.write_text(text)
+    with pytest.raises(InteractionConfigError) as err:
+        load_interactions(path)
+    assert str(err.value).startswith(str(path)) and message in str(err.value)
+
+
+def test_an_interaction_module_that_fails_as_it_is_imported_names_the_file(tmp_path, monkeypatch):
+    (tmp_path / "my_users.py").write_text("raise RuntimeError('no API key')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_users", raising=False)
+    path = tmp_path / "interactions.yaml"
+    path.write_text("interaction:\n  - class_name: my_users.User\n")
+    with pytest.raises(InteractionConfigError) as err:
+        load_interactions(path)
+    assert str(err.value) == (
+        f"{path}: interaction[0].class_name: importing 'my_users' raised RuntimeError: no API key"
+    )
+
+
+def _agent(*overrides: str) -> list[str]:
+    return ["actor_rollout_ref.rollout.multi_turn.enable=true", *overrides]
+
+
+def test_verls_key_is_read_and_checked_at_start_up(tmp_path):
+    """asyncrl refused the key ("ships no interaction yet") though its loop takes one."""
+    cfg = load_config("calculator", overrides=[f"{KEY}={SHIPPED}"])
+    assert cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path == str(SHIPPED)
+    missing = load_config("calculator", overrides=[f"{KEY}={tmp_path / 'nope.yaml'}"])
+    with pytest.raises(ConfigError, match=f"{KEY}: {tmp_path / 'nope.yaml'}: cannot read it"):
+        check_startable(missing, "rollout")
+    two = tmp_path / "two.yaml"
+    two.write_text(f"interaction:\n  - class_name: {RETRY}\n  - name: b\n    class_name: {RETRY}\n")
+    several = load_config("calculator", overrides=[f"{KEY}={two}"])
+    with pytest.raises(ConfigError, match=r"interactions retry, b, and data.task=calculator's"):
+        check_startable(several, "rollout")
+    with pytest.raises(ConfigError, match=f"{KEY} needs .*multi_turn.enable=true"):
+        load_config(overrides=[f"{KEY}={SHIPPED}"])
+
+
+def test_a_row_naming_an_unknown_interaction_fails_at_load_naming_it(tmp_path):
+    rows = [
+        {
+            "data_source": "arithmetic",
+            "prompt": [{"role": "user", "content": "07+35="}],
+            "reward_model": {"ground_truth": "42"},
+            "extra_info": {"interaction_kwargs": {"name": name, "ground_truth": "42"}},
+        }
+        for name in ("retry", "retyr")
+    ]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    cfg = load_config(
+        overrides=_agent(
+            f"data.train_files={path}",
+            f"data.val_files={path}",
+            "actor_rollout_ref.rollout.multi_turn.format=hermes",
+            f"{KEY}={SHIPPED}",
+        )
+    )
+    with pytest.raises(ConfigError) as err:
+        checked_rows(cfg, "train")
+    assert str(err.value) == (
+        "data.train_files: prompt train-1: extra_info.interaction_kwargs.name: 'retyr' is not "
+        f"in {KEY} (it has retry)"
+    )
+
+
+def test_the_example_says_right_or_wrong_and_lets_the_model_retry_once():
+    retry = RetryInteraction({"name": "retry", "max_retries": 1})
+    prompt = [{"role": "user", "content": "What is 347*86?"}]
+
+    def reply(*answers: str) -> tuple:
+        messages = [*prompt, *({"role": "assistant", "content": a} for a in answers)]
+        return asyncio.run(retry.generate_response("r", messages, ground_truth="29842"))
+
+    assert reply("It is 29,842.")[:3] == (True, "Your answer is correct.", 1.0)
+    assert reply("30000")[:3] == (False, "Your answer is incorrect. Try again.", 0.0)
+    assert reply("30000", "29842")[:2] == (True, "Your answer is correct.")
+    assert reply("30000", "29000")[:2] == (True, "Your answer is incorrect.")
+
+
+def test_without_an_interaction_a_state_keeps_no_prompt_messages():
+    """The calculator demo's partials log what they logged before."""
+    tok = build_tokenizer(CHARS + calc.TOOL_CHARS)
+    parser = CompactParser(CalculatorTool())
+    model = build_model(ModelConfig(hidden_size=16, intermediate_size=32), len(tok), seed=0)
+    engine = HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
+    info = {"interaction_kwargs": {"name": "retry", "ground_truth": "12"}}
+    with ToolExecutor({}) as executor:
+        plain = AgentRunner(AgentLoop(tok, parser, AgentLimits()), engine, executor)
+        assert plain.start_state([1, 2], "07+05=", info) == AgentState(prompt_ids=[1, 2])
+        users = ConfiguredInteractions(load_interactions(SHIPPED))
+        talking = AgentRunner(AgentLoop(tok, parser, AgentLimits(), users), engine, executor)
+        state = talking.start_state([1, 2], "07+05=", info)
+    assert state.prompt_messages == [{"role": "user", "content": "07+05="}]
+    assert state.interaction_kwargs == info["interaction_kwargs"]
+    assert AgentState.from_json(state.to_json()) == state  # logged to partials, read back
