@@ -11,6 +11,13 @@ after a lost acknowledgement): it is dropped, counted, and not counted as consum
 worker did not spend budget on it. A record re-read at the same coordinates after a restart
 (a drop settled behind a queued sample) is the same record, skipped without a count.
 
+What that takes, kept in memory bounded by the dataset and the queue, not by the run's length:
+every settled id, exactly (``SettledIds``: a per-prompt epoch watermark); the coordinates of
+the queued ids; and the coordinates of the settled ids a restart could read again, those at
+or past their partition's settled offset (a restart seeks there, never below). Settled
+offsets only grow, so an id whose offset they have passed keeps its membership and loses its
+coordinates: a copy of it is still a duplicate, named without the first one's offset.
+
 With ``algorithm.filter_groups.enable`` a group with no signal is settled on arrival, like a
 staleness drop (``consumers/dynamic_sampling.py``), and never queued.
 """
@@ -26,6 +33,7 @@ import numpy as np
 from asyncrl.config.offpolicy import FilterGroupsConfig
 from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
 from asyncrl.consumers.dynamic_sampling import no_signal
+from asyncrl.consumers.settled import SettledIds
 from asyncrl.kafka import Record
 from asyncrl.schemas.sample import Sample
 
@@ -56,8 +64,13 @@ class SampleBatcher:
     worker took back as it published them."""
     dropped: Counter = field(default_factory=Counter)
     """Reason -> samples dropped, cumulative."""
-    seen: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Sample id -> (partition, offset) of every sample queued or settled."""
+    settled: SettledIds = field(default_factory=SettledIds)
+    """Every sample id trained on or dropped (not the duplicates)."""
+    queued_at: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Sample id -> (partition, offset) of each queued sample."""
+    settled_at: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Sample id -> (partition, offset) of each settled sample a restart could read again:
+    at or past its partition's settled offset (pruned as those pass it)."""
     filtered: int = 0
     """Groups filtered by filter_groups, cumulative."""
     taken_filtered: int = 0
@@ -71,33 +84,41 @@ class SampleBatcher:
         """Queue a sample for training, or drop it (returned, so the caller can report it)."""
         self.read_position[rec.partition] = rec.offset + 1
         sample_id = rec.value.sample_id
-        first = self.seen.get(sample_id)
-        if first == (rec.partition, rec.offset):
+        at = (rec.partition, rec.offset)
+        first = self.queued_at.get(sample_id) or self.settled_at.get(sample_id)
+        if first == at:
             return None  # re-read after a restart: settled already
-        if first is not None:
+        if first is not None or sample_id in self.settled:
             self.dropped["duplicate"] += 1
-            reason = f"duplicate of the sample at partition {first[0]} offset {first[1]}"
+            reason = (
+                f"duplicate of the sample at partition {first[0]} offset {first[1]}"
+                if first is not None
+                else "duplicate of a sample settled earlier (its offset no longer kept)"
+            )
             return Dropped(rec, reason, kind="duplicate")
-        self.seen[sample_id] = (rec.partition, rec.offset)
         if self.filter_groups is not None:
             # Before the lag: its worker took the slot back as it published it (it knows the
             # group has no signal), so it is not counted as consumed, whatever its age.
             why = no_signal(rec.value, self.filter_groups)
             if why is not None:
+                self._settle(sample_id, at)
                 self.filtered += 1
                 self._filtered_trailing += 1
                 return Dropped(rec, why, kind=FILTERED)
         why = self._out_of_vocabulary(rec.value)
         if why is not None:
+            self._settle(sample_id, at)
             self.consumed[rec.value.worker_id] += 1
             self.dropped["invalid"] += 1
             return Dropped(rec, why, kind="invalid")
         lag = current_version - rec.value.param_version
         if self.max_version_lag is not None and lag > self.max_version_lag:
+            self._settle(sample_id, at)
             reason = f"version lag {lag} > max_version_lag {self.max_version_lag}"
             self.consumed[rec.value.worker_id] += 1
             self.dropped["max_version_lag"] += 1
             return Dropped(rec, reason)
+        self.queued_at[sample_id] = at
         self.buffer.append(rec)
         self._filtered_before.append(self._filtered_trailing)
         self._filtered_trailing = 0
@@ -119,6 +140,7 @@ class SampleBatcher:
         for rec, filtered in zip(self.buffer, self._filtered_before, strict=True):
             lag = current_version - rec.value.param_version
             if lag > self.max_version_lag:
+                self._settle(rec.value.sample_id, self.queued_at.pop(rec.value.sample_id))
                 carried += filtered
                 self.consumed[rec.value.worker_id] += 1
                 self.dropped["max_version_lag"] += 1
@@ -152,7 +174,24 @@ class SampleBatcher:
         self.taken_filtered = sum(self._filtered_before.popleft() for _ in range(n))
         for rec in batch:
             self.consumed[rec.value.worker_id] += 1
+            sample_id = rec.value.sample_id
+            del self.queued_at[sample_id]
+            self.settled.add(sample_id)  # below its partition's settled offset now: no place
+        self._forget_passed()
         return batch
+
+    def _settle(self, sample_id: str, at: tuple[int, int]) -> None:
+        """A dropped sample: settled, its place kept while a restart could read it again."""
+        self.settled.add(sample_id)
+        self.settled_at[sample_id] = at
+
+    def _forget_passed(self) -> None:
+        """Drop the places of settled ids below their partition's settled offset: a restart
+        seeks there or later (the offsets only grow), so it never reads them again."""
+        offsets = self.settled_offsets()
+        passed = [s for s, (p, o) in self.settled_at.items() if o < offsets.get(p, 0)]
+        for sample_id in passed:
+            del self.settled_at[sample_id]
 
     def filtered_ahead(self, n: int) -> int:
         """Groups filtered on the way to the next ``n`` samples (those queued so far)."""
@@ -167,17 +206,15 @@ class SampleBatcher:
         return offsets
 
     def state(self) -> dict:
-        # Every checkpoint holds every settled id: a copy of ``seen`` (at C speed) less the few
-        # queued ids, not a test of each id against the queue (seen x buffer per save: the
-        # trainer slowed down as a long run went on).
-        settled = dict(self.seen)
-        for sid in self._queued():
-            settled.pop(sid, None)
+        # Every settled id, compactly (``SettledIds``), and the places a restart needs: the
+        # settled ids at or past the offsets it will seek to (the queued ones are read again).
+        self._forget_passed()
         state: dict[str, Any] = {
             "offsets": {str(p): o for p, o in self.settled_offsets().items()},
             "consumed": {str(w): c for w, c in self.consumed.items()},
             "dropped": dict(self.dropped),
-            "settled": settled,
+            "settled_ids": self.settled.state(),
+            "settled_at": dict(self.settled_at),
         }
         if self.filter_groups is not None or self.filtered:
             # a restart re-reads the queued samples, not the filtered ones between them (those
@@ -187,9 +224,6 @@ class SampleBatcher:
             state["filtered_unattributed"] = unattributed
         return state
 
-    def _queued(self) -> set[str]:
-        return {rec.value.sample_id for rec in self.buffer}
-
     def restore(self, state: dict) -> dict[int, int]:
         """Load counters from a checkpoint; returns the offsets to seek to."""
         self.consumed = Counter({int(w): c for w, c in state.get("consumed", {}).items()})
@@ -197,8 +231,15 @@ class SampleBatcher:
         self.filtered = int(state.get("filtered", 0))
         self._filtered_trailing = int(state.get("filtered_unattributed", 0))
         self._filtered_before.clear()
-        self.seen = {sid: (p, o) for sid, (p, o) in state.get("settled", {}).items()}
         offsets = {int(p): o for p, o in state.get("offsets", {}).items()}
+        self.settled = SettledIds.from_state(state.get("settled_ids", {}))
+        self.settled_at = {sid: (p, o) for sid, (p, o) in state.get("settled_at", {}).items()}
+        # A checkpoint of the code before 2026-11-27: every settled id with its place.
+        for sid, (p, o) in state.get("settled", {}).items():
+            self.settled.add(sid)
+            if o >= offsets.get(int(p), 0):
+                self.settled_at[sid] = (int(p), o)
+        self.queued_at.clear()
         self.read_position = dict(offsets)
         self.buffer.clear()
         return offsets

@@ -94,8 +94,9 @@ class Snapshot:
     rng: torch.Tensor
     state: dict[str, Any]
     """Step, version, batcher state and metrics, serialized by the writer's thread: the
-    batcher's settled ids grow with the run, and encoding them on the trainer's thread (with
-    an indent: Python's slow encoder) took seconds per save in a long run."""
+    batcher's settled ids grew with the run then (they grow with the dataset now), and
+    encoding them on the trainer's thread (with an indent: Python's slow encoder) took
+    seconds per save in a long run."""
 
 
 def snapshot(

@@ -30,6 +30,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from opentelemetry.trace import Span
 
 from asyncrl.config import RunConfig
 from asyncrl.consumers import spans
-from asyncrl.consumers.step_stats import ROLLOUTER_RATIOS, mean, param_sync_metrics
+from asyncrl.consumers.step_stats import ROLLOUTER_RATIOS, param_sync_metrics
 from asyncrl.producers.budget import worker_share
 from asyncrl.schemas import control as ev
 from asyncrl.sync.channel import ControlChannel
@@ -51,6 +52,13 @@ log = logging.getLogger(__name__)
 Position = Callable[[], tuple[int, dict[int, int]]]
 """The trainer's step and samples consumed per worker, for the events that carry them."""
 
+
+VERSIONS_KEPT = 16
+"""Per-version bookkeeping is kept for the current version and this many before it: a
+worker's RolloutResumed or WeightsLoaded comes milliseconds after its sync (an in-flight
+update's, one version late at most), a leaving worker's share is of the current version.
+Older versions' entries are folded into the run's totals and forgotten, so a long run's
+trainer does not grow with its syncs."""
 
 RESUMES_WAIT_S = 0.5
 """At the run's end, how long the summary waits for the last syncs' RolloutResumed (a worker
@@ -103,7 +111,12 @@ class SyncCoordinator:
         """Per version: the slowest worker's receive + load (WeightsLoaded.load_s)."""
         self.trainer_side: dict[int, dict[str, float]] = {}
         """Per version: the trainer's side of its sync (pause wait, transfer)."""
-        self.pauses: list[float] = []
+        self.pauses = RunningStats()
+        """The trainer's wait for the workers' pauses, per sync."""
+        self.resumes_forgotten = RunningStats()
+        """``resumed_s`` of the versions forgotten (``VERSIONS_KEPT``)."""
+        self.requested_forgotten = 0
+        """Syncs requested whose versions were forgotten."""
         self.validations: list[ev.Validated] = []
         """Rollout-side held-out evaluations read and not yet taken by the trainer's loop."""
         self.rollouter: dict[str, dict[int, float]] = {key: {} for key in ROLLOUTER_RATIOS}
@@ -196,7 +209,7 @@ class SyncCoordinator:
             self.deferred.clear()
             self.trainer_side[self.version] = {"pause_s": pause_wait_s, "transfer_s": transfer_s}
             if step > 0:
-                self.pauses.append(pause_wait_s)
+                self.pauses.add(pause_wait_s)
 
     def sync(self, trigger: Span = trace.INVALID_SPAN) -> dict[str, float]:
         """Steps 1-3 of the module docstring; returns the sync's ``timing_s/param_sync*``."""
@@ -220,6 +233,7 @@ class SyncCoordinator:
                 self.publish_weights(pause_wait_s=time.monotonic() - t0)
         self.unresumed[new_version] = set(self.members)
         side = self.trainer_side[new_version]
+        self._forget_before(new_version - VERSIONS_KEPT)
         return param_sync_metrics(time.monotonic() - t0, side["pause_s"], side["transfer_s"])
 
     def _wait_for_pauses(self, version: int) -> None:
@@ -376,19 +390,39 @@ class SyncCoordinator:
             }
         )
 
+    def _forget_before(self, version: int) -> None:
+        """Drop the per-version entries of versions below ``version`` (``VERSIONS_KEPT``); a
+        forgotten version's time to resume counts in the summary's figures still."""
+        for v in [v for v in self.requested_ts if v < version]:
+            del self.requested_ts[v]
+            self.requested_forgotten += 1
+            if v in self.resumed_s:
+                self.resumes_forgotten.add(self.resumed_s.pop(v))
+        _drop_below(self.resumed_s, version)
+        _drop_below(self.load_s, version)
+        _drop_below(self.trainer_side, version)
+        _drop_below(self.unresumed, version)
+        _drop_below(self.shared_among, version)
+        for key in [k for k in self.received if k[1] < version]:
+            del self.received[key]
+
     def summary(self, wait_s: float = RESUMES_WAIT_S) -> dict[str, Any]:
         """The run's syncs, for the trainer's summary. The times to resume are of the syncs
         whose last RolloutResumed this trainer read (waiting up to ``wait_s`` for those it
         has not: it trains on while the workers resume); None where it read none."""
         self._read_resumes(wait_s)
-        resumed = list(self.resumed_s.values())
+        resumed = RunningStats()
+        resumed.merge(self.resumes_forgotten)
+        for took in self.resumed_s.values():
+            resumed.add(took)
+        requested = len(self.requested_ts) + self.requested_forgotten
         return {
-            "syncs": len(self.pauses),
-            "sync_pause_s_mean": mean(self.pauses),
-            "sync_pause_s_max": max(self.pauses, default=0.0),
-            "sync_resumed_s_mean": mean(resumed) if resumed else None,
-            "sync_resumed_s_max": max(resumed) if resumed else None,
-            "sync_resumed_seen": f"{len(resumed)} of {len(self.requested_ts)}",
+            "syncs": self.pauses.count,
+            "sync_pause_s_mean": self.pauses.mean or 0.0,
+            "sync_pause_s_max": self.pauses.max,
+            "sync_resumed_s_mean": resumed.mean,
+            "sync_resumed_s_max": resumed.max if resumed.count else None,
+            "sync_resumed_seen": f"{resumed.count} of {requested}",
         }
 
     def _read_resumes(self, wait_s: float) -> None:
@@ -405,6 +439,35 @@ class SyncCoordinator:
     def close(self) -> None:
         if self.sender is not None:
             self.sender.close()
+
+
+def _drop_below(per_version: dict[int, Any], version: int) -> None:
+    for v in [v for v in per_version if v < version]:
+        del per_version[v]
+
+
+@dataclass
+class RunningStats:
+    """Count, sum and largest of a series, without keeping it."""
+
+    count: int = 0
+    total: float = 0.0
+    max: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.count += 1
+        self.total += x
+        self.max = x if self.count == 1 else max(self.max, x)
+
+    def merge(self, other: RunningStats) -> None:
+        if other.count:
+            self.max = other.max if not self.count else max(self.max, other.max)
+            self.count += other.count
+            self.total += other.total
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
 
 
 def _wire_dtype(cfg: RunConfig, model: torch.nn.Module) -> torch.dtype | None:

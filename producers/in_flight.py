@@ -72,8 +72,9 @@ class InFlight:
         starts, versions = self.segments_of(index)
         done = state.phase == Phase.TERMINATED
         while done and len(starts) > 1 and starts[-1] == len(state.response_ids):
-            # Continued, it added no token (it had finished before the abort reached the
-            # engine): the tokens are all the earlier version's, and so is the trajectory.
+            # Continued, it added no token (it had ended as the abort landed: a partial
+            # logged by a worker before such a trajectory was finished at the abort): the
+            # tokens are all the earlier version's, and so is the trajectory.
             starts.pop()
             versions.pop()
         return Trajectory(  # copies: a cut trajectory's lists grow on when it continues
@@ -170,6 +171,9 @@ class InFlightSamples:
         self.n = n
         """Trajectories per sample (``rollout.n``)."""
         self.samples: dict[str, InFlight] = {}
+        self.on_finished: Callable[[str, AgentState], None] | None = None
+        """Set by the worker: scores a trajectory that ended (request id, state) into its
+        sample's ``done``, and publishes the sample if it was the last (``interrupt``)."""
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -210,13 +214,21 @@ class InFlightSamples:
 
     def interrupt(self, sample_ids: set[str] | None = None) -> None:
         """Cut the trajectories of ``sample_ids`` (default: all) short before the next token;
-        they wait in ``InFlight.interrupted`` to be logged, continued or dropped."""
+        they wait in ``InFlight.interrupted`` to be logged, continued or dropped. One the
+        abort found ended (EOS, a stop token, the length limit on its last token) is
+        finished instead, under the version that generated it: scored into ``done``
+        (``on_finished``), and its sample published if it was the last. So afterwards every
+        trajectory of these samples is done or interrupted, and a sample they completed has
+        left ``samples``."""
         ids = (
             None if sample_ids is None else {f"{s}#{i}" for s in sample_ids for i in range(self.n)}
         )
         for request_id, state in self.runner.interrupt(ids).items():
             sample_id, _, index = request_id.rpartition("#")
             self.samples[sample_id].interrupted[int(index)] = state
+        for request_id, state in self.runner.take_finished():
+            assert self.on_finished is not None, "the worker sets on_finished"
+            self.on_finished(request_id, state)
 
     def log_partials(self, sample_ids: list[str], worker_id: int, version: int) -> int:
         """Publish each of ``sample_ids`` that has interrupted trajectories to ``partials`` and
@@ -280,6 +292,7 @@ class InFlightSamples:
         if not moving:
             return 0, 0
         self.interrupt(set(moving))
+        moving = [s for s in moving if s in self.samples]  # not those it completed: published
         logged = self.log_partials(moving, *log_as) if log_as is not None else 0
         for sample_id in moving:
             self.samples.pop(sample_id).trace.end("its prompt partition moved to another worker")

@@ -9,7 +9,8 @@ A sync, on this side (DESIGN.md section 4):
 1. SyncRequested(v+1) arrives: stop admitting prompts.
 2. Mode (c): in-flight samples finish and are published. Mode (d, ``partial_rollout``): they
    are interrupted before the next decoding step, and each is published to ``partials`` (its
-   finished trajectories and the interrupted ones' tokens so far). Publish RolloutPaused(v+1).
+   finished trajectories and the interrupted ones' tokens so far; a trajectory the abort found
+   ended is finished, and a sample it completes published). Publish RolloutPaused(v+1).
 3. Receive the weights over the collective (in place); publish WeightsLoaded(v+1).
 4. Mode (d): re-add every interrupted trajectory as a continuation of its prefix, before any
    new prompt; its next tokens form a new segment under v+1.
@@ -181,6 +182,8 @@ class RolloutWorker:
         # Subscribe first: the prompts group's join (~3 s on Tansu) then overlaps reading the
         # log, joining the collective and receiving the weights, instead of following them.
         prompts = self.io.prompts(self.admission.on_assigned, self._on_prompts_revoked)
+        # A trajectory a sync's abort finds ended is scored and published as any other.
+        self.in_flight.on_finished = functools.partial(self._on_finished, prompts=prompts)
         f.keep_alive = prompts.keep_alive
         f.cancelled = lambda: self.stopping
         try:

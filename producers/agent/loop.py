@@ -360,21 +360,42 @@ class AgentRunner:
                 else:
                     self.loop.on_user_reply(self.states[rid], *answer)
                 self._dispatch(rid, self.states[rid])
-        done, self._done = self._done, []
-        return done
+        return self.take_finished()
 
     def interrupt(self, request_ids: set[str] | None = None) -> dict[str, AgentState]:
-        """Stop ``request_ids`` (default: all) between two steps; returns their states, which
-        ``add`` resumes (here or in another process, through ``to_json``)."""
+        """Stop ``request_ids`` (default: all) between two steps; returns the states of those
+        cut short, which ``add`` resumes (here or in another process, through ``to_json``).
+
+        A turn the abort found ended (its last token EOS or a stop token, or the length
+        limit; the engine says so by its finish reason) is taken as ended, not cut: the
+        trajectory moves on from it (a tool call's results are then asked for on resume),
+        and one that it terminated is not returned but finished, under the weights that
+        generated it: ``take_finished`` (or the next ``step``) returns it. So every
+        trajectory named is either finished or returned here."""
         ids = set(self.states) if request_ids is None else request_ids & set(self.states)
         for result in self.engine.abort(ids):
-            self.loop.interrupt(self.states[result.request_id], result)
+            state = self.states[result.request_id]
+            if result.finish_reason == "abort":
+                self.loop.interrupt(state, result)
+            else:
+                self.loop.on_turn(state, result)
         for pending in (self._tools, self._users):
             for rid in ids & set(pending):
                 pending.pop(rid).cancel()  # asked again on resume (see the module doc)
+        cut = {}
         for rid in ids:
             self._end_interaction(rid)  # started again where it resumes
-        return {rid: self.states.pop(rid) for rid in ids}
+            state = self.states.pop(rid)
+            if state.phase == Phase.TERMINATED:
+                self._done.append((rid, state))
+            else:
+                cut[rid] = state
+        return cut
+
+    def take_finished(self) -> list[tuple[str, AgentState]]:
+        """Trajectories that ended since the last ``step`` (as an ``interrupt`` landed)."""
+        done, self._done = self._done, []
+        return done
 
     def close(self) -> None:
         """Stop everything running and the tool executor's thread."""

@@ -100,8 +100,11 @@ class Engine(Protocol):
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenResult]:
         """Stop the named requests (default: all; unknown ids are ignored) between two
-        decoding steps, returning what each had so far (finish_reason 'abort'; one that had
-        finished but was not collected yet comes back whole, with its own reason)."""
+        decoding steps, returning what each had so far (finish_reason 'abort'). One whose
+        tokens already end it comes back with its own reason, not 'abort': one that had
+        finished but was not collected yet, or one whose last token is EOS or a stop token,
+        or that holds ``max_new_tokens``: it is finished, and continuing it would generate
+        past its end."""
         ...
 
     def update_weights(self, apply: Callable[[torch.nn.Module], T]) -> T:
@@ -229,8 +232,8 @@ class StepwiseEngine:
         out = []
         for rid in self.active_ids() if request_ids is None else request_ids:
             a = self._active.pop(rid, None)
-            if a is not None:
-                out.append(self._result(a, "abort"))
+            if a is not None:  # a continuation added already complete is finished, not cut
+                out.append(self._result(a, self._finish_reason(a) or "abort"))
         return out
 
     def update_weights(self, apply: Callable[[torch.nn.Module], T]) -> T:

@@ -327,6 +327,42 @@ def test_the_runner_interrupts_only_the_trajectories_named(tok, policy):
             assert calc.score(val[int(rid)].answer, done[rid].messages) == 1.0
 
 
+@pytest.mark.parametrize(
+    ("turn", "phase", "cut"),
+    [
+        ("17", Phase.TERMINATED, False),  # the answer, ended by EOS
+        ("[3*4]", Phase.PROCESSING_TOOLS, True),  # a tool call, ended by its stop token
+    ],
+)
+def test_a_turn_the_abort_finds_ended_is_taken_as_ended_not_cut(tok, turn, phase, cut):
+    """An interrupt whose abort meets a turn already ended (here a continuation whose tokens
+    end in EOS or a stop token, not stepped yet) moves the trajectory on from that turn: an
+    answer finishes it (``take_finished``), a tool call waits for its results. Before, both
+    came back cut short while generating, to be continued past their end."""
+    model = build_model(ModelConfig(hidden_size=32, intermediate_size=64), len(tok), seed=0)
+    with ToolExecutor({"calculator": CalculatorTool()}) as executor:
+        runner = _runner(tok, model, executor)
+        ended = _turn(tok, "r", turn, eos=turn == "17")
+        state = AgentState(
+            prompt_ids=tok("3*4+5=")["input_ids"],
+            phase=Phase.GENERATING,
+            response_ids=list(ended.response_ids),
+            response_mask=[1] * len(ended.response_ids),
+            response_logprobs=list(ended.response_logprobs),
+        )
+        runner.add("r", state)
+        interrupted = runner.interrupt()
+        finished = runner.step()  # what ended, with no engine step (nothing is active)
+    assert state.phase == phase and not runner.busy
+    assert list(interrupted) == (["r"] if cut else [])
+    assert finished == ([] if cut else [("r", state)])
+    assert state.response_ids == ended.response_ids  # nothing generated past the end
+    if not cut:
+        assert state.finish_reason == "stop"
+    else:
+        assert runner.loop.calls(state) == [ToolCall("calculator", {"expression": "3*4"})]
+
+
 def test_greedy_decoding_is_deterministic_here(tok, policy):
     """The premise of the resume tests: two uninterrupted runs agree."""
     model, val = policy

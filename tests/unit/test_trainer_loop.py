@@ -435,6 +435,37 @@ def test_the_summary_reads_the_last_syncs_resumes_and_says_none_when_it_saw_none
     assert summary["sync_resumed_s_mean"] is None and summary["sync_resumed_seen"] == "0 of 1"
 
 
+def test_the_coordinator_forgets_old_versions_and_its_summary_still_counts_them(tmp_path):
+    """Per-version entries (request times, resumes, loads, the samples each worker delivered)
+    were kept for the whole run: a long run's trainer grew with its syncs. It keeps the last
+    VERSIONS_KEPT now; the summary counts every sync still."""
+    from asyncrl.consumers.coordinator import VERSIONS_KEPT
+
+    cfg = _cfg(tmp_path)
+    broker = MemoryBroker()
+    step = [0]
+    coordinator = _coordinator(cfg, broker)
+    coordinator.position = lambda: (step[0], {})
+    coordinator.control.start()
+    syncs = 5 * VERSIONS_KEPT
+    for v in range(1, syncs + 1):
+        step[0] += 1
+        coordinator.received[(0, v - 1)] += 8
+        coordinator.sync()
+        took = 0.01 * v
+        requested = coordinator.requested_ts[v]
+        coordinator.on_event(
+            ev.RolloutResumed(run_id=cfg.run_id, version=v, worker=0, ts=requested + took)
+        )
+    for per_version in ("requested_ts", "resumed_s", "trainer_side", "received"):
+        assert len(getattr(coordinator, per_version)) <= VERSIONS_KEPT + 1, per_version
+    summary = coordinator.summary(wait_s=0.0)
+    assert summary["syncs"] == syncs and summary["sync_resumed_seen"] == f"{syncs} of {syncs}"
+    mean = sum(0.01 * v for v in range(1, syncs + 1)) / syncs
+    assert summary["sync_resumed_s_mean"] == pytest.approx(mean, abs=1e-3)
+    assert summary["sync_resumed_s_max"] == pytest.approx(0.01 * syncs, abs=1e-3)
+
+
 def test_each_step_trains_at_its_scheduled_learning_rate(tmp_path):
     """verl's warm-up (lr_warmup_steps=2) through the trainer: steps 1-3 at 0, lr/2, lr, each
     recorded as actor/lr in its step record."""

@@ -383,7 +383,7 @@ def test_a_mode_d_sync_aborts_the_engine_threads_requests_and_continues_them(tmp
                 assert t == logged  # finished before the sync: published as it was logged
     assert cut >= 1
     # A request that finished before the abort reached the engine's thread came back whole
-    # and was continued with no token: it is its version's, with no empty segment.
+    # and was finished, not continued: it is its version's, with no empty segment.
     assert all(_honest_segments(t) for s in run.samples() for t in s.trajectories)
     assert _same_weights(run.worker.engine.model, run.model)
 
@@ -717,3 +717,74 @@ def _resumed_around_a_spent_version(run: Run, held: float) -> list[ev.RolloutRes
     run.run()
     watcher.join(5)
     return [e for e in run.events() if isinstance(e, ev.RolloutResumed)][:2]
+
+
+def _sync_once_a_result_waits(run: Run, action) -> list[str]:
+    """``action`` (a sync) on the worker's loop the first time a request has finished on the
+    engine's thread (EOS, or its length) and waits to be collected; that turn of the loop
+    collects nothing, so the sync's abort is what meets the finished request, as it does
+    when a request ends on the very token the abort lands on. Returns that request's id."""
+    engine, runner_step, hit = run.worker.engine, run.worker.runner.step, []
+
+    def step(timeout: float = 0.0):
+        if not hit:
+            with engine._cv:  # the wait collect would make, taking nothing
+                engine._cv.wait_for(lambda: engine._finished, timeout)
+                ended = [r.request_id for r in engine._finished.values()]
+            if ended:
+                hit.append(ended[0])
+                action()
+                return []
+        return runner_step(timeout)
+
+    run.worker.runner.step = step
+    return hit
+
+
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_a_trajectory_that_ended_as_the_sync_aborted_it_is_published_finished(tmp_path, in_flight):
+    """A sync's abort that meets a request which has just ended (its last token EOS, or the
+    length limit) gets it back whole: the trajectory is finished under the version that
+    generated it, not interrupted. Before, it was logged to ``partials`` as cut short
+    (``finish_reason="abort"``, its tokens ending in EOS), counted in ``n_partial`` and
+    continued under the next version as a segment with no token."""
+    modes = ["async_training.partial_rollout=true"]
+    modes += ["async_training.in_flight_update=true"] if in_flight else []
+    cfg = _cfg(tmp_path, *modes, SLOW_STEPS)
+    run = Run(cfg)
+
+    def sync() -> None:
+        run.sync_new_weights()
+        if in_flight:  # the swap comes at the loop's next turn, before it collects
+            shadow = run.worker.shadow
+            assert shadow is not None and shadow.ready.wait(10)
+
+    hit = _sync_once_a_result_waits(run, sync)
+    run.when_published(6, run.trainer.finish)
+    run.run()
+
+    assert hit, "no request finished on the engine's thread before the run ended"
+    sample_id, _, index = hit[0].rpartition("#")
+    eos = set(run.worker.engine.engine.eos_token_ids)
+    for p in run.partials():
+        for t in p.sample.trajectories:
+            if t.finish_reason == "abort":  # cut short: it had not ended
+                assert not (len(t.response_ids) and int(t.response_ids[-1]) in eos)
+                assert len(t.response_ids) < cfg.data.max_response_length
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    assert paused.n_partial == len(run.partials())
+    published = {s.sample_id: s for s in run.samples()}
+    t = published[sample_id].trajectories[int(index)]
+    assert t.finish_reason in ("stop", "length")
+    assert (t.segment_starts, t.segment_versions) == ([0], [0])
+    assert t.param_version == t.param_version_start == 0
+    ids = t.response_ids.tolist()
+    ends = [i for i, tok in enumerate(ids) if tok in eos]
+    assert ends in ([], [len(ids) - 1]), "tokens after EOS"
+    # The sample was published as it finished, not after the sync: unless another of its
+    # trajectories was cut short, it is among the samples the pause counted.
+    logged = {p.sample.sample_id for p in run.partials()}
+    if sample_id not in logged and not in_flight:
+        order = [s.sample_id for s in run.samples()]
+        assert order.index(sample_id) < paused.produced
+    assert all(_honest_segments(t) for s in run.samples() for t in s.trajectories)
