@@ -524,7 +524,7 @@ def test_a_runs_saved_config_finds_its_run_from_another_directory(
     args = argparse.Namespace(
         config=str(run_dir / "config.yaml"), overrides=["output_dir=mine"], output_dir=None
     )
-    assert _load_run(args).run_dir == Path("mine") / "r8"
+    assert _load_run(args).run_dir == Path("mine").absolute() / "r8"
 
 
 def test_a_runs_relative_paths_are_found_from_another_directory(
@@ -560,10 +560,10 @@ def test_a_runs_relative_paths_are_found_from_another_directory(
         assert cfg.actor_rollout_ref.model.path == str((project / "models" / "m").resolve())
         assert cfg.custom_reward_function.path == str((project / "reward.py").resolve())
 
-    # Read from where it was started, the paths stay as the run wrote them.
+    # Read from where it was started, the paths are the run's files (made absolute at load).
     monkeypatch.chdir(project)
     args = argparse.Namespace(config="runs/r/config.yaml", overrides=[], output_dir=None)
-    assert _load_run(args).actor_rollout_ref.model.path == "models/m"
+    assert _load_run(args).actor_rollout_ref.model.path == str(project / "models" / "m")
 
 
 @pytest.mark.parametrize(("role", "started"), [("train", "Trainer"), ("rollout", "RolloutWorker")])
