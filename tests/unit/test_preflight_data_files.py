@@ -173,3 +173,26 @@ def test_the_dry_run_puts_the_prompts_through_the_tokenizer(
     assert "(8 rows, 7 longer than data.max_prompt_length=6 tokens after the chat template" in (
         capsys.readouterr().out
     )
+
+
+def test_prompts_the_built_in_models_tokenizer_cannot_read_stop_the_run_naming_them(
+    tmp_path: Path, exported: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's own data with the built-in tiny model (no model.path): its tokenizer knows the
+    task's characters only, and turned every other into <unk> without a word, so the run
+    trained on noise; the dry run said ok. Now the data check fails, naming the characters
+    and a prompt, in the dry run and at the run's start."""
+    import pyarrow as pa
+
+    rows = pq.read_table(exported["val"]).to_pylist()
+    rows[1]["prompt"] = [{"role": "user", "content": "What is 1+2?"}]
+    words = tmp_path / "words.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), words)
+    assert dry_run(None, _overrides(tmp_path, exported["train"], words)) == 2
+    out = capsys.readouterr().out
+    assert "ok   data.train_files" in out
+    assert (
+        "FAIL data.val_files: 1 of 4 prompts hold characters the built-in tiny model's "
+        "tokenizer does not have ('Whatis?'; it knows '0123456789+-*=() ' only), e.g. prompt "
+        "words-1: 'What is 1+2?': each would read as <unk>"
+    ) in " ".join(out.split())
