@@ -324,7 +324,7 @@ def _need_master_port(cfg, role: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from asyncrl.launch.launcher import Terminated, run, stop_on_sigterm
+    from asyncrl.launch.launcher import Terminated, run, stop_on_signals
 
     if args.launcher:
         args.overrides = [*args.overrides, f"launcher={args.launcher}"]
@@ -333,7 +333,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return dry_run(args.config, args.overrides)
     cfg = _load(args)
-    stop_on_sigterm()
+    stop_on_signals()
     try:
         summary = run(cfg)
     except KeyboardInterrupt as stopped:  # the run stopped in order; the same command resumes

@@ -57,17 +57,23 @@ class _Process(Protocol):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM to the launcher (``kill PID``, a supervisor), raised where it stands as a
-    Ctrl-C is, for the same orderly stop (``stop_on_sigterm``)."""
+    Ctrl-C is, for the same orderly stop (``stop_on_signals``)."""
 
 
-def stop_on_sigterm() -> None:
-    """Make SIGTERM stop ``run`` as Ctrl-C does: by default it ended the launcher at once,
-    and its trainer with it, mid-step (the next launch trained those steps again)."""
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGINT stop ``run`` as Ctrl-C does. SIGTERM by default ended the
+    launcher at once, and its trainer with it, mid-step (the next launch trained those steps
+    again). SIGINT is taken back where the launcher started with it ignored: bash ignores it
+    in a script's background jobs (``asyncrl run &``), so ``kill -INT PID`` did nothing and
+    a SIGINT to the group stopped nothing either; the roles it starts take it too
+    (``spawn_role`` passes on what the launcher does)."""
 
     def terminated(*_: object) -> None:
         raise Terminated()
 
     signal.signal(signal.SIGTERM, terminated)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 STOP_GRACE_S = 120.0
