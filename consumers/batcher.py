@@ -13,6 +13,14 @@ worker did not spend budget on it. A record re-read at the same coordinates afte
 
 With ``algorithm.filter_groups.enable`` a group with no signal is settled on arrival, like a
 staleness drop (``consumers/dynamic_sampling.py``), and never queued.
+
+A sample whose version is above the trainer's is dropped as invalid: no sync granted it (a
+forged or corrupted record; param_version=10**9 was trained as the freshest sample there
+is). Every version a worker generates under was the trainer's before any weights left it
+(``SyncCoordinator.sync`` sets it before the broadcast), and a restarted trainer takes a
+version above the control log's highest before it reads a sample (``take_version_above``),
+so no worker's sample is ever above it. A record ``asyncrl replay topic`` copied from
+another run (``HEADER_REPLAYED_FROM``) carries that run's versions, and is exempt.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import numpy as np
 from asyncrl.config.offpolicy import FilterGroupsConfig
 from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
 from asyncrl.consumers.dynamic_sampling import no_signal
-from asyncrl.kafka import Record
+from asyncrl.kafka import HEADER_REPLAYED_FROM, Record
 from asyncrl.schemas.sample import Sample
 
 
@@ -79,6 +87,15 @@ class SampleBatcher:
             reason = f"duplicate of the sample at partition {first[0]} offset {first[1]}"
             return Dropped(rec, reason, kind="duplicate")
         self.seen[sample_id] = (rec.partition, rec.offset)
+        newest = rec.value.param_version_end
+        if newest > current_version and HEADER_REPLAYED_FROM not in rec.headers:
+            self.consumed[rec.value.worker_id] += 1
+            self.dropped["invalid"] += 1
+            reason = (
+                f"param_version {newest} is above the trainer's version {current_version}: "
+                "no sync granted it (a forged or corrupted record)"
+            )
+            return Dropped(rec, reason, kind="invalid")
         if self.filter_groups is not None:
             # Before the lag: its worker took the slot back as it published it (it knows the
             # group has no signal), so it is not counted as consumed, whatever its age.
