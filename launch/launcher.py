@@ -247,14 +247,12 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     resolved.kafka.bootstrap_servers = bootstrap
     if resolved.sync.master_port is None:
         resolved.sync.master_port = free_port()
-    topics = create_run_topics(resolved, bootstrap)
-    console.log(f"topics: {', '.join(topics)}")
-    _refuse_a_foreign_log(resolved, bootstrap)
-    prepare_policy(resolved, console)
-
     from asyncrl.producers.feed import feed_prompts, feeds_ahead, train_prompts
     from asyncrl.telemetry.tracing import init_tracing, shutdown_tracing
 
+    # The data first (the tokenizer needs no warm start): prompts all over
+    # data.max_prompt_length, or characters the built-in model cannot read, stopped the run
+    # only after the topics and a ~45 s warm start.
     train, split = train_prompts(resolved)
     if split is not None:
         _log_data(resolved, console, "train", split)
@@ -262,6 +260,10 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
         from asyncrl.tasks.files import load_split
 
         _log_data(resolved, console, "val", load_split(resolved, "val", load_tokenizer(resolved)))
+    topics = create_run_topics(resolved, bootstrap)
+    console.log(f"topics: {', '.join(topics)}")
+    _refuse_a_foreign_log(resolved, bootstrap)
+    prepare_policy(resolved, console)
     # The feed's spans (the prompts' contexts); console spans to a log, not the terminal.
     init_tracing(resolved, "asyncrl-launcher", console_log=cfg.run_dir / "logs" / LAUNCHER_LOG)
     # a long run's first steps' prompts, checked and fed: shown live on a terminal
