@@ -463,7 +463,11 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports the config models: the first ~0.5 s of a command
+    except KeyboardInterrupt:  # Ctrl-C then printed a page of import traceback
+        words = sys.argv[1:] if argv is None else argv
+        return _stopped(next((w for w in words if not w.startswith("-")), None), started=False)
     # Overrides may also follow options (`replay topic samples --to-run x key=value`): argparse
     # leaves such trailing positionals unparsed, so they are collected here.
     args, extra = parser.parse_known_args(argv)
@@ -481,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return COMMANDS[args.command](args)
+    except KeyboardInterrupt:  # first: the next clause imports what the Ctrl-C may have cut
+        return _stopped(args.command, started=args.command != "run")  # run's own stop says more
     except _expected_errors() as err:  # evaluated only once something was raised
         if os.environ.get("ASYNCRL_DEBUG", "") not in ("", "0"):
             raise
@@ -488,13 +494,17 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, _usage_errors()):
             return 2
         return int(getattr(err, "EXIT_CODE", 1))  # 3: a trainer that gave up, not crashed
-    except KeyboardInterrupt:
-        print("asyncrl: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # `asyncrl inspect ... --json | head`: the reader has had enough
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit would fail again
         return 141  # 128 + SIGPIPE, as a shell reports it
+
+
+def _stopped(command: str | None, started: bool) -> int:
+    """A Ctrl-C the command did not take itself: one line, the shell's exit code 130."""
+    name = f"asyncrl {command}" if command else "asyncrl"
+    print(f"{name}: stopped" + ("" if started else " before it started anything"), file=sys.stderr)
+    return 130
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:

@@ -78,44 +78,55 @@ def _at(cfg, run_dir):
 
 
 def _rebase_relative_paths(cfg, run_dir) -> None:
-    """A run's saved config keeps the relative paths it was started with (model.path=models/m,
-    the data files, the reward file): read from another directory, ``replay``/``export-model``
-    failed on them. Where one names nothing here but something in the directory the run was
-    started from (found from the run's directory and its relative output_dir), it names that."""
+    """A run saved before config/paths.py made its paths absolute keeps the relative paths it
+    was started with (model.path=models/m, the data files, the reward file), which loading
+    took from this directory: read from another one, ``replay``/``export-model`` failed on
+    them. Where one names nothing here but something in the directory the run was started
+    from (found from the run's directory and its relative output_dir), it names that."""
     from pathlib import Path
 
     import yaml
 
+    from asyncrl.config.paths import absolute
+
     try:
-        out = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("output_dir")
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        out = saved.get("output_dir")
     except (OSError, yaml.YAMLError, AttributeError):
         return
     depth = len(Path(str(out or "runs")).parts)
     if Path(str(out or "runs")).expanduser().is_absolute() or depth >= len(run_dir.parents):
-        return  # started from anywhere: nothing to find it by
+        return  # started from anywhere (or saved with absolute paths): nothing to find it by
     launched_in = run_dir.parents[depth]
 
-    def rebased(path: str) -> str:
-        if Path(path).expanduser().is_absolute() or Path(path).exists():
+    def rebased(path: str, written: Any) -> str:
+        if not isinstance(written, str) or Path(path).exists():
             return path
-        there = launched_in / path
-        return str(there) if there.exists() else path
+        there = absolute(written, launched_in)
+        return there if Path(there).exists() else path
 
-    model, data = cfg.actor_rollout_ref.model, cfg.data
-    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
-    reward = cfg.custom_reward_function
-    for section, key in (
-        (model, "path"),
-        (data, "train_files"),
-        (data, "val_files"),
-        (reward, "path"),
-        (multi_turn, "tool_config_path"),
+    def written(key: str) -> Any:
+        value: Any = saved
+        for name in key.split("."):
+            value = value.get(name) if isinstance(value, dict) else None
+        return value
+
+    for key in (
+        "actor_rollout_ref.model.path",
+        "data.train_files",
+        "data.val_files",
+        "custom_reward_function.path",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path",
     ):
-        value = getattr(section, key)
+        *parents, leaf = key.split(".")
+        section = cfg
+        for name in parents:
+            section = getattr(section, name)
+        value, raw = getattr(section, leaf), written(key)
         if isinstance(value, str):
-            setattr(section, key, rebased(value))
-        elif isinstance(value, list):
-            setattr(section, key, [rebased(v) for v in value])
+            setattr(section, leaf, rebased(value, raw))
+        elif isinstance(value, list) and isinstance(raw, list) and len(raw) == len(value):
+            setattr(section, leaf, [rebased(v, r) for v, r in zip(value, raw, strict=True)])
 
 
 def _config_file(args: argparse.Namespace, run_dir):
@@ -313,7 +324,7 @@ def _need_master_port(cfg, role: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from asyncrl.launch.launcher import Terminated, run, stop_on_sigterm
+    from asyncrl.launch.launcher import Terminated, run, stop_on_signals
 
     if args.launcher:
         args.overrides = [*args.overrides, f"launcher={args.launcher}"]
@@ -322,7 +333,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return dry_run(args.config, args.overrides)
     cfg = _load(args)
-    stop_on_sigterm()
+    stop_on_signals()
     try:
         summary = run(cfg)
     except KeyboardInterrupt as stopped:  # the run stopped in order; the same command resumes

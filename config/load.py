@@ -11,6 +11,9 @@
    reported with the nearest valid key.
 5. verl's values are translated (``-1``: never), the aliases that convert units are computed
    from the final values they depend on, and ``RunConfig`` validates the tree.
+6. Relative file paths (data files, the reward file, model.path, output_dir...) become
+   absolute against the current directory (``config/paths.py``), so the saved config means
+   the same files to every process of the run.
 
 Every problem of steps 3-5 is reported at once, each line naming the key and where it came
 from: the YAML file's path, or "command line".
@@ -52,6 +55,7 @@ from asyncrl.config.overrides import (
     parse_overrides,
     scalar_texts,
 )
+from asyncrl.config.paths import make_paths_absolute
 from asyncrl.config.sections import RunConfig
 
 COMMAND_LINE = "command line"
@@ -585,6 +589,8 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
     except ValidationError as err:
         cfg = None
         problems += _format_validation(err, assigned)
+    if cfg is not None:  # 6: relative paths from the directory this command runs in
+        make_paths_absolute(cfg, Path.cwd())
     return Loaded(cfg, report, problems)
 
 

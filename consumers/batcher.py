@@ -20,6 +20,14 @@ coordinates: a copy of it is still a duplicate, named without the first one's of
 
 With ``algorithm.filter_groups.enable`` a group with no signal is settled on arrival, like a
 staleness drop (``consumers/dynamic_sampling.py``), and never queued.
+
+A sample whose version is above the trainer's is dropped as invalid: no sync granted it (a
+forged or corrupted record; param_version=10**9 was trained as the freshest sample there
+is). Every version a worker generates under was the trainer's before any weights left it
+(``SyncCoordinator.sync`` sets it before the broadcast), and a restarted trainer takes a
+version above the control log's highest before it reads a sample (``take_version_above``),
+so no worker's sample is ever above it. A record ``asyncrl replay topic`` copied from
+another run (``HEADER_REPLAYED_FROM``) carries that run's versions, and is exempt.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from asyncrl.config.offpolicy import FilterGroupsConfig
 from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
 from asyncrl.consumers.dynamic_sampling import no_signal
 from asyncrl.consumers.settled import SettledIds
-from asyncrl.kafka import Record
+from asyncrl.kafka import HEADER_REPLAYED_FROM, Record
 from asyncrl.schemas.sample import Sample
 
 
@@ -96,6 +104,16 @@ class SampleBatcher:
                 else "duplicate of a sample settled earlier (its offset no longer kept)"
             )
             return Dropped(rec, reason, kind="duplicate")
+        newest = rec.value.param_version_end
+        if newest > current_version and HEADER_REPLAYED_FROM not in rec.headers:
+            self._settle(sample_id, at)
+            self.consumed[rec.value.worker_id] += 1
+            self.dropped["invalid"] += 1
+            reason = (
+                f"param_version {newest} is above the trainer's version {current_version}: "
+                "no sync granted it (a forged or corrupted record)"
+            )
+            return Dropped(rec, reason, kind="invalid")
         if self.filter_groups is not None:
             # Before the lag: its worker took the slot back as it published it (it knows the
             # group has no signal), so it is not counted as consumed, whatever its age.

@@ -35,6 +35,7 @@ from asyncrl.kafka.publisher import KafkaDeliveryError, MessageTooLarge, Publish
 from asyncrl.kafka.reader import Reader
 from asyncrl.kafka.record import (
     HEADER_ERROR,
+    HEADER_REPLAYED_FROM,
     HEADER_SOURCE_OFFSET,
     HEADER_SOURCE_PARTITION,
     HEADER_SOURCE_TOPIC,
@@ -55,6 +56,7 @@ __all__ = [
     "HEADER_ERROR",
     "HEADER_SOURCE_OFFSET",
     "HEADER_SOURCE_PARTITION",
+    "HEADER_REPLAYED_FROM",
     "HEADER_SOURCE_TOPIC",
     "BrokerUnavailable",
     "KafkaDeliveryError",

@@ -58,16 +58,34 @@ class BrokerUnavailable(RuntimeError):
         )
 
 
+UNKNOWN_TOPIC_CODES = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+)
+"""What a client says of a topic the broker lacks (a producer that knew it: its partitions
+are gone). The clients never have one made
+(``allow.auto.create.topics``), so a running role stops on it, as UnknownTopic."""
+
+
 class UnknownTopic(KafkaException):
     """A topic the broker does not have: a run_id that names no run there, or a run whose
-    topics were never created on this broker. Still a KafkaException (code
-    UNKNOWN_TOPIC_OR_PART) for callers that test the code; its message is one line."""
+    topics were never created on this broker, or (``gone``) one a running role was using and
+    the broker lost. Still a KafkaException (code UNKNOWN_TOPIC_OR_PART) for callers that test
+    the code; its message is one line."""
 
-    def __init__(self, topic: str, bootstrap: str, problem: object = None) -> None:
+    def __init__(
+        self, topic: str, bootstrap: str, problem: object = None, gone: bool = False
+    ) -> None:
         super().__init__(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"{topic}: {problem}"))
-        self.topic, self.bootstrap = topic, bootstrap
+        self.topic, self.bootstrap, self.gone = topic, bootstrap, gone
 
     def __str__(self) -> str:
+        if self.gone:
+            return (
+                f"topic {self.topic} is gone from the broker at {self.bootstrap} (restarted? "
+                "`asyncrl broker` keeps topics in memory only): asyncrl does not let a broker "
+                "make it again with its own partition count; start the run on a broker that "
+                "holds its topics"
+            )
         run = self.topic.rsplit(".", 1)[0]
         return (
             f"no topic {self.topic} on the broker at {self.bootstrap}: no run {run!r} there "

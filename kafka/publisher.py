@@ -12,12 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import (
     KafkaError,
+    KafkaException,
     Message,
     Producer,
 )
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from asyncrl.kafka.health import BrokerUnavailable, _BrokerHealth, _metadata_answers
+from asyncrl.kafka.health import (
+    UNKNOWN_TOPIC_CODES,
+    BrokerUnavailable,
+    UnknownTopic,
+    _BrokerHealth,
+    _metadata_answers,
+)
 from asyncrl.kafka.settings import producer_config
 from asyncrl.telemetry import tracing
 
@@ -133,6 +140,13 @@ class Publisher:
             try:
                 self._producer.produce(topic, value=value, key=key_b, **kwargs)
                 break
+            except KafkaException as err:  # a topic librdkafka already knows the broker lacks
+                code = err.args[0].code() if err.args else None
+                if code not in UNKNOWN_TOPIC_CODES:
+                    raise
+                if span is not None:
+                    span.end()
+                raise UnknownTopic(topic, self._health.bootstrap, err, gone=True) from None
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self._producer.poll(0.1)
                 if not self.in_delivery_callback:
@@ -148,6 +162,9 @@ class Publisher:
     def check(self) -> None:
         """Raise KafkaDeliveryError if a delivery has failed (without waiting for the rest),
         or BrokerUnavailable if no broker has answered for kafka.broker_down_timeout_s."""
+        if self._error is not None and self._error.code() in UNKNOWN_TOPIC_CODES:
+            assert self._error_topic is not None
+            raise UnknownTopic(self._error_topic, self._health.bootstrap, self._error, gone=True)
         if self._error is not None:
             raise KafkaDeliveryError(
                 f"delivery to {self._error_topic!r} failed: {self._error.str()}"

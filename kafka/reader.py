@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -26,6 +27,8 @@ from asyncrl.kafka.health import (
     _CONNECTION_ERRORS,
     _METADATA_TIMEOUT_S,
     _RECOVERABLE_CONSUMER_ERRORS,
+    UNKNOWN_TOPIC_CODES,
+    UnknownTopic,
     _BrokerHealth,
     _metadata_answers,
 )
@@ -50,6 +53,8 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+_NOT_AVAILABLE = re.compile(r"topic not available: ([^:\s]+)")
+"""librdkafka's words for a subscribed topic the broker lacks, where the error names no topic."""
 
 RELEASE_WAIT_S = 5.0
 """How long ``Reader.close(leave_group=False)`` waits for the client's release."""
@@ -238,7 +243,7 @@ class Reader(Generic[T]):
         for msg in messages:
             err = msg.error()
             if err is not None:
-                self._consumer_error(err)
+                self._consumer_error(err, msg.topic())
                 continue
             alive = True
             rec = self._decode_message(msg)
@@ -250,11 +255,16 @@ class Reader(Generic[T]):
             self._health.check(functools.partial(_metadata_answers, self._consumer))
         return records
 
-    def _consumer_error(self, err: KafkaError) -> None:
-        """Skip (and log, rate-limited) what librdkafka recovers from; raise the rest."""
+    def _consumer_error(self, err: KafkaError, topic: str | None = None) -> None:
+        """Skip (and log, rate-limited) what librdkafka recovers from; raise the rest (a topic
+        the broker lost as UnknownTopic, one line naming it)."""
         code = err.code()
         if code == KafkaError._PARTITION_EOF:
             return
+        if code in UNKNOWN_TOPIC_CODES:
+            named = topic or _NOT_AVAILABLE.search(err.str())
+            name = named if isinstance(named, str) else named.group(1) if named else "?"
+            raise UnknownTopic(name, self._health.bootstrap, err.str(), gone=True)
         if err.fatal() or not (code in _RECOVERABLE_CONSUMER_ERRORS or err.retriable()):
             raise KafkaException(err)
         if code in _CONNECTION_ERRORS:

@@ -15,6 +15,9 @@ HEADER_ERROR = "error"
 HEADER_SOURCE_TOPIC = "source-topic"
 HEADER_SOURCE_PARTITION = "source-partition"
 HEADER_SOURCE_OFFSET = "source-offset"
+HEADER_REPLAYED_FROM = "replayed-from"
+"""On a record ``asyncrl replay topic`` copied from another run (the run's topic): its
+versions are that run's, which this run's control log never granted."""
 
 
 @dataclass

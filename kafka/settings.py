@@ -114,6 +114,10 @@ def producer_config(kafka_cfg: KafkaConfig, bootstrap: str) -> dict[str, Any]:
         "compression.type": "none",
         # Same key -> same partition as the Java client and aiokafka.
         "partitioner": "murmur2_random",
+        # A topic the broker lacks (restarted without the run's topics, another broker) is an
+        # error naming it, not a topic the broker makes with its own partition count (Tansu:
+        # 4) that the run's partitioning never meant; librdkafka's producer default asks it to.
+        "allow.auto.create.topics": False,
     }
     conf.update(client_config(kafka_cfg, bootstrap))
     return conf

@@ -57,17 +57,23 @@ class _Process(Protocol):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM to the launcher (``kill PID``, a supervisor), raised where it stands as a
-    Ctrl-C is, for the same orderly stop (``stop_on_sigterm``)."""
+    Ctrl-C is, for the same orderly stop (``stop_on_signals``)."""
 
 
-def stop_on_sigterm() -> None:
-    """Make SIGTERM stop ``run`` as Ctrl-C does: by default it ended the launcher at once,
-    and its trainer with it, mid-step (the next launch trained those steps again)."""
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGINT stop ``run`` as Ctrl-C does. SIGTERM by default ended the
+    launcher at once, and its trainer with it, mid-step (the next launch trained those steps
+    again). SIGINT is taken back where the launcher started with it ignored: bash ignores it
+    in a script's background jobs (``asyncrl run &``), so ``kill -INT PID`` did nothing and
+    a SIGINT to the group stopped nothing either; the roles it starts take it too
+    (``spawn_role`` passes on what the launcher does)."""
 
     def terminated(*_: object) -> None:
         raise Terminated()
 
     signal.signal(signal.SIGTERM, terminated)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 STOP_GRACE_S = 120.0
@@ -241,14 +247,12 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     resolved.kafka.bootstrap_servers = bootstrap
     if resolved.sync.master_port is None:
         resolved.sync.master_port = free_port()
-    topics = create_run_topics(resolved, bootstrap)
-    console.log(f"topics: {', '.join(topics)}")
-    _refuse_a_foreign_log(resolved, bootstrap)
-    prepare_policy(resolved, console)
-
     from asyncrl.producers.feed import feed_prompts, feeds_ahead, train_prompts
     from asyncrl.telemetry.tracing import init_tracing, shutdown_tracing
 
+    # The data first (the tokenizer needs no warm start): prompts all over
+    # data.max_prompt_length, or characters the built-in model cannot read, stopped the run
+    # only after the topics and a ~45 s warm start.
     train, split = train_prompts(resolved)
     if split is not None:
         _log_data(resolved, console, "train", split)
@@ -256,6 +260,10 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
         from asyncrl.tasks.files import load_split
 
         _log_data(resolved, console, "val", load_split(resolved, "val", load_tokenizer(resolved)))
+    topics = create_run_topics(resolved, bootstrap)
+    console.log(f"topics: {', '.join(topics)}")
+    _refuse_a_foreign_log(resolved, bootstrap)
+    prepare_policy(resolved, console)
     # The feed's spans (the prompts' contexts); console spans to a log, not the terminal.
     init_tracing(resolved, "asyncrl-launcher", console_log=cfg.run_dir / "logs" / LAUNCHER_LOG)
     # a long run's first steps' prompts, checked and fed: shown live on a terminal

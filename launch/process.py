@@ -257,8 +257,9 @@ def spawn_role(argv: list[str], log_path: Path) -> tuple[RoleProcess, Path]:
     ``log_path``; it dies with this process."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start_role_server()  # SIGINT ignored in the server (a no-op once it runs)
-    # A launcher started with SIGINT ignored (`asyncrl run &` from a script, nohup) keeps its
-    # roles so: a SIGINT to the group once stopped the workers alone, and the run went on.
+    # A process that ignores SIGINT keeps its roles so: a SIGINT to the group once stopped
+    # the workers alone, and the run went on. (`asyncrl run &` from a script starts with it
+    # ignored; its launcher takes it back first: stop_on_signals.)
     interrupt = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
     ctx = _context()
     process = ctx.Process(

@@ -154,6 +154,16 @@ def config_reference() -> str:
         f"{_demo_settings('`')}; a file of your own starts from the defaults below, not from the",
         "demo's file.",
         "",
+        "**Relative paths** (`output_dir`, `data.train_files`/`val_files`, "
+        "`custom_reward_function.path`, `actor_rollout_ref.rollout.multi_turn.tool_config_path`, "
+        "`actor_rollout_ref.model.path` where it names something there rather than a Hub id, "
+        "`actor_rollout_ref.model.cache_dir`, the `kafka.security.ssl_*_location` files) are "
+        "taken from the directory the command that first loads the config runs in, whether the "
+        "YAML file or the command line wrote them, and made absolute there (`config/paths.py`): "
+        "`runs/<run_id>/config.yaml` holds absolute paths, so `asyncrl train`, `asyncrl "
+        "rollout`, the compose services and `asyncrl replay` read the same files from any "
+        "directory. `~` is expanded; a URL (`hdfs://...`) is kept as written.",
+        "",
         "| key | type | default | meaning |",
         "|---|---|---|---|",
     ]

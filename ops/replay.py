@@ -179,12 +179,13 @@ def replay_topic(
     (on ``target_bootstrap``, default the source's broker: a run's archive is served by a
     throwaway broker, and the target run lives on a broker of its own).
 
-    The records keep their key, bytes and headers, in offset order, so a trainer of the target
+    The records keep their key, bytes and headers (plus ``replayed-from``: the source topic;
+    their versions are the source run's), in offset order, so a trainer of the target
     run is fed the recorded stream: an off-policy re-training from the log. Selection: offsets
     ``[start, end)``, then optionally a version range (a sample's ``param_version``, inclusive)
     and a set of sample ids. Returns the number of records published.
     """
-    from asyncrl.kafka import Publisher
+    from asyncrl.kafka import HEADER_REPLAYED_FROM, Publisher
     from asyncrl.kafka.topics import create_run_topics
     from asyncrl.schemas.partial import decode_partial
 
@@ -211,7 +212,9 @@ def replay_topic(
                     continue
                 if sample_ids is not None and sample.sample_id not in sample_ids:
                     continue
-            pub.publish(target.topic(name), rec.key, rec.value, headers=rec.headers)
+            # this run's versions, which the target's trainer never granted (consumers/batcher.py)
+            headers: dict[str, str | bytes] = {**rec.headers, HEADER_REPLAYED_FROM: cfg.topic(name)}
+            pub.publish(target.topic(name), rec.key, rec.value, headers=headers)
             published += 1
     console.print(f"replayed {published} records of {cfg.topic(name)} into {target.topic(name)}")
     return published

@@ -250,6 +250,37 @@ def filter_overlong(
     return kept, len(rows) - len(kept)
 
 
+def _text(prompt: str | list[dict[str, Any]]) -> str:
+    """What the built-in model reads of a prompt: its chat template is the messages' text."""
+    if isinstance(prompt, str):
+        return prompt
+    return "".join(str(m.get("content", "")) for m in prompt)
+
+
+def refuse_unknown_characters(key: str, rows: list[DataRow], tokenizer: Any) -> None:
+    """ConfigError where a prompt holds characters the built-in tiny model's tokenizer lacks:
+    each read as ``<unk>``, so a user's own data with the built-in model trained on noise
+    without a word (the model knows its task's few characters, digits and ``+-*=()``)."""
+    vocab = tokenizer.get_vocab()
+    unknown: dict[str, None] = {}
+    hit: list[DataRow] = []
+    for row in rows:
+        missing = [c for c in _text(row.prompt) if c not in vocab]
+        if missing:
+            hit.append(row)
+            unknown.update(dict.fromkeys(missing))
+    if not hit:
+        return
+    known = "".join(t for t in sorted(vocab, key=vocab.__getitem__) if len(t) == 1)
+    shown = "".join(list(unknown)[:20]) + ("..." if len(unknown) > 20 else "")
+    raise ConfigError(
+        f"{key}: {len(hit)} of {len(rows)} prompts hold characters the built-in tiny model's "
+        f"tokenizer does not have ({shown!r}; it knows {known!r} only), e.g. prompt "
+        f"{hit[0].prompt_id}: {_text(hit[0].prompt)[:80]!r}: each would read as <unk>; set "
+        "actor_rollout_ref.model.path to a checkpoint whose tokenizer reads your data"
+    )
+
+
 def load_split(
     cfg: RunConfig, split: str, tokenizer: Any, rows: list[DataRow] | None = None
 ) -> Split:
@@ -263,6 +294,8 @@ def load_split(
     path = cfg.actor_rollout_ref.model.path
     embedded = None if path is None else vocab_size(path)
     tools = prompt_tool_schemas(cfg)  # the schemas the workers' template writes too
+    if path is None:
+        refuse_unknown_characters(key, rows, tokenizer)
     try:
         kept, too_long = filter_overlong(
             rows, tokenizer, cfg.data.max_prompt_length, embedded, tools

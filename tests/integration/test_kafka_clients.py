@@ -344,3 +344,35 @@ def test_a_topic_the_broker_lacks_is_one_line_naming_it_and_the_run(
     assert main(command) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("asyncrl inspect: no topic nosuchrun.") and "Traceback" not in err
+
+
+def test_a_topic_the_broker_lost_is_not_made_again_and_stops_the_role_naming_it(
+    make_run_cfg: Callable[..., RunConfig], broker: str
+) -> None:
+    """A broker restarted without the run's topics (``asyncrl broker`` keeps them in memory):
+    a role's producer had the broker make its topic again, with Tansu's default 4 partitions
+    (the run's control topic has 1), and a worker's group consumer ended in librdkafka's
+    traceback. Now nothing is made, and each client stops on one line naming the topic."""
+    # librdkafka waits topic.metadata.propagation.max.ms (30 s) before calling a topic missing
+    cfg = make_run_cfg("kafka.extra={topic.metadata.propagation.max.ms: 500}", create_topics=False)
+    control = cfg.topic("control")
+    pub = Publisher(cfg.kafka, broker)
+    pub.publish(control, "k", b"x")
+    with pytest.raises(UnknownTopic) as exc:
+        pub.flush(10)
+    assert control not in _topic_partitions(broker)
+    assert str(exc.value).startswith(f"topic {control} is gone from the broker at {broker} ")
+    pub = Publisher(cfg.kafka, broker)  # librdkafka knows it is missing: produce() raises
+    pub.publish(control, "k", b"x")
+    with pytest.raises(UnknownTopic, match=f"^topic {control} is gone"):
+        for _ in range(20):
+            pub.publish(control, "k", b"x")
+            pub.flush(1)
+
+    samples = cfg.topic("samples")
+    with Reader(cfg.kafka, broker, raw_decode, group_id=f"{cfg.run_id}-g") as reader:
+        reader.subscribe([samples])
+        with pytest.raises(UnknownTopic, match=f"^topic {samples} is gone from the broker"):
+            for _ in range(20):
+                reader.poll(0.5)
+    assert samples not in _topic_partitions(broker)

@@ -275,3 +275,25 @@ def test_a_checkpoint_of_the_old_format_resumes_with_its_settled_ids():
     assert b.offer(reread, 0) is None and len(b) == 1  # the same record: no count
     copy = prompt_rec(8, prompt=1, epoch=0)
     assert b.offer(copy, 0).kind == "duplicate" and b.dropped["duplicate"] == 1
+
+
+def test_a_sample_above_the_trainers_version_is_dropped_as_never_granted():
+    """A sample with param_version 10**9 (a forged or corrupted record) was queued and
+    trained (its lag negative, never past max_version_lag); only ``audit`` flagged it. No
+    sync ever granted a version above the trainer's own (a restarted trainer takes one above
+    the control log's highest before it reads samples), so it is dropped as invalid and its
+    worker's slot counted. A record ``replay topic`` copied from another run keeps its run's
+    versions and is taken."""
+    b = SampleBatcher(max_version_lag=2)
+    assert b.offer(rec(0, version=3), current_version=3) is None  # the current version
+    dropped = b.offer(rec(1, version=10**9, worker=1), current_version=3)
+    assert dropped is not None and dropped.kind == "invalid"
+    assert dropped.reason == (
+        "param_version 1000000000 is above the trainer's version 3: no sync granted it "
+        "(a forged or corrupted record)"
+    )
+    assert (b.dropped["invalid"], b.consumed[1], len(b)) == (1, 1, 1)
+    replayed = rec(2, version=7)
+    replayed.headers["replayed-from"] = b"other.samples"
+    assert b.offer(replayed, current_version=3) is None
+    assert len(b) == 2

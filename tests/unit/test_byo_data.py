@@ -437,7 +437,7 @@ def test_a_chat_template_that_refuses_a_prompt_names_the_prompt_and_the_key(
         {
             "data_source": "x",
             "prompt": [
-                {"role": "system", "content": "be brief"},
+                {"role": "system", "content": "1+1"},
                 {"role": "user", "content": "1="},
             ],
             "reward_model": {"ground_truth": "1"},

@@ -524,7 +524,7 @@ def test_a_runs_saved_config_finds_its_run_from_another_directory(
     args = argparse.Namespace(
         config=str(run_dir / "config.yaml"), overrides=["output_dir=mine"], output_dir=None
     )
-    assert _load_run(args).run_dir == Path("mine") / "r8"
+    assert _load_run(args).run_dir == Path("mine").absolute() / "r8"
 
 
 def test_a_runs_relative_paths_are_found_from_another_directory(
@@ -560,10 +560,10 @@ def test_a_runs_relative_paths_are_found_from_another_directory(
         assert cfg.actor_rollout_ref.model.path == str((project / "models" / "m").resolve())
         assert cfg.custom_reward_function.path == str((project / "reward.py").resolve())
 
-    # Read from where it was started, the paths stay as the run wrote them.
+    # Read from where it was started, the paths are the run's files (made absolute at load).
     monkeypatch.chdir(project)
     args = argparse.Namespace(config="runs/r/config.yaml", overrides=[], output_dir=None)
-    assert _load_run(args).actor_rollout_ref.model.path == "models/m"
+    assert _load_run(args).actor_rollout_ref.model.path == str(project / "models" / "m")
 
 
 @pytest.mark.parametrize(("role", "started"), [("train", "Trainer"), ("rollout", "RolloutWorker")])
@@ -650,3 +650,32 @@ def test_replay_topic_into_a_closed_port_says_so_before_the_log_is_opened(
         f"asyncrl replay: nothing listens at {closed} (--to-bootstrap): start run x's broker "
         "(`asyncrl broker --port PORT`), or name the one it runs on\n"
     )
+
+
+@pytest.mark.parametrize("module", ["asyncrl.config.sections", "asyncrl.launch.launcher"])
+def test_ctrl_c_before_asyncrl_run_starts_anything_is_one_line(tmp_path: Path, module: str) -> None:
+    """Ctrl-C in the first half second of ``asyncrl run`` (the CLI importing the config
+    models, then the launcher) printed a page of KeyboardInterrupt traceback from inside the
+    imports and died of the signal. A real SIGINT at that moment (sent as ``module`` is
+    imported) now ends it with one line and the shell's 130."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name == {module!r}:\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from asyncrl.cli import main\n"
+        f"raise SystemExit(main(['run', 'output_dir={tmp_path}']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (done.returncode, done.stderr) == (
+        130,
+        "asyncrl run: stopped before it started anything\n",
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -1,6 +1,8 @@
 """Config values a sweep found accepted at start-up and failing later (or silently wrong):
 each is now refused at load, one line naming the key the user wrote and its source."""
 
+import os
+
 import pytest
 
 from asyncrl.config import DEFAULT_CONFIG, ConfigError, load_config
@@ -184,13 +186,13 @@ def test_a_single_logger_name_is_a_one_item_list(tmp_path, value):
         ("run_id=20240101", "run_id", "20240101"),
         ("run_id=2024-01-01", "run_id", "2024-01-01"),  # YAML's date: refused, unshown
         ("run_id=010", "run_id", "010"),  # YAML 1.1's octal 8: the text written
-        ("output_dir=123", "output_dir", "123"),
+        ("output_dir=123", "output_dir", os.path.abspath("123")),  # made absolute
         ("sync.master_addr=10", "sync.master_addr", "10"),
         ("kafka.bootstrap_servers=9092", "kafka.bootstrap_servers", "9092"),
     ],
 )
 def test_a_text_key_takes_the_text_of_a_number_or_date(override, key, value):
-    cfg = load_config(overrides=[override])
+    cfg = load_config(overrides=[override])  # from this directory, as value's abspath is
     section, _, name = key.rpartition(".")
     assert getattr(cfg if not section else getattr(cfg, section), name) == value
 
@@ -202,7 +204,7 @@ def test_a_text_key_in_a_file_takes_the_text_written(tmp_path):
         "sync:\n  master_addr: 12:30\n"  # YAML 1.1: 750 (base 60)
     )
     cfg = load_config(path)
-    assert (cfg.run_id, cfg.output_dir) == ("2024-01-01", "0x10")
+    assert (cfg.run_id, cfg.output_dir) == ("2024-01-01", os.path.abspath("0x10"))
     assert (cfg.kafka.bootstrap_servers, cfg.sync.master_addr) == ("9092", "12:30")
 
 

@@ -173,3 +173,54 @@ def test_the_dry_run_puts_the_prompts_through_the_tokenizer(
     assert "(8 rows, 7 longer than data.max_prompt_length=6 tokens after the chat template" in (
         capsys.readouterr().out
     )
+
+
+def test_prompts_the_built_in_models_tokenizer_cannot_read_stop_the_run_naming_them(
+    tmp_path: Path, exported: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's own data with the built-in tiny model (no model.path): its tokenizer knows the
+    task's characters only, and turned every other into <unk> without a word, so the run
+    trained on noise; the dry run said ok. Now the data check fails, naming the characters
+    and a prompt, in the dry run and at the run's start."""
+    import pyarrow as pa
+
+    rows = pq.read_table(exported["val"]).to_pylist()
+    rows[1]["prompt"] = [{"role": "user", "content": "What is 1+2?"}]
+    words = tmp_path / "words.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), words)
+    assert dry_run(None, _overrides(tmp_path, exported["train"], words)) == 2
+    out = capsys.readouterr().out
+    assert "ok   data.train_files" in out
+    assert (
+        "FAIL data.val_files: 1 of 4 prompts hold characters the built-in tiny model's "
+        "tokenizer does not have ('Whatis?'; it knows '0123456789+-*=() ' only), e.g. prompt "
+        "words-1: 'What is 1+2?': each would read as <unk>"
+    ) in " ".join(out.split())
+
+
+def test_the_run_reads_its_data_before_the_topics_and_the_warm_start(
+    tmp_path: Path, exported: dict[str, Path]
+) -> None:
+    """A run whose prompts are all over data.max_prompt_length (or that the built-in model
+    cannot read) stopped with its clear message only after making the topics and a ~45 s
+    warm start. The data is read first now: the message comes before any broker is asked
+    (nothing listens at this one) and with the model cache still empty."""
+    from rich.console import Console
+
+    from asyncrl.launch.broker import free_port
+    from asyncrl.launch.launcher import prepare
+
+    cache = tmp_path / "cache"
+    cfg = load_config(
+        overrides=_overrides(
+            tmp_path,
+            exported["train"],
+            exported["val"],
+            "data.max_prompt_length=3",
+            f"actor_rollout_ref.model.cache_dir={cache}",
+            "kafka.broker_down_timeout_s=2",
+        )
+    )
+    with pytest.raises(ConfigError, match=r"^data.train_files: all 8 prompts are longer than"):
+        prepare(cfg, f"127.0.0.1:{free_port()}", Console(quiet=True))
+    assert not cache.exists() or not any(cache.iterdir())

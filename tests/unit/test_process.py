@@ -34,9 +34,10 @@ def test_a_forked_role_writes_its_log_and_reports_its_exit_code(tmp_path):
     assert "invalid choice: 'no-such-command'" in log.read_text()
 
 
-def _launcher_of_a_broker_role(log, **popen: Any) -> subprocess.Popen:
-    """A process that forks a broker role (its output to ``log``), prints the role's pid and
-    sleeps: a launcher, for what happens to its role."""
+def _launcher_of_a_broker_role(log, first: str = "", **popen: Any) -> subprocess.Popen:
+    """A process that runs ``first``, forks a broker role (its output to ``log``), prints the
+    role's pid and sleeps (a Ctrl-C: prints "stopped", exits 130): a launcher, for what
+    happens to its role."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -44,9 +45,14 @@ def _launcher_of_a_broker_role(log, **popen: Any) -> subprocess.Popen:
             "import time\n"
             "from pathlib import Path\n"
             "from asyncrl.launch.process import spawn_role\n"
+            f"{first}\n"
             f"proc, _ = spawn_role(['broker'], Path({str(log)!r}))\n"
             "print(proc.pid, flush=True)\n"
-            "time.sleep(600)\n",
+            "try:\n"
+            "    time.sleep(600)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('stopped', flush=True)\n"
+            "    raise SystemExit(130)\n",
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -168,6 +174,33 @@ def test_a_launcher_that_ignores_sigint_starts_roles_that_ignore_it(tmp_path):
             assert time.monotonic() < deadline and _alive(role), "the role never started"
             time.sleep(0.1)
         assert _ignores_sigint(launcher.pid) and _ignores_sigint(role)
+    finally:
+        launcher.kill()
+        launcher.wait(60)
+
+
+def test_asyncrl_run_started_with_sigint_ignored_takes_it_back_for_itself_and_its_roles(tmp_path):
+    """``asyncrl run &`` from a script (bash ignores SIGINT in a non-interactive shell's
+    background jobs): the launcher kept it ignored, and ``kill -INT PID`` did nothing. Now
+    the launcher's signal set-up (``stop_on_signals``, as ``asyncrl run`` calls it) takes it
+    back, its roles with it, and a SIGINT stops the launcher as Ctrl-C does."""
+    log = tmp_path / "broker.log"
+    launcher = _launcher_of_a_broker_role(
+        log,
+        first="from asyncrl.launch.launcher import stop_on_signals\nstop_on_signals()",
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert launcher.stdout is not None
+        role = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "127.0.0.1" in log.read_text()):  # the role runs
+            assert time.monotonic() < deadline and _alive(role), "the role never started"
+            time.sleep(0.1)
+        assert not _ignores_sigint(launcher.pid) and not _ignores_sigint(role)
+        os.kill(launcher.pid, signal.SIGINT)
+        assert launcher.wait(60) == 130
+        assert launcher.stdout.read().strip() == "stopped"
     finally:
         launcher.kill()
         launcher.wait(60)
