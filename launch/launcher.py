@@ -257,7 +257,7 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     if split is not None:
         _log_data(resolved, console, "train", split)
         from asyncrl.models.policy import load_tokenizer
-        from asyncrl.tasks.files import load_split
+        from asyncrl.producers.agent.data import load_split
 
         _log_data(resolved, console, "val", load_split(resolved, "val", load_tokenizer(resolved)))
     topics = create_run_topics(resolved, bootstrap)

@@ -340,7 +340,8 @@ def _data_files(cfg: RunConfig, rows: bool = False) -> list[Check]:
     if not cfg.data.from_files:
         return []
     from asyncrl.models.policy import check_model_path, load_tokenizer
-    from asyncrl.tasks.files import check_file, checked_rows, load_split
+    from asyncrl.producers.agent.data import checked_rows, load_split
+    from asyncrl.tasks.files import check_file
 
     tokenizer = None
     if rows and check_model_path(cfg) is None:  # a bad model.path fails its own check

@@ -96,7 +96,7 @@ def train_prompts(cfg: RunConfig) -> tuple[list[PromptRecord], Split | None]:
         train, _ = splits(cfg.data)
         return [PromptRecord(p.prompt_id, p.prompt, p.answer) for p in train], None
     from asyncrl.models.policy import load_tokenizer
-    from asyncrl.tasks.files import load_split
+    from asyncrl.producers.agent.data import load_split
 
     split = load_split(cfg, "train", load_tokenizer(cfg))
     return [row.record() for row in split.rows], split

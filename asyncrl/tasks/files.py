@@ -282,18 +282,21 @@ def refuse_unknown_characters(key: str, rows: list[DataRow], tokenizer: Any) -> 
 
 
 def load_split(
-    cfg: RunConfig, split: str, tokenizer: Any, rows: list[DataRow] | None = None
+    cfg: RunConfig,
+    split: str,
+    tokenizer: Any,
+    rows: list[DataRow] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Split:
     """The ``train`` or ``val`` rows of ``data.train_files``/``val_files`` (or ``rows``, read
-    from them already), over-long prompts left out."""
+    from them already), over-long prompts left out, counting ``tools`` (the schemas a chat
+    template writes: ``asyncrl.producers.agent.data`` passes the run's)."""
     key = f"data.{split}_files"
     rows = checked_rows(cfg, split) if rows is None else rows
     from asyncrl.models.policy import vocab_size
-    from asyncrl.producers.tools.registry import prompt_tool_schemas
 
     path = cfg.actor_rollout_ref.model.path
     embedded = None if path is None else vocab_size(path)
-    tools = prompt_tool_schemas(cfg)  # the schemas the workers' template writes too
     if path is None:
         refuse_unknown_characters(key, rows, tokenizer)
     try:
@@ -310,9 +313,12 @@ def load_split(
     return Split(kept, len(rows), too_long)
 
 
-def checked_rows(cfg: RunConfig, split: str) -> list[DataRow]:
+def checked_rows(
+    cfg: RunConfig, split: str, interactions: list[str] | None = None
+) -> list[DataRow]:
     """The rows of a split with every check that needs no tokenizer (well-formed values, at
-    least one row, a reward for each data_source): what ``asyncrl run --dry-run`` reads."""
+    least one row, a reward for each data_source, with ``interactions``, the names of the
+    run's, one picked by each row): what ``asyncrl run --dry-run`` reads."""
     key = f"data.{split}_files"
     paths = cfg.data.train_paths if split == "train" else cfg.data.val_paths
     rows = read_rows(paths, cfg.data.prompt_key, key)
@@ -326,22 +332,37 @@ def checked_rows(cfg: RunConfig, split: str) -> list[DataRow]:
                 f"{', '.join(unknown)}, which no built-in rule scores (built-in: "
                 f"{', '.join(BUILTIN_SOURCES)}): name your compute_score file"
             )
-    _check_interactions(cfg, rows, key)
+    if interactions is not None:
+        for row in rows:
+            why = interaction_pick_error(
+                interactions, row.extra_info, f"{key}: prompt {row.prompt_id}"
+            )
+            if why is not None:
+                raise ConfigError(why)
     return rows
 
 
-def _check_interactions(cfg: RunConfig, rows: list[DataRow], key: str) -> None:
-    """With an interaction config, every row picks one of its interactions
-    (``extra_info.interaction_kwargs.name``): a worker would otherwise meet the row mid-run."""
-    from asyncrl.producers.agent.interaction import pick_error, run_interaction_names
+INTERACTION_KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 
-    names = run_interaction_names(cfg)
-    if names is None:
-        return
-    for row in rows:
-        why = pick_error(names, row.extra_info, f"{key}: prompt {row.prompt_id}")
-        if why is not None:
-            raise ConfigError(why)
+
+def interaction_pick_error(names: list[str], extra_info: dict[str, Any], where: str) -> str | None:
+    """Why a row's ``extra_info.interaction_kwargs`` picks none of the interactions ``names``
+    (a message naming ``where`` and the key), or None if it picks one: a worker would
+    otherwise meet the row mid-run."""
+    kwargs = extra_info.get("interaction_kwargs")
+    if kwargs is None and len(names) == 1:
+        return None
+    if not isinstance(kwargs, dict) or "name" not in kwargs:
+        return (
+            f"{where}: extra_info.interaction_kwargs.name: missing; {INTERACTION_KEY} has "
+            f"{', '.join(names)}: a sample picks one by name"
+        )
+    if kwargs["name"] not in names:
+        return (
+            f"{where}: extra_info.interaction_kwargs.name: {kwargs['name']!r} is not in "
+            f"{INTERACTION_KEY} (it has {', '.join(names)})"
+        )
+    return None
 
 
 # --- the built-in tasks in this format ----------------------------------------------------------

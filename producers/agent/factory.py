@@ -114,7 +114,7 @@ def held_out_set(cfg: RunConfig, tokenizer: Any) -> list:
         from asyncrl.tasks import splits
 
         return splits(cfg.data)[1]
-    from asyncrl.tasks.files import load_split
+    from asyncrl.producers.agent.data import load_split
 
     split = load_split(cfg, "val", tokenizer)
     log.info(

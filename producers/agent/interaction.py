@@ -140,25 +140,6 @@ def run_interaction_names(cfg: RunConfig) -> list[str] | None:
         raise ConfigError(f"{KEY}: {err}") from None
 
 
-def pick_error(names: list[str], extra_info: dict[str, Any], where: str) -> str | None:
-    """Why a sample's ``extra_info.interaction_kwargs`` picks none of ``names`` (a message
-    naming ``where`` and the key), or None if it picks one."""
-    kwargs = extra_info.get("interaction_kwargs")
-    if kwargs is None and len(names) == 1:
-        return None
-    if not isinstance(kwargs, dict) or "name" not in kwargs:
-        return (
-            f"{where}: extra_info.interaction_kwargs.name: missing; {KEY} has "
-            f"{', '.join(names)}: a sample picks one by name"
-        )
-    if kwargs["name"] not in names:
-        return (
-            f"{where}: extra_info.interaction_kwargs.name: {kwargs['name']!r} is not in {KEY} "
-            f"(it has {', '.join(names)})"
-        )
-    return None
-
-
 class ConfiguredInteractions:
     """The agent loop's interaction (``loop.Interaction``) over the configured ones: each
     trajectory talks to the one its kwargs name (``AgentState.interaction_kwargs``)."""

@@ -17,6 +17,7 @@ import asyncrl
 from asyncrl.config import ConfigError, ModelConfig, load_config
 from asyncrl.launch.preflight import check_startable
 from asyncrl.models.tiny import CHARS, build_model, build_tokenizer
+from asyncrl.producers.agent.data import checked_rows
 from asyncrl.producers.agent.interaction import (
     ConfiguredInteractions,
     InteractionConfigError,
@@ -30,7 +31,6 @@ from asyncrl.producers.engines.hf import HFEngine
 from asyncrl.producers.tools.calculator import CalculatorTool
 from asyncrl.producers.tools.registry import ToolExecutor
 from asyncrl.tasks import calculator as calc
-from asyncrl.tasks.files import checked_rows
 
 SHIPPED = Path(asyncrl.__file__).parent / "configs" / "interactions" / "retry.yaml"
 KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"

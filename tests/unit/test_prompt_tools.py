@@ -1,7 +1,7 @@
 """The agent loop's tool schemas reach a chat prompt's template, as verl passes them
 (``apply_chat_template(messages, tools=..., add_generation_prompt=True)``), in every place a
 prompt is encoded: the rollout worker's admission, the held-out evaluation (both through
-``AgentRunner.prompt_ids``) and the data's length filter (``tasks.files.load_split``)."""
+``AgentRunner.prompt_ids``) and the data's length filter (``producers.agent.data.load_split``)."""
 
 from __future__ import annotations
 
