@@ -18,6 +18,7 @@ PATH_KEYS = (
     "data.val_files",
     "custom_reward_function.path",
     "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
     "actor_rollout_ref.model.path",
     "actor_rollout_ref.model.cache_dir",
     "kafka.security.ssl_ca_location",

@@ -54,7 +54,7 @@ def test_a_saved_config_means_the_same_files_from_any_directory(
     check_startable(saved, "rollout")
 
 
-def test_a_relative_model_directory_and_tool_config_become_absolute(
+def test_a_relative_model_directory_tool_and_interaction_config_become_absolute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "models" / "m").mkdir(parents=True)
@@ -62,10 +62,14 @@ def test_a_relative_model_directory_and_tool_config_become_absolute(
     cfg = load_config(
         overrides=[
             "actor_rollout_ref.model.path=models/m",
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
             "actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml",
+            "actor_rollout_ref.rollout.multi_turn.interaction_config_path=users.yaml",
             "output_dir=~/runs",
         ]
     )
     assert cfg.actor_rollout_ref.model.path == str(tmp_path / "models" / "m")
-    assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == str(tmp_path / "tools.yaml")
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    assert multi_turn.tool_config_path == str(tmp_path / "tools.yaml")
+    assert multi_turn.interaction_config_path == str(tmp_path / "users.yaml")
     assert cfg.output_dir == str(Path.home() / "runs")
