@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,6 +54,8 @@ class InFlight:
     """Per trajectory: (segment_starts, segment_versions), grown at each continuation."""
     interrupted: dict[int, AgentState] = field(default_factory=dict)
     """Trajectories cut short by a sync, waiting to be continued."""
+    scoring: int = 0
+    """Trajectories finished and being scored (off the worker's loop)."""
     trace: SampleTrace = field(default_factory=SampleTrace)
 
     def segments_of(self, index: int) -> tuple[list[int], list[int]]:
@@ -156,6 +159,20 @@ class InFlight:
         return fl
 
 
+class Unscored(NamedTuple):
+    """A finished trajectory whose reward is being computed (off the worker's loop)."""
+
+    sample_id: str
+    sample: InFlight
+    """The sample it belongs to: if that sample was handed back meanwhile, the score is
+    dropped, even if a sample of that id is in flight again."""
+    traj_index: int
+    trajectory: Trajectory
+    """Built as it finished, with the versions of its segments then; the reward goes in."""
+    span: Any
+    """Its reward span, ended with the score (None: not traced)."""
+
+
 class InFlightSamples:
     """Every sample this worker is generating, by sample id; trajectory ``i`` of sample ``s``
     runs on the agent runner as request ``s#i``."""
@@ -182,6 +199,11 @@ class InFlightSamples:
 
     def __getitem__(self, sample_id: str) -> InFlight:
         return self.samples[sample_id]
+
+    def num_generating(self) -> int:
+        """Samples with a trajectory still to finish, not those only waiting for rewards:
+        what the concurrency limit (rollout.max_concurrent_samples) counts."""
+        return sum(1 for fl in self.samples.values() if len(fl.done) + fl.scoring < self.n)
 
     def pop(self, sample_id: str) -> InFlight:
         return self.samples.pop(sample_id)

@@ -6,6 +6,7 @@ the same paths over Kafka and the collective."""
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 import torch
@@ -717,3 +718,114 @@ def _resumed_around_a_spent_version(run: Run, held: float) -> list[ev.RolloutRes
     run.run()
     watcher.join(5)
     return [e for e in run.events() if isinstance(e, ev.RolloutResumed)][:2]
+
+
+# --- a slow custom reward, scored off the loop ------------------------------------------------
+SLOW_REWARD = """
+import time
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, calls=""):
+    t0 = time.time()
+    time.sleep(0.2)
+    with open(calls, "a") as f:
+        f.write(f"{t0} {time.time()}\\n")
+    return 1.0
+"""
+
+
+def _slow_reward(tmp_path) -> tuple[list[str], object]:
+    """Overrides for a custom reward taking 0.2 s a call, which logs each call's start and
+    end to the returned file."""
+    path, calls = tmp_path / "slow_reward.py", tmp_path / "calls.txt"
+    path.write_text(SLOW_REWARD)
+    return [
+        f"custom_reward_function.path={path}",
+        f"custom_reward_function.reward_kwargs.calls={calls}",
+    ], calls
+
+
+def _decoding_times(run: Run) -> list[float]:
+    """When each of the worker's decoding steps began (steps with sequences to decode)."""
+    step, times = run.worker.runner.step, []
+
+    def timed(timeout: float = 0.0):
+        if run.worker.engine.num_active:
+            times.append(time.time())
+        return step(timeout)
+
+    run.worker.runner.step = timed
+    return times
+
+
+def test_a_slow_custom_reward_does_not_stall_decoding(tmp_path):
+    """The reward calls run beside the loop: the worker decodes the samples it admitted next
+    while the first ones are scored (inline, every call stopped the loop for its 0.2 s)."""
+    reward, calls = _slow_reward(tmp_path)
+    run = Run(_cfg(tmp_path, STEPPED, *reward))
+    times = _decoding_times(run)
+    run.when_published(6, run.trainer.finish)  # version 0's budget
+    assert run.run() == 6
+    spans = [tuple(map(float, line.split())) for line in calls.read_text().splitlines()]
+    assert len(spans) == 6 * 4
+    during = [t for t in times if any(a < t < b for a, b in spans)]
+    assert during, "no decoding step ran while a reward was being computed"
+    samples = run.samples()
+    assert len({s.sample_id for s in samples}) == 6
+    for t in (t for s in samples for t in s.trajectories):
+        assert t.reward == 1.0 and not t.reward_error and t.reward_s >= 0.2
+
+
+def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
+    """A sync arrives while finished trajectories are being scored and others decode: the
+    worker drains the scores before it logs partials and pauses, so each finished trajectory
+    keeps version 0 and its reward, and each prompt ends as exactly one sample."""
+    reward, calls = _slow_reward(tmp_path)
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward)
+    run = Run(cfg)
+    step, pending_at_sync, in_flight_at_sync = run.worker.runner.step, [], []
+
+    def sync_while_scoring(timeout: float = 0.0):
+        if not pending_at_sync and run.worker.score.pending and run.worker.engine.num_active:
+            pending_at_sync.append(run.worker.score.pending)
+            in_flight_at_sync.append(len(run.worker.in_flight))
+            run.sync_new_weights()
+        return step(timeout)
+
+    run.worker.runner.step = sync_while_scoring
+    run.when_published(6, run.trainer.finish)
+    run.run()
+
+    assert pending_at_sync, "no sync came while a reward was pending"
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    partials, samples = run.partials(), run.samples()
+    # Every sample in flight at the sync either completed by the drained scores (published
+    # before the pause, counted in it) or was logged with its finished trajectories scored.
+    assert paused.produced + paused.n_partial == in_flight_at_sync[0]
+    assert paused.n_partial == len(partials) > 0
+    assert len(samples) == 6 and len({s.sample_id for s in samples}) == 6
+    assert paused.pause_s >= 0.2 * pending_at_sync[0] / cfg.custom_reward_function.num_workers
+    finished_before = 0
+    for p in partials:
+        for t in p.sample.trajectories:
+            if t.finish_reason != "abort":  # finished, scored by the drain
+                finished_before += 1
+                assert t.reward == 1.0 and t.segment_versions == [0]
+    print(
+        f"at the sync: {pending_at_sync[0]} rewards pending, {in_flight_at_sync[0]} samples in "
+        f"flight; {paused.produced} published by the drain, {len(partials)} logged with "
+        f"{finished_before} scored trajectories; pause {paused.pause_s:.2f} s"
+    )
+    by_id = {s.sample_id: s for s in samples}
+    for s in samples[: paused.produced]:  # published by the drain, all under version 0
+        assert all(t.segment_versions == [0] for t in s.trajectories)
+    for p in partials:
+        continued = by_id[p.sample.sample_id].trajectories
+        for logged, t in zip(p.sample.trajectories, continued, strict=True):
+            if logged.finish_reason != "abort":
+                assert t.response_ids.tolist() == logged.response_ids.tolist()
+                assert t.segment_versions == [0]
+    for t in (t for s in samples for t in s.trajectories):
+        assert t.reward == 1.0 and not t.reward_error
+    # one call per trajectory: none scored twice, none lost
+    assert len(calls.read_text().splitlines()) == 6 * 4
