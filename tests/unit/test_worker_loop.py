@@ -829,3 +829,83 @@ def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
         assert t.reward == 1.0 and not t.reward_error
     # one call per trajectory: none scored twice, none lost
     assert len(calls.read_text().splitlines()) == 6 * 4
+
+
+def test_a_partition_revoked_with_rewards_pending_loses_nothing(tmp_path):
+    """The partition moves away while finished trajectories are being scored: the worker
+    drains the scores first, so each of its samples ends once, published whole or logged to
+    ``partials`` with its finished trajectories scored, never both, never neither."""
+    reward, _ = _slow_reward(tmp_path)
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward)
+    run = Run(cfg, prompts=8)
+    worker, step, moving = run.worker, run.worker.runner.step, []
+
+    def revoke_while_scoring(timeout: float = 0.0):
+        if not moving and worker.score.pending and worker.engine.num_active:
+            moving.extend(worker.in_flight)
+            run.sources[0].revoke()
+            assert len(worker.in_flight) == 0 and not worker.score.pending
+            run.trainer.finish()
+        return step(timeout)
+
+    worker.runner.step = revoke_while_scoring
+    run.run()
+
+    assert moving, "no revoke came while a reward was pending"
+    published = {s.sample_id: s for s in run.samples()}
+    logged = {p.sample.sample_id: p for p in run.partials()}
+    assert set(published) | set(logged) == set(moving) and not set(published) & set(logged)
+    assert logged, "nothing was decoding at the revoke"
+    for t in (t for s in published.values() for t in s.trajectories):
+        assert t.reward == 1.0 and t.segment_versions == [0]
+    for t in (t for p in logged.values() for t in p.sample.trajectories):
+        assert t.reward == (0.0 if t.finish_reason == "abort" else 1.0)
+
+
+def test_an_in_flight_update_leaves_a_trajectory_being_scored_its_version(tmp_path):
+    """Weights swapped in while finished trajectories are being scored (nothing drains, no
+    pause): each keeps the version it finished under; those still decoding go on as a new
+    segment."""
+    reward, _ = _slow_reward(tmp_path)
+    cfg = _cfg(
+        tmp_path,
+        "async_training.partial_rollout=true",
+        "async_training.in_flight_update=true",
+        STEPPED,
+        *reward,
+    )
+    run = Run(cfg)
+    worker, step, scoring = run.worker, run.worker.runner.step, set()
+
+    def swap_while_scoring(timeout: float = 0.0):
+        if not scoring and worker.score.pending and worker.engine.num_active:
+            running = set(worker.runner.states)
+            n = cfg.actor_rollout_ref.rollout.n
+            scoring.update(
+                f"{s}#{i}"
+                for s in worker.in_flight
+                for i in range(n)
+                if f"{s}#{i}" not in running and i not in worker.in_flight[s].done
+            )
+            run.sync_new_weights()
+            shadow = worker.shadow
+            assert shadow is not None and shadow.ready.wait(10)
+        return step(timeout)
+
+    worker.runner.step = swap_while_scoring
+    run.when_published(4, run.trainer.finish)
+    run.run()
+
+    assert scoring, "no swap came while a reward was pending"
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    assert paused.n_partial == 0 and not run.partials()
+    by_id = {s.sample_id: s for s in run.samples()}
+    versions = {
+        f"{sid}#{i}": t.segment_versions
+        for sid, s in by_id.items()
+        for i, t in enumerate(s.trajectories)
+    }
+    assert any(r in versions for r in scoring)
+    assert all(versions[r] == [0] for r in scoring if r in versions)
+    assert any(v == [0, 1] for v in versions.values()), "nothing decoded across the swap"
+    assert all(t.reward == 1.0 for s in by_id.values() for t in s.trajectories)
