@@ -615,6 +615,10 @@ class CustomRewardFunctionConfig(Strict):
     counted (reward/failures) and its trajectory marked (reward_error), never trained on."""
     reward_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments passed to every call (verl's reward_kwargs)."""
+    num_workers: int = Field(4, ge=1, le=64)
+    """Calls scored at once per rollout worker, each in a process of its own, off the worker's
+    decoding loop: the engine decodes while rewards are computed (verl's
+    reward_model.num_workers). A sample is published once all its trajectories are scored."""
 
 
 class RunConfig(Strict):

@@ -300,7 +300,15 @@ VERL_KEYS: dict[str, VerlKey] = {
     "reward_model.enable_resource_pool": ignored(LAYOUT),
     "reward_model.n_gpus_per_node": ignored(LAYOUT),
     "reward_model.nnodes": ignored(LAYOUT),
-    "reward_model.launch_reward_fn_async": ignored("asyncrl's workers score as they finish"),
+    "reward_model.launch_reward_fn_async": ignored(
+        "asyncrl's workers always score as trajectories finish, off their decoding loop "
+        "(custom_reward_function.num_workers calls at once)"
+    ),
+    "reward_model.num_workers": alias(
+        "custom_reward_function.num_workers",
+        "verl's reward loop workers; asyncrl's are per rollout worker, one process each",
+        lambda value, _: 4 if value is None else value,  # verl's null: its default
+    ),
     "reward_manager.*": refused(REWARD),
     "reward_manager.name": fixed(
         "asyncrl's reward is called as verl's naive and dapo managers call compute_score; "

@@ -65,7 +65,10 @@ class PromptAdmission:
     def admit(self, prompts: PromptFeed, budget: RolloutBudget, version: int) -> bool:
         """Start one sample if the budget and the concurrency limit allow; True if one started
         (or a redelivered prompt was found published and committed)."""
-        if len(self.in_flight) >= self.max_concurrent:
+        if (
+            len(self.in_flight) >= self.max_concurrent
+            and self.in_flight.num_generating() >= self.max_concurrent
+        ):  # a sample whose trajectories are only being scored leaves the engine room
             prompts.keep_alive()
             return False
         rec = None

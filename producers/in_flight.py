@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,6 +54,8 @@ class InFlight:
     """Per trajectory: (segment_starts, segment_versions), grown at each continuation."""
     interrupted: dict[int, AgentState] = field(default_factory=dict)
     """Trajectories cut short by a sync, waiting to be continued."""
+    scoring: int = 0
+    """Trajectories finished and being scored (off the worker's loop)."""
     trace: SampleTrace = field(default_factory=SampleTrace)
 
     def segments_of(self, index: int) -> tuple[list[int], list[int]]:
@@ -157,6 +160,20 @@ class InFlight:
         return fl
 
 
+class Unscored(NamedTuple):
+    """A finished trajectory whose reward is being computed (off the worker's loop)."""
+
+    sample_id: str
+    sample: InFlight
+    """The sample it belongs to: if that sample was handed back meanwhile, the score is
+    dropped, even if a sample of that id is in flight again."""
+    traj_index: int
+    trajectory: Trajectory
+    """Built as it finished, with the versions of its segments then; the reward goes in."""
+    span: Any
+    """Its reward span, ended with the score (None: not traced)."""
+
+
 class InFlightSamples:
     """Every sample this worker is generating, by sample id; trajectory ``i`` of sample ``s``
     runs on the agent runner as request ``s#i``."""
@@ -173,7 +190,11 @@ class InFlightSamples:
         self.samples: dict[str, InFlight] = {}
         self.on_finished: Callable[[str, AgentState], None] | None = None
         """Set by the worker: scores a trajectory that ended (request id, state) into its
-        sample's ``done``, and publishes the sample if it was the last (``interrupt``)."""
+        sample's ``done`` (the scoring may finish later: ``wait_scored``), and publishes the
+        sample if it was the last (``interrupt``)."""
+        self.wait_scored: Callable[[], None] | None = None
+        """Set by the worker: waits for every pending score, publishing the samples they
+        complete (a hand-back that logs partials, after its ``interrupt``)."""
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -186,6 +207,11 @@ class InFlightSamples:
 
     def __getitem__(self, sample_id: str) -> InFlight:
         return self.samples[sample_id]
+
+    def num_generating(self) -> int:
+        """Samples with a trajectory still to finish, not those only waiting for rewards:
+        what the concurrency limit (rollout.max_concurrent_samples) counts."""
+        return sum(1 for fl in self.samples.values() if len(fl.done) + fl.scoring < self.n)
 
     def pop(self, sample_id: str) -> InFlight:
         return self.samples.pop(sample_id)
@@ -292,6 +318,9 @@ class InFlightSamples:
         if not moving:
             return 0, 0
         self.interrupt(set(moving))
+        if log_as is not None and self.wait_scored is not None:
+            self.wait_scored()  # what the abort found ended: scored, so each logged sample's
+            # trajectories are all done or interrupted (a sample it completed is published)
         moving = [s for s in moving if s in self.samples]  # not those it completed: published
         logged = self.log_partials(moving, *log_as) if log_as is not None else 0
         for sample_id in moving:

@@ -107,6 +107,14 @@ class SampleTrace:
         with tracing.tracer().start_as_current_span(name, context=ctx, attributes=attributes):
             yield
 
+    def start_child(self, name: str, **attributes: Any) -> Any:
+        """A child span of the sample that the caller ends (a reward scored off the loop), or
+        None when the sample is not traced."""
+        if self.root is None:
+            return None
+        ctx = trace.set_span_in_context(self.root)
+        return tracing.tracer().start_span(name, context=ctx, attributes=attributes)
+
     def current(self):
         """Make the root span current (a publish inside becomes its child send span)."""
         return trace.use_span(self.root, end_on_exit=False) if self.root else nullcontext()

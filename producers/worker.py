@@ -3,7 +3,13 @@
 One thread runs everything, so a sync can never race with generation: between two decoding
 steps the loop reads control events, admits prompts within the version's budget, advances
 every in-flight trajectory by one token, scores trajectories as they finish (reward during
-rollout), and publishes each sample as soon as its whole group is done.
+rollout), and publishes each sample as soon as its whole group is done and scored. A custom
+reward function is called off the loop (``reward_pool``: custom_reward_function.num_workers
+calls at once), so the engine keeps decoding while a slow reward is computed; the trajectory
+is built when it finishes, so it keeps the version it finished under whatever happens while it
+is scored. Before anything that must see every finished trajectory scored (a pause, an
+interrupt, a hand-back, leaving) the worker drains the pending scores: that wait is part of
+the pause it reports.
 
 A sync, on this side (DESIGN.md section 4):
 1. SyncRequested(v+1) arrives: stop admitting prompts.
@@ -47,7 +53,9 @@ the unfilled share of one that leaves is granted to the others (BudgetGranted).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import time
 
@@ -64,8 +72,9 @@ from asyncrl.producers.follower import (
     TrainerGone,
     WorkerDisplaced,
 )
-from asyncrl.producers.in_flight import InFlightSamples
+from asyncrl.producers.in_flight import InFlight, InFlightSamples, Unscored
 from asyncrl.producers.io import PromptFeed, WorkerIO, kafka_io
+from asyncrl.producers.reward_pool import make_pool
 from asyncrl.producers.scoring import TrajectoryScorer
 from asyncrl.producers.shadow_weights import ShadowWeights
 from asyncrl.producers.spans import sync_span
@@ -113,14 +122,17 @@ class RolloutWorker:
         )
         self.runner = make_runner(cfg, self.tokenizer, self.engine)
         """Every trajectory runs as an agent (one turn unless multi_turn.enable)."""
+        reward = make_reward(cfg)
         self.score = TrajectoryScorer(
-            make_reward(cfg),
+            reward,
             self.tokenizer,
             worker_id,
             overlong=cfg.algorithm.overlong_buffer,
             max_resp_len=cfg.data.max_response_length,
+            pool=make_pool(cfg, reward),
         )
-        """Scores each finished trajectory (the task's rule, or custom_reward_function)."""
+        """Scores each finished trajectory (the task's rule inline, or custom_reward_function
+        on its pool, off the loop)."""
         if io is None:
             if bootstrap is None:
                 raise ValueError("RolloutWorker needs a bootstrap address or an io")
@@ -157,6 +169,8 @@ class RolloutWorker:
         """Why this worker stopped for another process with its id (``WorkerDisplaced``)."""
         self.shadow: ShadowWeights | None = None
         """The in-flight update's second buffer (async_training.in_flight_update), once joined."""
+        self.prompts: PromptFeed | None = None
+        """The prompts feed (set by run): a sample's prompt is done once the broker has it."""
 
     @property
     def version(self) -> int:
@@ -181,9 +195,14 @@ class RolloutWorker:
         f = self.follower
         # Subscribe first: the prompts group's join (~3 s on Tansu) then overlaps reading the
         # log, joining the collective and receiving the weights, instead of following them.
-        prompts = self.io.prompts(self.admission.on_assigned, self._on_prompts_revoked)
-        # A trajectory a sync's abort finds ended is scored and published as any other.
+        prompts = self.prompts = self.io.prompts(
+            self.admission.on_assigned, self._on_prompts_revoked
+        )
+        # A trajectory a sync's abort finds ended is scored and published as any other; a
+        # hand-back that logs partials waits for those scores first (every trajectory of a
+        # logged sample is then done or interrupted).
         self.in_flight.on_finished = functools.partial(self._on_finished, prompts=prompts)
+        self.in_flight.wait_scored = functools.partial(self._drain, keep_alive=False)
         f.keep_alive = prompts.keep_alive
         f.cancelled = lambda: self.stopping
         try:
@@ -203,6 +222,7 @@ class RolloutWorker:
         self._start()
         while not f.finished and not self.stopping:
             f.poll(0.0)
+            self._collect()
             if self.shadow is not None:  # in-flight update: swap, between two tokens
                 why = self.shadow.failed()
                 if why and f.trainer_gone is None:
@@ -229,9 +249,14 @@ class RolloutWorker:
                 self._advance(prompts)
             else:
                 prompts.keep_alive()
-                f.poll(0.05)
+                if self.score.pending:  # only rewards under way
+                    self._collect(timeout=0.05)
+                else:
+                    f.poll(0.05)
         if self.stopping and self.partial_rollout and self.in_flight:
             self._interrupt()
+        elif self.stopping:
+            self._drain()  # publish what is scored; the rest is handed back
 
     def _start(self) -> None:
         """Read the log (what a previous incarnation left), join the collective, receive the
@@ -305,7 +330,7 @@ class RolloutWorker:
             self.worker_id,
             self.follower.trainer_gone,
         )
-        if self.partial_rollout and self.runner.busy:
+        if self.partial_rollout and (self.runner.busy or self.score.pending):
             self._interrupt()
         if self.shadow is not None:
             self.shadow.close()
@@ -362,9 +387,12 @@ class RolloutWorker:
         self.validator.after_load(published, self.engine.model)
 
     def _interrupt(self) -> int:
-        """Mode (d): cut every in-flight trajectory short and log each sample to ``partials``
-        (acknowledged before the worker pauses); returns the number of samples logged."""
+        """Mode (d): cut every in-flight trajectory short, wait for the finished ones' scores
+        (a sample they complete is published whole) and log each other sample to ``partials``
+        with its finished trajectories and their rewards (acknowledged before the worker
+        pauses); returns the number of samples logged."""
         self.in_flight.interrupt()
+        self._drain()
         return self.in_flight.log_partials(list(self.in_flight), self.worker_id, self.version)
 
     # --- admission -----------------------------------------------------------------------------
@@ -375,6 +403,8 @@ class RolloutWorker:
         if self.follower.finished or self.stopping:
             return  # run() is ending; its clean-up hands everything back
         log_as = (self.worker_id, self.version) if self.partial_rollout and not lost else None
+        if not lost:  # scored, a sample is published rather than handed back (or logged)
+            self._drain(keep_alive=False)
         self.admission.hand_back(partitions, self.budget, log_as)
         self.publisher.flush()
 
@@ -387,25 +417,64 @@ class RolloutWorker:
         return self.admission.admit(prompts, self.budget, self.version)
 
     def _on_finished(self, request_id: str, state: AgentState, prompts: PromptFeed) -> None:
-        """Score a finished trajectory; publish its sample once all ``n`` are done."""
+        """Score a finished trajectory (inline, or submitted to the reward pool); its sample
+        is published once all ``n`` are scored (``_collect``)."""
         sample_id, _, index = request_id.rpartition("#")
-        fl = self.in_flight[sample_id]
-        t0 = time.perf_counter()
-        with fl.trace.child("reward", **{"asyncrl.traj_index": int(index)}):
-            scored = self.score(fl.prompt.value, state, request_id)
-        fl.done[int(index)] = fl.trajectory(
-            int(index), state, scored.score, time.time(), time.perf_counter() - t0, scored
+        fl, i = self.in_flight[sample_id], int(index)
+        # Built now: its segments' versions are those it finished under, whatever happens
+        # (a sync, an in-flight swap) while it is scored.
+        unscored = Unscored(
+            sample_id,
+            fl,
+            i,
+            fl.trajectory(i, state, 0.0, time.time()),
+            fl.trace.start_child("reward", **{"asyncrl.traj_index": i}),
         )
-        if len(fl.done) == self.rollout.n:
-            # The prompt's offset may be committed only once the broker has the sample.
-            acked = functools.partial(prompts.done, fl.prompt)
-            flat = self.in_flight.publish(sample_id, self.worker_id, acked, self.filters)
-            self.produced += 1
-            if flat:
-                # The trainer will leave this group out (no signal): its slot is ours again
-                # now, not after the trainer has read it and said so on the control topic.
-                self.no_signal += 1
-                self.budget.refund(1)
+        fl.scoring += 1
+        self.score.submit(unscored, fl.prompt.value, state, request_id)
+        self._collect()
+
+    def _collect(self, timeout: float = 0.0) -> None:
+        """Take the scores computed by now (waiting up to ``timeout`` for one); publish each
+        sample whose ``n`` trajectories are all scored."""
+        for key, scored, seconds in self.score.results(timeout):
+            u: Unscored = key
+            if u.span is not None:
+                u.span.end()
+            sample_id, fl = u.sample_id, u.sample
+            fl.scoring -= 1
+            if self.in_flight.samples.get(sample_id) is not fl:
+                continue  # handed back (its partition lost) or dropped while it was scored
+            fl.done[u.traj_index] = dataclasses.replace(
+                u.trajectory,
+                reward=scored.score,
+                t_end=time.time(),
+                reward_s=seconds,
+                reward_error=scored.error,
+                reward_extra=json.dumps(scored.extra) if scored.extra else "",
+            )
+            if len(fl.done) == self.rollout.n:
+                self._publish(sample_id, fl)
+
+    def _drain(self, keep_alive: bool = True) -> None:
+        """Wait for every pending score (each call is bounded by its timeout) and publish the
+        samples they complete."""
+        while self.score.pending:
+            self._collect(timeout=0.05)
+            if keep_alive and self.prompts is not None:
+                self.prompts.keep_alive()
+
+    def _publish(self, sample_id: str, fl: InFlight) -> None:
+        assert self.prompts is not None
+        # The prompt's offset may be committed only once the broker has the sample.
+        acked = functools.partial(self.prompts.done, fl.prompt)
+        flat = self.in_flight.publish(sample_id, self.worker_id, acked, self.filters)
+        self.produced += 1
+        if flat:
+            # The trainer will leave this group out (no signal): its slot is ours again
+            # now, not after the trainer has read it and said so on the control topic.
+            self.no_signal += 1
+            self.budget.refund(1)
 
     # --- the end ---------------------------------------------------------------------------------
     def _leave(self, prompts: PromptFeed) -> None:

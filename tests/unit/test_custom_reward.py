@@ -23,6 +23,7 @@ from asyncrl.producers.reward import (
     check_reward_function,
     make_reward,
 )
+from asyncrl.producers.reward_pool import make_pool
 from asyncrl.schemas.sample import Sample, Trajectory
 
 REWARD_FILE = """
@@ -119,6 +120,42 @@ def test_a_call_that_ends_the_process_is_said_so_not_called_a_timeout(
         assert scored.failed and scored.error == f"the reward process died during the call ({how})"
     assert reward.failures == 2
     assert reward(_call("42")).score == 1.0  # a fresh process took over
+
+
+def test_a_pool_scores_beside_its_caller_with_the_same_failures(reward_file: Path) -> None:
+    """custom_reward_function.num_workers calls at once, each in a process of its own: the
+    other calls come back while one runs into its timeout, which is the same reward failure
+    as inline, and that process is replaced for the next call."""
+    cfg = _cfg(
+        f"custom_reward_function.path={reward_file}",
+        "custom_reward_function.timeout_s=1",
+        "custom_reward_function.num_workers=2",
+    )
+    pool = make_pool(cfg, make_reward(cfg))
+    assert pool is not None and pool.size == 2
+    assert make_pool(_cfg(), BuiltinReward(_cfg())) is None  # the built-in rules: inline
+    try:
+        t0 = time.monotonic()
+        for key, text in (("slow", "slow"), ("a", "42"), ("b", "41"), ("c", "boom")):
+            pool.submit(key, _call(text))
+        assert time.monotonic() - t0 < 0.1  # submitting waits for nothing
+        order, results = [], {}
+        while len(results) < 4 and time.monotonic() - t0 < 10:
+            for key, scored, _ in pool.results(timeout=0.1):
+                order.append(key)
+                results[key] = scored
+        assert order[-1] == "slow" and pool.pending == 0
+        assert results["slow"].failed and "timed out after 1.0 s" in results["slow"].error
+        assert (results["a"].score, results["b"].score) == (1.0, 0.0)
+        assert results["c"].failed and "ZeroDivisionError" in results["c"].error
+        for key in ("d", "e"):  # both processes serve again
+            pool.submit(key, _call("42"))
+        got = []
+        while len(got) < 2 and time.monotonic() - t0 < 15:
+            got += [scored.score for _, scored, _ in pool.results(timeout=0.1)]
+        assert got == [1.0, 1.0]
+    finally:
+        pool.close()
 
 
 def test_a_module_beside_the_reward_file_imports(tmp_path: Path) -> None:

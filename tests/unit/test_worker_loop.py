@@ -6,6 +6,7 @@ the same paths over Kafka and the collective."""
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 import torch
@@ -788,3 +789,194 @@ def test_a_trajectory_that_ended_as_the_sync_aborted_it_is_published_finished(tm
         order = [s.sample_id for s in run.samples()]
         assert order.index(sample_id) < paused.produced
     assert all(_honest_segments(t) for s in run.samples() for t in s.trajectories)
+
+
+# --- a slow custom reward, scored off the loop ------------------------------------------------
+SLOW_REWARD = """
+import time
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, calls=""):
+    t0 = time.time()
+    time.sleep(0.2)
+    with open(calls, "a") as f:
+        f.write(f"{t0} {time.time()}\\n")
+    return 1.0
+"""
+
+
+def _slow_reward(tmp_path) -> tuple[list[str], object]:
+    """Overrides for a custom reward taking 0.2 s a call, which logs each call's start and
+    end to the returned file."""
+    path, calls = tmp_path / "slow_reward.py", tmp_path / "calls.txt"
+    path.write_text(SLOW_REWARD)
+    return [
+        f"custom_reward_function.path={path}",
+        f"custom_reward_function.reward_kwargs.calls={calls}",
+    ], calls
+
+
+def _decoding_times(run: Run) -> list[float]:
+    """When each of the worker's decoding steps began (steps with sequences to decode)."""
+    step, times = run.worker.runner.step, []
+
+    def timed(timeout: float = 0.0):
+        if run.worker.engine.num_active:
+            times.append(time.time())
+        return step(timeout)
+
+    run.worker.runner.step = timed
+    return times
+
+
+def test_a_slow_custom_reward_does_not_stall_decoding(tmp_path):
+    """The reward calls run beside the loop: the worker decodes the samples it admitted next
+    while the first ones are scored (inline, every call stopped the loop for its 0.2 s)."""
+    reward, calls = _slow_reward(tmp_path)
+    run = Run(_cfg(tmp_path, STEPPED, *reward))
+    times = _decoding_times(run)
+    run.when_published(6, run.trainer.finish)  # version 0's budget
+    assert run.run() == 6
+    spans = [tuple(map(float, line.split())) for line in calls.read_text().splitlines()]
+    assert len(spans) == 6 * 4
+    during = [t for t in times if any(a < t < b for a, b in spans)]
+    assert during, "no decoding step ran while a reward was being computed"
+    samples = run.samples()
+    assert len({s.sample_id for s in samples}) == 6
+    for t in (t for s in samples for t in s.trajectories):
+        assert t.reward == 1.0 and not t.reward_error and t.reward_s >= 0.2
+
+
+def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
+    """A sync arrives while finished trajectories are being scored and others decode: the
+    worker drains the scores before it logs partials and pauses, so each finished trajectory
+    keeps version 0 and its reward, and each prompt ends as exactly one sample."""
+    reward, calls = _slow_reward(tmp_path)
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward)
+    run = Run(cfg)
+    step, pending_at_sync, in_flight_at_sync = run.worker.runner.step, [], []
+
+    def sync_while_scoring(timeout: float = 0.0):
+        if not pending_at_sync and run.worker.score.pending and run.worker.engine.num_active:
+            pending_at_sync.append(run.worker.score.pending)
+            in_flight_at_sync.append(len(run.worker.in_flight))
+            run.sync_new_weights()
+        return step(timeout)
+
+    run.worker.runner.step = sync_while_scoring
+    run.when_published(6, run.trainer.finish)
+    run.run()
+
+    assert pending_at_sync, "no sync came while a reward was pending"
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    partials, samples = run.partials(), run.samples()
+    # Every sample in flight at the sync either completed by the drained scores (published
+    # before the pause, counted in it) or was logged with its finished trajectories scored.
+    assert paused.produced + paused.n_partial == in_flight_at_sync[0]
+    assert paused.n_partial == len(partials) > 0
+    assert len(samples) == 6 and len({s.sample_id for s in samples}) == 6
+    assert paused.pause_s >= 0.2 * pending_at_sync[0] / cfg.custom_reward_function.num_workers
+    finished_before = 0
+    for p in partials:
+        for t in p.sample.trajectories:
+            if t.finish_reason != "abort":  # finished, scored by the drain
+                finished_before += 1
+                assert t.reward == 1.0 and t.segment_versions == [0]
+    print(
+        f"at the sync: {pending_at_sync[0]} rewards pending, {in_flight_at_sync[0]} samples in "
+        f"flight; {paused.produced} published by the drain, {len(partials)} logged with "
+        f"{finished_before} scored trajectories; pause {paused.pause_s:.2f} s"
+    )
+    by_id = {s.sample_id: s for s in samples}
+    for s in samples[: paused.produced]:  # published by the drain, all under version 0
+        assert all(t.segment_versions == [0] for t in s.trajectories)
+    for p in partials:
+        continued = by_id[p.sample.sample_id].trajectories
+        for logged, t in zip(p.sample.trajectories, continued, strict=True):
+            if logged.finish_reason != "abort":
+                assert t.response_ids.tolist() == logged.response_ids.tolist()
+                assert t.segment_versions == [0]
+    for t in (t for s in samples for t in s.trajectories):
+        assert t.reward == 1.0 and not t.reward_error
+    # one call per trajectory: none scored twice, none lost
+    assert len(calls.read_text().splitlines()) == 6 * 4
+
+
+def test_a_partition_revoked_with_rewards_pending_loses_nothing(tmp_path):
+    """The partition moves away while finished trajectories are being scored: the worker
+    drains the scores first, so each of its samples ends once, published whole or logged to
+    ``partials`` with its finished trajectories scored, never both, never neither."""
+    reward, _ = _slow_reward(tmp_path)
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward)
+    run = Run(cfg, prompts=8)
+    worker, step, moving = run.worker, run.worker.runner.step, []
+
+    def revoke_while_scoring(timeout: float = 0.0):
+        if not moving and worker.score.pending and worker.engine.num_active:
+            moving.extend(worker.in_flight)
+            run.sources[0].revoke()
+            assert len(worker.in_flight) == 0 and not worker.score.pending
+            run.trainer.finish()
+        return step(timeout)
+
+    worker.runner.step = revoke_while_scoring
+    run.run()
+
+    assert moving, "no revoke came while a reward was pending"
+    published = {s.sample_id: s for s in run.samples()}
+    logged = {p.sample.sample_id: p for p in run.partials()}
+    assert set(published) | set(logged) == set(moving) and not set(published) & set(logged)
+    assert logged, "nothing was decoding at the revoke"
+    for t in (t for s in published.values() for t in s.trajectories):
+        assert t.reward == 1.0 and t.segment_versions == [0]
+    for t in (t for p in logged.values() for t in p.sample.trajectories):
+        assert t.reward == (0.0 if t.finish_reason == "abort" else 1.0)
+
+
+def test_an_in_flight_update_leaves_a_trajectory_being_scored_its_version(tmp_path):
+    """Weights swapped in while finished trajectories are being scored (nothing drains, no
+    pause): each keeps the version it finished under; those still decoding go on as a new
+    segment."""
+    reward, _ = _slow_reward(tmp_path)
+    cfg = _cfg(
+        tmp_path,
+        "async_training.partial_rollout=true",
+        "async_training.in_flight_update=true",
+        STEPPED,
+        *reward,
+    )
+    run = Run(cfg)
+    worker, step, scoring = run.worker, run.worker.runner.step, set()
+
+    def swap_while_scoring(timeout: float = 0.0):
+        if not scoring and worker.score.pending and worker.engine.num_active:
+            running = set(worker.runner.states)
+            n = cfg.actor_rollout_ref.rollout.n
+            scoring.update(
+                f"{s}#{i}"
+                for s in worker.in_flight
+                for i in range(n)
+                if f"{s}#{i}" not in running and i not in worker.in_flight[s].done
+            )
+            run.sync_new_weights()
+            shadow = worker.shadow
+            assert shadow is not None and shadow.ready.wait(10)
+        return step(timeout)
+
+    worker.runner.step = swap_while_scoring
+    run.when_published(4, run.trainer.finish)
+    run.run()
+
+    assert scoring, "no swap came while a reward was pending"
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    assert paused.n_partial == 0 and not run.partials()
+    by_id = {s.sample_id: s for s in run.samples()}
+    versions = {
+        f"{sid}#{i}": t.segment_versions
+        for sid, s in by_id.items()
+        for i, t in enumerate(s.trajectories)
+    }
+    assert any(r in versions for r in scoring)
+    assert all(versions[r] == [0] for r in scoring if r in versions)
+    assert any(v == [0, 1] for v in versions.values()), "nothing decoded across the swap"
+    assert all(t.reward == 1.0 for s in by_id.values() for t in s.trajectories)
