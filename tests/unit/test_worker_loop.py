@@ -980,3 +980,35 @@ def test_an_in_flight_update_leaves_a_trajectory_being_scored_its_version(tmp_pa
     assert all(versions[r] == [0] for r in scoring if r in versions)
     assert any(v == [0, 1] for v in versions.values()), "nothing decoded across the swap"
     assert all(t.reward == 1.0 for s in by_id.values() for t in s.trajectories)
+
+
+def test_a_revoke_whose_abort_finds_a_request_ended_logs_no_trajectory_unscored(tmp_path):
+    """The two changes crossed: a hand-back's abort that meets a request already ended (EOS,
+    or its length) finishes it, and a custom reward scores it off the loop. The hand-back
+    then logged the sample to ``partials`` with that trajectory neither done nor interrupted
+    (a KeyError in ``log_partials``, or a partial missing it). It waits for those scores
+    first: each sample is published whole or logged with every trajectory, never both."""
+    reward, _ = _slow_reward(tmp_path)
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", SLOW_STEPS, *reward)
+    run = Run(cfg, prompts=8)
+    worker, moving = run.worker, []
+
+    def revoke() -> None:
+        moving.extend(worker.in_flight)
+        run.sources[0].revoke()
+        assert len(worker.in_flight) == 0
+        run.trainer.finish()
+
+    hit = _sync_once_a_result_waits(run, revoke)
+    run.run()
+
+    assert hit and moving, "no request had ended on the engine's thread before the run ended"
+    published = {s.sample_id: s for s in run.samples()}
+    logged = {p.sample.sample_id: p for p in run.partials()}
+    assert set(published) | set(logged) >= set(moving)
+    assert not set(published) & set(logged)
+    n = cfg.actor_rollout_ref.rollout.n
+    for p in logged.values():
+        assert len(p.sample.trajectories) == n
+        for t in p.sample.trajectories:
+            assert t.reward == (0.0 if t.finish_reason == "abort" else 1.0)
