@@ -236,11 +236,13 @@ def encode_prompt(
     tokenizer: Any,
     prompt: str | list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
+    chat_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of a prompt: chat messages through the chat template (generation prompt
     added, and ``tools``, the agent loop's tool schemas, as verl passes them: a chat model's
-    template writes them into its system prompt, one that ignores them is unchanged), plain
-    text as it is (with the tokenizer's special tokens, e.g. ``<bos>``)."""
+    template writes them into its system prompt, one that ignores them is unchanged; and
+    ``chat_kwargs``, ``data.apply_chat_template_kwargs``), plain text as it is (with the
+    tokenizer's special tokens, e.g. ``<bos>``)."""
     if isinstance(prompt, str):
         return list(tokenizer(prompt)["input_ids"])
     if not tokenizer.chat_template:
@@ -252,7 +254,7 @@ def encode_prompt(
 
     try:
         text = tokenizer.apply_chat_template(
-            prompt, tools=tools, add_generation_prompt=True, tokenize=False
+            prompt, tools=tools, add_generation_prompt=True, tokenize=False, **(chat_kwargs or {})
         )
     except (TemplateError, ValueError, TypeError, KeyError) as err:
         # a template's raise_exception ("System role not supported"), or a broken template
