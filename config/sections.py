@@ -40,7 +40,7 @@ CHAT_TEMPLATE_ARGS = frozenset(
     }
 )
 """``apply_chat_template`` arguments asyncrl sets (or that change what it returns): not
-``data.apply_chat_template_kwargs`` (a second ``tools`` was a TypeError in every worker)."""
+``data.apply_chat_template_kwargs`` (a second ``tools`` would be a TypeError in every worker)."""
 
 
 class DataConfig(Strict):
