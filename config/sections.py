@@ -27,6 +27,22 @@ COUNTDOWN_PROBLEMS = 630
 tasks and does not import them)."""
 
 
+CHAT_TEMPLATE_ARGS = frozenset(
+    {
+        "conversation",
+        "tools",
+        "add_generation_prompt",
+        "tokenize",
+        "return_dict",
+        "return_tensors",
+        "continue_final_message",
+        "return_assistant_tokens_mask",
+    }
+)
+"""``apply_chat_template`` arguments asyncrl sets (or that change what it returns): not
+``data.apply_chat_template_kwargs`` (a second ``tools`` would be a TypeError in every worker)."""
+
+
 class DataConfig(Strict):
     task: Literal["arithmetic", "calculator", "countdown"] = "arithmetic"
     """The synthetic task: arithmetic (``07+35=``, single turn), calculator (``347*86=``,
@@ -58,12 +74,30 @@ class DataConfig(Strict):
     same format as data.train_files; needed with it."""
     prompt_key: str = "prompt"
     """The column of data.train_files/val_files holding each prompt."""
+    apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments of every chat template call, as verl passes them: a chat
+    prompt's (workers, held-out evaluation, the length filter) and the agent loop's framing of
+    tool responses and user replies; e.g. enable_thinking: false for Qwen3 (verl's override:
+    +data.apply_chat_template_kwargs.enable_thinking=False). The template reads them as
+    variables: one it does not use changes nothing, and the built-in model's ignores all."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch (seeded by data.seed); false: file order."""
     feed_ahead_steps: int = Field(1000, ge=0)
     """Steps' worth of prompts on the prompts topic ahead of the trainer: the set-up feeds
     this many steps' (twice their samples), and the trainer feeds the rest as it trains. 0:
     every step's up front (a 20K-step run: 320K prompts, a minute, before its first step)."""
+
+    @field_validator("apply_chat_template_kwargs")
+    @classmethod
+    def _not_ours(cls, values: dict[str, Any]) -> dict[str, Any]:
+        for key in values:
+            if key in CHAT_TEMPLATE_ARGS:
+                raise ValueError(
+                    f"{key}: set by asyncrl itself (the prompt's messages, the tool schemas, the "
+                    "generation prompt, text out); the kwargs are for the template's own "
+                    "variables (enable_thinking, ...)"
+                )
+        return values
 
     @model_validator(mode="after")
     def _check_files(self) -> DataConfig:

@@ -175,9 +175,6 @@ VERL_KEYS: dict[str, VerlKey] = {
         "verl's dataset copy of actor_rollout_ref.rollout.multi_turn.tool_config_path"
     ),
     "data.use_shm": ignored("shared-memory loading: asyncrl reads the parquet files directly"),
-    "data.apply_chat_template_kwargs.*": ignored(
-        "not passed: asyncrl applies the chat template with add_generation_prompt only"
-    ),
     # --- model -------------------------------------------------------------------------------
     "actor_rollout_ref.model.*": refused(MODEL),
     "actor_rollout_ref.model.use_remove_padding": ignored(

@@ -294,6 +294,7 @@ def budget_allowance(
     partials: list[PartialSample],
     max_samples_per_version: int,
     taken_back: Counter[int] | None = None,
+    partial_rollout: bool = False,
 ) -> Counter[int]:
     """Per version, the most samples the workers may have started under it, from the log.
 
@@ -310,12 +311,15 @@ def budget_allowance(
     logged partial another worker continues under a later version (at most the partials a
     worker logged under v beyond those its RolloutPaused counted at the sync). And, with dynamic
     sampling, ``taken_back``: per version, the slots of the groups with no signal that workers
-    published under it (``slots_taken_back``).
+    published under it (``slots_taken_back``). ``partial_rollout``: the run is in mode (d), where
+    a sample admitted under v that gets its first token under v+1 counts under v+1; with
+    ``in_flight_update`` no partial reaches the log to say so (a slow interaction or tool keeps
+    the engine's slots, and samples admitted just before a swap start after it).
     """
     allowed: Counter[int] = Counter()
     for e in _of(control, ev.RolloutResumed):
         allowed[e.version] += min(e.budget, max_samples_per_version)
-        if partials:
+        if partials or partial_rollout:
             allowed[e.version] += e.num_stale
     for e in _of(control, ev.BudgetGranted):
         allowed[e.version] += e.count
@@ -366,15 +370,19 @@ def over_budget_versions(
     control: list[ev.ControlEvent],
     max_samples_per_version: int,
     filters: FilterGroupsConfig | None = None,
+    partial_rollout: bool = False,
 ) -> list[str]:
     """Versions under which more samples started than ``budget_allowance`` allows. Only
     published samples are counted (a lower bound of what started). A log with no
     RolloutResumed has no worker budget to check (samples replayed in from another run).
-    ``filters``: the run's dynamic sampling (``RunConfig.filters_groups``)."""
+    ``filters``: the run's dynamic sampling (``RunConfig.filters_groups``);
+    ``partial_rollout``: the run's ``async_training.partial_rollout``."""
     if not _of(control, ev.RolloutResumed):
         return []
     taken_back = slots_taken_back(samples, filters)
-    allowed = budget_allowance(control, partials, max_samples_per_version, taken_back)
+    allowed = budget_allowance(
+        control, partials, max_samples_per_version, taken_back, partial_rollout
+    )
     return [
         f"version {v}: {n} samples started, at most {allowed[v]} allowed"
         for v, n in sorted(started_per_version(samples).items())
@@ -415,9 +423,11 @@ def audit(
     max_samples_per_version: int,
     run_id: str = "",
     filters: FilterGroupsConfig | None = None,
+    partial_rollout: bool = False,
 ) -> AuditReport:
     """Every check over ``log``, with the counts an operator looks at next to them;
-    ``filters``: the run's dynamic sampling (``RunConfig.filters_groups``)."""
+    ``filters``: the run's dynamic sampling (``RunConfig.filters_groups``);
+    ``partial_rollout``: its ``async_training.partial_rollout`` (mode d)."""
     c = log.control
     syncs = sync_outcomes(c)
     found: dict[str, list[str]] = {
@@ -431,7 +441,7 @@ def audit(
         "version_regressions": version_regressions(c),
         "incomplete_syncs": [f"version {v}" for v in syncs.incomplete],
         "over_budget_versions": over_budget_versions(
-            log.samples, log.partials, c, max_samples_per_version, filters
+            log.samples, log.partials, c, max_samples_per_version, filters, partial_rollout
         ),
         "unfinished_partials": unfinished_partials(log.partials, log.samples, c, log.committed),
     }
@@ -536,7 +546,13 @@ def read_run_log(cfg: RunConfig, bootstrap: str) -> RunLog:
 def audit_run(cfg: RunConfig, bootstrap: str) -> AuditReport:
     """Read ``cfg``'s run from ``bootstrap`` and audit it against ``cfg``'s budget."""
     log = read_run_log(cfg, bootstrap)
-    return audit(log, cfg.max_samples_per_version, cfg.run_id, cfg.filters_groups)
+    return audit(
+        log,
+        cfg.max_samples_per_version,
+        cfg.run_id,
+        cfg.filters_groups,
+        cfg.async_training.partial_rollout,
+    )
 
 
 def print_report(report: AuditReport, console: Console) -> None:

@@ -164,9 +164,10 @@ def load_tokenizer(cfg: RunConfig) -> Any:
 
 
 def _hf_tokenizer(cfg: RunConfig, path: Path) -> Any:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, TokenizersBackend
 
-    tok = AutoTokenizer.from_pretrained(
+    loader: Any = TokenizersBackend if _declares_generic_tokenizer(path) else AutoTokenizer
+    tok = loader.from_pretrained(
         path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
     )
     if tok.eos_token_id is None:
@@ -175,6 +176,21 @@ def _hf_tokenizer(cfg: RunConfig, path: Path) -> Any:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
+
+
+def _declares_generic_tokenizer(path: Path) -> bool:
+    """The checkpoint's tokenizer_config.json names ``TokenizersBackend``: a tokenizer built
+    from a ``tokenizers`` object (the built-in model's, as ``asyncrl export-model`` and
+    ``tools/random_checkpoint.py`` save it), which transformers 5's AutoTokenizer loads as the
+    config.json's model type's class instead (Qwen2Tokenizer: a byte-level pre-tokenizer that
+    dropped every space and newline of the character vocabulary)."""
+    import json
+
+    try:
+        declared = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return bool(declared == "TokenizersBackend")
 
 
 def with_tiny_template(tokenizer: Any) -> Any:
@@ -236,11 +252,13 @@ def encode_prompt(
     tokenizer: Any,
     prompt: str | list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
+    chat_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of a prompt: chat messages through the chat template (generation prompt
     added, and ``tools``, the agent loop's tool schemas, as verl passes them: a chat model's
-    template writes them into its system prompt, one that ignores them is unchanged), plain
-    text as it is (with the tokenizer's special tokens, e.g. ``<bos>``)."""
+    template writes them into its system prompt, one that ignores them is unchanged; and
+    ``chat_kwargs``, ``data.apply_chat_template_kwargs``), plain text as it is (with the
+    tokenizer's special tokens, e.g. ``<bos>``)."""
     if isinstance(prompt, str):
         return list(tokenizer(prompt)["input_ids"])
     if not tokenizer.chat_template:
@@ -252,7 +270,7 @@ def encode_prompt(
 
     try:
         text = tokenizer.apply_chat_template(
-            prompt, tools=tools, add_generation_prompt=True, tokenize=False
+            prompt, tools=tools, add_generation_prompt=True, tokenize=False, **(chat_kwargs or {})
         )
     except (TemplateError, ValueError, TypeError, KeyError) as err:
         # a template's raise_exception ("System role not supported"), or a broken template

@@ -223,9 +223,10 @@ def filter_overlong(
     max_prompt_length: int,
     vocab_size: int | None = None,
     tools: list[dict[str, Any]] | None = None,
+    chat_kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[DataRow], int]:
     """(rows whose prompt is at most ``max_prompt_length`` tokens after the chat template,
-    with ``tools`` as the workers encode it, how many were longer). ConfigError for a prompt
+    with ``tools`` and ``chat_kwargs`` as the workers encode it, how many were longer). ConfigError for a prompt
     with a token id the model does not embed
     (``vocab_size``): tokens added to a tokenizer whose model was not resized made the
     trainer and the workers die on IndexError, restarted until the run failed."""
@@ -233,7 +234,7 @@ def filter_overlong(
 
     def fits(row: DataRow) -> bool:
         try:
-            ids = encode_prompt(tokenizer, row.prompt, tools)
+            ids = encode_prompt(tokenizer, row.prompt, tools, chat_kwargs)
         except ConfigError as err:  # which prompt: the template may refuse only some
             raise ConfigError(f"prompt {row.prompt_id}: {err}") from None
         past = [i for i in ids if vocab_size is not None and i >= vocab_size]
@@ -301,7 +302,12 @@ def load_split(
         refuse_unknown_characters(key, rows, tokenizer)
     try:
         kept, too_long = filter_overlong(
-            rows, tokenizer, cfg.data.max_prompt_length, embedded, tools
+            rows,
+            tokenizer,
+            cfg.data.max_prompt_length,
+            embedded,
+            tools,
+            cfg.data.apply_chat_template_kwargs,
         )
     except ConfigError as err:
         raise ConfigError(f"{key}: {err}") from None

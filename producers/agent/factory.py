@@ -47,7 +47,14 @@ def make_runner(
     else:
         tools, parser = {}, SingleTurn()
         limits = AgentLimits(1, 0, cfg.data.max_response_length, 1)
-    loop = AgentLoop(tokenizer, parser, limits, interaction=run_interaction(cfg), greedy=greedy)
+    loop = AgentLoop(
+        tokenizer,
+        parser,
+        limits,
+        interaction=run_interaction(cfg),
+        greedy=greedy,
+        chat_kwargs=cfg.data.apply_chat_template_kwargs,
+    )
     return AgentRunner(loop, engine, ToolExecutor(tools), wait_for_tools=wait_for_tools)
 
 

@@ -84,14 +84,17 @@ class AgentLoop:
         limits: AgentLimits,
         interaction: Interaction | None = None,
         greedy: bool = False,
+        chat_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.parser = parser
         self.limits = limits
         self.interaction = interaction
         self.greedy = greedy
+        self.chat_kwargs = dict(chat_kwargs or {})
+        """``data.apply_chat_template_kwargs``: every chat template call of this loop's."""
         self.stop_token_ids = stop_token_ids(tokenizer, parser)
-        self.chat_framing = _frames_by_chat_template(tokenizer, parser)
+        self.chat_framing = _frames_by_chat_template(tokenizer, parser, self.chat_kwargs)
 
     # --- generating ----------------------------------------------------------------------------
     def request(self, request_id: str, state: AgentState) -> GenRequest:
@@ -202,7 +205,7 @@ class AgentLoop:
         and write the next turn with no header. Otherwise ``raw`` (the parser's rendering)."""
         if not self.chat_framing:
             return raw
-        return _chat_template_tail(self.tokenizer, messages)
+        return _chat_template_tail(self.tokenizer, messages, self.chat_kwargs)
 
     def _append_context(self, state: AgentState, text: str) -> None:
         """Append non-model tokens (mask 0), then the next assistant turn, if room is left."""
@@ -289,7 +292,9 @@ class AgentRunner:
         from asyncrl.models.policy import encode_prompt
 
         tools = tool_schemas(self.executor.tools)
-        return encode_prompt(self.loop.tokenizer, prompt, tools)[-max_length:]
+        return encode_prompt(self.loop.tokenizer, prompt, tools, self.loop.chat_kwargs)[
+            -max_length:
+        ]
 
     def add(self, request_id: str, state: AgentState) -> None:
         """Start or resume ``state`` from its phase (see the module doc)."""
@@ -418,18 +423,29 @@ class AgentRunner:
                 (idle or (lambda: time.sleep(0.001)))()
 
 
-def _chat_template_tail(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    """``messages`` through the chat template with the generation prompt, less what the
-    template writes before any message (a default system prompt; verl's ``[{}]`` probe)."""
-    whole = str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+def _chat_template_tail(
+    tokenizer: Any, messages: list[dict[str, str]], chat_kwargs: dict[str, Any] | None = None
+) -> str:
+    """``messages`` through the chat template with the generation prompt (and ``chat_kwargs``,
+    ``data.apply_chat_template_kwargs``, as verl passes them here too: Qwen3's next assistant
+    header follows ``enable_thinking``), less what the template writes before any message (a
+    default system prompt; verl's ``[{}]`` probe)."""
+    kwargs = chat_kwargs or {}
+    whole = str(
+        tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+    )
     try:
-        before = str(tokenizer.apply_chat_template([{}], tokenize=False))
+        before = str(tokenizer.apply_chat_template([{}], tokenize=False, **kwargs))
     except Exception:  # a template that needs a role: it writes nothing before the messages
         before = ""
     return whole[len(before) :] if before and whole.startswith(before) else whole
 
 
-def _frames_by_chat_template(tokenizer: Any, parser: ToolParser) -> bool:
+def _frames_by_chat_template(
+    tokenizer: Any, parser: ToolParser, chat_kwargs: dict[str, Any] | None = None
+) -> bool:
     """Hermes with a chat model's template (not the built-in model's, which writes the text
     alone), which can write a tool message: a template that fails on one is left out, and
     the responses appended as the parser renders them."""
@@ -439,7 +455,7 @@ def _frames_by_chat_template(tokenizer: Any, parser: ToolParser) -> bool:
     if not isinstance(parser, HermesParser) or not template or template == TINY_CHAT_TEMPLATE:
         return False
     try:
-        _chat_template_tail(tokenizer, [{"role": "tool", "content": "1"}])
+        _chat_template_tail(tokenizer, [{"role": "tool", "content": "1"}], chat_kwargs)
     except Exception as err:
         log.warning(
             "hermes: the chat template cannot write a tool message (%s: %s); tool responses "

@@ -12,8 +12,10 @@ shipped ``asyncrl/configs/interactions/retry.yaml``)::
 and each data row names it with its answer (``extra_info.interaction_kwargs``, as verl's
 gsm8k example does): ``{"name": "retry", "ground_truth": "29842"}``.
 
-It keeps no state per trajectory: the attempts are the assistant messages it is shown, so a
-trajectory that a sync moves to another worker is answered the same there.
+It keeps no state per trajectory: the retries it granted are its own replies in the messages
+it is shown (not the assistant messages: a turn that calls a tool is one too, and counting them
+left a model that used the calculator no retry), so a trajectory that a sync moves to another
+worker is answered the same there.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 
 from asyncrl.producers.agent.interaction import Interaction
 
+TRY_AGAIN = "Your answer is incorrect. Try again."
+"""The reply that grants a retry (what :meth:`RetryInteraction.generate_response` counts)."""
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -47,9 +51,10 @@ class RetryInteraction(Interaction):
         if "ground_truth" not in kwargs:
             raise ValueError("interaction_kwargs has no ground_truth")
         answers = [m["content"] for m in messages if m.get("role") == "assistant"]
-        attempts = len(answers)
+        retries = sum(m.get("role") == "user" and m.get("content") == TRY_AGAIN for m in messages)
+        attempts = retries + 1
         if answers and is_right(answers[-1], kwargs["ground_truth"]):
             return True, "Your answer is correct.", 1.0, {"attempts": attempts}
-        if attempts > self.max_retries:
+        if retries >= self.max_retries:
             return True, "Your answer is incorrect.", 0.0, {"attempts": attempts}
-        return False, "Your answer is incorrect. Try again.", 0.0, {"attempts": attempts}
+        return False, TRY_AGAIN, 0.0, {"attempts": attempts}

@@ -328,6 +328,23 @@ def test_budget_counts_a_partial_rollout_under_its_first_version():
     assert counts(log) == {"over_budget_versions": 1}  # five under version 0
 
 
+def test_an_in_flight_update_lets_a_sample_admitted_before_the_swap_start_after_it():
+    """Mode (d) with in_flight_update logs no partial: a sample the worker admitted under 0
+    (in flight at the swap, so counted stale by version 1's opening) whose first token came
+    under 1 was an over-budget violation of a correct run (seen with a slow interaction)."""
+    log = clean()
+    log.samples[3] = sample(3, 1)  # admitted under 0, its first token under 1
+    log.control = [
+        dataclasses.replace(e, num_stale=1)
+        if isinstance(e, ev.RolloutResumed) and e.version == 1
+        else e
+        for e in log.control
+    ]
+    report = audit(log, BUDGET, RUN, partial_rollout=True)
+    assert report.ok, report.to_dict()
+    assert counts(log) == {"over_budget_versions": 1}  # not in mode (c)
+
+
 def test_partials_moved_between_workers_allow_their_refund():
     """Mode (d): a worker's prompt partition moves away mid-version; its partials are logged
     (not at a sync), it is refunded and starts another, and the other worker continues the

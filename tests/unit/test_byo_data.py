@@ -272,6 +272,10 @@ def test_a_hugging_face_checkpoint_loads_by_model_path(tmp_path: Path) -> None:
     messages = [{"role": "user", "content": "12+30="}]
     assert encode_prompt(loaded_tok, messages) == encode_prompt(tok, messages)
     assert loaded_tok.pad_token_id == tok.pad_token_id
+    # Beside the Qwen2 config.json, transformers 5's AutoTokenizer loaded the character
+    # tokenizer as Qwen2Tokenizer, which dropped the spaces (the calculator's "=29842 29842").
+    spaced = "12 + 30 = 42"
+    assert loaded_tok(spaced)["input_ids"] == tok(spaced)["input_ids"]
 
 
 def test_a_bad_model_path_stops_the_run_naming_the_key(tmp_path: Path) -> None:

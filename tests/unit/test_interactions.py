@@ -139,18 +139,31 @@ def test_a_row_naming_an_unknown_interaction_fails_at_load_naming_it(tmp_path):
     )
 
 
+TRY_AGAIN = "Your answer is incorrect. Try again."
+
+
 def test_the_example_says_right_or_wrong_and_lets_the_model_retry_once():
     retry = RetryInteraction({"name": "retry", "max_retries": 1})
     prompt = [{"role": "user", "content": "What is 347*86?"}]
 
-    def reply(*answers: str) -> tuple:
-        messages = [*prompt, *({"role": "assistant", "content": a} for a in answers)]
+    def reply(*turns: str) -> tuple:  # the model's turns; "=..." a tool's response
+        messages = list(prompt)
+        for turn in turns:  # each answer but the last got the retry, as in a trajectory
+            if messages[-1]["role"] == "assistant" and not messages[-1]["content"].startswith("["):
+                messages.append({"role": "user", "content": TRY_AGAIN})
+            role = "tool" if turn.startswith("=") else "assistant"
+            messages.append({"role": role, "content": turn})
         return asyncio.run(retry.generate_response("r", messages, ground_truth="29842"))
 
     assert reply("It is 29,842.")[:3] == (True, "Your answer is correct.", 1.0)
-    assert reply("30000")[:3] == (False, "Your answer is incorrect. Try again.", 0.0)
+    assert reply("30000")[:3] == (False, TRY_AGAIN, 0.0)
     assert reply("30000", "29842")[:2] == (True, "Your answer is correct.")
     assert reply("30000", "29000")[:2] == (True, "Your answer is incorrect.")
+    # A turn that called a tool is no answer: the first answer after it gets its retry
+    # (counted as assistant messages, a calculator user got none: 66 of 157 replies on the
+    # calculator data's held-out rows ended a trajectory at its first answer).
+    assert reply("[347*86]", "=29842", "29000")[:2] == (False, TRY_AGAIN)
+    assert reply("[347*86]", "=29842", "29000", "29800")[:2] == (True, "Your answer is incorrect.")
 
 
 def test_without_an_interaction_a_state_keeps_no_prompt_messages():

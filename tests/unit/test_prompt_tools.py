@@ -9,14 +9,17 @@ import json
 import string
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import asyncrl
-from asyncrl.config import load_config
+from asyncrl.config import ConfigError, load_config
 from asyncrl.models.policy import TINY_CHAT_TEMPLATE, encode_prompt, load_tokenizer
 from asyncrl.models.tiny import build_model, build_tokenizer
 from asyncrl.producers.admission import PromptAdmission
 from asyncrl.producers.agent.factory import make_runner
+from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.budget import RolloutBudget
 from asyncrl.producers.engines.hf import HFEngine
 from asyncrl.producers.in_flight import InFlightSamples
@@ -24,6 +27,7 @@ from asyncrl.producers.tools.registry import load_tools, prompt_tool_schemas, sh
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas.prompt import TAG, PromptRecord
 from asyncrl.schemas.prompt import encode_prompt as encode_record
+from asyncrl.tasks.files import load_split
 from asyncrl.testing import MemoryBroker, MemoryPromptSource
 from tests.helpers import SMALL
 
@@ -117,3 +121,68 @@ def test_without_the_agent_loop_no_tools_reach_the_template():
     tok = load_tokenizer(cfg)
     plain = [{"role": "user", "content": "1+1="}]
     assert encode_prompt(tok, plain, prompt_tool_schemas(cfg)) == tok("1+1=")["input_ids"]
+
+
+THINKING_TEMPLATE = (  # the shape of Qwen3's: enable_thinking=false writes an empty think block
+    "{%- for m in messages %}{{- '<|' + m['role'] + '|>' + m['content'] + '\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>' }}"
+    "{%- if enable_thinking is defined and not enable_thinking %}{{- '<think></think>' }}"
+    "{%- endif %}{%- endif %}"
+)
+NO_THINKING = "data.apply_chat_template_kwargs.enable_thinking=false"
+
+
+def _thinking_run(tmp_path, *overrides):
+    tok = _chat_tokenizer()
+    tok.chat_template = THINKING_TEMPLATE
+    cfg = load_config(
+        "calculator",
+        overrides=[*SMALL, f"output_dir={tmp_path}", "data.max_prompt_length=600", *overrides],
+    )
+    model = build_model(cfg.actor_rollout_ref.model, len(tok), seed=0)
+    engine = HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
+    return cfg, tok, make_runner(cfg, tok, engine)
+
+
+def test_apply_chat_template_kwargs_reach_the_prompt_and_the_length_filter(tmp_path):
+    """verl passes data.apply_chat_template_kwargs to every apply_chat_template (Qwen3's
+    enable_thinking=false); they were ignored, so a run asked not to think prompted for it."""
+    path = tmp_path / "chat.parquet"
+    row = {"data_source": "calculator", "prompt": MESSAGES}
+    pq.write_table(pa.Table.from_pylist([row | {"reward_model": {"ground_truth": "29842"}}]), path)
+    files = [f"data.train_files={path}", f"data.val_files={path}"]
+    cfg, tok, runner = _thinking_run(tmp_path, NO_THINKING, *files)
+    try:
+        ids = runner.prompt_ids(MESSAGES, 600)  # the workers' and the evaluation's
+    finally:
+        runner.close()
+    assert tok.decode(ids).endswith("<|assistant|><think></think>")
+    cfg.data.max_prompt_length = len(ids)  # the length filter counts the same tokens
+    assert load_split(cfg, "train", tok).too_long == 0
+    cfg.data.max_prompt_length = len(ids) - 1
+    with pytest.raises(ConfigError, match="all 1 prompts are longer"):
+        load_split(cfg, "train", tok)
+
+
+def test_apply_chat_template_kwargs_frame_a_user_reply_as_verl_does(tmp_path):
+    """verl applies them to the tool responses and user turns it appends too: the next
+    assistant header after a reply is the one the prompt ended with."""
+    _, tok, runner = _thinking_run(
+        tmp_path,
+        NO_THINKING,
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        "data.max_response_length=64",
+    )
+    try:
+        state = AgentState(prompt_ids=[], phase=Phase.INTERACTING)
+        runner.loop.on_user_reply(state, False, "Try again.")
+    finally:
+        runner.close()
+    assert tok.decode(state.response_ids) == "<|user|>Try again.\n<|assistant|><think></think>"
+
+
+def test_apply_chat_template_kwargs_cannot_set_what_asyncrl_sets():
+    with pytest.raises(ConfigError, match=r"data.apply_chat_template_kwargs: tools: set by"):
+        load_config(overrides=["data.apply_chat_template_kwargs.tools=[]"])
+    cfg = load_config(overrides=["+data.apply_chat_template_kwargs.enable_thinking=False"])
+    assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}  # verl's spelling
