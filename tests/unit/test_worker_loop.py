@@ -6,6 +6,7 @@ the same paths over Kafka and the collective."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 import pytest
@@ -397,7 +398,33 @@ def test_an_in_flight_update_swaps_the_engine_threads_weights_between_two_tokens
         SLOW_STEPS,
     )
     run = Run(cfg)
-    _after_admission(run, 5, run.sync_new_weights, steps=2)
+    synced = threading.Event()
+
+    def sync() -> None:
+        run.sync_new_weights()
+        synced.set()
+
+    _after_admission(run, 5, sync, steps=2)
+    # The engine's thread makes no step from the sync until the swap is handed to it: the
+    # weights arrive in the background, and on a loaded machine the 5th sample's short
+    # responses (2-4 tokens at 20 ms) had ended before they did ("no trajectory was
+    # generated across the swap", now and then).
+    background = run.worker.engine
+    step, held = background.engine.step, [False]
+
+    def step_after_the_swap():
+        if synced.is_set() and not held[0]:
+            deadline = time.monotonic() + 10
+            while run.worker.version < 1 and not background._calls:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.002)
+            held[0] = True
+            if background._calls:
+                return []  # no step: the swap comes first, then the next token
+        return step()
+
+    background.engine.step = step_after_the_swap
     # Versions 0 and 1 admit 6 samples in all (v1's budget is 6 minus those of v0 that
     # were in flight or not consumed at the sync): the last one ends the run.
     run.when_published(6, run.trainer.finish)
