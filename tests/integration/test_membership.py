@@ -82,7 +82,22 @@ MODES = {
 }
 
 
+@pytest.fixture
+def sigint_taken():
+    """SIGINT handled in this process while the test runs, as ``asyncrl run`` takes it back
+    (``stop_on_signals``): pytest started as a script's background job (``pytest &``) has it
+    ignored, and the roles the in-process launcher starts keep it so (``spawn_role``), so
+    worker 1 ignored its Ctrl-C and ran to the end (the test failed in every such run)."""
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.usefixtures("sigint_taken")
 def test_a_worker_is_added_and_one_removed_mid_run(make_run_cfg, quick_policy, mode):
     cfg = make_run_cfg(*quick_policy, *SETTINGS, *MODES[mode])
     assert cfg.async_training.mode == mode
