@@ -34,6 +34,14 @@ def test_a_forked_role_writes_its_log_and_reports_its_exit_code(tmp_path):
     assert "invalid choice: 'no-such-command'" in log.read_text()
 
 
+def _wait_until_serving(role: int, log) -> None:
+    """Until the broker role logs its address (up to 2 min), failing if it dies first."""
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "127.0.0.1" in log.read_text()):
+        assert time.monotonic() < deadline and _alive(role), "the role never started"
+        time.sleep(0.1)
+
+
 def _launcher_of_a_broker_role(log, first: str = "", **popen: Any) -> subprocess.Popen:
     """A process that runs ``first``, forks a broker role (its output to ``log``), prints the
     role's pid and sleeps (a Ctrl-C: prints "stopped", exits 130): a launcher, for what
@@ -70,10 +78,7 @@ def test_a_forked_role_ends_with_the_launcher_even_when_it_is_sigkilled(tmp_path
     try:
         assert launcher.stdout is not None
         pid = int(launcher.stdout.readline())
-        deadline = time.monotonic() + 120
-        while not (log.exists() and "127.0.0.1" in log.read_text()):  # its broker is up
-            assert time.monotonic() < deadline and _alive(pid), "the role never started"
-            time.sleep(0.1)
+        _wait_until_serving(pid, log)
         launcher.kill()
         launcher.wait(10)
         killed = time.monotonic()
@@ -147,10 +152,7 @@ def test_ctrl_c_while_the_role_server_imports_is_ignored_there_not_in_its_roles(
         server = int(launcher.stdout.readline())
         role = int(launcher.stdout.readline())  # the server lived on to fork it
         assert _ignores_sigint(server)
-        deadline = time.monotonic() + 120
-        while not (log.exists() and "127.0.0.1" in log.read_text()):  # the role runs
-            assert time.monotonic() < deadline and _alive(role), "the role never started"
-            time.sleep(0.1)
+        _wait_until_serving(role, log)
         assert not _ignores_sigint(role)
     finally:
         launcher.kill()
@@ -169,10 +171,7 @@ def test_a_launcher_that_ignores_sigint_starts_roles_that_ignore_it(tmp_path):
     try:
         assert launcher.stdout is not None
         role = int(launcher.stdout.readline())
-        deadline = time.monotonic() + 120
-        while not (log.exists() and "127.0.0.1" in log.read_text()):  # the role runs
-            assert time.monotonic() < deadline and _alive(role), "the role never started"
-            time.sleep(0.1)
+        _wait_until_serving(role, log)
         assert _ignores_sigint(launcher.pid) and _ignores_sigint(role)
     finally:
         launcher.kill()
@@ -193,10 +192,7 @@ def test_asyncrl_run_started_with_sigint_ignored_takes_it_back_for_itself_and_it
     try:
         assert launcher.stdout is not None
         role = int(launcher.stdout.readline())
-        deadline = time.monotonic() + 120
-        while not (log.exists() and "127.0.0.1" in log.read_text()):  # the role runs
-            assert time.monotonic() < deadline and _alive(role), "the role never started"
-            time.sleep(0.1)
+        _wait_until_serving(role, log)
         assert not _ignores_sigint(launcher.pid) and not _ignores_sigint(role)
         os.kill(launcher.pid, signal.SIGINT)
         assert launcher.wait(60) == 130
