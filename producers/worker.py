@@ -201,7 +201,7 @@ class RolloutWorker:
         # A trajectory a sync's abort finds ended is scored and published as any other; a
         # hand-back that logs partials waits for those scores first (every trajectory of a
         # logged sample is then done or interrupted).
-        self.in_flight.on_finished = functools.partial(self._on_finished, prompts=prompts)
+        self.in_flight.on_finished = self._on_finished
         self.in_flight.wait_scored = functools.partial(self._drain, keep_alive=False)
         f.keep_alive = prompts.keep_alive
         f.cancelled = lambda: self.stopping
@@ -246,7 +246,7 @@ class RolloutWorker:
             self.publisher.check()
             self._gauge()
             if self.runner.busy:
-                self._advance(prompts)
+                self._advance()
             else:
                 prompts.keep_alive()
                 if self.score.pending:  # only rewards under way
@@ -279,13 +279,13 @@ class RolloutWorker:
         self._open_budget(self.follower.join())
         self._start_shadow()
 
-    def _advance(self, prompts: PromptFeed) -> None:
+    def _advance(self) -> None:
         """One decoding step of every sequence in flight (if any) and the tool results that
         came back; finished trajectories are scored, finished samples published."""
         decoding = self.engine.num_active > 0
         with torch.no_grad():
             for request_id, state in self.runner.step(timeout=COLLECT_S):
-                self._on_finished(request_id, state, prompts)
+                self._on_finished(request_id, state)
         if not decoding:  # only tool calls (or user replies) under way
             self.follower.poll(0.002)
 
@@ -416,7 +416,7 @@ class RolloutWorker:
             return False
         return self.admission.admit(prompts, self.budget, self.version)
 
-    def _on_finished(self, request_id: str, state: AgentState, prompts: PromptFeed) -> None:
+    def _on_finished(self, request_id: str, state: AgentState) -> None:
         """Score a finished trajectory (inline, or submitted to the reward pool); its sample
         is published once all ``n`` are scored (``_collect``)."""
         sample_id, _, index = request_id.rpartition("#")
