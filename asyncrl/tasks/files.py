@@ -340,35 +340,40 @@ def checked_rows(
             )
     if interactions is not None:
         for row in rows:
-            why = interaction_pick_error(
-                interactions, row.extra_info, f"{key}: prompt {row.prompt_id}"
-            )
-            if why is not None:
-                raise ConfigError(why)
+            try:
+                pick_interaction(interactions, row.extra_info.get("interaction_kwargs"))
+            except ValueError as err:  # else a worker would meet the row mid-run
+                raise ConfigError(f"{key}: prompt {row.prompt_id}: {err}") from None
     return rows
 
 
 INTERACTION_KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 
 
-def interaction_pick_error(names: list[str], extra_info: dict[str, Any], where: str) -> str | None:
-    """Why a row's ``extra_info.interaction_kwargs`` picks none of the interactions ``names``
-    (a message naming ``where`` and the key), or None if it picks one: a worker would
-    otherwise meet the row mid-run."""
-    kwargs = extra_info.get("interaction_kwargs")
-    if kwargs is None and len(names) == 1:
-        return None
-    if not isinstance(kwargs, dict) or "name" not in kwargs:
-        return (
-            f"{where}: extra_info.interaction_kwargs.name: missing; {INTERACTION_KEY} has "
+def pick_interaction(names: list[str], kwargs: Any) -> str:
+    """The interaction a sample's ``extra_info.interaction_kwargs`` picks among ``names`` (the
+    run's): the one its ``name`` names, or, with one configured, that one when it names none
+    (verl requires the name; here the built-in tasks, which have no ``extra_info``, can use
+    an interaction). The one rule of the data check at load and of the workers at run time;
+    ValueError naming the key if it picks none."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ValueError(
+            f"extra_info.interaction_kwargs: must be a mapping, not {type(kwargs).__name__}"
+        )
+    name = (kwargs or {}).get("name")
+    if name is None:
+        if len(names) == 1:
+            return names[0]
+        raise ValueError(
+            f"extra_info.interaction_kwargs.name: missing; {INTERACTION_KEY} has "
             f"{', '.join(names)}: a sample picks one by name"
         )
-    if kwargs["name"] not in names:
-        return (
-            f"{where}: extra_info.interaction_kwargs.name: {kwargs['name']!r} is not in "
-            f"{INTERACTION_KEY} (it has {', '.join(names)})"
+    if name not in names:
+        raise ValueError(
+            f"extra_info.interaction_kwargs.name: {name!r} is not in {INTERACTION_KEY} (it has "
+            f"{', '.join(names)})"
         )
-    return None
+    return str(name)
 
 
 # --- the built-in tasks in this format ----------------------------------------------------------

@@ -34,8 +34,10 @@ from typing import Any
 from asyncrl.config import ConfigError, RunConfig
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.tools.registry import ConfigFileError, import_class, read_entries
+from asyncrl.tasks.files import INTERACTION_KEY, pick_interaction
 
-KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
+KEY = INTERACTION_KEY
+
 ENTRY_KEYS = ("name", "class_name", "config")
 """The keys of one entry under ``interaction`` (verl's)."""
 
@@ -150,14 +152,12 @@ class ConfiguredInteractions:
         """Request id -> the interaction started for it in this process."""
 
     def _pick(self, state: AgentState) -> Any:
-        kwargs = state.interaction_kwargs
-        name = kwargs.get("name")
-        if name is None and len(self.interactions) == 1:
-            return next(iter(self.interactions.values()))
-        if name not in self.interactions:
-            known = ", ".join(self.interactions)
-            raise InteractionError(f"no interaction named {name!r} ({KEY} has {known})")
-        return self.interactions[name]
+        try:
+            return self.interactions[
+                pick_interaction(list(self.interactions), state.interaction_kwargs)
+            ]
+        except ValueError as err:
+            raise InteractionError(str(err)) from None
 
     async def respond(self, request_id: str, state: AgentState) -> tuple[bool, str]:
         """The user's turn after the model's answer: ``(done, reply)``. InteractionError when

@@ -21,6 +21,7 @@ from asyncrl.producers.agent.data import checked_rows
 from asyncrl.producers.agent.interaction import (
     ConfiguredInteractions,
     InteractionConfigError,
+    InteractionError,
     load_interactions,
 )
 from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
@@ -137,6 +138,64 @@ def test_a_row_naming_an_unknown_interaction_fails_at_load_naming_it(tmp_path):
         "data.train_files: prompt train-1: extra_info.interaction_kwargs.name: 'retyr' is not "
         f"in {KEY} (it has retry)"
     )
+
+
+def _rows_file(path: Path, extra_info: dict) -> None:
+    """A data file of one row with ``extra_info``."""
+    row = {
+        "data_source": "arithmetic",
+        "prompt": [{"role": "user", "content": "07+35="}],
+        "reward_model": {"ground_truth": "42"},
+        "extra_info": extra_info,
+    }
+    pq.write_table(pa.Table.from_pylist([row]), path)
+
+
+MISSING = "extra_info.interaction_kwargs.name: missing"
+
+
+@pytest.mark.parametrize(
+    ("configured", "expected"),
+    [(["retry"], [None, None, None]), (["retry", "b"], [MISSING, MISSING, None])],
+)
+def test_the_data_check_and_the_workers_pick_a_rows_interaction_by_one_rule(
+    tmp_path, configured, expected
+):
+    """A row with interaction_kwargs but no name, under one interaction, was picked by the
+    workers (ConfiguredInteractions) but refused by the data check at load: two copies of
+    the rule. Now both ask files.pick_interaction, and agree on every row."""
+    config = tmp_path / "users.yaml"
+    config.write_text(
+        "interaction:\n"
+        + "".join(f"  - name: {name}\n    class_name: {RETRY}\n" for name in configured)
+    )
+    users = ConfiguredInteractions(load_interactions(config))
+    rows = [
+        {"ground_truth": "42"},  # kwargs without a name: the row the two rules disagreed on
+        None,  # no kwargs at all (the built-in tasks' rows)
+        {"name": "retry", "ground_truth": "42"},
+    ]
+    path = tmp_path / "train.parquet"
+    overrides = _agent(f"data.train_files={path}", f"data.val_files={path}", f"{KEY}={config}")
+    cfg = load_config(overrides=[*overrides, "actor_rollout_ref.rollout.multi_turn.format=hermes"])
+    verdicts = []
+    for kwargs in rows:
+        _rows_file(path, {"index": 0} if kwargs is None else {"interaction_kwargs": kwargs})
+        try:
+            checked_rows(cfg, "train")
+            at_load = None
+        except ConfigError as err:
+            at_load = str(err).removeprefix("data.train_files: prompt train-0: ")
+        try:
+            picked = users._pick(AgentState(prompt_ids=[1], interaction_kwargs=kwargs or {}))
+            at_run = None
+        except InteractionError as err:
+            at_run = str(err)
+        assert at_load == at_run, kwargs
+        if at_run is None:
+            assert picked is users.interactions["retry"]
+        verdicts.append(at_run and at_run.split(";")[0])
+    assert verdicts == expected
 
 
 TRY_AGAIN = "Your answer is incorrect. Try again."
