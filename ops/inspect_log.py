@@ -141,8 +141,10 @@ def _partial_row(rec, text: Callable[[TokenIds], str] | None, _consumed) -> dict
         "finished": len(trajs) - len(p.interrupted),
         "segments": [_segments(t) for t in trajs],
     }
-    phases = [json.loads(a)["phase"] for a in p.agent_state if a]
-    if any(phase != "generating" for phase in phases):  # agents cut in other states
+    # One per trajectory, as "segments": the phase an interrupted one was cut in, None for a
+    # finished one (it has no agent state), so the list lines up with the trajectories.
+    phases = [json.loads(a)["phase"] if a else None for a in p.agent_state]
+    if any(phase not in (None, "generating") for phase in phases):  # agents cut elsewhere
         row["agent_phases"] = phases
     if text is not None:  # as a sample's row: what was asked, then what was written so far
         row["prompt"] = text(p.sample.prompt_ids)

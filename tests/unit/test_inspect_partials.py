@@ -1,0 +1,28 @@
+"""``asyncrl inspect partials``: each trajectory's row of the lists lines up with it."""
+
+from __future__ import annotations
+
+from asyncrl.kafka.record import Record
+from asyncrl.ops.inspect_log import _partial_row
+from asyncrl.producers.agent.state import AgentState, Phase
+from asyncrl.schemas.partial import PartialSample, encode_partial
+from asyncrl.schemas.sample import Sample, Trajectory
+
+
+def test_agent_phases_line_up_with_the_trajectories_when_some_had_finished() -> None:
+    """The phases were listed for the interrupted trajectories only: with trajectory 0
+    finished, trajectory 1's phase showed under trajectory 0."""
+    finished = Trajectory([5, 6], [-0.1, -0.2], 1.0, "stop")
+    cut = Trajectory([7], [-0.3], 0.0, "abort")
+    sample = Sample("s", "p", 0, [1, 2], "42", [finished, cut, cut])
+    states = [
+        "",  # finished: no agent state
+        AgentState([1, 2], phase=Phase.INTERACTING).to_json(),
+        AgentState([1, 2], phase=Phase.GENERATING).to_json(),
+    ]
+    partial = PartialSample(sample, 3, 0, 9, agent_state=states)
+    rec = Record("r.partials", 0, 4, "s", 1_700_000_000_000, {}, encode_partial(partial))
+    row = _partial_row(rec, None, None)
+    assert (row["finished"], row["interrupted"]) == (1, 2)
+    assert row["agent_phases"] == [None, "interacting", "generating"]
+    assert len(row["agent_phases"]) == len(row["segments"])
