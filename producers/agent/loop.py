@@ -186,15 +186,17 @@ class AgentLoop:
         self._terminate(state, "interaction_error")
 
     def on_user_reply(self, state: AgentState, done: bool, reply: str) -> None:
+        """The interaction's reply, appended as a user turn (context, mask 0, cut to the room
+        left), the last one too: as verl's agent loop appends it before it reads ``done``,
+        which then ends the trajectory (``stop``)."""
         if state.phase != Phase.INTERACTING:
             raise ValueError(f"no user turn in phase {state.phase}")
-        if done:
-            self._terminate(state, "stop")
-            return
         state.user_turns += 1
         added = [{"role": "user", "content": reply}]
         state.messages += added
         self._append_context(state, self._framed(added, reply))
+        if done:
+            self._terminate(state, "stop")
 
     def _framed(self, messages: list[dict[str, str]], raw: str) -> str:
         """The text that follows the model's turn for ``messages`` (tool responses, a user

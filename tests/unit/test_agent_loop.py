@@ -139,6 +139,25 @@ def test_an_interaction_adds_user_turns_up_to_max_user_turns(tok):
     assert [m["role"] for m in state.messages] == ["assistant", "user", "assistant"]
 
 
+@pytest.mark.parametrize(("length", "kept"), [(32, "42"), (4, "4")])
+def test_the_reply_that_ends_a_trajectory_is_appended_as_context_as_verl_does(tok, length, kept):
+    """verl's agent loop appends the interaction's reply (mask 0) before it reads
+    should_terminate; asyncrl dropped the last one. Cut to the room left, it still ends the
+    trajectory as the interaction said (stop)."""
+    loop = _loop(tok, interaction=_Retry(), response_length=length)
+    state = AgentState(prompt_ids=[1, 5])
+    loop.request("r", state)
+    loop.on_turn(state, _turn(tok, "r", "12", eos=True))
+    answer = len(state.response_ids)
+    loop.on_user_reply(state, True, "42")
+    assert (state.phase, state.finish_reason) == (Phase.TERMINATED, "stop")
+    assert state.messages[-1] == {"role": "user", "content": "42"}
+    assert state.user_turns == 1 and state.num_turns == 2  # verl counts it as a user turn
+    assert tok.decode(state.response_ids[answer:]) == kept
+    assert state.response_mask[answer:] == [0] * len(kept)
+    assert state.response_logprobs[answer:] == [0.0] * len(kept)
+
+
 def test_max_user_turns_counts_tool_response_rounds_as_verl_does(tok):
     """verl counts each round of tool responses as a user turn, and the turn after the last
     ends the trajectory, tool call or not; asyncrl counted interaction replies only, so a verl
