@@ -79,6 +79,7 @@ def rollout(
                 tool_calls=s.tool_calls,
                 tool_errors=s.tool_errors,
                 tool_s=s.tool_seconds,
+                turn_scores=list(s.turn_scores),
             )
             for s in states
         ]

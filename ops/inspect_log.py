@@ -118,6 +118,8 @@ def _sample_row(rec, text: Callable[[TokenIds], str] | None, consumed) -> dict[s
         row["turns"] = [t.num_turns for t in trajs]
         row["tool_calls"] = sum(t.tool_calls for t in trajs)
         row["tool_errors"] = sum(t.tool_errors for t in trajs)
+    if any(t.turn_scores for t in trajs):  # an interaction scored its replies
+        row["turn_scores"] = [t.turn_scores for t in trajs]
     if any(t.reward_failed for t in trajs):  # the reward function raised or timed out
         row["reward_errors"] = [t.reward_error for t in trajs]
     step = consumed.get(s.sample_id)
@@ -146,6 +148,8 @@ def _partial_row(rec, text: Callable[[TokenIds], str] | None, _consumed) -> dict
     phases = [json.loads(a)["phase"] if a else None for a in p.agent_state]
     if any(phase not in (None, "generating") for phase in phases):  # agents cut elsewhere
         row["agent_phases"] = phases
+    if any(t.turn_scores for t in trajs):  # an interaction scored its replies so far
+        row["turn_scores"] = [t.turn_scores for t in trajs]
     if text is not None:  # as a sample's row: what was asked, then what was written so far
         row["prompt"] = text(p.sample.prompt_ids)
         row["responses"] = [text(t.response_ids) for t in trajs]

@@ -90,6 +90,7 @@ class InFlight:
             tool_calls=state.tool_calls,
             tool_errors=state.tool_errors,
             tool_s=state.tool_seconds,
+            turn_scores=list(state.turn_scores),
             param_version=versions[-1],
             param_version_start=versions[0],
             segment_starts=list(starts),

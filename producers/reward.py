@@ -17,7 +17,9 @@ the group is compared among itself) and reports ``reward/failures`` per step.
 
 ``solution_str`` is the response decoded with special tokens skipped, as verl's reward
 manager does (with the agent loop: every response token, tool responses included);
-``extra_info`` is the row's, plus ``num_turns`` (verl adds it too).
+``extra_info`` is the row's, plus ``num_turns`` and the interaction's ``turn_scores`` (verl's
+reward managers add both: its agent loop's ``turn_scores`` reach ``extra_info`` with the
+other fields the loop returns).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class RewardCall:
     solution_str: str
     """The decoded response (special tokens skipped)."""
     num_turns: int = 2
+    turn_scores: list[float] = field(default_factory=list)
+    """The interaction's score of each reply (``AgentState.turn_scores``)."""
 
 
 @dataclass
@@ -178,7 +182,11 @@ class CustomReward:
             "data_source": call.data_source,
             "solution_str": call.solution_str,
             "ground_truth": call.ground_truth,
-            "extra_info": {**call.extra_info, "num_turns": call.num_turns},
+            "extra_info": {
+                **call.extra_info,
+                "num_turns": call.num_turns,
+                "turn_scores": call.turn_scores,
+            },
             **self.kwargs,
         }
         try:

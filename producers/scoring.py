@@ -61,6 +61,7 @@ class TrajectoryScorer:
             messages=state.messages,
             solution_str=self.tokenizer.decode(state.response_ids, skip_special_tokens=True),
             num_turns=1 + max(state.num_turns, 1),  # verl counts the prompt
+            turn_scores=list(state.turn_scores),
         )
 
     def __call__(self, prompt: PromptRecord, state: AgentState, request_id: str) -> Scored:

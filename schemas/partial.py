@@ -19,10 +19,12 @@ from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schem
 from asyncrl.schemas.sample import SCHEMA as SAMPLE_SCHEMA
 from asyncrl.schemas.sample import SCHEMA_V2 as SAMPLE_SCHEMA_V2
 from asyncrl.schemas.sample import SCHEMA_V3 as SAMPLE_SCHEMA_V3
+from asyncrl.schemas.sample import SCHEMA_V4 as SAMPLE_SCHEMA_V4
 from asyncrl.schemas.sample import Sample, sample_columns, sample_from_batch, validate
 
 NAME = "partial"
-VERSION = 3  # 2: the sample's agent columns (sample/3); 3: its reward columns (sample/4)
+VERSION = 4  # 2: the sample's agent columns (sample/3); 3: its reward columns (sample/4);
+# 4: its turn_scores (sample/5)
 TAG = schema_tag(NAME, VERSION)
 
 _EXTRA = [
@@ -37,7 +39,11 @@ OLDER = {
     schema_tag(NAME, version): with_tag(
         pa.schema([*sample_schema.remove_metadata(), *_EXTRA]), NAME, version
     )
-    for version, sample_schema in ((1, SAMPLE_SCHEMA_V2), (2, SAMPLE_SCHEMA_V3))
+    for version, sample_schema in (
+        (1, SAMPLE_SCHEMA_V2),
+        (2, SAMPLE_SCHEMA_V3),
+        (3, SAMPLE_SCHEMA_V4),
+    )
 }
 
 

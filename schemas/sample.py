@@ -13,6 +13,8 @@ syncs: the response index where it begins and the weight version its tokens came
 ``reward_error`` is empty when the reward was computed; otherwise it says why the reward
 function failed (raised, timed out), ``reward`` is 0 and the trainer does not train on the
 trajectory. ``reward_extra`` holds the other numbers a reward function's dict returned (JSON).
+``turn_scores`` are the scores an interaction returned with its replies (verl's
+``turn_scores``), in order; empty without one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import pyarrow as pa
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 
 NAME = "sample"
-VERSION = 4  # 3: the agent loop's num_turns, tool_calls, tool_errors, tool_s; 4: reward_error, reward_extra
+VERSION = 5  # 3: the agent loop's num_turns, tool_calls, tool_errors, tool_s; 4: reward_error,
+# reward_extra; 5: turn_scores
 TAG = schema_tag(NAME, VERSION)
 WORKER_HEADER = "asyncrl-worker"
 """On every ``samples`` message: the producing worker id (read without decoding the sample)."""
@@ -52,6 +55,8 @@ _REWARD_FIELDS = [
 ]
 REWARD_DEFAULTS = {"reward_error": "", "reward_extra": ""}
 """Values of the reward columns for messages written before they existed (sample/2, /3)."""
+_INTERACTION_FIELDS = [pa.field("turn_scores", pa.list_(pa.float64()), nullable=False)]
+"""What the interaction said of each turn; older messages (sample/2 to /4) read as none."""
 
 SCHEMA_V2 = with_tag(
     pa.schema(
@@ -80,8 +85,13 @@ SCHEMA_V2 = with_tag(
     2,
 )
 SCHEMA_V3 = with_tag(pa.schema([*SCHEMA_V2.remove_metadata(), *_AGENT_FIELDS]), NAME, 3)
-SCHEMA = with_tag(pa.schema([*SCHEMA_V3.remove_metadata(), *_REWARD_FIELDS]), NAME, VERSION)
-OLDER = {schema_tag(NAME, 2): SCHEMA_V2, schema_tag(NAME, 3): SCHEMA_V3}
+SCHEMA_V4 = with_tag(pa.schema([*SCHEMA_V3.remove_metadata(), *_REWARD_FIELDS]), NAME, 4)
+SCHEMA = with_tag(pa.schema([*SCHEMA_V4.remove_metadata(), *_INTERACTION_FIELDS]), NAME, VERSION)
+OLDER = {
+    schema_tag(NAME, 2): SCHEMA_V2,
+    schema_tag(NAME, 3): SCHEMA_V3,
+    schema_tag(NAME, 4): SCHEMA_V4,
+}
 
 TokenIds = npt.NDArray[np.int32]
 Logprobs = npt.NDArray[np.float32]
@@ -150,6 +160,9 @@ class Trajectory:
     """Why the reward function failed (``reward`` is then 0, not a score); empty: scored."""
     reward_extra: str = ""
     """The reward function's other numbers (a JSON object), or empty."""
+    turn_scores: list[float] = field(default_factory=list)
+    """The interaction's score of each of its replies (verl's ``turn_scores``): what
+    ``generate_response`` returned beside a reply, when it was not None; empty: none."""
 
     @property
     def reward_failed(self) -> bool:
@@ -249,6 +262,8 @@ def validate(sample: Sample) -> None:
             )
         if n and np.min(t.response_ids) < 0:
             raise DecodeError(f"sample {sample.sample_id} trajectory {i}: a negative token id")
+        if not all(isinstance(x, float | int) for x in t.turn_scores):
+            raise DecodeError(f"sample {sample.sample_id} trajectory {i}: a turn score is null")
 
 
 def validate_segments(t: Trajectory, where: str) -> None:
@@ -302,6 +317,7 @@ def sample_columns(sample: Sample) -> dict[str, Any]:
         "tool_s": [t.tool_s for t in trajs],
         "reward_error": [t.reward_error for t in trajs],
         "reward_extra": [t.reward_extra for t in trajs],
+        "turn_scores": [t.turn_scores for t in trajs],
     }
 
 
@@ -344,6 +360,7 @@ def sample_from_batch(batch: pa.RecordBatch, tag: str) -> Sample:
         raise DecodeError(f"{tag}: traj_index must be 0..n-1, got {cols['traj_index']}")
     for key, default in {**AGENT_DEFAULTS, **REWARD_DEFAULTS}.items():  # older versions
         cols.setdefault(key, [default] * n)
+    cols.setdefault("turn_scores", [[] for _ in range(n)])
     trajs = [
         Trajectory(
             response_ids=tokens["response_ids"][i],
@@ -364,6 +381,7 @@ def sample_from_batch(batch: pa.RecordBatch, tag: str) -> Sample:
             tool_s=cols["tool_s"][i],
             reward_error=cols["reward_error"][i],
             reward_extra=cols["reward_extra"][i],
+            turn_scores=cols["turn_scores"][i],
         )
         for i in range(n)
     ]

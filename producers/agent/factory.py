@@ -178,6 +178,7 @@ def evaluate_rows(
                                 state.response_ids, skip_special_tokens=True
                             ),
                             num_turns=1 + max(state.num_turns, 1),
+                            turn_scores=list(state.turn_scores),
                         )
                     )
                     if scored.failed:

@@ -28,6 +28,8 @@ the ``messages`` (the prompt's, then the conversation) and its kwargs.
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +70,10 @@ class Interaction:
         self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
     ) -> tuple[bool, str, float, dict[str, Any]]:
         """The user's turn after the model's answer (the last assistant message):
-        ``(should_terminate, response, score, metadata)``. ``should_terminate`` ends the
-        trajectory; otherwise ``response`` is appended as the user's message."""
+        ``(should_terminate, response, score, metadata)``. ``response`` is appended as the
+        user's message, and ``should_terminate`` then ends the trajectory; ``score`` (None:
+        none) is kept in the trajectory's ``turn_scores`` (verl's), which the reward function
+        reads in ``extra_info``."""
         raise NotImplementedError
 
     async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
@@ -159,9 +163,10 @@ class ConfiguredInteractions:
         except ValueError as err:
             raise InteractionError(str(err)) from None
 
-    async def respond(self, request_id: str, state: AgentState) -> tuple[bool, str]:
-        """The user's turn after the model's answer: ``(done, reply)``. InteractionError when
-        the interaction raises or answers in another shape."""
+    async def respond(self, request_id: str, state: AgentState) -> tuple[bool, str, float | None]:
+        """The user's turn after the model's answer: ``(done, reply, score)``, the score as
+        verl keeps it in ``turn_scores`` (None: none). InteractionError when the interaction
+        raises or answers in another shape."""
         interaction = self._started.get(request_id)
         kwargs = state.interaction_kwargs
         try:
@@ -180,7 +185,12 @@ class ConfiguredInteractions:
                 f"generate_response returned {type(out).__name__}, not (should_terminate, "
                 "response: str, score, metadata)"
             )
-        return bool(out[0]), out[1]
+        score = out[2]
+        if score is not None and not (isinstance(score, numbers.Real) and math.isfinite(score)):
+            raise InteractionError(
+                f"generate_response returned score {score!r}: a finite number or None"
+            )
+        return bool(out[0]), out[1], None if score is None else float(score)
 
     async def end(self, request_id: str) -> None:
         """The trajectory ended or left this process: finalize its instance (errors of the

@@ -52,10 +52,11 @@ class Interaction(Protocol):
     user model or an environment would be). The configured ones (verl's config and classes)
     come through ``agent.interaction.ConfiguredInteractions``."""
 
-    async def respond(self, request_id: str, state: AgentState) -> tuple[bool, str]:
-        """``(done, reply)`` to the trajectory's last answer: done ends the trajectory;
-        otherwise ``reply`` is the user's turn. Raising ends the trajectory
-        (``finish_reason`` ``interaction_error``)."""
+    async def respond(self, request_id: str, state: AgentState) -> tuple[bool, str, float | None]:
+        """``(done, reply, score)`` to the trajectory's last answer: ``reply`` is the user's
+        turn, done ends the trajectory after it, ``score`` (None: none) is kept in
+        ``turn_scores``. Raising ends the trajectory (``finish_reason``
+        ``interaction_error``)."""
         ...
 
     async def end(self, request_id: str) -> None:
@@ -185,12 +186,17 @@ class AgentLoop:
             raise ValueError(f"no user turn in phase {state.phase}")
         self._terminate(state, "interaction_error")
 
-    def on_user_reply(self, state: AgentState, done: bool, reply: str) -> None:
+    def on_user_reply(
+        self, state: AgentState, done: bool, reply: str, score: float | None = None
+    ) -> None:
         """The interaction's reply, appended as a user turn (context, mask 0, cut to the room
         left), the last one too: as verl's agent loop appends it before it reads ``done``,
-        which then ends the trajectory (``stop``)."""
+        which then ends the trajectory (``stop``). Its ``score``, if any, goes to
+        ``turn_scores`` (verl's), which the sample and the reward function get."""
         if state.phase != Phase.INTERACTING:
             raise ValueError(f"no user turn in phase {state.phase}")
+        if score is not None:
+            state.turn_scores.append(float(score))
         state.user_turns += 1
         added = [{"role": "user", "content": reply}]
         state.messages += added
@@ -258,7 +264,7 @@ class AgentRunner:
         self.wait_for_tools = wait_for_tools
         self.states: dict[str, AgentState] = {}
         self._tools: dict[str, Future[list[ToolResult]]] = {}
-        self._users: dict[str, Future[tuple[bool, str]]] = {}
+        self._users: dict[str, Future[tuple[bool, str, float | None]]] = {}
         self._done: list[tuple[str, AgentState]] = []
         self._failures: dict[str, int] = {}
         """Interaction failures by message, each logged once with its count so far."""

@@ -69,6 +69,8 @@ class AgentState:
     interaction_kwargs: dict[str, Any] = field(default_factory=dict)
     """With an interaction: the sample's ``extra_info.interaction_kwargs`` (``name`` picks
     the interaction)."""
+    turn_scores: list[float] = field(default_factory=list)
+    """The interaction's score of each reply, when it gave one (verl's ``turn_scores``)."""
 
     @property
     def num_turns(self) -> int:

@@ -204,7 +204,7 @@ def test_a_sample_with_a_null_token_is_dead_lettered_and_the_good_ones_decode_as
         dl_reader.assign(dlq)
         [dead] = _poll_n(dl_reader, 1)
     assert dead.key == "bad" and dead.value == bad
-    assert dead.headers["error"] == b"sample/4: response_ids holds 1 null value(s)"
+    assert dead.headers["error"] == b"sample/5: response_ids holds 1 null value(s)"
 
 
 def test_consumer_group_gets_messages_quickly(run_cfg: RunConfig, broker: str) -> None:

@@ -120,7 +120,7 @@ class _Retry:
 
     async def respond(self, request_id, state):
         await asyncio.sleep(0.02)
-        return any(m["role"] == "user" for m in state.messages), "?"
+        return any(m["role"] == "user" for m in state.messages), "?", None
 
     async def end(self, request_id):
         pass
@@ -405,7 +405,7 @@ class _SlowRetry(_Retry):
 
     async def respond(self, request_id, state):
         await asyncio.sleep(random.uniform(0.0, 0.02))
-        return any(m["role"] == "user" for m in state.messages), "?"
+        return any(m["role"] == "user" for m in state.messages), "?", None
 
 
 class _Late(Future):

@@ -45,6 +45,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
         os.kill(os.getpid(), signal.SIGKILL)
     if solution_str == "dict":
         return {"score": 0.5, "acc": True, "label": "text is not a metric", "pred": "42"}
+    if solution_str == "turns":
+        return sum(extra_info["turn_scores"])
     if solution_str == "info":
         return float(extra_info["index"] + extra_info["num_turns"])
     return float(solution_str.strip() == ground_truth) + bonus
@@ -89,6 +91,8 @@ def test_scores_floats_and_dicts(reward: CustomReward) -> None:
     assert (scored.score, scored.extra, scored.error) == (0.5, {"acc": 1.0}, "")
     # extra_info: the row's, plus num_turns as verl adds it
     assert reward(RewardCall("d", "1", {"index": 7}, [], "info", num_turns=2)).score == 9.0
+    # and the interaction's turn_scores, as verl's reward loop adds its agent loop's
+    assert reward(RewardCall("d", "1", {}, [], "turns", turn_scores=[0.5, 1.0])).score == 1.5
     assert reward.failures == 0
 
 

@@ -15,6 +15,7 @@ import pytest
 
 import asyncrl
 from asyncrl.config import ConfigError, ModelConfig, load_config
+from asyncrl.kafka.record import Record
 from asyncrl.launch.preflight import check_startable
 from asyncrl.models.tiny import CHARS, build_model, build_tokenizer
 from asyncrl.producers.agent.data import checked_rows
@@ -28,9 +29,14 @@ from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
 from asyncrl.producers.agent.parser import CompactParser
 from asyncrl.producers.agent.retry_interaction import RetryInteraction
 from asyncrl.producers.agent.state import AgentState
+from asyncrl.producers.engines.base import GenResult
 from asyncrl.producers.engines.hf import HFEngine
+from asyncrl.producers.in_flight import InFlight
+from asyncrl.producers.reward import RewardCall, Scored
+from asyncrl.producers.scoring import TrajectoryScorer
 from asyncrl.producers.tools.calculator import CalculatorTool
 from asyncrl.producers.tools.registry import ToolExecutor
+from asyncrl.schemas.prompt import PromptRecord
 from asyncrl.tasks import calculator as calc
 
 SHIPPED = Path(asyncrl.__file__).parent / "configs" / "interactions" / "retry.yaml"
@@ -223,6 +229,60 @@ def test_the_example_says_right_or_wrong_and_lets_the_model_retry_once():
     # calculator data's held-out rows ended a trajectory at its first answer).
     assert reply("[347*86]", "=29842", "29000")[:2] == (False, TRY_AGAIN)
     assert reply("[347*86]", "=29842", "29000", "29800")[:2] == (True, "Your answer is incorrect.")
+
+
+class _Recording:
+    """A reward that keeps the calls it is asked to score (what a reward function is given)."""
+
+    def __init__(self) -> None:
+        self.calls: list[RewardCall] = []
+
+    def __call__(self, call: RewardCall) -> Scored:
+        self.calls.append(call)
+        return Scored(1.0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_interactions_turn_scores_reach_the_sample_and_the_reward_function():
+    """verl keeps the score generate_response returns with each reply (turn_scores) and hands
+    it to the reward (extra_info); asyncrl dropped it. Now the loop keeps it in the state
+    (logged with partials), the trajectory carries it, and the reward call gets it."""
+    tok = build_tokenizer(CHARS + calc.TOOL_CHARS)
+    users = ConfiguredInteractions(load_interactions(SHIPPED))  # scores 0.0 wrong, 1.0 right
+    limits = AgentLimits(response_length=128)  # room for the replies (a token a character)
+    loop = AgentLoop(tok, CompactParser(CalculatorTool()), limits, users)
+    kwargs = {"name": "retry", "ground_truth": "12"}
+    state = AgentState(prompt_ids=[1, 2], interaction_kwargs=kwargs)
+    for answer in ("13", "12"):
+        loop.request("r", state)
+        ids = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        loop.on_turn(state, GenResult("r", [1, 2], ids, [-0.5] * len(ids), "stop"))
+        loop.on_user_reply(state, *asyncio.run(users.respond("r", state)))
+    assert (state.finish_reason, state.turn_scores) == ("stop", [0.0, 1.0])
+    assert AgentState.from_json(state.to_json()).turn_scores == [0.0, 1.0]  # a sync's log
+
+    prompt = PromptRecord("p", "07+05=", "12", extra_info='{"index": 3}')
+    record = Record("r.prompts", 0, 0, "p", 0, {}, prompt)
+    trajectory = InFlight(record, [1, 2], 0, 0.0).trajectory(0, state, 1.0, 0.0)
+    assert trajectory.turn_scores == [0.0, 1.0]
+    reward = _Recording()
+    TrajectoryScorer(reward, tok, worker_id=0)(prompt, state, "r")
+    assert reward.calls[0].turn_scores == [0.0, 1.0]
+
+
+def test_a_score_that_is_not_a_number_is_an_interaction_error():
+    class Scoring(RetryInteraction):
+        async def generate_response(self, instance_id, messages, **kwargs):
+            return True, "ok", kwargs["score"], {}
+
+    users = ConfiguredInteractions({"s": Scoring({"name": "s"})})
+    state = AgentState(prompt_ids=[1], interaction_kwargs={"score": None})
+    assert asyncio.run(users.respond("a", state)) == (True, "ok", None)  # verl keeps none
+    state.interaction_kwargs = {"score": "high"}
+    with pytest.raises(InteractionError, match="score 'high': a finite number or None"):
+        asyncio.run(users.respond("b", state))
 
 
 def test_without_an_interaction_a_state_keeps_no_prompt_messages():

@@ -40,7 +40,7 @@ def test_sample_round_trip_keeps_every_field():
 
 def test_sample_metadata_carries_schema_tag():
     reader = pa.ipc.open_stream(pa.py_buffer(encode_sample(make_sample())))
-    assert reader.schema.metadata[b"asyncrl.schema"] == b"sample/4"
+    assert reader.schema.metadata[b"asyncrl.schema"] == b"sample/5"
 
 
 def test_a_sample_written_before_the_agent_columns_still_decodes():
@@ -71,6 +71,20 @@ def test_a_sample_written_before_the_reward_columns_still_decodes():
     assert all(t.reward_extra == "" for t in back.trajectories)
 
 
+def test_turn_scores_travel_and_a_sample_written_before_them_still_decodes():
+    """An interaction's turn_scores (sample/5) survive the wire; sample/4 logs read as none."""
+    from asyncrl.schemas.codec import encode_batch
+    from asyncrl.schemas.sample import SCHEMA_V4, sample_columns
+
+    s = make_sample()
+    s.trajectories[1].turn_scores = [0.0, 0.5, 1.0]
+    assert decode_sample(encode_sample(s)) == s
+    cols = {k: v for k, v in sample_columns(s).items() if k in SCHEMA_V4.names}
+    back = decode_sample(encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA_V4)))
+    assert [t.turn_scores for t in back.trajectories] == [[], [], []]
+    assert back.trajectories[1].response_ids.tolist() == s.trajectories[1].response_ids.tolist()
+
+
 def test_a_reward_failure_travels_with_its_trajectory():
     s = make_sample()
     s.trajectories[1].reward_error = "ZeroDivisionError: division by zero"
@@ -85,7 +99,7 @@ def test_a_reward_failure_travels_with_its_trajectory():
     [
         (b"", "empty"),
         (b"not arrow at all", "not an Arrow IPC stream"),
-        (encode_prompt(PromptRecord("p", "1+1=", "2")), "expected schema sample/4"),
+        (encode_prompt(PromptRecord("p", "1+1=", "2")), "expected schema sample/5"),
     ],
 )
 def test_sample_rejects_bad_bytes(data, match):
@@ -125,6 +139,7 @@ def test_sample_rejects_misaligned_logprobs():
         tool_s=0.0,
         reward_error="",
         reward_extra="",
+        turn_scores=[],
     )
     for k, v in row.items():
         cols[k].append(v)
@@ -248,13 +263,14 @@ def test_a_prompt_written_before_prompt_2_still_decodes():
     assert decode_prompt(old, {"asyncrl-schema": b"prompt/1"}) == PromptRecord("p", "1+1=", "2")
 
 
-def test_a_partial_written_before_partial_3_still_decodes():
+@pytest.mark.parametrize("older", ["partial/2", "partial/3"])
+def test_a_partial_written_before_partial_4_still_decodes(older):
     from asyncrl.schemas.partial import OLDER, PartialSample, decode_partial, encode_partial
 
     s = make_sample(n=2, version=4)
     p = PartialSample(s, interrupted_at_version=4, prompt_partition=1, prompt_offset=9)
     new = pa.ipc.open_stream(pa.py_buffer(encode_partial(p))).read_next_batch()
-    old_schema = OLDER["partial/2"]
+    old_schema = OLDER[older]
     old = encode_batch(new.select(old_schema.names).cast(old_schema))
     assert decode_partial(old) == p
 
