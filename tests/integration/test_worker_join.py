@@ -16,6 +16,8 @@ from rich.console import Console
 
 from asyncrl.launch.broker import free_port
 from asyncrl.launch.launcher import prepare
+from asyncrl.schemas import control as ev
+from tests.helpers import read_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -32,8 +34,7 @@ def test_a_worker_waiting_for_a_trainer_stops_when_told(make_run_cfg, quick_poli
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        time.sleep(8)  # started, subscribed, now waiting for the trainer's store
-        assert worker.poll() is None
+        _wait_until_announced(cfg, worker)  # its signal handlers are in place from then on
         worker.send_signal(sig)
         out, _ = worker.communicate(timeout=30)
     finally:
@@ -41,3 +42,17 @@ def test_a_worker_waiting_for_a_trainer_stops_when_told(make_run_cfg, quick_poli
     assert worker.returncode == (143 if sig == signal.SIGTERM else 130), out[-2000:]
     assert "stopped while waiting to join the trainer" in out
     assert "Traceback" not in out
+
+
+def _wait_until_announced(cfg, worker: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Until the worker's WorkerStarted is on the control topic: it waits for the trainer.
+    (A fixed 8 s sleep signalled a worker still importing torch on a loaded machine, which
+    died of the default SIGTERM action, -15.)"""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert worker.poll() is None, "the worker exited before it announced itself"
+        events = [r.value for r in read_topic(cfg, "control")]
+        if any(isinstance(e, ev.WorkerStarted) and e.worker == 0 for e in events):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"worker 0 did not announce itself in {timeout_s} s")
