@@ -662,11 +662,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "tracing": tracing_cost,
         "tools": tools,
     }
-    problem = _bench_option_problem(args)
-    if problem:
-        print(f"asyncrl bench {args.name}: {problem}", file=sys.stderr)
+    lists = _bench_option_problem(args) or _bench_lists(args)
+    if isinstance(lists, str):
+        print(f"asyncrl bench {args.name}: {lists}", file=sys.stderr)
         return 2
-    staleness = _floats(args.staleness) if args.staleness is not None else None
+    staleness = lists.get("staleness")
     seeds = 1 if args.seeds is None else args.seeds
     if args.name == "modes":
         modes(
@@ -700,10 +700,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.name == "tuning":
         from asyncrl.bench.tuning import STALENESS, TRIGGER, tuning
 
-        trigger = (
-            TRIGGER if args.trigger is None else tuple(int(v) for v in args.trigger.split(","))
-        )
         grid = staleness or STALENESS
+        trigger = lists.get("trigger") or TRIGGER
         tuning(args.config, args.overrides, table_console(), seeds, grid, trigger)
         return 0
     if args.name == "sync":
@@ -734,14 +732,42 @@ BENCH_OPTIONS: dict[str, tuple[str, ...]] = {
 ignored without a word (``bench learn --trigger 2`` ran learn's own setups), so it is refused."""
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(","))
+BENCH_LISTS: dict[str, tuple[type, float, str, str]] = {
+    "staleness": (float, 0, "numbers", "0.5,1,2"),
+    "trigger": (int, 1, "whole numbers", "1,2,4"),
+}
+"""The comma-separated ``asyncrl bench`` options: dest -> (type, least value, what, example)."""
+
+
+def _bench_lists(args: argparse.Namespace) -> dict[str, tuple[Any, ...]] | str:
+    """The comma-separated options given, parsed (dest -> values; the one parse the benchmarks
+    get), or what is wrong with one, in one line naming the flag and the value."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for dest, (kind, low, what, example) in BENCH_LISTS.items():
+        text = getattr(args, dest)
+        if text is None:
+            continue
+        flag, values = f"--{dest}", []
+        for part in text.split(","):
+            try:
+                value = kind(part)
+            except ValueError:
+                value = None
+            if value is None or not low <= value < float("inf"):
+                return (
+                    f"{flag} takes comma-separated {what} of at least {low:g} "
+                    f"(e.g. {example}), not {part.strip()!r}"
+                )
+            values.append(value)
+        out[dest] = tuple(values)
+    return out
 
 
 def _bench_option_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with ``asyncrl bench``'s options, in one line, or None: an option the
-    benchmark does not read, or a value no run could take. Checked before any run starts, so a
-    slip does not surface after the baseline ran for minutes."""
+    benchmark does not read, or a value no run could take (the comma-separated ones:
+    :func:`_bench_lists`). Checked before any run starts, so a slip does not surface after
+    the baseline ran for minutes."""
     for dest, benches in BENCH_OPTIONS.items():
         given = getattr(args, dest)
         if given is not None and given is not False and args.name not in benches:
@@ -749,20 +775,6 @@ def _bench_option_problem(args: argparse.Namespace) -> str | None:
             return f"{flag} applies to {' and '.join(benches)}, not {args.name}"
     if args.time_scale is not None and args.workload == "long-tail":
         return "--time-scale applies to --workload seed (long-tail is in seconds already)"
-    numbers: list[tuple[str, str | None, type, float]] = [
-        ("--staleness", args.staleness, float, 0),
-        ("--trigger", args.trigger, int, 1),
-    ]
-    for flag, text, kind, low in numbers:
-        if text is None:
-            continue
-        try:
-            values = [kind(v) for v in text.split(",")]
-        except ValueError as err:
-            return f"{flag}: {err}"
-        bad = [v for v in values if not low <= v < float("inf")]
-        if bad:
-            return f"{flag} takes numbers of at least {low:g}, not {bad[0]:g}"
     for flag, value in (
         ("--seeds", args.seeds),
         ("--batch", args.batch),

@@ -64,6 +64,13 @@ IGNORED_SECTIONS = {
     "asyncrl's defaults (docs/configuration.md), not verl's ppo_trainer.yaml",
     "hydra": "Hydra's own settings (searchpath, run directory) are not used by asyncrl",
 }
+ESTIMATOR = "algorithm.adv_estimator"
+ESTIMATOR_NOTE = (
+    f"{ESTIMATOR}: not set, where verl's default is gae (PPO with a critic): asyncrl runs "
+    f"grpo, its only estimator (set {ESTIMATOR}=grpo to say so)"
+)
+"""The note of a verl config (one with verl's own keys) that leaves the estimator unset: verl
+would train PPO with a critic, and asyncrl trained GRPO without a word."""
 _OCTAL = re.compile(r"[-+]?0[0-7_]+")
 """YAML 1.1's octal, which a user writing 010 means as the decimal 10."""
 _INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
@@ -564,6 +571,10 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None) -> 
             assign(rule.target, d.result, order, d)
         except (TypeError, ValueError) as err:
             problems.append(f"{d.where()}: cannot convert to {rule.target}: {err}")
+
+    verl_shaped = any(d.kind in ("aliased", "ignored", "refused") for d in report.decisions)
+    if verl_shaped and ESTIMATOR not in raw:
+        report.notes.append(ESTIMATOR_NOTE)
 
     tree: dict[str, Any] = {}
     for key, a in assigned.items():

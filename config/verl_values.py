@@ -114,7 +114,8 @@ OUR_KEYS: dict[str, tuple[str, Callable[[Any, Get], Any]]] = {
         _engine,
     ),
     "algorithm.adv_estimator": (
-        "gae, rloo, reinforce_plus_plus, ... refused (grpo only)",
+        "gae, rloo, reinforce_plus_plus, ... refused (grpo only); left unset in a config "
+        "with verl's own keys, a warning says grpo runs (verl's default is gae)",
         _estimator,
     ),
     "actor_rollout_ref.rollout.dtype": ("verl's bf16, fp16, fp32 named as torch does", _dtype),

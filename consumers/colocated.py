@@ -3,12 +3,15 @@
 Every step: take the trainer's step of prompts (``require_batches x ppo_mini_batch_size``),
 sample ``rollout.n`` responses for each with the current weights (through the same agent loop
 as the rollout workers, so the calculator task's tool calls run here too; each decoding step
-waits for the calls it started, so a run with the same seed repeats exactly), score them, turn
+waits for the calls it started, so a run with the same seed repeats exactly), score them
+with the rollout workers' reward (the task's rule, or ``custom_reward_function``), turn
 rewards into group-relative advantages, do one clipped policy-gradient update per mini-batch.
 With ``algorithm.filter_groups.enable`` (DAPO's dynamic sampling) the groups whose answers all
 score the same are left out and further batches are generated until the step is full, as
 DAPO's trainer does. No Kafka, no processes, no staleness: what the async system must match in
-accuracy and beat in throughput.
+accuracy and beat in throughput. It reads what an ``asyncrl run`` of the same config reads:
+``data.task``'s problems or ``data.train_files``/``val_files``, the built-in model or
+``actor_rollout_ref.model.path``.
 
     python -m asyncrl.consumers.colocated trainer.seed=1 actor_rollout_ref.rollout.n=8
     python -m asyncrl.consumers.colocated --config calculator
@@ -16,6 +19,7 @@ accuracy and beat in throughput.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -33,63 +37,89 @@ from asyncrl.consumers.update import grpo_update, reference_policy
 from asyncrl.models.cache import warm_start_metrics
 from asyncrl.models.policy import resolve_device
 from asyncrl.models.warm_start import load_policy
-from asyncrl.producers.agent.factory import held_out_accuracy, make_runner
+from asyncrl.producers.agent.factory import held_out_accuracy, held_out_set, make_runner
 from asyncrl.producers.agent.loop import AgentRunner
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.engines import factory as engines
+from asyncrl.producers.feed import train_prompts
+from asyncrl.producers.reward import Scored, make_reward
+from asyncrl.producers.reward_pool import make_pool
+from asyncrl.producers.scoring import TrajectoryScorer
+from asyncrl.schemas.prompt import PromptRecord
 from asyncrl.schemas.sample import Sample, Trajectory
-from asyncrl.tasks import score, splits
-from asyncrl.tasks.arithmetic import Problem
 
 
-def prompt_stream(problems: list[Problem], seed: int) -> Iterator[Problem]:
-    """Endless epochs over ``problems``, reshuffled each epoch with a seeded RNG."""
+def prompt_stream(prompts: list[PromptRecord], seed: int) -> Iterator[PromptRecord]:
+    """Endless epochs over ``prompts``, reshuffled each epoch with a seeded RNG."""
     rng = random.Random(seed)
-    order = list(problems)
+    order = list(prompts)
     while True:
         rng.shuffle(order)
         yield from order
 
 
 def rollout(
-    runner: AgentRunner, tok: Any, problems: list[Problem], n: int, task: str
+    runner: AgentRunner,
+    scorer: TrajectoryScorer,
+    prompts: list[PromptRecord],
+    n: int,
+    cfg: RunConfig,
 ) -> list[Sample]:
-    """``n`` trajectories per problem with the current weights, each through the agent loop
-    (one turn, or turns and tool calls with ``multi_turn.enable``), scored."""
-    prompt_ids = [tok(p.prompt)["input_ids"] for p in problems]
-    for i, ids in enumerate(prompt_ids):
+    """``n`` trajectories per prompt with the current weights, each through the agent loop
+    (one turn, or turns and tool calls with ``multi_turn.enable``), scored by ``scorer`` as a
+    rollout worker scores them (the task's rule or custom_reward_function, each scored as it
+    finishes; a failure is marked, not trained on)."""
+    max_len = cfg.data.max_prompt_length
+    prompt_ids = [runner.prompt_ids(p.chat() or p.prompt, max_len) for p in prompts]
+    for i, (p, ids) in enumerate(zip(prompts, prompt_ids, strict=True)):
         for j in range(n):
-            runner.add(f"{i}/{j}", runner.start_state(ids, problems[i].prompt))
+            state = runner.start_state(ids, p.chat() or p.prompt, p.reward_extra_info())
+            runner.add(f"{i}/{j}", state)
     finished: dict[str, AgentState] = {}
     while runner.busy:
-        finished.update(runner.step())
+        for rid, state in runner.step():
+            finished[rid] = state
+            i = int(rid.split("/")[0])
+            scorer.submit(rid, prompts[i], state, rid)
         if not runner.engine.num_active:
             time.sleep(0.001)  # every trajectory is waiting on a tool
+    scores: dict[str, tuple[Scored, float]] = {}
+    while len(scores) < len(finished):
+        for rid, scored, seconds in scorer.results(timeout=1.0):
+            scores[rid] = (scored, seconds)
     samples = []
-    for i, (p, ids) in enumerate(zip(problems, prompt_ids, strict=True)):
-        states = [finished[f"{i}/{j}"] for j in range(n)]
-        trajectories = [
-            Trajectory(
-                response_ids=np.array(s.response_ids, np.int32),
-                response_logprobs=np.array(s.response_logprobs, np.float32),
-                response_mask=np.array(s.response_mask, np.int8),
-                reward=score(task, p.answer, s.messages),
-                finish_reason=s.finish_reason,
-                num_turns=s.num_turns,
-                tool_calls=s.tool_calls,
-                tool_errors=s.tool_errors,
-                tool_s=s.tool_seconds,
-                turn_scores=list(s.turn_scores),
+    for i, (p, ids) in enumerate(zip(prompts, prompt_ids, strict=True)):
+        trajectories = []
+        for j in range(n):
+            s, (scored, seconds) = finished[f"{i}/{j}"], scores[f"{i}/{j}"]
+            trajectories.append(
+                Trajectory(
+                    response_ids=np.array(s.response_ids, np.int32),
+                    response_logprobs=np.array(s.response_logprobs, np.float32),
+                    response_mask=np.array(s.response_mask, np.int8),
+                    reward=scored.score,
+                    finish_reason=s.finish_reason,
+                    num_turns=s.num_turns,
+                    tool_calls=s.tool_calls,
+                    tool_errors=s.tool_errors,
+                    tool_s=s.tool_seconds,
+                    turn_scores=list(s.turn_scores),
+                    reward_s=seconds,
+                    reward_error=scored.error,
+                    reward_extra=json.dumps(scored.extra) if scored.extra else "",
+                )
             )
-            for s in states
-        ]
         prompt = np.array(ids, np.int32)
-        samples.append(Sample(p.prompt_id, p.prompt_id, 0, prompt, p.answer, trajectories))
+        samples.append(Sample(p.prompt_id, p.prompt_id, 0, prompt, p.ground_truth, trajectories))
     return samples
 
 
 def step_batch(
-    runner: AgentRunner, tok: Any, prompts: Iterator[Problem], cfg: RunConfig, step: int
+    runner: AgentRunner,
+    scorer: TrajectoryScorer,
+    prompts: Iterator[PromptRecord],
+    cfg: RunConfig,
+    step: int,
 ) -> tuple[list[Sample], int, int]:
     """One step's samples: ``required_samples`` prompts, rolled out. With dynamic sampling,
     DAPO's loop (``recipe/dapo/dapo_ray_trainer.py``): generate a batch of that many prompts,
@@ -101,7 +131,7 @@ def step_batch(
     kept: list[Sample] = []
     filtered = generated = 0
     while True:
-        samples = rollout(runner, tok, [next(prompts) for _ in range(need)], n, cfg.data.task)
+        samples = rollout(runner, scorer, [next(prompts) for _ in range(need)], n, cfg)
         generated += len(samples)
         if fg is None:
             return samples, 0, generated
@@ -122,12 +152,6 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     and ``val_tool_use`` with the agent loop on; step 0 is the warm-started policy).
     ``time_s`` counts from the start of RL, after the (cached) warm start.
     """
-    if cfg.data.from_files or cfg.actor_rollout_ref.model.path or cfg.custom_reward_function.path:
-        raise ValueError(
-            "the colocated baseline runs the built-in tiny model on data.task only: unset "
-            "data.train_files/val_files, actor_rollout_ref.model.path and "
-            "custom_reward_function.path"
-        )
     torch.manual_seed(cfg.trainer.seed)
     arr, actor = cfg.actor_rollout_ref, cfg.actor_rollout_ref.actor
     device = resolve_device(cfg.trainer.device)
@@ -136,8 +160,21 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     model, tok = load_policy(cfg)
     model.to(device)
     ref_model = reference_policy(cfg, device, start=model)  # actor.use_kl_loss: frozen
-    train, val = splits(cfg.data)
+    # The prompts, held-out set and reward of the async run: data.task's problems, or the rows
+    # of data.train_files/val_files that fit data.max_prompt_length, scored by data.task's
+    # rule, each row's data_source's or custom_reward_function.
+    train, _ = train_prompts(cfg)
+    val = held_out_set(cfg, tok)
     prompts = prompt_stream(train, cfg.trainer.seed)
+    reward = make_reward(cfg)
+    scorer = TrajectoryScorer(
+        reward,
+        tok,
+        0,
+        overlong=cfg.algorithm.overlong_buffer,
+        max_resp_len=cfg.data.max_response_length,
+        pool=make_pool(cfg, reward),
+    )
     # The engine rollout.name names (auto: hf_static on a GPU, hf_cached on a CPU), as the
     # rollout workers generate.
     engine = engines.make_engine(cfg, model, tok, cfg.trainer.seed)
@@ -153,13 +190,15 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
         measured = held_out_accuracy(cfg, model, tok, val)
         return {f"val_{k if k == 'tool_use' else 'acc'}": v for k, v in measured.items()}
 
-    ws = warm_start_metrics(cfg) or {}
     history: list[dict[str, Any]] = [{"step": 0, **evaluate(), "time_s": 0.0}]
-    log(
+    ws = warm_start_metrics(cfg) if cfg.actor_rollout_ref.model.path is None else None
+    policy = (
         f"warm start (cached; it took {ws.get('warmup_steps_run')} steps, "
-        f"{ws.get('warmup_seconds', 0):.1f}s when built) | "
-        f"step 0 val_acc {history[0]['val_acc']:.3f}"
+        f"{ws.get('warmup_seconds', 0):.1f}s when built)"
+        if ws is not None
+        else f"policy {cfg.actor_rollout_ref.model.path}"
     )
+    log(f"{policy} | step 0 val_acc {history[0]['val_acc']:.3f}")
     t_start = time.perf_counter()
     gen_s = train_s = 0.0
     n_traj = n_gen = total_filtered = 0
@@ -169,7 +208,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
             # --- rollout: n samples per prompt with the current weights, scored ---------------
             t0 = time.perf_counter()
             model.eval()
-            samples, filtered, generated = step_batch(runner, tok, prompts, cfg, step)
+            samples, filtered, generated = step_batch(runner, scorer, prompts, cfg, step)
             t1 = time.perf_counter()
 
             # --- group-relative advantages and one clipped policy-gradient update -------------
@@ -216,6 +255,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
                     break
     finally:
         runner.close()
+        scorer.close()
     return history
 
 

@@ -247,8 +247,8 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     resolved.kafka.bootstrap_servers = bootstrap
     if resolved.sync.master_port is None:
         resolved.sync.master_port = free_port()
-    from asyncrl.producers.feed import feed_prompts, feeds_ahead, train_prompts
-    from asyncrl.telemetry.tracing import init_tracing, shutdown_tracing
+    from asyncrl.kafka import count_records
+    from asyncrl.producers.feed import feeds_ahead, train_prompts
 
     # The data first (the tokenizer needs no warm start): prompts all over
     # data.max_prompt_length, or characters the built-in model cannot read, stopped the run
@@ -264,24 +264,45 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     console.log(f"topics: {', '.join(topics)}")
     _refuse_a_foreign_log(resolved, bootstrap)
     prepare_policy(resolved, console)
-    # The feed's spans (the prompts' contexts); console spans to a log, not the terminal.
-    init_tracing(resolved, "asyncrl-launcher", console_log=cfg.run_dir / "logs" / LAUNCHER_LOG)
-    # a long run's first steps' prompts, checked and fed: shown live on a terminal
-    try:
-        with records_shown(console, "checking the prompts already fed", "prepare"):
-            written, present = feed_prompts(resolved, bootstrap, train=train)
-    finally:
-        shutdown_tracing()
-    ahead = resolved.data.feed_ahead_steps
-    console.log(
-        f"fed {written} prompts to {resolved.topic('prompts')}"
-        + (f" ({present} were there already: not fed twice)" if present else "")
-        + (f"; the trainer feeds the rest, {ahead} steps ahead" if feeds_ahead(resolved) else "")
-    )
+    ahead, topic = resolved.data.feed_ahead_steps, resolved.topic("prompts")
+    # A resumed run whose trainer feeds: before its first step the trainer reads the topic for
+    # the prompts on it (FeedAhead, through a later step than the set-up's feed), so the
+    # set-up does not read it too (a long run's prompts were read twice at every resume).
+    on_topic = count_records(resolved.kafka, bootstrap, topic) if feeds_ahead(resolved) else 0
+    if on_topic:
+        console.log(
+            f"{on_topic} prompts on {topic} already: the trainer checks them before its "
+            f"first step and feeds the rest, {ahead} steps ahead"
+        )
+    else:
+        _feed(resolved, bootstrap, console, cfg.run_dir / "logs" / LAUNCHER_LOG, train)
     config_path = cfg.run_dir / "config.yaml"
     dump_config(resolved, config_path)
     console.log(f"resolved config: {config_path}")
     return resolved, config_path
+
+
+def _feed(
+    cfg: RunConfig, bootstrap: str, console: Console, trace_log: Path, train: list[Any]
+) -> None:
+    """The set-up's feed: a long run's first steps' prompts, checked and fed, shown live on
+    a terminal; the feed's spans (the prompts' contexts) go to ``trace_log``, not the
+    terminal."""
+    from asyncrl.producers.feed import feed_prompts, feeds_ahead
+    from asyncrl.telemetry.tracing import init_tracing, shutdown_tracing
+
+    init_tracing(cfg, "asyncrl-launcher", console_log=trace_log)
+    try:
+        with records_shown(console, "checking the prompts already fed", "prepare"):
+            written, present = feed_prompts(cfg, bootstrap, train=train)
+    finally:
+        shutdown_tracing()
+    ahead = cfg.data.feed_ahead_steps
+    console.log(
+        f"fed {written} prompts to {cfg.topic('prompts')}"
+        + (f" ({present} were there already: not fed twice)" if present else "")
+        + (f"; the trainer feeds the rest, {ahead} steps ahead" if feeds_ahead(cfg) else "")
+    )
 
 
 def _refuse_a_foreign_log(cfg: RunConfig, bootstrap: str) -> None:

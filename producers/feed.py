@@ -159,7 +159,8 @@ class FeedAhead:
     sequence through the trainer's own producer.
 
     A started (or restarted) trainer first checks the topic as the set-up does (a trainer
-    that died half-way through a top-up left some of it), then keeps count. A run whose topic
+    that died half-way through a top-up left some of it), then keeps count. On a resumed run
+    this is the only check (the set-up leaves it to the trainer: ``launch.launcher.prepare``). A run whose topic
     holds no prompt at all is fed by no one (a trainer of a replayed stream of samples)."""
 
     def __init__(self, cfg: RunConfig, bootstrap: str, publisher: Sink) -> None:

@@ -39,15 +39,23 @@ Builder = Callable[
 """Builds a config's warm-started policy: (model, tokenizer, metrics to keep beside it)."""
 
 
+def split_characters() -> pre_tokenizers.PreTokenizer:
+    """One piece per character, line breaks included: a split on ``.`` left each run of
+    newlines one piece, so ``"a\n\nb"`` read as one ``<unk>`` even with ``\n`` in the
+    alphabet (the start-up check had passed it), and decoded to ``"ab"``."""
+    return pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+
+
 def build_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
     """Character-level tokenizer: one id per character, ``<bos>`` prepended, left padding.
 
     Left padding because generation batches prompts of different lengths. Decoding fuses the
-    characters back with no separators, so ``decode(encode(s), skip_special_tokens=True) == s``.
+    characters back with no separators, so ``decode(encode(s), skip_special_tokens=True) == s``
+    for any ``s`` of ``chars``; a character outside them is one ``<unk>``.
     """
     vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK, *chars])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.pre_tokenizer = split_characters()
     tok.decoder = decoders.Fuse()
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
@@ -192,4 +200,7 @@ def load_policy(
             shutil.rmtree(tmp, ignore_errors=True)
     model = Qwen2ForCausalLM.from_pretrained(final, dtype=torch.float32).eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(final)
+    # A policy cached before split_characters holds the old split: the same ids for every
+    # character of its alphabet, so it is kept, with the split of today.
+    tokenizer.backend_tokenizer.pre_tokenizer = split_characters()
     return model, tokenizer

@@ -32,17 +32,21 @@ def test_colocated_rollouts_call_the_calculator_with_tool_tokens_masked(calculat
     from asyncrl.models.warm_start import load_policy
     from asyncrl.producers.agent.factory import make_runner
     from asyncrl.producers.engines.hf import HFEngine
-    from asyncrl.tasks import splits
+    from asyncrl.producers.feed import train_prompts
+    from asyncrl.producers.reward import make_reward
+    from asyncrl.producers.scoring import TrajectoryScorer
 
     model, tok = load_policy(calculator_cfg)
     model.eval()
     engine = HFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
     runner = make_runner(calculator_cfg, tok, engine)
-    train, _ = splits(calculator_cfg.data)
+    scorer = TrajectoryScorer(make_reward(calculator_cfg), tok, 0)
+    train, _ = train_prompts(calculator_cfg)
     try:
-        samples = rollout(runner, tok, train[:4], 4, "calculator")
+        samples = rollout(runner, scorer, train[:4], 4, calculator_cfg)
     finally:
         runner.close()
+        scorer.close()
 
     assert [len(s.trajectories) for s in samples] == [4] * 4
     trajs = [t for s in samples for t in s.trajectories]
@@ -192,3 +196,31 @@ def test_dynamic_sampling_fails_as_dapo_after_max_num_gen_batches(demo_run):
         demo_run(
             "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=1"
         )
+
+
+SPLIT_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 0.25 if extra_info["split"] == "train" else 0.75
+"""
+
+
+def test_the_baseline_reads_the_data_files_and_reward_the_async_run_reads(demo_run, tmp_path):
+    """``asyncrl bench learn`` with a user's own data: the baseline ran data.task's built-in
+    problems only and stopped with a traceback on data.train_files, so async could not be
+    compared with colocated on that data. It now trains on the files' rows, scored by
+    custom_reward_function, and measures held-out accuracy on data.val_files."""
+    from asyncrl.tasks.files import export_task
+
+    data = export_task(load_config(None, ["data.val_size=16"]).data, tmp_path / "data")
+    reward = tmp_path / "split_reward.py"
+    reward.write_text(SPLIT_REWARD)
+    history, trained = demo_run(
+        f"data.train_files={data['train']}",
+        f"data.val_files={data['val']}",
+        f"custom_reward_function.path={reward}",
+        "custom_reward_function.num_workers=1",
+    )
+    samples = [s for step in trained for s in step]
+    assert len(samples) == 24 and all(s.prompt_id.startswith("train-") for s in samples)
+    assert {t.reward for s in samples for t in s.trajectories} == {0.25}
+    assert history[0]["val_acc"] == history[-1]["val_acc"] == 0.75

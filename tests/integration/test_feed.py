@@ -123,3 +123,40 @@ def test_the_trainer_feeds_a_long_run_as_it_trains(make_run_cfg, quick_policy):
     expected = list(_sequence(cfg_all, train_prompts(cfg_all)[0], 0, len(fed)))
     assert {p.sample_id for p in fed} == {p.sample_id for p in expected}
     check_log_invariants(cfg)
+
+
+def test_a_resumed_run_reads_its_prompts_once_at_start_up(make_run_cfg, quick_policy, monkeypatch):
+    """A resumed run read its whole prompts topic twice before its first step: the set-up
+    checked which prompts were fed, then the trainer's FeedAhead checked again (it feeds
+    through a later step). With the trainer feeding, the set-up leaves the check to it, and
+    the trainer still tops up what a run killed half-way through a feed left out."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from asyncrl.launch.launcher import prepare
+    from asyncrl.producers import feed
+
+    cfg = make_run_cfg(
+        *quick_policy,
+        "trainer.total_training_steps=50",
+        "data.feed_ahead_steps=2",
+        "data.train_size=16",
+        "data.val_size=8",
+    )
+    bootstrap = cfg.kafka.bootstrap_servers
+    reads: list[int] = []
+    read = feed.fed_sample_ids
+    monkeypatch.setattr(feed, "fed_sample_ids", lambda *a: reads.append(1) or read(*a))
+    prepare(cfg.model_copy(deep=True), bootstrap, Console(file=StringIO()))  # a fresh run
+    first = feed.first_feed(cfg)
+    assert len(reads) == 1 and len(list(read_records(cfg, bootstrap, "prompts"))) == first
+
+    out = StringIO()
+    prepare(cfg.model_copy(deep=True), bootstrap, Console(file=out, width=200))  # resumed
+    assert reads == [1] and f"{first} prompts on {cfg.topic('prompts')} already" in out.getvalue()
+    with Publisher(cfg.kafka, bootstrap) as pub:  # the resumed trainer, at its step 3
+        assert feed.FeedAhead(cfg, bootstrap, pub).through(3) == (
+            feed.prompts_needed(cfg, 3 + 2) - first
+        )
+    assert len(reads) == 2

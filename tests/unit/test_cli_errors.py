@@ -266,11 +266,33 @@ def test_bench_staleness_is_checked_before_any_run(capsys: pytest.CaptureFixture
     """``--staleness`` sets the grid of ``bench tuning`` and the ablation of ``bench modes``;
     a value that is not a number, or the option given to another benchmark, ends at once."""
     assert main(["bench", "modes", "--staleness", "0.1,x"]) == 2
-    assert "asyncrl bench modes: --staleness: could not convert string to float: 'x'" in (
+    assert "asyncrl bench modes: --staleness takes comma-separated numbers of at least 0 " in (
         capsys.readouterr().err
     )
     assert main(["bench", "learn", "--staleness", "1"]) == 2
     assert "--staleness applies to modes and tuning, not learn" in capsys.readouterr().err
+
+
+def test_bench_lists_are_parsed_once_and_a_bad_value_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--staleness`` and ``--trigger`` were parsed by the check, then again for the
+    benchmark (two parsers to keep alike), and ``--trigger 1,2.0`` ended on Python's "invalid
+    literal for int() with base 10: '2.0'". One parse now: the benchmark gets its values, and
+    a bad one is one line naming the flag, the value and what it takes."""
+    import asyncrl.bench.tuning
+
+    got: list[tuple] = []
+    monkeypatch.setattr(asyncrl.bench.tuning, "tuning", lambda *a: got.append(a[4:]))
+    assert main(["bench", "tuning", "--staleness", "0.5, 2", "--trigger", "1,4"]) == 0
+    assert got == [((0.5, 2.0), (1, 4))]
+    capsys.readouterr()
+    assert main(["bench", "tuning", "--trigger", "1,2.0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "asyncrl bench tuning: --trigger takes comma-separated whole numbers of at least 1 "
+        "(e.g. 1,2,4), not '2.0'"
+    ]
+    assert len(got) == 1
 
 
 @pytest.mark.parametrize(
@@ -284,8 +306,8 @@ def test_bench_staleness_is_checked_before_any_run(capsys: pytest.CaptureFixture
         (["offpolicy", "--new-tokens", "8"], "--new-tokens applies to engine, not offpolicy"),
         (["modes", "--workload", "long-tail", "--time-scale", "0.1"], "--workload seed"),
         (["modes", "--time-scale", "0"], "--time-scale must be above 0 (got 0)"),
-        (["tuning", "--trigger", "1,0"], "--trigger takes numbers of at least 1, not 0"),
-        (["tuning", "--staleness", "-1"], "--staleness takes numbers of at least 0, not -1"),
+        (["tuning", "--trigger", "1,0"], "whole numbers of at least 1 (e.g. 1,2,4), not '0'"),
+        (["tuning", "--staleness", "-1"], "--staleness takes comma-separated numbers of at least"),
         (["engine", "--batch", "0"], "--batch must be at least 1 (got 0)"),
     ],
 )

@@ -366,6 +366,26 @@ def test_verls_other_advantage_estimators_are_refused_with_a_reason(empty_config
     assert load_config(empty_config, ["algorithm.adv_estimator=grpo"]).algorithm.adv_estimator
 
 
+def test_a_verl_config_that_leaves_the_estimator_unset_is_told_grpo_runs(
+    empty_config: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """verl's default estimator is gae (PPO with a critic): a verl script or YAML that does
+    not set algorithm.adv_estimator trained PPO in verl and GRPO in asyncrl, without a word."""
+    with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
+        load_config(FULLY_ASYNC_YAML)
+    lines = [x for x in caplog.text.splitlines() if "algorithm.adv_estimator" in x]
+    assert len(lines) == 1, caplog.text
+    assert "verl's default is gae" in lines[0] and "asyncrl runs grpo" in lines[0]
+    verl_key = "actor_rollout_ref.rollout.n_gpus_per_node=8"  # verl's own, ignored
+    assert any("adv_estimator" in n for n in load(empty_config, [verl_key]).report.notes)
+    for quiet in (  # the estimator set, or asyncrl's own keys only: nothing to say
+        load(empty_config, [verl_key, "algorithm.adv_estimator=grpo"]),
+        load(None),
+        load("calculator", ["trainer.save_freq=-1"]),
+    ):
+        assert not any("adv_estimator" in n for n in quiet.report.notes)
+
+
 def test_verls_null_and_empty_values_of_refused_keys_are_ignored(tmp_path: Path) -> None:
     """A copy of verl's ppo_trainer.yaml holds data.tokenizer: null, model.custom_chat_template:
     null, model.override_config: {}, rollout.engine_kwargs.vllm: {}, ...: each was refused as
