@@ -874,59 +874,151 @@ def test_a_slow_custom_reward_does_not_stall_decoding(tmp_path):
         assert t.reward == 1.0 and not t.reward_error and t.reward_s >= 0.2
 
 
-def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
-    """A sync arrives while finished trajectories are being scored and others decode: the
-    worker drains the scores before it logs partials and pauses, so each finished trajectory
-    keeps version 0 and its reward, and each prompt ends as exactly one sample."""
-    reward, calls = _slow_reward(tmp_path)
-    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward)
+def _scoring_at_pause(run: Run) -> list[dict[str, tuple[int, int]]]:
+    """Filled as the worker publishes RolloutPaused: per sample in flight then, (trajectories
+    being scored, trajectories cut short)."""
+    paused, seen = run.worker.follower.paused, []
+
+    def recorded(*args, **kwargs):
+        flights = run.worker.in_flight.samples.items()
+        seen.append({s: (fl.scoring, len(fl.interrupted)) for s, fl in flights})
+        return paused(*args, **kwargs)
+
+    run.worker.follower.paused = recorded
+    return seen
+
+
+def _finish_once_scored_after_the_pause(run: Run, at_pause: list) -> None:
+    """The trainer finishes the run once the samples being scored at the pause are published,
+    and one sample of the next version (the first published after the pause when none was)."""
+
+    finished: list[bool] = []
+
+    def react(rec) -> None:
+        if rec.topic != run.cfg.topic("samples") or not at_pause or finished:
+            return
+        held = {s for s, (scoring, _) in at_pause[0].items() if scoring}
+        paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+        published = {s.sample_id for s in run.samples()}
+        if held <= published and len(published) > paused.produced + len(held):
+            finished.append(True)
+            run.trainer.finish()
+
+    run.broker.reactions.append(react)
+
+
+def _held_through_the_sync(run: Run, at_pause: list) -> list[str]:
+    """The samples being scored at the pause: each has every trajectory finished (none cut
+    short), is published after the pause, once, whole and scored, under version 0 only."""
+    held = [s for s, (scoring, _) in at_pause[0].items() if scoring]
+    assert all(at_pause[0][s][1] == 0 for s in held)
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    samples = run.samples()
+    assert len({s.sample_id for s in samples}) == len(samples)
+    before = {s.sample_id for s in samples[: paused.produced]}
+    after = {s.sample_id: s for s in samples[paused.produced :]}
+    assert not before & set(held) and set(held) <= set(after)
+    for t in (t for s in held for t in after[s].trajectories):
+        assert t.segment_versions == [0] and t.reward == 1.0 and not t.reward_error
+    return held
+
+
+def test_a_mode_c_pause_waits_for_decoding_not_for_rewards(tmp_path):
+    """A sync requested while finished trajectories are being scored: the worker pauses as
+    soon as nothing decodes; the samples only being scored are scored through the weight
+    transfer and published after it, under version 0, and version 1's budget counts them in
+    flight (num_stale). Before, the pause waited for every score (none pending at it)."""
+    reward, _ = _slow_reward(tmp_path)
+    cfg = _cfg(tmp_path, STEPPED, *reward)
     run = Run(cfg)
-    step, pending_at_sync, in_flight_at_sync = run.worker.runner.step, [], []
+    worker, step, requested = run.worker, run.worker.runner.step, []
 
     def sync_while_scoring(timeout: float = 0.0):
-        if not pending_at_sync and run.worker.score.pending and run.worker.engine.num_active:
-            pending_at_sync.append(run.worker.score.pending)
-            in_flight_at_sync.append(len(run.worker.in_flight))
+        if not requested and worker.score.pending and worker.engine.num_active:
+            requested.append(len(worker.in_flight))
+            run.trainer.consumed = {"0": 2}
             run.sync_new_weights()
         return step(timeout)
 
-    run.worker.runner.step = sync_while_scoring
-    run.when_published(6, run.trainer.finish)
+    worker.runner.step = sync_while_scoring
+    at_pause = _scoring_at_pause(run)
+    _finish_once_scored_after_the_pause(run, at_pause)
     run.run()
 
-    assert pending_at_sync, "no sync came while a reward was pending"
+    assert requested and at_pause, "no sync came while a reward was pending"
+    events = run.events()
+    _assert_paused_sync(_kinds(events), 1)
+    paused = next(e for e in events if isinstance(e, ev.RolloutPaused))
+    resumed = [e for e in events if isinstance(e, ev.RolloutResumed)]
+    held = _held_through_the_sync(run, at_pause)
+    assert held, "the pause waited for the scores"
+    assert paused.n_partial == 0 and not run.partials()
+    # Every sample started under version 0 was published before the pause or held; each
+    # held one is stale for version 1 exactly as a published, unconsumed one is.
+    v0 = [s for s in run.samples() if s.trajectories[0].param_version == 0]
+    assert len(v0) == paused.produced + len(held) == len(at_pause[0]) + paused.produced
+    assert resumed[1].num_stale == max(0, paused.produced - 2) + len(held)
+    assert resumed[1].budget == cfg.max_samples_per_version - resumed[1].num_stale
+    assert all(s.trajectories[0].param_version == 1 for s in run.samples()[len(v0) :])
+
+
+def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
+    """A sync arrives while a sample with every trajectory finished is being scored and others
+    decode: the worker cuts the decoding ones, waits only for the scores of the samples it
+    logs to ``partials`` (their records carry the rewards), and pauses; the sample only being
+    scored is published after the transfer under version 0. Each prompt ends as exactly one
+    sample, each trajectory scored once."""
+    reward, calls = _slow_reward(tmp_path)
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward)
+    run = Run(cfg)
+    worker, step, in_flight_at_sync = run.worker, run.worker.runner.step, []
+    n = cfg.actor_rollout_ref.rollout.n
+
+    def sync_while_one_is_only_scored(timeout: float = 0.0):
+        flights = worker.in_flight.samples.values()
+        scored_only = any(fl.scoring and len(fl.done) + fl.scoring == n for fl in flights)
+        if not in_flight_at_sync and scored_only and worker.engine.num_active:
+            in_flight_at_sync.append(len(worker.in_flight))
+            run.sync_new_weights()
+        return step(timeout)
+
+    worker.runner.step = sync_while_one_is_only_scored
+    at_pause = _scoring_at_pause(run)
+    _finish_once_scored_after_the_pause(run, at_pause)
+    run.run()
+
+    assert in_flight_at_sync and at_pause, "no sync came while a sample was only being scored"
     paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
     partials, samples = run.partials(), run.samples()
-    # Every sample in flight at the sync either completed by the drained scores (published
-    # before the pause, counted in it) or was logged with its finished trajectories scored.
-    assert paused.produced + paused.n_partial == in_flight_at_sync[0]
-    assert paused.n_partial == len(partials) > 0
-    assert len(samples) == 6 and len({s.sample_id for s in samples}) == 6
-    assert paused.pause_s >= 0.2 * pending_at_sync[0] / cfg.custom_reward_function.num_workers
-    finished_before = 0
+    held = _held_through_the_sync(run, at_pause)
+    assert held, "the pause waited for the scores"
+    # Every sample in flight at the sync was published before the pause (completed by a
+    # trajectory the abort found ended), logged with its finished trajectories scored, or
+    # held, being scored; none is two of these.
+    logged = {p.sample.sample_id for p in partials}
+    assert paused.n_partial == len(partials) == len(logged) > 0
+    assert paused.produced + paused.n_partial + len(held) == in_flight_at_sync[0]
+    assert not logged & set(held)
+    assert all(at_pause[0][s][0] == 0 for s in logged)  # their scores came first
     for p in partials:
         for t in p.sample.trajectories:
-            if t.finish_reason != "abort":  # finished, scored by the drain
-                finished_before += 1
+            if t.finish_reason != "abort":  # finished, scored before it was logged
                 assert t.reward == 1.0 and t.segment_versions == [0]
-    print(
-        f"at the sync: {pending_at_sync[0]} rewards pending, {in_flight_at_sync[0]} samples in "
-        f"flight; {paused.produced} published by the drain, {len(partials)} logged with "
-        f"{finished_before} scored trajectories; pause {paused.pause_s:.2f} s"
-    )
     by_id = {s.sample_id: s for s in samples}
-    for s in samples[: paused.produced]:  # published by the drain, all under version 0
+    for s in samples[: paused.produced]:  # published before the pause, all under version 0
         assert all(t.segment_versions == [0] for t in s.trajectories)
     for p in partials:
         continued = by_id[p.sample.sample_id].trajectories
-        for logged, t in zip(p.sample.trajectories, continued, strict=True):
-            if logged.finish_reason != "abort":
-                assert t.response_ids.tolist() == logged.response_ids.tolist()
+        for logged_t, t in zip(p.sample.trajectories, continued, strict=True):
+            if logged_t.finish_reason != "abort":
+                assert t.response_ids.tolist() == logged_t.response_ids.tolist()
                 assert t.segment_versions == [0]
     for t in (t for s in samples for t in s.trajectories):
         assert t.reward == 1.0 and not t.reward_error
-    # one call per trajectory: none scored twice, none lost
-    assert len(calls.read_text().splitlines()) == 6 * 4
+    # one call per trajectory published: none scored twice (calls of the samples the run's
+    # end dropped come on top)
+    assert len(calls.read_text().splitlines()) >= len(samples) * n
+    assert len(by_id) == len(samples)
 
 
 def test_a_partition_revoked_with_rewards_pending_loses_nothing(tmp_path):
