@@ -58,8 +58,9 @@ class InFlight:
     """Trajectories finished and being scored (off the worker's loop)."""
     finished_under: int = -1
     """The newest version a trajectory of this sample finished under in this incarnation (-1:
-    none yet): a pause leaves a sample only being scored to finish after the sync unless it
-    was already being scored at the previous one (``RolloutWorker._scored_before_pause``)."""
+    none yet): with dynamic sampling, a pause leaves a sample only being scored to finish
+    after the sync unless it was being scored at the previous one already
+    (``RolloutWorker._scored_before_pause``)."""
     trace: SampleTrace = field(default_factory=SampleTrace)
 
     def segments_of(self, index: int) -> tuple[list[int], list[int]]:

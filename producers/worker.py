@@ -11,7 +11,8 @@ is scored. A sync's pause waits only for decoding: a sample whose trajectories h
 finished holds nothing the new weights change, so it is scored through the weight transfer and
 published after it, under the versions it was generated with (in flight for the budget until
 then). What must see every finished trajectory scored waits for the pending scores (drains):
-a sample logged to ``partials`` (its record carries the rewards), a hand-back and leaving.
+a sample logged to ``partials`` (its record carries the rewards), a hand-back, a new trainer
+and leaving.
 
 A sync, on this side (DESIGN.md section 4):
 1. SyncRequested(v+1) arrives: stop admitting prompts.
@@ -411,11 +412,14 @@ class RolloutWorker:
 
     def _scored_before_pause(self, fl: InFlight) -> bool:
         """Must a sync's pause wait for this sample's pending scores? Yes if a trajectory of it
-        was cut short (it is logged to ``partials`` with its finished trajectories' rewards),
-        or if it was being scored at the last sync already (a call outliving a whole version):
-        so a sample is published under the version its last trajectory finished under or the
-        next, as ``asyncrl audit`` allows a group with no signal's slot back."""
-        return bool(fl.interrupted) or fl.finished_under < self.version
+        was cut short (it is logged to ``partials`` with its finished trajectories' rewards).
+        With dynamic sampling, also if it was being scored at the last sync already (a backlog
+        outliving a whole version): a group with no signal takes its slot back under the
+        version it is published at, which must be the one its last trajectory finished under
+        or the next, as ``asyncrl audit`` allows. Otherwise the version a sample is published
+        at changes nothing: it counts in flight (stale) at every sync until then."""
+        held_over = self.filters is not None and fl.finished_under < self.version
+        return bool(fl.interrupted) or held_over
 
     # --- admission -----------------------------------------------------------------------------
     def _on_prompts_revoked(self, partitions: set[int], lost: bool) -> None:

@@ -1021,6 +1021,100 @@ def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
     assert len(by_id) == len(samples)
 
 
+GATED_REWARD = """
+import os
+import time
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, gate=""):
+    time.sleep(0.2)
+    while not os.path.exists(gate):  # the test holds the scores back
+        time.sleep(0.01)
+    return 1.0
+"""
+
+
+@pytest.mark.parametrize("filters", [False, True])
+def test_a_backlog_outliving_a_version_waits_at_the_next_pause_only_with_dynamic_sampling(
+    tmp_path, filters
+):
+    """Two syncs, the second before the worker decodes again after the first, while the scores
+    of a sample held through the first (only being scored) are held back: with dynamic sampling
+    the second pause waits for them, so the sample is published under version 1 at the
+    latest (its no-signal slot comes back under a version ``asyncrl audit`` allows);
+    without, it is held again and published after, still under version 0's tokens."""
+    path, gate = tmp_path / "gated_reward.py", tmp_path / "gate"
+    path.write_text(GATED_REWARD)
+    gate.touch()
+    reward = [
+        f"custom_reward_function.path={path}",
+        f"custom_reward_function.reward_kwargs.gate={gate}",
+    ]
+    extra = ["algorithm.filter_groups.enable=true"] if filters else []
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward, *extra)
+    run = Run(cfg)
+    worker, step, n = run.worker, run.worker.runner.step, cfg.actor_rollout_ref.rollout.n
+    run.trainer.consumed = {"0": 100}  # the trainer is ahead: the budgets count what is in flight
+
+    opener = threading.Timer(1.0, gate.touch)
+
+    def sync_while_one_is_only_scored_then_again(timeout: float = 0.0):
+        trainer = run.trainer
+        if trainer.version == 0 and trainer.requested is None:
+            flights = worker.in_flight.samples.values()
+            if any(fl.scoring and len(fl.done) + fl.scoring == n for fl in flights):
+                run.sync_new_weights()
+        elif trainer.version == 1 and trainer.requested is None:
+            run.sync_new_weights()  # no trajectory has finished since the first
+            opener.start()  # 1 s on: the pause has come, or waits for the held-back scores
+        if trainer.requested == 2:
+            return []  # nothing decodes until it pauses
+        return step(timeout)
+
+    worker.runner.step = sync_while_one_is_only_scored_then_again
+    at_pause = _scoring_at_pause(run)
+    paused = worker.follower.paused
+
+    def hold_scores_back_from_the_first_pause(*args, **kwargs):
+        if not at_pause:  # the first (recorded as it goes on)
+            gate.unlink()
+        return paused(*args, **kwargs)
+
+    worker.follower.paused = hold_scores_back_from_the_first_pause
+    finished: list[bool] = []
+
+    def finish_once_both_backlogs_are_published(rec) -> None:
+        if rec.topic != cfg.topic("samples") or len(at_pause) < 2 or finished:
+            return
+        held = {s for p in at_pause for s, (scoring, _) in p.items() if scoring}
+        if held <= {s.sample_id for s in run.samples()}:
+            finished.append(True)
+            run.trainer.finish()
+
+    run.broker.reactions.append(finish_once_both_backlogs_are_published)
+    try:
+        run.run()
+    finally:
+        opener.cancel()
+
+    assert len(at_pause) == 2, "the two syncs did not come"
+    first = {s for s, (scoring, _) in at_pause[0].items() if scoring}
+    assert first, "nothing was only being scored at the first pause"
+    still = {s for s, (scoring, _) in at_pause[1].items() if scoring} & first
+    pauses = [e for e in run.events() if isinstance(e, ev.RolloutPaused)]
+    samples = run.samples()
+    after_second = {s.sample_id for s in samples[pauses[1].produced :]}
+    if filters:
+        assert not still and not first & after_second
+        assert pauses[1].pause_s >= 0.5  # it waited for the gate
+    else:
+        # (a score may have come back before the gate shut: not all of them are held)
+        assert still and still <= after_second
+        assert pauses[1].pause_s < 0.5
+    for t in (t for s in samples if s.sample_id in first for t in s.trajectories):
+        assert t.segment_versions == [0] and t.reward == 1.0
+
+
 def test_a_partition_revoked_with_rewards_pending_loses_nothing(tmp_path):
     """The partition moves away while finished trajectories are being scored: the worker
     drains the scores first, so each of its samples ends once, published whole or logged to
