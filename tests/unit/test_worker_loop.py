@@ -962,32 +962,92 @@ def test_a_mode_c_pause_waits_for_decoding_not_for_rewards(tmp_path):
     assert all(s.trajectories[0].param_version == 1 for s in run.samples()[len(v0) :])
 
 
+HELD_REWARD = """
+import os
+import time
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, hold=""):
+    time.sleep(0.2)
+    while os.path.exists(os.path.join(hold, str(ground_truth))):  # the test holds it back
+        time.sleep(0.01)
+    return 1.0
+"""
+
+
+class HeldSample:
+    """A reward of 0.2 s a call whose results the test can hold back for one sample, and a
+    sync (``action``) on the worker's loop as the last trajectory of a sample finishes while
+    others decode: that sample is then only being scored, and its scores are held back
+    until ``release`` (it is picked with a ground truth no other prompt has, so nothing
+    else waits; its calls hold reward processes, so there are 2n). ``at_sync``: (samples in
+    flight, samples published) then."""
+
+    def __init__(self, tmp_path) -> None:
+        self.dir = tmp_path / "hold"
+        self.dir.mkdir()
+        path = tmp_path / "held_reward.py"
+        path.write_text(HELD_REWARD)
+        self.overrides = [
+            f"custom_reward_function.path={path}",
+            f"custom_reward_function.reward_kwargs.hold={self.dir}",
+            # a held call keeps its process: n of them busy, n others score the rest
+            "custom_reward_function.num_workers=8",
+        ]
+        self.at_sync: list[tuple[int, int]] = []
+        self.sample_id = ""
+        self.truth = ""
+
+    def arm(self, run: Run, action) -> None:
+        worker = run.worker
+        truths = [str(p.ground_truth) for p in run.broker.read(run.cfg, "prompts", decode_prompt)]
+        n, on_finished = run.cfg.actor_rollout_ref.rollout.n, worker._on_finished
+
+        def finished(request_id: str, state) -> None:
+            on_finished(request_id, state)
+            sample_id = request_id.rpartition("#")[0]
+            fl = worker.in_flight.samples.get(sample_id)
+            only_scored = fl is not None and fl.scoring and len(fl.done) + fl.scoring == n
+            if self.at_sync or not only_scored or not worker.runner.busy:
+                return
+            truth = str(fl.prompt.value.ground_truth)
+            if truths.count(truth) == 1:
+                (self.dir / truth).touch()
+                self.sample_id, self.truth = sample_id, truth
+                self.at_sync.append((len(worker.in_flight), worker.produced))
+                action()
+
+        worker._on_finished = finished
+
+    def release(self) -> None:
+        (self.dir / self.truth).unlink(missing_ok=True)
+
+
 def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
     """A sync arrives while a sample with every trajectory finished is being scored and others
     decode: the worker cuts the decoding ones, waits only for the scores of the samples it
     logs to ``partials`` (their records carry the rewards), and pauses; the sample only being
     scored is published after the transfer under version 0. Each prompt ends as exactly one
-    sample, each trajectory scored once."""
-    reward, calls = _slow_reward(tmp_path)
-    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward)
+    sample."""
+    held_back = HeldSample(tmp_path)
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *held_back.overrides)
     run = Run(cfg)
-    worker, step, in_flight_at_sync = run.worker, run.worker.runner.step, []
-    n = cfg.actor_rollout_ref.rollout.n
-
-    def sync_while_one_is_only_scored(timeout: float = 0.0):
-        flights = worker.in_flight.samples.values()
-        scored_only = any(fl.scoring and len(fl.done) + fl.scoring == n for fl in flights)
-        if not in_flight_at_sync and scored_only and worker.engine.num_active:
-            in_flight_at_sync.append(len(worker.in_flight))
-            run.sync_new_weights()
-        return step(timeout)
-
-    worker.runner.step = sync_while_one_is_only_scored
+    held_back.arm(run, run.sync_new_weights)
     at_pause = _scoring_at_pause(run)
+    paused = run.worker.follower.paused
+
+    def release_after_the_pause(*args, **kwargs):
+        paused(*args, **kwargs)
+        held_back.release()
+
+    run.worker.follower.paused = release_after_the_pause
     _finish_once_scored_after_the_pause(run, at_pause)
     run.run()
 
-    assert in_flight_at_sync and at_pause, "no sync came while a sample was only being scored"
+    assert held_back.at_sync and at_pause, "no sync came while a sample was only being scored"
+    in_flight, produced = held_back.at_sync[0]
+    scoring, _ = at_pause[0].get(held_back.sample_id, (0, 0))
+    assert scoring, "the pause waited for the scores of a sample only being scored"
     paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
     partials, samples = run.partials(), run.samples()
     held = _held_through_the_sync(run, at_pause)
@@ -997,7 +1057,7 @@ def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
     # held, being scored; none is two of these.
     logged = {p.sample.sample_id for p in partials}
     assert paused.n_partial == len(partials) == len(logged) > 0
-    assert paused.produced + paused.n_partial + len(held) == in_flight_at_sync[0]
+    assert paused.produced - produced + paused.n_partial + len(held) == in_flight
     assert not logged & set(held)
     assert all(at_pause[0][s][0] == 0 for s in logged)  # their scores came first
     for p in partials:
@@ -1015,23 +1075,7 @@ def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
                 assert t.segment_versions == [0]
     for t in (t for s in samples for t in s.trajectories):
         assert t.reward == 1.0 and not t.reward_error
-    # one call per trajectory published: none scored twice (calls of the samples the run's
-    # end dropped come on top)
-    assert len(calls.read_text().splitlines()) >= len(samples) * n
     assert len(by_id) == len(samples)
-
-
-GATED_REWARD = """
-import os
-import time
-
-
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, gate=""):
-    time.sleep(0.2)
-    while not os.path.exists(gate):  # the test holds the scores back
-        time.sleep(0.01)
-    return 1.0
-"""
 
 
 @pytest.mark.parametrize("filters", [False, True])
@@ -1043,44 +1087,27 @@ def test_a_backlog_outliving_a_version_waits_at_the_next_pause_only_with_dynamic
     the second pause waits for them, so the sample is published under version 1 at the
     latest (its no-signal slot comes back under a version ``asyncrl audit`` allows);
     without, it is held again and published after, still under version 0's tokens."""
-    path, gate = tmp_path / "gated_reward.py", tmp_path / "gate"
-    path.write_text(GATED_REWARD)
-    gate.touch()
-    reward = [
-        f"custom_reward_function.path={path}",
-        f"custom_reward_function.reward_kwargs.gate={gate}",
-    ]
+    held_back = HeldSample(tmp_path)
     extra = ["algorithm.filter_groups.enable=true"] if filters else []
-    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward, *extra)
+    modes = ["async_training.partial_rollout=true", STEPPED, *extra]
+    cfg = _cfg(tmp_path, *modes, *held_back.overrides)
     run = Run(cfg)
-    worker, step, n = run.worker, run.worker.runner.step, cfg.actor_rollout_ref.rollout.n
+    worker, step = run.worker, run.worker.runner.step
     run.trainer.consumed = {"0": 100}  # the trainer is ahead: the budgets count what is in flight
+    held_back.arm(run, run.sync_new_weights)
+    opener = threading.Timer(1.0, held_back.release)
 
-    opener = threading.Timer(1.0, gate.touch)
-
-    def sync_while_one_is_only_scored_then_again(timeout: float = 0.0):
+    def again_before_decoding(timeout: float = 0.0):
         trainer = run.trainer
-        if trainer.version == 0 and trainer.requested is None:
-            flights = worker.in_flight.samples.values()
-            if any(fl.scoring and len(fl.done) + fl.scoring == n for fl in flights):
-                run.sync_new_weights()
-        elif trainer.version == 1 and trainer.requested is None:
+        if trainer.version == 1 and trainer.requested is None:
             run.sync_new_weights()  # no trajectory has finished since the first
             opener.start()  # 1 s on: the pause has come, or waits for the held-back scores
         if trainer.requested == 2:
             return []  # nothing decodes until it pauses
         return step(timeout)
 
-    worker.runner.step = sync_while_one_is_only_scored_then_again
+    worker.runner.step = again_before_decoding
     at_pause = _scoring_at_pause(run)
-    paused = worker.follower.paused
-
-    def hold_scores_back_from_the_first_pause(*args, **kwargs):
-        if not at_pause:  # the first (recorded as it goes on)
-            gate.unlink()
-        return paused(*args, **kwargs)
-
-    worker.follower.paused = hold_scores_back_from_the_first_pause
     finished: list[bool] = []
 
     def finish_once_both_backlogs_are_published(rec) -> None:
@@ -1099,7 +1126,7 @@ def test_a_backlog_outliving_a_version_waits_at_the_next_pause_only_with_dynamic
 
     assert len(at_pause) == 2, "the two syncs did not come"
     first = {s for s, (scoring, _) in at_pause[0].items() if scoring}
-    assert first, "nothing was only being scored at the first pause"
+    assert held_back.sample_id in first, "the held sample was not being scored at the pause"
     still = {s for s, (scoring, _) in at_pause[1].items() if scoring} & first
     pauses = [e for e in run.events() if isinstance(e, ev.RolloutPaused)]
     samples = run.samples()
@@ -1108,8 +1135,7 @@ def test_a_backlog_outliving_a_version_waits_at_the_next_pause_only_with_dynamic
         assert not still and not first & after_second
         assert pauses[1].pause_s >= 0.5  # it waited for the gate
     else:
-        # (a score may have come back before the gate shut: not all of them are held)
-        assert still and still <= after_second
+        assert held_back.sample_id in still and still <= after_second
         assert pauses[1].pause_s < 0.5
     for t in (t for s in samples if s.sample_id in first for t in s.trajectories):
         assert t.segment_versions == [0] and t.reward == 1.0
