@@ -56,6 +56,11 @@ class InFlight:
     """Trajectories cut short by a sync, waiting to be continued."""
     scoring: int = 0
     """Trajectories finished and being scored (off the worker's loop)."""
+    finished_under: int = -1
+    """The newest version a trajectory of this sample finished under in this incarnation (-1:
+    none yet): with dynamic sampling, a pause leaves a sample only being scored to finish
+    after the sync unless it was being scored at the previous one already
+    (``RolloutWorker._scored_before_pause``)."""
     trace: SampleTrace = field(default_factory=SampleTrace)
 
     def segments_of(self, index: int) -> tuple[list[int], list[int]]:

@@ -7,16 +7,21 @@ rollout), and publishes each sample as soon as its whole group is done and score
 reward function is called off the loop (``reward_pool``: custom_reward_function.num_workers
 calls at once), so the engine keeps decoding while a slow reward is computed; the trajectory
 is built when it finishes, so it keeps the version it finished under whatever happens while it
-is scored. Before anything that must see every finished trajectory scored (a pause, an
-interrupt, a hand-back, leaving) the worker drains the pending scores: that wait is part of
-the pause it reports.
+is scored. A sync's pause waits only for decoding: a sample whose trajectories have all
+finished holds nothing the new weights change, so it is scored through the weight transfer and
+published after it, under the versions it was generated with (in flight for the budget until
+then). What must see every finished trajectory scored waits for the pending scores (drains):
+a sample logged to ``partials`` (its record carries the rewards), a hand-back, a new trainer
+and leaving.
 
 A sync, on this side (DESIGN.md section 4):
 1. SyncRequested(v+1) arrives: stop admitting prompts.
-2. Mode (c): in-flight samples finish and are published. Mode (d, ``partial_rollout``): they
-   are interrupted before the next decoding step, and each is published to ``partials`` (its
-   finished trajectories and the interrupted ones' tokens so far; a trajectory the abort found
-   ended is finished, and a sample it completes published). Publish RolloutPaused(v+1).
+2. Mode (c): in-flight samples finish decoding, and are published as their scores come back
+   (before, during or after the transfer). Mode (d, ``partial_rollout``): they are interrupted
+   before the next decoding step, and each with a trajectory cut short is published to
+   ``partials`` once its finished trajectories are scored (its finished trajectories and the
+   interrupted ones' tokens so far; a trajectory the abort found ended is finished). Publish
+   RolloutPaused(v+1).
 3. Receive the weights over the collective (in place); publish WeightsLoaded(v+1).
 4. Mode (d): re-add every interrupted trajectory as a continuation of its prefix, before any
    new prompt; its next tokens form a new segment under v+1.
@@ -58,6 +63,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -232,8 +238,9 @@ class RolloutWorker:
                 ready = f.ready_to_swap(self.shadow.ready.is_set())
                 if ready is not None:
                     self._swap(*ready)
-            # A sync (or a new trainer) goes first once nothing has to finish before it.
-            if self.partial_rollout or not self.in_flight:
+            # A sync (or a new trainer) goes first once nothing has to finish decoding before
+            # it (mode c); samples only being scored are published after it.
+            if self.partial_rollout or not self.in_flight.num_generating():
                 if f.trainer_gone is not None:
                     self._rejoin()
                     continue
@@ -308,7 +315,11 @@ class RolloutWorker:
         f = self.follower
         attrs = {"asyncrl.version": request.version, "asyncrl.worker": self.worker_id}
         with sync_span("sync.pause", request.headers, f.sync_seen_ns, **attrs):
-            n_partial = self._interrupt() if self.partial_rollout else 0  # 2. (c): all finished
+            if self.partial_rollout:  # 2.
+                n_partial = self._interrupt(hold_scored=True)
+            else:  # (c): all finished decoding
+                n_partial = 0
+                self._drain(only=self._scored_before_pause)
             self._gauge(syncing=True)  # nothing decodes until the new weights are in
             f.paused(request, n_partial, self.produced)
         with sync_span("weights.load", request.headers, **attrs):
@@ -332,6 +343,8 @@ class RolloutWorker:
         )
         if self.partial_rollout and (self.runner.busy or self.score.pending):
             self._interrupt()
+        else:  # mode (c): all finished decoding; published before the new trainer's weights
+            self._drain()
         if self.shadow is not None:
             self.shadow.close()
             self.shadow = None
@@ -386,14 +399,27 @@ class RolloutWorker:
         self.follower.resume(stale, published, flush=flush)
         self.validator.after_load(published, self.engine.model)
 
-    def _interrupt(self) -> int:
+    def _interrupt(self, hold_scored: bool = False) -> int:
         """Mode (d): cut every in-flight trajectory short, wait for the finished ones' scores
         (a sample they complete is published whole) and log each other sample to ``partials``
         with its finished trajectories and their rewards (acknowledged before the worker
-        pauses); returns the number of samples logged."""
+        pauses); returns the number of samples logged. ``hold_scored`` (a sync): wait only
+        for the scores of the samples logged (and those held over from the last sync), not
+        for those of samples with every trajectory finished: they are published after."""
         self.in_flight.interrupt()
-        self._drain()
+        self._drain(only=self._scored_before_pause if hold_scored else None)
         return self.in_flight.log_partials(list(self.in_flight), self.worker_id, self.version)
+
+    def _scored_before_pause(self, fl: InFlight) -> bool:
+        """Must a sync's pause wait for this sample's pending scores? Yes if a trajectory of it
+        was cut short (it is logged to ``partials`` with its finished trajectories' rewards).
+        With dynamic sampling, also if it was being scored at the last sync already (a backlog
+        outliving a whole version): a group with no signal takes its slot back under the
+        version it is published at, which must be the one its last trajectory finished under
+        or the next, as ``asyncrl audit`` allows. Otherwise the version a sample is published
+        at changes nothing: it counts in flight (stale) at every sync until then."""
+        held_over = self.filters is not None and fl.finished_under < self.version
+        return bool(fl.interrupted) or held_over
 
     # --- admission -----------------------------------------------------------------------------
     def _on_prompts_revoked(self, partitions: set[int], lost: bool) -> None:
@@ -431,6 +457,7 @@ class RolloutWorker:
             fl.trace.start_child("reward", **{"asyncrl.traj_index": i}),
         )
         fl.scoring += 1
+        fl.finished_under = max(fl.finished_under, unscored.trajectory.param_version)
         self.score.submit(unscored, fl.prompt.value, state, request_id)
         self._collect()
 
@@ -456,10 +483,18 @@ class RolloutWorker:
             if len(fl.done) == self.rollout.n:
                 self._publish(sample_id, fl)
 
-    def _drain(self, keep_alive: bool = True) -> None:
-        """Wait for every pending score (each call is bounded by its timeout) and publish the
-        samples they complete."""
-        while self.score.pending:
+    def _drain(
+        self, keep_alive: bool = True, only: Callable[[InFlight], bool] | None = None
+    ) -> None:
+        """Wait for every pending score (each call is bounded by its timeout), or ``only`` for
+        those of the samples it picks, and publish the samples they complete."""
+
+        def waiting() -> bool:
+            if only is None:
+                return self.score.pending > 0
+            return any(fl.scoring and only(fl) for fl in self.in_flight.samples.values())
+
+        while waiting():
             self._collect(timeout=0.05)
             if keep_alive and self.prompts is not None:
                 self.prompts.keep_alive()

@@ -110,7 +110,8 @@ class SyncRequested(ControlEvent):
 @dataclass
 class RolloutPaused(ControlEvent):
     pause_s: float = 0.0
-    """From SyncRequested received to paused: in mode (c) the wait for in-flight samples."""
+    """From SyncRequested received to paused: in mode (c) the wait for in-flight samples to
+    finish decoding (not for their rewards: samples only being scored are published after)."""
     in_flight_finished: int = 0
     n_partial: int = 0
     produced: int = 0

@@ -874,59 +874,271 @@ def test_a_slow_custom_reward_does_not_stall_decoding(tmp_path):
         assert t.reward == 1.0 and not t.reward_error and t.reward_s >= 0.2
 
 
-def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
-    """A sync arrives while finished trajectories are being scored and others decode: the
-    worker drains the scores before it logs partials and pauses, so each finished trajectory
-    keeps version 0 and its reward, and each prompt ends as exactly one sample."""
-    reward, calls = _slow_reward(tmp_path)
-    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *reward)
+def _scoring_at_pause(run: Run) -> list[dict[str, tuple[int, int]]]:
+    """Filled as the worker publishes RolloutPaused: per sample in flight then, (trajectories
+    being scored, trajectories cut short)."""
+    paused, seen = run.worker.follower.paused, []
+
+    def recorded(*args, **kwargs):
+        flights = run.worker.in_flight.samples.items()
+        seen.append({s: (fl.scoring, len(fl.interrupted)) for s, fl in flights})
+        return paused(*args, **kwargs)
+
+    run.worker.follower.paused = recorded
+    return seen
+
+
+def _finish_once_scored_after_the_pause(run: Run, at_pause: list) -> None:
+    """The trainer finishes the run once the samples being scored at the pause are published,
+    and one sample of the next version (the first published after the pause when none was)."""
+
+    finished: list[bool] = []
+
+    def react(rec) -> None:
+        if rec.topic != run.cfg.topic("samples") or not at_pause or finished:
+            return
+        held = {s for s, (scoring, _) in at_pause[0].items() if scoring}
+        paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+        published = {s.sample_id for s in run.samples()}
+        if held <= published and len(published) > paused.produced + len(held):
+            finished.append(True)
+            run.trainer.finish()
+
+    run.broker.reactions.append(react)
+
+
+def _held_through_the_sync(run: Run, at_pause: list) -> list[str]:
+    """The samples being scored at the pause: each has every trajectory finished (none cut
+    short), is published after the pause, once, whole and scored, under version 0 only."""
+    held = [s for s, (scoring, _) in at_pause[0].items() if scoring]
+    assert all(at_pause[0][s][1] == 0 for s in held)
+    paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
+    samples = run.samples()
+    assert len({s.sample_id for s in samples}) == len(samples)
+    before = {s.sample_id for s in samples[: paused.produced]}
+    after = {s.sample_id: s for s in samples[paused.produced :]}
+    assert not before & set(held) and set(held) <= set(after)
+    for t in (t for s in held for t in after[s].trajectories):
+        assert t.segment_versions == [0] and t.reward == 1.0 and not t.reward_error
+    return held
+
+
+def test_a_mode_c_pause_waits_for_decoding_not_for_rewards(tmp_path):
+    """A sync requested while finished trajectories are being scored: the worker pauses as
+    soon as nothing decodes; the samples only being scored are scored through the weight
+    transfer and published after it, under version 0, and version 1's budget counts them in
+    flight (num_stale). Before, the pause waited for every score (none pending at it)."""
+    reward, _ = _slow_reward(tmp_path)
+    cfg = _cfg(tmp_path, STEPPED, *reward)
     run = Run(cfg)
-    step, pending_at_sync, in_flight_at_sync = run.worker.runner.step, [], []
+    worker, step, requested = run.worker, run.worker.runner.step, []
 
     def sync_while_scoring(timeout: float = 0.0):
-        if not pending_at_sync and run.worker.score.pending and run.worker.engine.num_active:
-            pending_at_sync.append(run.worker.score.pending)
-            in_flight_at_sync.append(len(run.worker.in_flight))
+        if not requested and worker.score.pending and worker.engine.num_active:
+            requested.append(len(worker.in_flight))
+            run.trainer.consumed = {"0": 2}
             run.sync_new_weights()
         return step(timeout)
 
-    run.worker.runner.step = sync_while_scoring
-    run.when_published(6, run.trainer.finish)
+    worker.runner.step = sync_while_scoring
+    at_pause = _scoring_at_pause(run)
+    _finish_once_scored_after_the_pause(run, at_pause)
     run.run()
 
-    assert pending_at_sync, "no sync came while a reward was pending"
+    assert requested and at_pause, "no sync came while a reward was pending"
+    events = run.events()
+    _assert_paused_sync(_kinds(events), 1)
+    paused = next(e for e in events if isinstance(e, ev.RolloutPaused))
+    resumed = [e for e in events if isinstance(e, ev.RolloutResumed)]
+    held = _held_through_the_sync(run, at_pause)
+    assert held, "the pause waited for the scores"
+    assert paused.n_partial == 0 and not run.partials()
+    # Every sample started under version 0 was published before the pause or held; each
+    # held one is stale for version 1 exactly as a published, unconsumed one is.
+    v0 = [s for s in run.samples() if s.trajectories[0].param_version == 0]
+    assert len(v0) == paused.produced + len(held) == len(at_pause[0]) + paused.produced
+    assert resumed[1].num_stale == max(0, paused.produced - 2) + len(held)
+    assert resumed[1].budget == cfg.max_samples_per_version - resumed[1].num_stale
+    assert all(s.trajectories[0].param_version == 1 for s in run.samples()[len(v0) :])
+
+
+HELD_REWARD = """
+import os
+import time
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, hold=""):
+    time.sleep(0.2)
+    while os.path.exists(os.path.join(hold, str(ground_truth))):  # the test holds it back
+        time.sleep(0.01)
+    return 1.0
+"""
+
+
+class HeldSample:
+    """A reward of 0.2 s a call whose results the test can hold back for one sample, and a
+    sync (``action``) on the worker's loop as the last trajectory of a sample finishes while
+    others decode: that sample is then only being scored, and its scores are held back
+    until ``release`` (it is picked with a ground truth no other prompt has, so nothing
+    else waits; its calls hold reward processes, so there are 2n). ``at_sync``: (samples in
+    flight, samples published) then."""
+
+    def __init__(self, tmp_path) -> None:
+        self.dir = tmp_path / "hold"
+        self.dir.mkdir()
+        path = tmp_path / "held_reward.py"
+        path.write_text(HELD_REWARD)
+        self.overrides = [
+            f"custom_reward_function.path={path}",
+            f"custom_reward_function.reward_kwargs.hold={self.dir}",
+            # a held call keeps its process: n of them busy, n others score the rest
+            "custom_reward_function.num_workers=8",
+        ]
+        self.at_sync: list[tuple[int, int]] = []
+        self.sample_id = ""
+        self.truth = ""
+
+    def arm(self, run: Run, action) -> None:
+        worker = run.worker
+        truths = [str(p.ground_truth) for p in run.broker.read(run.cfg, "prompts", decode_prompt)]
+        n, on_finished = run.cfg.actor_rollout_ref.rollout.n, worker._on_finished
+
+        def finished(request_id: str, state) -> None:
+            on_finished(request_id, state)
+            sample_id = request_id.rpartition("#")[0]
+            fl = worker.in_flight.samples.get(sample_id)
+            only_scored = fl is not None and fl.scoring and len(fl.done) + fl.scoring == n
+            if self.at_sync or not only_scored or not worker.runner.busy:
+                return
+            truth = str(fl.prompt.value.ground_truth)
+            if truths.count(truth) == 1:
+                (self.dir / truth).touch()
+                self.sample_id, self.truth = sample_id, truth
+                self.at_sync.append((len(worker.in_flight), worker.produced))
+                action()
+
+        worker._on_finished = finished
+
+    def release(self) -> None:
+        (self.dir / self.truth).unlink(missing_ok=True)
+
+
+def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
+    """A sync arrives while a sample with every trajectory finished is being scored and others
+    decode: the worker cuts the decoding ones, waits only for the scores of the samples it
+    logs to ``partials`` (their records carry the rewards), and pauses; the sample only being
+    scored is published after the transfer under version 0. Each prompt ends as exactly one
+    sample."""
+    held_back = HeldSample(tmp_path)
+    cfg = _cfg(tmp_path, "async_training.partial_rollout=true", STEPPED, *held_back.overrides)
+    run = Run(cfg)
+    held_back.arm(run, run.sync_new_weights)
+    at_pause = _scoring_at_pause(run)
+    paused = run.worker.follower.paused
+
+    def release_after_the_pause(*args, **kwargs):
+        paused(*args, **kwargs)
+        held_back.release()
+
+    run.worker.follower.paused = release_after_the_pause
+    _finish_once_scored_after_the_pause(run, at_pause)
+    run.run()
+
+    assert held_back.at_sync and at_pause, "no sync came while a sample was only being scored"
+    in_flight, produced = held_back.at_sync[0]
+    scoring, _ = at_pause[0].get(held_back.sample_id, (0, 0))
+    assert scoring, "the pause waited for the scores of a sample only being scored"
     paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
     partials, samples = run.partials(), run.samples()
-    # Every sample in flight at the sync either completed by the drained scores (published
-    # before the pause, counted in it) or was logged with its finished trajectories scored.
-    assert paused.produced + paused.n_partial == in_flight_at_sync[0]
-    assert paused.n_partial == len(partials) > 0
-    assert len(samples) == 6 and len({s.sample_id for s in samples}) == 6
-    assert paused.pause_s >= 0.2 * pending_at_sync[0] / cfg.custom_reward_function.num_workers
-    finished_before = 0
+    held = _held_through_the_sync(run, at_pause)
+    assert held, "the pause waited for the scores"
+    # Every sample in flight at the sync was published before the pause (completed by a
+    # trajectory the abort found ended), logged with its finished trajectories scored, or
+    # held, being scored; none is two of these.
+    logged = {p.sample.sample_id for p in partials}
+    assert paused.n_partial == len(partials) == len(logged) > 0
+    assert paused.produced - produced + paused.n_partial + len(held) == in_flight
+    assert not logged & set(held)
+    assert all(at_pause[0][s][0] == 0 for s in logged)  # their scores came first
     for p in partials:
         for t in p.sample.trajectories:
-            if t.finish_reason != "abort":  # finished, scored by the drain
-                finished_before += 1
+            if t.finish_reason != "abort":  # finished, scored before it was logged
                 assert t.reward == 1.0 and t.segment_versions == [0]
-    print(
-        f"at the sync: {pending_at_sync[0]} rewards pending, {in_flight_at_sync[0]} samples in "
-        f"flight; {paused.produced} published by the drain, {len(partials)} logged with "
-        f"{finished_before} scored trajectories; pause {paused.pause_s:.2f} s"
-    )
     by_id = {s.sample_id: s for s in samples}
-    for s in samples[: paused.produced]:  # published by the drain, all under version 0
+    for s in samples[: paused.produced]:  # published before the pause, all under version 0
         assert all(t.segment_versions == [0] for t in s.trajectories)
     for p in partials:
         continued = by_id[p.sample.sample_id].trajectories
-        for logged, t in zip(p.sample.trajectories, continued, strict=True):
-            if logged.finish_reason != "abort":
-                assert t.response_ids.tolist() == logged.response_ids.tolist()
+        for logged_t, t in zip(p.sample.trajectories, continued, strict=True):
+            if logged_t.finish_reason != "abort":
+                assert t.response_ids.tolist() == logged_t.response_ids.tolist()
                 assert t.segment_versions == [0]
     for t in (t for s in samples for t in s.trajectories):
         assert t.reward == 1.0 and not t.reward_error
-    # one call per trajectory: none scored twice, none lost
-    assert len(calls.read_text().splitlines()) == 6 * 4
+    assert len(by_id) == len(samples)
+
+
+@pytest.mark.parametrize("filters", [False, True])
+def test_a_backlog_outliving_a_version_waits_at_the_next_pause_only_with_dynamic_sampling(
+    tmp_path, filters
+):
+    """Two syncs, the second before the worker decodes again after the first, while the scores
+    of a sample held through the first (only being scored) are held back: with dynamic sampling
+    the second pause waits for them, so the sample is published under version 1 at the
+    latest (its no-signal slot comes back under a version ``asyncrl audit`` allows);
+    without, it is held again and published after, still under version 0's tokens."""
+    held_back = HeldSample(tmp_path)
+    extra = ["algorithm.filter_groups.enable=true"] if filters else []
+    modes = ["async_training.partial_rollout=true", STEPPED, *extra]
+    cfg = _cfg(tmp_path, *modes, *held_back.overrides)
+    run = Run(cfg)
+    worker, step = run.worker, run.worker.runner.step
+    run.trainer.consumed = {"0": 100}  # the trainer is ahead: the budgets count what is in flight
+    held_back.arm(run, run.sync_new_weights)
+    opener = threading.Timer(1.0, held_back.release)
+
+    def again_before_decoding(timeout: float = 0.0):
+        trainer = run.trainer
+        if trainer.version == 1 and trainer.requested is None:
+            run.sync_new_weights()  # no trajectory has finished since the first
+            opener.start()  # 1 s on: the pause has come, or waits for the held-back scores
+        if trainer.requested == 2:
+            return []  # nothing decodes until it pauses
+        return step(timeout)
+
+    worker.runner.step = again_before_decoding
+    at_pause = _scoring_at_pause(run)
+    finished: list[bool] = []
+
+    def finish_once_both_backlogs_are_published(rec) -> None:
+        if rec.topic != cfg.topic("samples") or len(at_pause) < 2 or finished:
+            return
+        held = {s for p in at_pause for s, (scoring, _) in p.items() if scoring}
+        if held <= {s.sample_id for s in run.samples()}:
+            finished.append(True)
+            run.trainer.finish()
+
+    run.broker.reactions.append(finish_once_both_backlogs_are_published)
+    try:
+        run.run()
+    finally:
+        opener.cancel()
+
+    assert len(at_pause) == 2, "the two syncs did not come"
+    first = {s for s, (scoring, _) in at_pause[0].items() if scoring}
+    assert held_back.sample_id in first, "the held sample was not being scored at the pause"
+    still = {s for s, (scoring, _) in at_pause[1].items() if scoring} & first
+    pauses = [e for e in run.events() if isinstance(e, ev.RolloutPaused)]
+    samples = run.samples()
+    after_second = {s.sample_id for s in samples[pauses[1].produced :]}
+    if filters:
+        assert not still and not first & after_second
+        assert pauses[1].pause_s >= 0.5  # it waited for the gate
+    else:
+        assert held_back.sample_id in still and still <= after_second
+        assert pauses[1].pause_s < 0.5
+    for t in (t for s in samples if s.sample_id in first for t in s.trajectories):
+        assert t.segment_versions == [0] and t.reward == 1.0
 
 
 def test_a_partition_revoked_with_rewards_pending_loses_nothing(tmp_path):
