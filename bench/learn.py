@@ -118,7 +118,7 @@ def learn(
     plot = line_plot(
         {name: r["runs"][0]["curve"] for name, r in results.items()},
         out.with_suffix(".png"),
-        title="held-out accuracy of the tiny model (warm start excluded; first seed)",
+        title="held-out accuracy (warm start excluded; first seed)",
         xlabel="wall time, s",
         ylabel="held-out accuracy",
         hline=target,
