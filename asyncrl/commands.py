@@ -345,6 +345,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from asyncrl.launch.launcher import prepare
+    from asyncrl.launch.resume_check import refuse_changed_keys
 
     cfg = _load(args)
     bootstrap = _need_bootstrap(cfg, "prepare")
@@ -353,6 +354,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             "asyncrl prepare: sync.master_port is not set: pick the port the trainer will "
             "listen on (e.g. sync.master_port=29500 sync.master_addr=<trainer host>)"
         )
+    refuse_changed_keys(cfg)  # a run set up before: its topics and prompts stay
     prepare(cfg, bootstrap, Console())
     return 0
 

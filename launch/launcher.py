@@ -37,6 +37,7 @@ from asyncrl.launch.log_archive import ArchiveError, run_ref
 from asyncrl.launch.preflight import check_startable, idle_workers_note
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
 from asyncrl.launch.progress import StepProgress, counts_text, records_shown, wide_console
+from asyncrl.launch.resume_check import refuse_changed_keys
 
 
 class RunFailed(RuntimeError):
@@ -371,12 +372,14 @@ def run_lock(cfg: RunConfig) -> Iterator[None]:
 def _launch(
     cfg: RunConfig, console: Console, on_spawn: Callable[[str, int], None] | None
 ) -> dict[str, Any]:
-    if cfg.launcher == "local":
-        start_role_server()  # its imports overlap the set-up below
     embedded = cfg.kafka.bootstrap_servers is None
     if embedded:
         cfg = for_embedded_broker(cfg)
     resume = resume_or_set_aside(cfg, console) if embedded else False
+    if resume or not embedded:  # before anything starts: a key the run cannot change
+        refuse_changed_keys(cfg)
+    if cfg.launcher == "local":
+        start_role_server()  # its imports overlap the set-up below
     run_dir = cfg.run_dir
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
