@@ -54,7 +54,12 @@ class TrainerAlreadyRunning(RuntimeError):
 
 
 class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (a full disk, no permission); says what to free."""
+    """A checkpoint could not be written (a full disk, no permission); says what to free.
+    Not a crash: a restarted trainer trained the same steps again and failed on the same disk
+    (``trainer.max_restarts`` times, each voiding its steps), so the trainer exits with
+    ``EXIT_CODE`` and the launcher does not restart it."""
+
+    EXIT_CODE = 4
 
 
 def trainer_lock(run_dir: Path) -> IO[str]:

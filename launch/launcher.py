@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, ConfigError, RunConfig, dump_config
+from asyncrl.consumers.checkpoint import CheckpointWriteError
 from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
@@ -111,6 +112,19 @@ def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console
     latest = latest_checkpoint(cfg.run_dir)
     where = f"from step {checkpoint_step(latest)}" if latest else "from its start"
     console.log(f"stopped: run the same command again to resume the run {where}")
+
+
+def trainer_not_restarted(rc: int) -> str | None:
+    """Why a trainer that exited with ``rc`` is not restarted: it stopped on a condition a
+    restart meets again (None: a crash, restarted up to ``trainer.max_restarts``)."""
+    if rc == GenBatchesExhausted.EXIT_CODE:
+        return "the trainer gave up (a limit the config sets, not a crash: it is not restarted)"
+    if rc == CheckpointWriteError.EXIT_CODE:
+        return (
+            "the trainer could not write a checkpoint (not a crash: a restart would train the "
+            "same steps again and fail on the same disk, so it is not restarted)"
+        )
+    return None
 
 
 class BrokerDied(RunFailed):
@@ -564,11 +578,8 @@ def _follow(
                             f"{', '.join(sorted(left))}), so the trainer was not restarted; "
                             + _failure_report(name, rc, log_path)
                         )
-                    if is_trainer and rc == GenBatchesExhausted.EXIT_CODE:
-                        raise RunFailed(
-                            "the trainer gave up (a limit the config sets, not a crash: it "
-                            "is not restarted); " + _failure_report(name, rc, log_path)
-                        )
+                    if is_trainer and (why := trainer_not_restarted(rc)) is not None:
+                        raise RunFailed(f"{why}; " + _failure_report(name, rc, log_path))
                     max_restarts = (
                         cfg.trainer.max_restarts
                         if is_trainer

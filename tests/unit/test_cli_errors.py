@@ -400,6 +400,29 @@ def test_a_trainer_past_max_num_gen_batches_exits_3_in_one_line(
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_trainer_that_cannot_write_its_checkpoint_exits_4_and_is_not_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk (or a read-only one) under the checkpoints is no crash: `asyncrl run`
+    restarted the trainer trainer.max_restarts times, each training the steps since its last
+    checkpoint again and failing on the same disk, then failed. Found walking a run's life
+    cycle with the checkpoints on a 64 KiB tmpfs: the trainer now exits 4 in one line, and the
+    launcher does not restart it."""
+    from asyncrl.consumers.checkpoint import CheckpointWriteError
+    from asyncrl.launch.launcher import trainer_not_restarted
+
+    def train(args: object) -> int:
+        raise CheckpointWriteError(f"writing a checkpoint failed: the disk of {tmp_path} is full")
+
+    monkeypatch.setitem(cli.COMMANDS, "train", train)
+    assert main(["train"]) == CheckpointWriteError.EXIT_CODE == 4
+    err = capsys.readouterr().err
+    assert err.startswith("asyncrl train: writing a checkpoint failed:")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "not restarted" in (trainer_not_restarted(4) or "")
+    assert trainer_not_restarted(1) is None, "a crash is restarted"
+
+
 def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
     tmp_path: Path,
 ) -> None:
