@@ -222,10 +222,24 @@ def _kafka_clients(cfg: RunConfig) -> Check:
     return Check("kafka.extra", True, "librdkafka accepts the client settings")
 
 
+RUN_SUBDIRS = ("checkpoints", "logs", "log")
+"""What a run writes under its directory; one already there may be elsewhere (a link, a mount)."""
+
+
 def _output_dir(cfg: RunConfig) -> Check:
+    """The run's directory, and those of its subdirectories already there: a read-only
+    ``checkpoints`` (a link to another disk) crashed the trainer at its lock with a traceback,
+    restarted ``trainer.max_restarts`` times."""
     problem = _unwritable_dir(cfg.run_dir)
     if problem:
         return Check("output_dir", False, f"{cfg.run_dir}: {problem}")
+    for path in (cfg.run_dir / sub for sub in RUN_SUBDIRS):
+        if path.is_dir():
+            problem = _unwritable_dir(path)
+        elif path.exists() or path.is_symlink():  # a file, a link to nowhere
+            problem = "not a directory"
+        if problem:
+            return Check("output_dir", False, f"{path}: {problem}")
     return Check("output_dir", True, f"{cfg.run_dir} (writable)")
 
 
