@@ -524,7 +524,8 @@ class TrainerConfig(Strict):
     were made with (actor_rollout_ref.model.*, rollout.n, actor.ppo_mini_batch_size,
     async_training.require_batches and partial_rollout, data.*, kafka.topics.partitions)
     changed since its config.yaml is refused at start-up, naming it. A finished run is moved
-    aside to <run_dir>.<time>. disable: the earlier
+    aside to <run_dir>.<time> and a new one starts (with kafka.bootstrap_servers set: the
+    command says it has finished and starts nothing). disable: the earlier
     run is moved aside, finished or not, and the run starts afresh. With kafka.bootstrap_servers
     set the earlier run's log stays on that broker, so disable refuses a directory holding its
     checkpoints (a fresh run needs a run_id of its own). A trainer started by hand (asyncrl

@@ -179,12 +179,23 @@ def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
     archived = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.rename(archived)
     if finished:
-        why = "it had finished"
+        done = json.loads((archived / "summary.json").read_text() or "{}")
+        step = done.get("step")
+        why = "it had finished" + (f" at step {step}: {done.get('reason')}" if step else "")
     elif fresh:
         why = "unfinished; trainer.resume_mode=disable"
     else:
         why = "its log was lost with its broker"
-    console.log(f"moved the earlier run in {run_dir} to {archived} ({why}) and starting afresh")
+    console.log(
+        f"moved the earlier run in {run_dir} to {archived} ({why}) and starting afresh"
+        + (
+            f" from the first policy (a finished run is not trained further; to go on from "
+            f"its policy: `asyncrl export-model {archived} --out DIR`, then "
+            "actor_rollout_ref.model.path=DIR)"
+            if finished
+            else ""
+        )
+    )
     return False
 
 
@@ -389,6 +400,9 @@ def _launch(
     embedded = cfg.kafka.bootstrap_servers is None
     if embedded:
         cfg = for_embedded_broker(cfg)
+    if not embedded and (done := _read_summary(cfg)):
+        _say_finished(cfg, done, console)
+        return done
     resume = resume_or_set_aside(cfg, console) if embedded else False
     if resume or not embedded:  # before anything starts: a key the run cannot change
         refuse_changed_keys(cfg)
@@ -654,6 +668,20 @@ def _say_left(
         f"{said}. No rollout worker is left: the trainer waits up to sync.timeout_s="
         f"{cfg.sync.timeout_s:g} s for one started by hand (`asyncrl rollout --config "
         f"{config_path} --worker-id {name.removeprefix('rollout-')}`), then the run fails[/]"
+    )
+
+
+def _say_finished(cfg: RunConfig, summary: dict[str, Any], console: Console) -> None:
+    """A finished run on a Kafka cluster, launched again: it said "resumed ... the trainer goes
+    on from its last checkpoint", started every role (~10 s) and printed the old summary, the
+    trainer having found RunFinished on the log. Now said so, starting nothing."""
+    acc = summary.get("val/accuracy")
+    console.log(
+        f"run {cfg.run_id!r} has finished (step {summary.get('step')}: {summary.get('reason')}"
+        + (f", held-out accuracy {acc:.3f}" if isinstance(acc, int | float) else "")
+        + f"; {cfg.run_dir / 'summary.json'}): nothing to train. Its policy: `asyncrl "
+        f"export-model {cfg.run_id} --out DIR`; a new run needs a run_id= of its own (this "
+        "run's log stays on the broker)"
     )
 
 

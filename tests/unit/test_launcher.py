@@ -314,3 +314,31 @@ def test_a_resume_that_changes_a_key_fixed_for_the_run_is_refused_naming_it(tmp_
     ]:
         other = load_config(overrides=[f"{key}={value}"])
         assert [c[0] for c in changed_fixed_keys(saved, other)] == [key]
+
+
+def test_a_finished_run_on_a_kafka_cluster_launched_again_says_so_and_starts_nothing(tmp_path):
+    """`asyncrl run` of a finished run on a broker of the user's said "resumed ... the trainer
+    goes on from its last checkpoint", started every role (~10 s) and printed the old summary.
+    Now one line says it has finished and what to do; nothing is started (the broker here
+    does not exist: a launch that went on failed on it)."""
+    import json
+
+    from asyncrl.launch.launcher import _launch
+
+    cfg = load_config(
+        overrides=[
+            "run_id=demo",
+            f"output_dir='{tmp_path}'",
+            "kafka.bootstrap_servers=127.0.0.1:9",
+            "kafka.broker_down_timeout_s=1",
+        ]
+    )
+    cfg.run_dir.mkdir(parents=True)
+    done = {"step": 20, "reason": "total_training_steps reached", "val/accuracy": 0.66}
+    (cfg.run_dir / "summary.json").write_text(json.dumps(done))
+    out = io.StringIO()
+    assert _launch(cfg, Console(file=out, width=400), None) == done
+    said = " ".join(out.getvalue().split())
+    assert "run 'demo' has finished (step 20: total_training_steps reached" in said
+    assert "nothing to train" in said and "run_id= of its own" in said
+    assert sorted(p.name for p in cfg.run_dir.iterdir()) == ["summary.json"]
