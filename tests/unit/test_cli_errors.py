@@ -702,3 +702,23 @@ def test_ctrl_c_before_asyncrl_run_starts_anything_is_one_line(tmp_path: Path, m
         "asyncrl run: stopped before it started anything\n",
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_role_started_by_hand_with_a_key_its_run_cannot_change_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Role by role (`asyncrl train --config runs/<id>/config.yaml actor_rollout_ref.rollout.n=4`)
+    a trainer or worker ran with a group size, model or data its run was not made with, as
+    `asyncrl run` did on a resume: refused in one line, before anything starts."""
+    from asyncrl.config import dump_config, load_config
+
+    cfg = load_config(
+        overrides=["run_id=demo", f"output_dir={tmp_path}", "kafka.bootstrap_servers=127.0.0.1:9"]
+    )
+    saved = cfg.run_dir / "config.yaml"
+    dump_config(cfg, saved)
+    for role in ("train", "rollout"):
+        assert main([role, "--config", str(saved), "actor_rollout_ref.rollout.n=4"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"asyncrl {role}: actor_rollout_ref.rollout.n: 4, but run 'demo'")
+        assert "another run_id=" in err and len(err.strip().splitlines()) == 1
