@@ -273,6 +273,25 @@ def _unwritable_dir(path: Path) -> str | None:
     return None
 
 
+def _resumed(cfg: RunConfig) -> Check | None:
+    """The run this launch would resume (an unfinished one in its directory), and a key the
+    new config changes that the run cannot change: ``--dry-run`` said ok, the launch then
+    refused it (``launch/resume_check.py``). None: no run to resume."""
+    from asyncrl.launch.log_archive import has_archive
+    from asyncrl.launch.resume_check import changed_key
+
+    run_dir = cfg.run_dir
+    if not (run_dir / "config.yaml").exists() or (run_dir / "summary.json").exists():
+        return None
+    if not cfg.kafka.bootstrap_servers and (
+        cfg.trainer.resume_mode == "disable" or not has_archive(cfg)
+    ):
+        return None  # moved aside: a fresh run
+    if (found := changed_key(cfg)) is not None:
+        return Check(found[0], False, found[1])
+    return Check("run_id", True, f"resumes the unfinished run in {run_dir} (no fixed key changed)")
+
+
 def _master_addr(cfg: RunConfig) -> Check:
     """The weight collective's rendezvous host: a name that does not resolve left every
     process retrying it silently (c10d logs only)."""
@@ -446,6 +465,8 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     checks.append(_master_addr(cfg))
     if role == "run" and cfg.kafka.bootstrap_servers and cfg.trainer.resume_mode == "disable":
         checks.append(_resume_mode(cfg))
+    if role == "run" and (resumed := _resumed(cfg)) is not None:
+        checks.append(resumed)
     return checks
 
 

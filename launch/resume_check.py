@@ -74,16 +74,16 @@ def changed_fixed_keys(saved: dict[str, Any], cfg: RunConfig) -> list[tuple[str,
     ]
 
 
-def refuse_changed_keys(cfg: RunConfig) -> None:
-    """Raise ConfigError, in one line, when the run about to be resumed (its ``config.yaml``
-    in ``cfg.run_dir``) was started with another value of a key it cannot change."""
+def changed_key(cfg: RunConfig) -> tuple[str, str] | None:
+    """(key, why in one line) of the first key the run in ``cfg.run_dir`` (its
+    ``config.yaml``) was started with another value of, that it cannot change; None if none."""
     path = Path(cfg.run_dir) / "config.yaml"
     if not path.exists():
-        return
+        return None
     saved = yaml.safe_load(path.read_text()) or {}
     changed = changed_fixed_keys(saved, cfg)
     if not changed:
-        return
+        return None
     key, old, new, why = changed[0]
     more = f" (and {', '.join(c[0] for c in changed[1:])})" if len(changed) > 1 else ""
     fresh = (
@@ -91,9 +91,15 @@ def refuse_changed_keys(cfg: RunConfig) -> None:
         if cfg.kafka.bootstrap_servers
         else "trainer.resume_mode=disable (moves the earlier run aside) or another run_id=..."
     )
-    raise ConfigError(
-        f"{key}: {_value(new)}, but run {cfg.run_id!r} in {cfg.run_dir} was started with "
+    return key, (
+        f"{_value(new)}, but run {cfg.run_id!r} in {cfg.run_dir} was started with "
         f"{_value(old)}{more}, which cannot change when it resumes ({why}): resume it with "
-        f"{key}={_value(old)}, "
-        f"or start afresh with {fresh}"
+        f"{key}={_value(old)}, or start afresh with {fresh}"
     )
+
+
+def refuse_changed_keys(cfg: RunConfig) -> None:
+    """Raise ConfigError, in one line, when the run about to be resumed (its ``config.yaml``
+    in ``cfg.run_dir``) was started with another value of a key it cannot change."""
+    if (found := changed_key(cfg)) is not None:
+        raise ConfigError(f"{found[0]}: {found[1]}")

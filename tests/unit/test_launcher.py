@@ -342,3 +342,25 @@ def test_a_finished_run_on_a_kafka_cluster_launched_again_says_so_and_starts_not
     assert "run 'demo' has finished (step 20: total_training_steps reached" in said
     assert "nothing to train" in said and "run_id= of its own" in said
     assert sorted(p.name for p in cfg.run_dir.iterdir()) == ["summary.json"]
+
+
+def test_the_dry_run_shows_a_resume_that_changes_a_key_fixed_for_the_run(tmp_path):
+    """`asyncrl run --dry-run` with a key the unfinished run cannot change said every check
+    passed ("the run could start"); the launch then refused it. The check is a start-up check
+    now: the dry run fails on it, and says when a launch would resume the run."""
+    from asyncrl.config import dump_config
+    from asyncrl.launch.preflight import startup_checks
+
+    cfg = _cfg(tmp_path)
+    dump_config(cfg, cfg.run_dir / "config.yaml")
+    _archive(cfg)  # an unfinished run, to resume
+    same = {c.key: c for c in startup_checks(cfg, "run")}
+    assert same["run_id"].ok and "resumes the unfinished run" in same["run_id"].detail
+    changed = load_config(
+        overrides=["run_id=demo", f"output_dir='{tmp_path}'", "actor_rollout_ref.rollout.n=4"]
+    )
+    failed = {c.key: c.detail for c in startup_checks(changed, "run") if c.ok is False}
+    assert list(failed) == ["actor_rollout_ref.rollout.n"]
+    assert failed["actor_rollout_ref.rollout.n"].startswith("4, but run 'demo'")
+    (cfg.run_dir / "summary.json").write_text("{}")  # finished: moved aside, not resumed
+    assert not [c for c in startup_checks(changed, "run") if c.ok is False]
