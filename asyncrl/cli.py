@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asyncrl {args.command}: {err}", file=sys.stderr)
         if isinstance(err, _usage_errors()):
             return 2
-        return int(getattr(err, "EXIT_CODE", 1))  # 3: a trainer that gave up, not crashed
+        return int(getattr(err, "EXIT_CODE", 1))  # 3, 4: a trainer that gave up, not crashed
     except BrokenPipeError:  # `asyncrl inspect ... --json | head`: the reader has had enough
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit would fail again

@@ -345,6 +345,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from asyncrl.launch.launcher import prepare
+    from asyncrl.launch.resume_check import refuse_changed_keys
 
     cfg = _load(args)
     bootstrap = _need_bootstrap(cfg, "prepare")
@@ -353,6 +354,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             "asyncrl prepare: sync.master_port is not set: pick the port the trainer will "
             "listen on (e.g. sync.master_port=29500 sync.master_addr=<trainer host>)"
         )
+    refuse_changed_keys(cfg)  # a run set up before: its topics and prompts stay
     prepare(cfg, bootstrap, Console())
     return 0
 
@@ -360,8 +362,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     import json
 
+    from asyncrl.launch.resume_check import refuse_changed_keys
+
     cfg = _load(args)
     _check_startable(cfg, "train")
+    refuse_changed_keys(cfg)  # a key its run cannot change, as `asyncrl run` refuses it
     bootstrap = _need_bootstrap(cfg, "train")
     if _said_finished(cfg, bootstrap, "train", "nothing to train"):
         return 0
@@ -399,8 +404,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from asyncrl.launch.resume_check import refuse_changed_keys
+
     cfg = _load(args)
     _check_startable(cfg, "rollout")
+    refuse_changed_keys(cfg)  # a key its run cannot change, as `asyncrl run` refuses it
     bootstrap = _need_bootstrap(cfg, "rollout")
     if _said_finished(cfg, bootstrap, "rollout", "nothing to generate"):
         return 0

@@ -520,7 +520,12 @@ class TrainerConfig(Strict):
     resume_mode: Literal["auto", "disable"] = "auto"
     """verl's key, read by `asyncrl run` when the run's directory holds an earlier launch. auto:
     an unfinished run (killed, crashed, its broker died) is resumed from its archived log and
-    last checkpoint; a finished one is moved aside to <run_dir>.<time>. disable: the earlier
+    last checkpoint, with the new command line's values; a key the run's log and checkpoints
+    were made with (actor_rollout_ref.model.*, rollout.n, actor.ppo_mini_batch_size,
+    async_training.require_batches and partial_rollout, data.*, kafka.topics.partitions)
+    changed since its config.yaml is refused at start-up, naming it. A finished run is moved
+    aside to <run_dir>.<time> and a new one starts (with kafka.bootstrap_servers set: the
+    command says it has finished and starts nothing). disable: the earlier
     run is moved aside, finished or not, and the run starts afresh. With kafka.bootstrap_servers
     set the earlier run's log stays on that broker, so disable refuses a directory holding its
     checkpoints (a fresh run needs a run_id of its own). A trainer started by hand (asyncrl

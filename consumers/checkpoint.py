@@ -54,7 +54,12 @@ class TrainerAlreadyRunning(RuntimeError):
 
 
 class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (a full disk, no permission); says what to free."""
+    """A checkpoint could not be written (a full disk, no permission); says what to free.
+    Not a crash: a restarted trainer trained the same steps again and failed on the same disk
+    (``trainer.max_restarts`` times, each voiding its steps), so the trainer exits with
+    ``EXIT_CODE`` and the launcher does not restart it."""
+
+    EXIT_CODE = 4
 
 
 def trainer_lock(run_dir: Path) -> IO[str]:
@@ -64,8 +69,13 @@ def trainer_lock(run_dir: Path) -> IO[str]:
     run's directory) trained beside the first, both publishing versions: the audit failed on
     reused versions and regressions. It now stops at once, naming the first's pid."""
     root = _ckpt_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    lock = (root / ".trainer.lock").open("a+")
+    try:  # a read-only disk was a traceback here, restarted as a crash
+        root.mkdir(parents=True, exist_ok=True)
+        lock = (root / ".trainer.lock").open("a+")
+    except OSError as err:
+        raise CheckpointWriteError(
+            f"cannot write the run's checkpoints in {root}: {err.strerror or err}"
+        ) from err
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

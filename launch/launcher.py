@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, ConfigError, RunConfig, dump_config
+from asyncrl.consumers.checkpoint import CheckpointWriteError
 from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted
 from asyncrl.kafka.topics import create_run_topics
 from asyncrl.launch.broker import EmbeddedBroker, ensure_broker, free_port
@@ -37,6 +38,7 @@ from asyncrl.launch.log_archive import ArchiveError, run_ref
 from asyncrl.launch.preflight import check_startable, idle_workers_note
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
 from asyncrl.launch.progress import StepProgress, counts_text, records_shown, wide_console
+from asyncrl.launch.resume_check import refuse_changed_keys
 
 
 class RunFailed(RuntimeError):
@@ -112,6 +114,19 @@ def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console
     console.log(f"stopped: run the same command again to resume the run {where}")
 
 
+def trainer_not_restarted(rc: int) -> str | None:
+    """Why a trainer that exited with ``rc`` is not restarted: it stopped on a condition a
+    restart meets again (None: a crash, restarted up to ``trainer.max_restarts``)."""
+    if rc == GenBatchesExhausted.EXIT_CODE:
+        return "the trainer gave up (a limit the config sets, not a crash: it is not restarted)"
+    if rc == CheckpointWriteError.EXIT_CODE:
+        return (
+            "the trainer could not write a checkpoint (not a crash: a restart would train the "
+            "same steps again and fail on the same disk, so it is not restarted)"
+        )
+    return None
+
+
 class BrokerDied(RunFailed):
     """The embedded broker stopped under a run."""
 
@@ -164,12 +179,23 @@ def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
     archived = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.rename(archived)
     if finished:
-        why = "it had finished"
+        done = json.loads((archived / "summary.json").read_text() or "{}")
+        step = done.get("step")
+        why = "it had finished" + (f" at step {step}: {done.get('reason')}" if step else "")
     elif fresh:
         why = "unfinished; trainer.resume_mode=disable"
     else:
         why = "its log was lost with its broker"
-    console.log(f"moved the earlier run in {run_dir} to {archived} ({why}) and starting afresh")
+    console.log(
+        f"moved the earlier run in {run_dir} to {archived} ({why}) and starting afresh"
+        + (
+            f" from the first policy (a finished run is not trained further; to go on from "
+            f"its policy: `asyncrl export-model {archived} --out DIR`, then "
+            "actor_rollout_ref.model.path=DIR)"
+            if finished
+            else ""
+        )
+    )
     return False
 
 
@@ -392,12 +418,17 @@ def run_lock(cfg: RunConfig) -> Iterator[None]:
 def _launch(
     cfg: RunConfig, console: Console, on_spawn: Callable[[str, int], None] | None
 ) -> dict[str, Any]:
-    if cfg.launcher == "local":
-        start_role_server()  # its imports overlap the set-up below
     embedded = cfg.kafka.bootstrap_servers is None
     if embedded:
         cfg = for_embedded_broker(cfg)
+    if not embedded and (done := _read_summary(cfg)):
+        _say_finished(cfg, done, console)
+        return done
     resume = resume_or_set_aside(cfg, console) if embedded else False
+    if resume or not embedded:  # before anything starts: a key the run cannot change
+        refuse_changed_keys(cfg)
+    if cfg.launcher == "local":
+        start_role_server()  # its imports overlap the set-up below
     run_dir = cfg.run_dir
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -582,11 +613,8 @@ def _follow(
                             f"{', '.join(sorted(left))}), so the trainer was not restarted; "
                             + _failure_report(name, rc, log_path)
                         )
-                    if is_trainer and rc == GenBatchesExhausted.EXIT_CODE:
-                        raise RunFailed(
-                            "the trainer gave up (a limit the config sets, not a crash: it "
-                            "is not restarted); " + _failure_report(name, rc, log_path)
-                        )
+                    if is_trainer and (why := trainer_not_restarted(rc)) is not None:
+                        raise RunFailed(f"{why}; " + _failure_report(name, rc, log_path))
                     max_restarts = (
                         cfg.trainer.max_restarts
                         if is_trainer
@@ -661,6 +689,20 @@ def _say_left(
         f"{said}. No rollout worker is left: the trainer waits up to sync.timeout_s="
         f"{cfg.sync.timeout_s:g} s for one started by hand (`asyncrl rollout --config "
         f"{config_path} --worker-id {name.removeprefix('rollout-')}`), then the run fails[/]"
+    )
+
+
+def _say_finished(cfg: RunConfig, summary: dict[str, Any], console: Console) -> None:
+    """A finished run on a Kafka cluster, launched again: it said "resumed ... the trainer goes
+    on from its last checkpoint", started every role (~10 s) and printed the old summary, the
+    trainer having found RunFinished on the log. Now said so, starting nothing."""
+    acc = summary.get("val/accuracy")
+    console.log(
+        f"run {cfg.run_id!r} has finished (step {summary.get('step')}: {summary.get('reason')}"
+        + (f", held-out accuracy {acc:.3f}" if isinstance(acc, int | float) else "")
+        + f"; {cfg.run_dir / 'summary.json'}): nothing to train. Its policy: `asyncrl "
+        f"export-model {cfg.run_id} --out DIR`; a new run needs a run_id= of its own (this "
+        "run's log stays on the broker)"
     )
 
 

@@ -222,10 +222,24 @@ def _kafka_clients(cfg: RunConfig) -> Check:
     return Check("kafka.extra", True, "librdkafka accepts the client settings")
 
 
+RUN_SUBDIRS = ("checkpoints", "logs", "log")
+"""What a run writes under its directory; one already there may be elsewhere (a link, a mount)."""
+
+
 def _output_dir(cfg: RunConfig) -> Check:
+    """The run's directory, and those of its subdirectories already there: a read-only
+    ``checkpoints`` (a link to another disk) crashed the trainer at its lock with a traceback,
+    restarted ``trainer.max_restarts`` times."""
     problem = _unwritable_dir(cfg.run_dir)
     if problem:
         return Check("output_dir", False, f"{cfg.run_dir}: {problem}")
+    for path in (cfg.run_dir / sub for sub in RUN_SUBDIRS):
+        if path.is_dir():
+            problem = _unwritable_dir(path)
+        elif path.exists() or path.is_symlink():  # a file, a link to nowhere
+            problem = "not a directory"
+        if problem:
+            return Check("output_dir", False, f"{path}: {problem}")
     return Check("output_dir", True, f"{cfg.run_dir} (writable)")
 
 
@@ -257,6 +271,25 @@ def _unwritable_dir(path: Path) -> str | None:
     except OSError as err:
         return f"cannot create a directory in {parent} ({err.strerror or err})"
     return None
+
+
+def _resumed(cfg: RunConfig) -> Check | None:
+    """The run this launch would resume (an unfinished one in its directory), and a key the
+    new config changes that the run cannot change: ``--dry-run`` said ok, the launch then
+    refused it (``launch/resume_check.py``). None: no run to resume."""
+    from asyncrl.launch.log_archive import has_archive
+    from asyncrl.launch.resume_check import changed_key
+
+    run_dir = cfg.run_dir
+    if not (run_dir / "config.yaml").exists() or (run_dir / "summary.json").exists():
+        return None
+    if not cfg.kafka.bootstrap_servers and (
+        cfg.trainer.resume_mode == "disable" or not has_archive(cfg)
+    ):
+        return None  # moved aside: a fresh run
+    if (found := changed_key(cfg)) is not None:
+        return Check(found[0], False, found[1])
+    return Check("run_id", True, f"resumes the unfinished run in {run_dir} (no fixed key changed)")
 
 
 def _master_addr(cfg: RunConfig) -> Check:
@@ -432,6 +465,8 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
     checks.append(_master_addr(cfg))
     if role == "run" and cfg.kafka.bootstrap_servers and cfg.trainer.resume_mode == "disable":
         checks.append(_resume_mode(cfg))
+    if role == "run" and (resumed := _resumed(cfg)) is not None:
+        checks.append(resumed)
     return checks
 
 

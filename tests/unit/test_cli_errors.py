@@ -422,6 +422,29 @@ def test_a_trainer_past_max_num_gen_batches_exits_3_in_one_line(
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_trainer_that_cannot_write_its_checkpoint_exits_4_and_is_not_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk (or a read-only one) under the checkpoints is no crash: `asyncrl run`
+    restarted the trainer trainer.max_restarts times, each training the steps since its last
+    checkpoint again and failing on the same disk, then failed. Found walking a run's life
+    cycle with the checkpoints on a 64 KiB tmpfs: the trainer now exits 4 in one line, and the
+    launcher does not restart it."""
+    from asyncrl.consumers.checkpoint import CheckpointWriteError
+    from asyncrl.launch.launcher import trainer_not_restarted
+
+    def train(args: object) -> int:
+        raise CheckpointWriteError(f"writing a checkpoint failed: the disk of {tmp_path} is full")
+
+    monkeypatch.setitem(cli.COMMANDS, "train", train)
+    assert main(["train"]) == CheckpointWriteError.EXIT_CODE == 4
+    err = capsys.readouterr().err
+    assert err.startswith("asyncrl train: writing a checkpoint failed:")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "not restarted" in (trainer_not_restarted(4) or "")
+    assert trainer_not_restarted(1) is None, "a crash is restarted"
+
+
 def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
     tmp_path: Path,
 ) -> None:
@@ -701,3 +724,23 @@ def test_ctrl_c_before_asyncrl_run_starts_anything_is_one_line(tmp_path: Path, m
         "asyncrl run: stopped before it started anything\n",
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_role_started_by_hand_with_a_key_its_run_cannot_change_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Role by role (`asyncrl train --config runs/<id>/config.yaml actor_rollout_ref.rollout.n=4`)
+    a trainer or worker ran with a group size, model or data its run was not made with, as
+    `asyncrl run` did on a resume: refused in one line, before anything starts."""
+    from asyncrl.config import dump_config, load_config
+
+    cfg = load_config(
+        overrides=["run_id=demo", f"output_dir={tmp_path}", "kafka.bootstrap_servers=127.0.0.1:9"]
+    )
+    saved = cfg.run_dir / "config.yaml"
+    dump_config(cfg, saved)
+    for role in ("train", "rollout"):
+        assert main([role, "--config", str(saved), "actor_rollout_ref.rollout.n=4"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"asyncrl {role}: actor_rollout_ref.rollout.n: 4, but run 'demo'")
+        assert "another run_id=" in err and len(err.strip().splitlines()) == 1

@@ -267,3 +267,100 @@ def test_a_restarted_role_is_named_with_its_new_pid(tmp_path, monkeypatch):
     assert "trainer exited with code -9; restarting it (1/3, pid 4242); it resumes" in (
         out.getvalue()
     )
+
+
+def test_a_resume_that_changes_a_key_fixed_for_the_run_is_refused_naming_it(tmp_path):
+    """`asyncrl run actor_rollout_ref.rollout.n=4` on an unfinished run started with 8 resumed
+    it: groups of 4 trained after groups of 8, the audit clean, config.yaml rewritten; a
+    changed model crash-looped the trainer on its checkpoint. Refused now, before anything
+    starts, naming the key and the way to start afresh; a safe key resumes with its new value."""
+    from asyncrl.config import ConfigError, dump_config
+    from asyncrl.launch.launcher import _launch
+
+    cfg = _cfg(tmp_path)
+    dump_config(cfg, cfg.run_dir / "config.yaml")
+    _archive(cfg)  # an unfinished run, to resume
+    changed = load_config(
+        overrides=["run_id=demo", f"output_dir='{tmp_path}'", "actor_rollout_ref.rollout.n=4"]
+    )
+    with pytest.raises(ConfigError) as err:
+        _launch(changed, Console(file=io.StringIO()), None)
+    line = str(err.value)
+    assert "\n" not in line
+    assert line.startswith("actor_rollout_ref.rollout.n: 4, but run 'demo'")
+    assert "started with 8" in line and "trainer.resume_mode=disable" in line
+    assert not list(tmp_path.glob("demo.*")), "the run is neither moved aside nor touched"
+
+    from asyncrl.launch.resume_check import changed_fixed_keys
+
+    saved = cfg.model_dump(mode="json")
+    safe = load_config(
+        overrides=[
+            "run_id=demo",
+            f"output_dir='{tmp_path}'",
+            "actor_rollout_ref.actor.optim.lr=1e-4",
+            "trainer.total_training_steps=500",
+            "trainer.test_freq=2",
+            "actor_rollout_ref.rollout.num_workers=2",
+        ]
+    )
+    assert changed_fixed_keys(saved, safe) == []
+    for key, value in [
+        ("actor_rollout_ref.model.hidden_size", "64"),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", "4"),
+        ("async_training.partial_rollout", "true"),
+        ("data.seed", "3"),
+        ("kafka.topics.partitions.prompts", "2"),
+    ]:
+        other = load_config(overrides=[f"{key}={value}"])
+        assert [c[0] for c in changed_fixed_keys(saved, other)] == [key]
+
+
+def test_a_finished_run_on_a_kafka_cluster_launched_again_says_so_and_starts_nothing(tmp_path):
+    """`asyncrl run` of a finished run on a broker of the user's said "resumed ... the trainer
+    goes on from its last checkpoint", started every role (~10 s) and printed the old summary.
+    Now one line says it has finished and what to do; nothing is started (the broker here
+    does not exist: a launch that went on failed on it)."""
+    import json
+
+    from asyncrl.launch.launcher import _launch
+
+    cfg = load_config(
+        overrides=[
+            "run_id=demo",
+            f"output_dir='{tmp_path}'",
+            "kafka.bootstrap_servers=127.0.0.1:9",
+            "kafka.broker_down_timeout_s=1",
+        ]
+    )
+    cfg.run_dir.mkdir(parents=True)
+    done = {"step": 20, "reason": "total_training_steps reached", "val/accuracy": 0.66}
+    (cfg.run_dir / "summary.json").write_text(json.dumps(done))
+    out = io.StringIO()
+    assert _launch(cfg, Console(file=out, width=400), None) == done
+    said = " ".join(out.getvalue().split())
+    assert "run 'demo' has finished (step 20: total_training_steps reached" in said
+    assert "nothing to train" in said and "run_id= of its own" in said
+    assert sorted(p.name for p in cfg.run_dir.iterdir()) == ["summary.json"]
+
+
+def test_the_dry_run_shows_a_resume_that_changes_a_key_fixed_for_the_run(tmp_path):
+    """`asyncrl run --dry-run` with a key the unfinished run cannot change said every check
+    passed ("the run could start"); the launch then refused it. The check is a start-up check
+    now: the dry run fails on it, and says when a launch would resume the run."""
+    from asyncrl.config import dump_config
+    from asyncrl.launch.preflight import startup_checks
+
+    cfg = _cfg(tmp_path)
+    dump_config(cfg, cfg.run_dir / "config.yaml")
+    _archive(cfg)  # an unfinished run, to resume
+    same = {c.key: c for c in startup_checks(cfg, "run")}
+    assert same["run_id"].ok and "resumes the unfinished run" in same["run_id"].detail
+    changed = load_config(
+        overrides=["run_id=demo", f"output_dir='{tmp_path}'", "actor_rollout_ref.rollout.n=4"]
+    )
+    failed = {c.key: c.detail for c in startup_checks(changed, "run") if c.ok is False}
+    assert list(failed) == ["actor_rollout_ref.rollout.n"]
+    assert failed["actor_rollout_ref.rollout.n"].startswith("4, but run 'demo'")
+    (cfg.run_dir / "summary.json").write_text("{}")  # finished: moved aside, not resumed
+    assert not [c for c in startup_checks(changed, "run") if c.ok is False]

@@ -75,3 +75,20 @@ def test_a_filter_metric_the_built_in_reward_cannot_give_fails_naming_the_key() 
     assert list(failed) == ["algorithm.filter_groups.metric"]
     assert "returns a float" in failed["algorithm.filter_groups.metric"]
     assert not _failed(on, "algorithm.filter_groups.metric=score")
+
+
+def test_a_checkpoints_dir_that_cannot_be_written_fails_at_start_up(tmp_path: Path) -> None:
+    """A run's ``checkpoints`` on another, read-only disk (here a link into /proc, which even
+    root cannot write): the start-up checks said ok, and the trainer died at its lock with an
+    OSError traceback, restarted trainer.max_restarts times. Now refused naming output_dir and
+    the directory; a trainer started by hand says it in one line (exit 4, not restarted)."""
+    from asyncrl.consumers.checkpoint import CheckpointWriteError, trainer_lock
+
+    cfg = load_config(overrides=["run_id=demo", f"output_dir={tmp_path}"])
+    cfg.run_dir.mkdir()
+    (cfg.run_dir / "checkpoints").symlink_to("/proc")
+    failed = _failed("run_id=demo", f"output_dir={tmp_path}")
+    assert list(failed) == ["output_dir"]
+    assert failed["output_dir"].startswith(f"{cfg.run_dir / 'checkpoints'}: cannot create")
+    with pytest.raises(CheckpointWriteError, match="cannot write the run's checkpoints in"):
+        trainer_lock(cfg.run_dir)
