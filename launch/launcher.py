@@ -172,6 +172,7 @@ def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
     archived_log = has_archive(cfg)
     fresh = cfg.trainer.resume_mode == "disable"
     if archived_log and not finished and not fresh:
+        refuse_changed_keys(cfg)  # before it says it resumes: a key the run cannot change
         console.log(f"{run_dir} holds an unfinished run: restoring its log and resuming it")
         return True
     if not finished and not archived_log and latest_checkpoint(run_dir) is None:
@@ -424,8 +425,9 @@ def _launch(
     if not embedded and (done := _read_summary(cfg)):
         _say_finished(cfg, done, console)
         return done
+    # Before anything starts: a resume that changes a key the run cannot change is refused.
     resume = resume_or_set_aside(cfg, console) if embedded else False
-    if resume or not embedded:  # before anything starts: a key the run cannot change
+    if not embedded:
         refuse_changed_keys(cfg)
     if cfg.launcher == "local":
         start_role_server()  # its imports overlap the set-up below

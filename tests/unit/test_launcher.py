@@ -283,8 +283,10 @@ def test_a_resume_that_changes_a_key_fixed_for_the_run_is_refused_naming_it(tmp_
     changed = load_config(
         overrides=["run_id=demo", f"output_dir='{tmp_path}'", "actor_rollout_ref.rollout.n=4"]
     )
+    said = io.StringIO()
     with pytest.raises(ConfigError) as err:
-        _launch(changed, Console(file=io.StringIO()), None)
+        _launch(changed, Console(file=said, width=300), None)
+    assert "holds an unfinished run" not in said.getvalue()  # it said it resumed, then refused
     line = str(err.value)
     assert "\n" not in line
     assert line.startswith("actor_rollout_ref.rollout.n: 4, but run 'demo'")
