@@ -1,6 +1,8 @@
 """Docs that are generated from code stay in step with it."""
 
+import argparse
 from pathlib import Path
+from typing import NoReturn
 
 from asyncrl.ops.config_docs import config_reference
 
@@ -66,3 +68,227 @@ def test_observability_quotes_the_span_event_a_sync_leaves():
 
     doc = (ROOT / "docs" / "observability.md").read_text()
     assert f'"{INTERRUPTED_EVENT}"' in doc
+
+
+# --- Every command and config key the docs show exists --------------------------------------
+# README.md and docs/*.md show commands to copy; a renamed flag or key left a doc that fails when
+# pasted. docs/configuration.md is generated (checked above); docs/benchmarks.md's commands are
+# how its tables were made, so they are checked too (its figures are history, not checked).
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _doc_commands() -> list[tuple[str, str, bool]]:
+    """(doc, command, whole) for every ``asyncrl ...`` line of a fenced block (whole: to be
+    run as it is) and every inline ```asyncrl ...``` span (which may name a command without
+    its arguments), the shell's line continuations joined and comments cut."""
+    import re
+
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                m = re.match(r"\s*(?:\.venv/bin/)?(asyncrl\s.*)", line)
+                if m:
+                    found.append((doc.name, m.group(1).split(" # ")[0].split("   #")[0], True))
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        for m in re.finditer(r"`(?:\.venv/bin/)?(asyncrl [^`]+)`", prose):
+            for name in " ".join(m.group(1).split()).split(" | "):  # `asyncrl inspect | audit`
+                found.append(
+                    (doc.name, name if name.startswith("asyncrl") else f"asyncrl {name}", False)
+                )
+    return found
+
+
+def _words(command: str) -> list[str]:
+    """A doc's command as argv: placeholders (``<run_id>``, ``RUN``, ``a|b``, ``[--opt X]``)
+    made concrete enough to parse; a trailing ``&`` or ``...`` dropped."""
+    import re
+
+    command = re.sub(r"<[^>]*>", "x", command).replace("[", "").replace("]", "")
+    words = []
+    for w in command.split()[1:]:
+        if w in ("&", "...", "|"):
+            continue
+        w = w.split("|")[0] if not w.startswith("--") or "=" not in w else w
+        words.append("1" if len(w) == 1 and w.isalpha() else w)  # --batch B, --worker-id i
+    return words
+
+
+def _config_keys() -> tuple[set[str], set[str]]:
+    """Every config key, and those of dict type (whose sub-keys a user names)."""
+    from asyncrl.config import RunConfig
+    from asyncrl.ops.config_docs import _rows
+
+    rows = _rows(RunConfig, "")
+    return {r[0] for r in rows}, {r[0] for r in rows if r[1].startswith("dict[")}
+
+
+def _known_key(key: str) -> bool:
+    """A config key, a section of them, a dict key's entry, or one of verl's names that
+    asyncrl loads (an alias, an ignored or a fixed key)."""
+    from asyncrl.config.verl_keys import lookup
+
+    keys, dicts = _config_keys()
+    return (
+        key in keys
+        or any(k.startswith(key + ".") for k in keys)
+        or any(key.startswith(d + ".") for d in dicts)
+        or lookup(key) is not None
+    )
+
+
+class _ParseError(Exception):
+    pass
+
+
+class _Exited(Exception):
+    """``--help`` or ``--help-keys``: printed what it shows, and would exit 0."""
+
+
+def _raise(self: argparse.ArgumentParser, message: str) -> NoReturn:
+    raise _ParseError(message)
+
+
+def _exit(self: argparse.ArgumentParser, status: int = 0, message: str | None = None) -> NoReturn:
+    raise _Exited()
+
+
+def test_every_asyncrl_command_the_docs_show_parses(monkeypatch):
+    """Each subcommand, flag and choice of a documented command exists, each override names a
+    key, and each ``--config`` of a shipped name or a file of this repository is there."""
+    from asyncrl.cli import build_parser
+
+    monkeypatch.setattr(argparse.ArgumentParser, "error", _raise)
+    monkeypatch.setattr(argparse.ArgumentParser, "exit", _exit)
+    parser = build_parser()
+    bad = []
+    commands = _doc_commands()
+    assert len(commands) > 100  # the extraction itself still finds the docs' commands
+    for doc, command, whole in commands:
+        argv = _words(command)
+        try:
+            args, extra = parser.parse_known_args(argv)
+        except _ParseError as err:
+            if whole or "arguments are required" not in str(err):  # else a command's name
+                bad.append(f"{doc}: {command!r}: {err}")
+            continue
+        except _Exited:
+            continue
+        stray = [a for a in extra if a.startswith("-") or "=" not in a]
+        if stray:
+            bad.append(f"{doc}: {command!r}: unrecognized {stray}")
+        for override in [*getattr(args, "overrides", []), *extra]:
+            key = override.split("=", 1)[0].lstrip("+")
+            if "=" in override and not _known_key(key):
+                bad.append(f"{doc}: {command!r}: no config key {key!r}")
+        config = getattr(args, "config", None)
+        if config and config != "x" and not config.startswith("runs/"):
+            shipped = ROOT / "asyncrl" / "configs" / f"{config}.yaml"
+            in_repo = config.split("/")[0] in ("tests", "asyncrl", "docker")
+            if ("/" not in config and not config.endswith(".yaml") and not shipped.exists()) or (
+                in_repo and not (ROOT / config).exists()
+            ):
+                bad.append(f"{doc}: {command!r}: no config {config!r}")
+    assert not bad, "\n".join(bad)
+
+
+def _is_code_name(name: str) -> bool:
+    """``kafka.read_topics_watermarks``, ``kafka.settings.X``: a name in asyncrl's packages."""
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(["asyncrl", *parts[:i]]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_config_key_the_docs_name_exists():
+    """A dotted name in backticks under a config section (``trainer.save_freq``) is a key, a
+    section, a dict key's entry, or a verl key asyncrl loads; else a name in the code (a
+    module, a function, a span's name as the code writes it)."""
+    import re
+
+    from asyncrl.config import RunConfig
+
+    sections = set(RunConfig.model_fields)
+    code = "\n".join(
+        p.read_text()
+        for folder in ("asyncrl", "producers", "consumers", "sync", "launch", "ops", "bench")
+        for p in (ROOT / folder).rglob("*.py")
+    )
+    bad = []
+    for doc in DOCS:
+        if doc.name == "configuration.md":  # generated from the keys themselves
+            continue
+        text = doc.read_text()
+        if doc.name == "benchmarks.md":  # its tables are history: a scratch key measured once
+            text = "\n".join(line for line in text.splitlines() if not line.startswith("|"))
+        for span in re.findall(r"`([^`\n]+)`", text):
+            for m in re.finditer(r"(?<![\w/.])\+{0,2}([a-z_]+(?:\.[a-z_0-9]+)+)(?![\w/(])", span):
+                name = m.group(1)
+                if name.split(".")[0] not in sections or _known_key(name):
+                    continue
+                if not (_is_code_name(name) or f'"{name}"' in code):
+                    bad.append(f"{doc.name}: `{span}` names {name!r}, no config key")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """``tools/role_memory.py``, ``producers/engines/base.py``: a path under one of the
+    repository's folders, in backticks or a link, is there (a file moved left docs pointing
+    at nothing), as is any ``*.py``/``.sh``/``.yaml``/``.toml`` path. Run directories
+    (``runs/...``), verl's files and placeholders (``<run_id>``) aside."""
+    import re
+
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    folders -= {"runs", "data", "build"}
+    bad = []
+    for doc in DOCS:
+        text = doc.read_text()
+        spans = re.findall(r"`([^`\n]+)`", text) + re.findall(r"\]\(((?:\.\./)?[\w./-]+)\)", text)
+        for span in spans:
+            for m in re.finditer(r"(?<![\w/.])((?:\.\./)?[\w.-]+(?:/[\w.-]+)+/?)", span):
+                path = m.group(1)
+                base = (ROOT / "docs") if path.startswith("../") else ROOT
+                if path.startswith("../"):
+                    path = path[3:]
+                named = path.split("/")[0] in folders or re.search(r"\.(py|sh|yaml|toml)$", path)
+                theirs = path.startswith(
+                    ("runs/", "data/", "verl/", "recipe/", "fully_async_policy/")
+                )
+                if not named or theirs or any(c in span for c in "<*{"):  # a run's, verl's
+                    continue
+                if not (base / path).exists() and not (ROOT / path).exists():
+                    bad.append(f"{doc.name}: `{span}` names {path!r}, not in the repository")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_every_environment_variable_the_docs_name_is_read():
+    """``ASYNCRL_SPAWN``, ``OTEL_SDK_DISABLED``, ``KAFKA_SASL_PASSWORD``: each variable the
+    docs tell a user to set is named in the code that reads it (docs/benchmarks.md's figures
+    aside: an experiment's setting there is history)."""
+    import re
+
+    code = "\n".join(
+        p.read_text()
+        for folder in ("asyncrl", "config", "telemetry", "launch", "producers", "consumers")
+        for p in (ROOT / folder).rglob("*.py")
+    )
+    bad = [
+        f"{doc.name}: {name}"
+        for doc in DOCS
+        if doc.name != "benchmarks.md"
+        for name in set(re.findall(r"\b(?:ASYNCRL|OTEL|KAFKA)_[A-Z0-9_]+\b", doc.read_text()))
+        if name not in code
+    ]
+    assert not bad, f"variables the docs name that no code reads: {sorted(bad)}"
