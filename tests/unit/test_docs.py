@@ -1,6 +1,7 @@
 """Docs that are generated from code stay in step with it."""
 
 import argparse
+import re
 from pathlib import Path
 from typing import NoReturn
 
@@ -82,8 +83,6 @@ def _doc_commands() -> list[tuple[str, str, bool]]:
     """(doc, command, whole) for every ``asyncrl ...`` line of a fenced block (whole: to be
     run as it is) and every inline ```asyncrl ...``` span (which may name a command without
     its arguments), the shell's line continuations joined and comments cut."""
-    import re
-
     found = []
     for doc in DOCS:
         text = doc.read_text()
@@ -104,8 +103,6 @@ def _doc_commands() -> list[tuple[str, str, bool]]:
 def _words(command: str) -> list[str]:
     """A doc's command as argv: placeholders (``<run_id>``, ``RUN``, ``a|b``, ``[--opt X]``)
     made concrete enough to parse; a trailing ``&`` or ``...`` dropped."""
-    import re
-
     command = re.sub(r"<[^>]*>", "x", command).replace("[", "").replace("]", "")
     words = []
     for w in command.split()[1:]:
@@ -216,8 +213,6 @@ def test_every_config_key_the_docs_name_exists():
     """A dotted name in backticks under a config section (``trainer.save_freq``) is a key, a
     section, a dict key's entry, or a verl key asyncrl loads; else a name in the code (a
     module, a function, a span's name as the code writes it)."""
-    import re
-
     from asyncrl.config import RunConfig
 
     sections = set(RunConfig.model_fields)
@@ -248,8 +243,6 @@ def test_every_repository_path_the_docs_name_exists():
     repository's folders, in backticks or a link, is there (a file moved left docs pointing
     at nothing), as is any ``*.py``/``.sh``/``.yaml``/``.toml`` path. Run directories
     (``runs/...``), verl's files and placeholders (``<run_id>``) aside."""
-    import re
-
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
     folders -= {"runs", "data", "build"}
     bad = []
@@ -277,8 +270,6 @@ def test_every_environment_variable_the_docs_name_is_read():
     """``ASYNCRL_SPAWN``, ``OTEL_SDK_DISABLED``, ``KAFKA_SASL_PASSWORD``: each variable the
     docs tell a user to set is named in the code that reads it (docs/benchmarks.md's figures
     aside: an experiment's setting there is history)."""
-    import re
-
     code = "\n".join(
         p.read_text()
         for folder in ("asyncrl", "config", "telemetry", "launch", "producers", "consumers")
@@ -292,3 +283,79 @@ def test_every_environment_variable_the_docs_name_is_read():
         if name not in code
     ]
     assert not bad, f"variables the docs name that no code reads: {sorted(bad)}"
+
+
+def test_every_make_target_and_extra_the_docs_name_exists():
+    """``make lint``, ``pip install 'asyncrl[ray]'``: a target of the Makefile, an extra of
+    pyproject.toml."""
+    import tomllib
+
+    targets = set(re.findall(r"^([a-z]+):", (ROOT / "Makefile").read_text(), re.M))
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    bad = []
+    for doc in DOCS:
+        text = doc.read_text()
+        blocks = "\n".join(re.findall(r"```[a-z]*\n(.*?)```", text, re.S))
+        named = re.findall(r"`make ([a-z]+)[`' ]", text) + re.findall(
+            r"^make ([a-z]+)", blocks, re.M
+        )
+        bad += [f"{doc.name}: make {t}" for t in named if t not in targets]
+        bad += [
+            f"{doc.name}: asyncrl[{e}]"
+            for e in re.findall(r"asyncrl\[([a-z-]+)\]", text)
+            if e not in extras
+        ]
+    assert targets >= {"run", "test", "lint"}
+    assert not bad, bad
+
+
+def test_every_function_the_docs_place_in_a_file_is_there():
+    """observability.md's metric table says where each metric is computed (``consumers/update.py``
+    ``data_metrics``), design.md where a class lives (``Unscored`` in ``producers/in_flight.py``):
+    each name is defined in that file."""
+    pairs = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in re.finditer(r"`((?:[a-z_]+/)+[a-z_]+\.py)`((?:,? `[A-Za-z_][\w.]*`)+)", text):
+            pairs += [(doc.name, m.group(1), n) for n in re.findall(r"`([\w.]+)`", m.group(2))]
+        for m in re.finditer(
+            r"`([A-Za-z_][\w.]*)(?:\(\))?` (?:in|of) `((?:[a-z_]+/)+\w+\.py)`", text
+        ):
+            pairs.append((doc.name, m.group(2), m.group(1)))
+    assert len(pairs) > 30  # the metric table's rows are still found
+    bad = []
+    for doc, path, name in pairs:
+        if not (ROOT / path).exists():
+            continue  # verl's files, named the same way; ours are checked by the path test
+        short = name.split(".")[-1]
+        pattern = rf"\b(def|class)\s+{short}\b|^\s*{short}\s*[:=]"
+        if not re.search(pattern, (ROOT / path).read_text(), re.M):
+            bad.append(f"{doc}: `{path}` `{name}`: no such definition there")
+    assert not bad, "\n".join(bad)
+
+
+def test_faults_lists_the_keys_a_resumed_run_may_not_change():
+    """docs/faults.md's resume row names each key of launch/resume_check.py's FIXED (a
+    prefix as ``data.*``, a key by its last parts such as ``actor.ppo_mini_batch_size``; the
+    model as "the model") and each exception under such a prefix (``data.max_response_length``
+    may change: the row said all of ``data.*`` was refused)."""
+    from asyncrl.launch.resume_check import FIXED, FREE
+
+    row = next(
+        line
+        for line in (ROOT / "docs" / "faults.md").read_text().splitlines()
+        if line.startswith("| an unfinished run is resumed with a changed config")
+    )
+    named = set(re.findall(r"`([\w.*]+)`", row))
+
+    def names(key: str) -> bool:
+        key = key.removesuffix(".")
+        return any(key == n or key.endswith("." + n) for n in (n.removesuffix(".*") for n in named))
+
+    missing = [k for k in FIXED if k != "actor_rollout_ref.model." and not names(k)]
+    free = [k for k in FREE if not k.startswith("actor_rollout_ref.model.") and k not in named]
+    assert "the model" in row
+    assert not missing, f"fixed keys docs/faults.md does not name: {missing}"
+    assert not free, f"keys that may change under a fixed prefix, not named: {free}"
