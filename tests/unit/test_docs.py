@@ -359,3 +359,17 @@ def test_faults_lists_the_keys_a_resumed_run_may_not_change():
     assert "the model" in row
     assert not missing, f"fixed keys docs/faults.md does not name: {missing}"
     assert not free, f"keys that may change under a fixed prefix, not named: {free}"
+
+
+def test_design_lists_the_counts_audit_prints():
+    """docs/design.md's "Auditing a run" table has one row per violation ``asyncrl audit``
+    counts (ops/audit.py's VIOLATIONS), and names the counts shown beside them that it says
+    are not violations."""
+    from asyncrl.ops.audit import INFO, VIOLATIONS
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("## Auditing a run", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    assert rows == list(VIOLATIONS)
+    beside = re.findall(r"\(`(\w+)`", section.split("Not violations", 1)[1].split("\n\n")[0])
+    assert beside and set(beside) <= set(INFO) | {"undecodable"}
