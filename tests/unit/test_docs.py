@@ -373,3 +373,27 @@ def test_design_lists_the_counts_audit_prints():
     assert rows == list(VIOLATIONS)
     beside = re.findall(r"\(`(\w+)`", section.split("Not violations", 1)[1].split("\n\n")[0])
     assert beside and set(beside) <= set(INFO) | {"undecodable"}
+
+
+def test_every_yaml_the_docs_show_loads(tmp_path):
+    """A tools file (``tools:``), an interaction file (``interaction:``) or a run config, as
+    the docs show them, loads with the loader asyncrl reads it with."""
+    from asyncrl.config import load_config
+    from asyncrl.producers.agent.interaction import load_interactions
+    from asyncrl.producers.tools.registry import load_tools
+
+    blocks = [
+        (doc.name, block)
+        for doc in DOCS
+        for block in re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S)
+    ]
+    assert len(blocks) >= 3
+    for i, (doc, block) in enumerate(blocks):
+        path = tmp_path / f"{i}.yaml"
+        path.write_text(block)
+        first = block.split(":", 1)[0].strip()
+        loader = {"tools": load_tools, "interaction": load_interactions}.get(first, load_config)
+        try:
+            assert loader(path), f"{doc}: a {first} YAML that loads nothing"
+        except Exception as err:
+            raise AssertionError(f"{doc}: its YAML block {i} ({first}): {err}") from err
