@@ -397,3 +397,39 @@ def test_every_yaml_the_docs_show_loads(tmp_path):
             assert loader(path), f"{doc}: a {first} YAML that loads nothing"
         except Exception as err:
             raise AssertionError(f"{doc}: its YAML block {i} ({first}): {err}") from err
+
+
+def _defined(name: str) -> bool:
+    """``producers.tools.base.Tool``: a module of asyncrl's folders (read, not imported, so
+    no torch) that defines or imports the rest."""
+    import tomllib
+
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        folder = ROOT / dirs.get(".".join(["asyncrl", *parts[:1]]), "asyncrl/" + parts[0])
+        path = folder.joinpath(*parts[1:i])
+        source = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if source.exists():
+            rest = parts[i:]
+            if not rest:
+                return True
+            pattern = rf"^\s*(def|class|async def)\s+{rest[0]}\b|^\s*{rest[0]}\s*[:=]|\bimport\b.*\b{rest[0]}\b"
+            return len(rest) <= 2 and re.search(pattern, source.read_text(), re.M) is not None
+    return False
+
+
+def test_every_python_name_the_docs_give_imports():
+    """``asyncrl.producers.tools.base.Tool``, ``asyncrl.tasks.files.pick_interaction``: a name
+    under one of asyncrl's packages, as the docs tell a user to import or subclass it, is
+    there (span attributes such as ``asyncrl.step`` name no package, and are left alone)."""
+    bad = []
+    for doc in DOCS:
+        for span in re.findall(r"`([^`\n]+)`", doc.read_text()):
+            for name in re.findall(r"(?<![\w/.-])asyncrl\.((?:\w+\.?)+\w)", span):
+                top = name.split(".")[0]
+                if not ((ROOT / top).is_dir() or (ROOT / "asyncrl" / top).is_dir()):
+                    continue
+                if not _defined(name):
+                    bad.append(f"{doc.name}: `{span}`: asyncrl.{name} is not there")
+    assert not bad, "\n".join(bad)
