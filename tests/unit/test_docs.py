@@ -324,6 +324,8 @@ def test_every_function_the_docs_place_in_a_file_is_there():
             r"`([A-Za-z_][\w.]*)(?:\(\))?` (?:in|of) `((?:[a-z_]+/)+\w+\.py)`", text
         ):
             pairs.append((doc.name, m.group(2), m.group(1)))
+        for m in re.finditer(r"`([A-Z]\w*)` \(`((?:[a-z_]+/)+\w+\.py)`", text):  # a class
+            pairs.append((doc.name, m.group(2), m.group(1)))
     assert len(pairs) > 30  # the metric table's rows are still found
     bad = []
     for doc, path, name in pairs:
