@@ -1,7 +1,8 @@
 """Bytes each process of a run keeps per step: runs ``asyncrl run`` with the given overrides,
 samples the resident memory of the launcher and every process under it (from /proc, by pid)
 every few seconds with the steps done so far (``metrics.jsonl``), and fits bytes per step
-per process after a warm-up. docs/design.md ("What the trainer keeps") quotes it.
+per process after a warm-up. docs/design.md ("Each process of a run, per step, measured")
+quotes it.
 
     .venv/bin/python tools/role_memory.py trainer.total_training_steps=3000 \
         trainer.target_accuracy=null trainer.test_freq=0 trainer.save_freq=500
