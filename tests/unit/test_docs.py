@@ -469,3 +469,39 @@ def test_every_class_the_docs_name_is_defined():
         }
     )
     assert not bad, f"classes the docs name that the code does not define: {bad}"
+
+
+def _titles(doc: Path) -> list[str]:
+    """What a reference can name in a doc: its headings, bold runs and list items' starts."""
+    text = doc.read_text()
+    return [
+        *re.findall(r"^#+\s+(.*)$", text, re.M),
+        *re.findall(r"\*\*([^*]+)\*\*", text),
+        *re.findall(r"^[-*] (.{1,80})", text, re.M),
+    ]
+
+
+def test_every_section_a_doc_refers_to_is_there():
+    """``(docs/design.md, "Rewards")`` or ``"Auditing a run" in docs/design.md``: the doc has
+    a heading, bold run or list item starting so (a renamed section left a reference to
+    nothing)."""
+    refs = []
+    for doc in DOCS:
+        text = " ".join(doc.read_text().split())
+        for file, title in re.findall(
+            r"\b((?:docs/)?[a-z]+\.md)(?:\]\([^)]*\))?, \"([^\"]+)\"", text
+        ):
+            refs.append((doc.name, file, title))
+        for title, file in re.findall(r"\"([^\"]+)\" in \[?((?:docs/)?[a-z]+\.md)", text):
+            refs.append((doc.name, file, title))
+        for title in re.findall(r"\(\"([^\"]+)\" (?:below|above)\)", text):  # in the same doc
+            refs.append((doc.name, str(doc.relative_to(ROOT)), title))
+    assert len(refs) > 20
+    bad = []
+    for doc, file, title in refs:
+        target = (
+            ROOT / file if file.startswith("docs/") or file == "README.md" else ROOT / "docs" / file
+        )
+        if not any(t.startswith(title) for t in _titles(target)):
+            bad.append(f"{doc}: {file}, {title!r}: no such section")
+    assert not bad, "\n".join(bad)
