@@ -505,3 +505,14 @@ def test_every_section_a_doc_refers_to_is_there():
         if not any(t.startswith(title) for t in _titles(target)):
             bad.append(f"{doc}: {file}, {title!r}: no such section")
     assert not bad, "\n".join(bad)
+
+
+def test_readme_layout_table_matches_the_packages():
+    """README's "Layout" table: each folder with a package is that package's folder in
+    pyproject.toml's package-dir, and every such folder has a row."""
+    import tomllib
+
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)/` \| `(asyncrl[\w.]*)` \|", layout, re.M))
+    assert rows == {folder: package for package, folder in dirs.items()}
