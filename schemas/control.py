@@ -1,9 +1,9 @@
 """Weight-version events on the ``control`` topic (DESIGN.md section 4).
 
 Each event is a typed dataclass; on the wire it is a one-row Arrow batch whose schema is
-derived from the dataclass fields (tag ``control.<EventName>/2``). Every event carries the run
-id, the wall-clock time and the version it is about, so the control history of a run can be
-read back and a stuck sync diagnosed from the log alone. ``worker`` is -1 for the trainer;
+derived from the dataclass fields (tag ``control.<EventName>/<VERSION>``). Every event carries
+the run id, the wall-clock time and the version it is about, so the control history of a run
+can be read back and a stuck sync diagnosed from the log alone. ``worker`` is -1 for the trainer;
 ``incarnation`` names one process lifetime of a worker (a restarted worker has a new one).
 
 A sync, in events:

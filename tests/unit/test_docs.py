@@ -516,3 +516,14 @@ def test_readme_layout_table_matches_the_packages():
     layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| `(\w+)/` \| `(asyncrl[\w.]*)` \|", layout, re.M))
     assert rows == {folder: package for package, folder in dirs.items()}
+
+
+def test_design_topic_table_gives_each_schemas_version():
+    """design.md's Topics table names each message's schema tag (``sample/5``); a schema
+    version bump left it naming the last one."""
+    from asyncrl.schemas import control, partial, prompt, sample, step
+
+    topics = (ROOT / "docs" / "design.md").read_text().split("## Topics", 1)[1].split("\n## ")[0]
+    for module in (partial, prompt, sample, step):
+        assert f"`{module.NAME}/{module.VERSION}`" in topics, module.NAME
+    assert f"`control.<Event>/{control.VERSION}`" in topics
