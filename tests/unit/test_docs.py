@@ -527,3 +527,23 @@ def test_design_topic_table_gives_each_schemas_version():
     for module in (partial, prompt, sample, step):
         assert f"`{module.NAME}/{module.VERSION}`" in topics, module.NAME
     assert f"`control.<Event>/{control.VERSION}`" in topics
+
+
+def test_agent_key_table_gives_each_keys_default():
+    """agent.md's table of ``multi_turn.*`` keys says each one's default as the config has it."""
+    from asyncrl.config import RunConfig
+    from asyncrl.ops.config_docs import _rows
+
+    defaults = {key: default.strip("`") for key, _, default, _ in _rows(RunConfig, "")}
+    text = (ROOT / "docs" / "agent.md").read_text()
+    prefix, table = re.search(
+        r"^\| key \(`([\w.]+)\.\*`\) \| default \|.*?\n((?:\|.*\n)+)", text, re.M
+    ).groups()
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table, re.M)
+    assert len(rows) > 5
+    wrong = [
+        (key, shown.strip(), defaults.get(f"{prefix}.{key}"))
+        for key, shown in rows
+        if defaults.get(f"{prefix}.{key}", "").strip('"') != shown.strip()
+    ]
+    assert not wrong, f"(key, agent.md's default, the config's): {wrong}"
