@@ -547,3 +547,34 @@ def test_agent_key_table_gives_each_keys_default():
         if defaults.get(f"{prefix}.{key}", "").strip('"') != shown.strip()
     ]
     assert not wrong, f"(key, agent.md's default, the config's): {wrong}"
+
+
+def test_every_short_config_key_the_docs_name_exists():
+    """A key the docs shorten (``actor.ppo_mini_batch_size``, ``multi_turn.enable``,
+    ``fsdp_config.model_dtype``) ends some full key: asyncrl's, a section, a dict key's entry
+    or a verl key asyncrl loads."""
+    from asyncrl.config import RunConfig
+    from asyncrl.config.verl_keys import VERL_KEYS, lookup
+    from asyncrl.ops.config_docs import _rows
+
+    rows = _rows(RunConfig, "")
+    full = {r[0] for r in rows} | {k.removesuffix(".*") for k in VERL_KEYS}
+    full |= {k.rsplit(".", i)[0] for k in set(full) for i in (1, 2, 3)}  # sections
+    inner = {p for k in full for p in k.split(".")[1:-1]}
+    dicts = {r[0].rsplit(".", 1)[-1] for r in rows if r[1].startswith("dict[")}
+    sections = set(RunConfig.model_fields)
+    bad = []
+    for doc in DOCS:
+        text = doc.read_text()
+        if doc.name == "benchmarks.md":  # its tables are history
+            text = "\n".join(line for line in text.splitlines() if not line.startswith("|"))
+        for span in re.findall(r"`([^`\n]+)`", text):
+            for name in re.findall(r"(?<![\w/.])([a-z_]+(?:\.[a-z_0-9]+)+)(?![\w/(])", span):
+                first = name.split(".")[0]
+                if first in sections or first not in inner or lookup(name) is not None:
+                    continue
+                if not any(k == name or k.endswith("." + name) for k in full) and not any(
+                    f".{d}." in f".{name}" for d in dicts
+                ):
+                    bad.append(f"{doc.name}: `{span}` names {name!r}, which ends no key")
+    assert not bad, "\n".join(sorted(set(bad)))
