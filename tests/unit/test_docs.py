@@ -82,7 +82,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 def _doc_commands() -> list[tuple[str, str, bool]]:
     """(doc, command, whole) for every ``asyncrl ...`` line of a fenced block (whole: to be
     run as it is) and every inline ```asyncrl ...``` span (which may name a command without
-    its arguments), the shell's line continuations joined and comments cut."""
+    its arguments), the shell's line continuations joined and comments cut; and the examples
+    of ``asyncrl --help``."""
     found = []
     for doc in DOCS:
         text = doc.read_text()
@@ -97,6 +98,11 @@ def _doc_commands() -> list[tuple[str, str, bool]]:
                 found.append(
                     (doc.name, name if name.startswith("asyncrl") else f"asyncrl {name}", False)
                 )
+    from asyncrl.cli import EPILOG  # `asyncrl --help`'s examples: a command, two spaces, a note
+
+    for line in EPILOG.splitlines():
+        if line.startswith("  asyncrl "):
+            found.append(("asyncrl --help", re.split(r"\s{2,}", line.strip())[0], True))
     return found
 
 
