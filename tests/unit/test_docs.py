@@ -1,6 +1,7 @@
 """Docs that are generated from code stay in step with it."""
 
 import argparse
+import functools
 import re
 from pathlib import Path
 from typing import NoReturn
@@ -119,6 +120,7 @@ def _words(command: str) -> list[str]:
     return words
 
 
+@functools.cache
 def _config_keys() -> tuple[set[str], set[str]]:
     """Every config key, and those of dict type (whose sub-keys a user names)."""
     from asyncrl.config import RunConfig
@@ -143,7 +145,7 @@ def _known_key(key: str) -> bool:
 
 
 class _ParseError(Exception):
-    pass
+    """What argparse would print before exiting 2."""
 
 
 class _Exited(Exception):
