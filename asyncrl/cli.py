@@ -46,7 +46,7 @@ examples:
   asyncrl export-model demo --out my-model      the trained policy as a Hugging Face checkpoint
   asyncrl bench modes                           colocated sync vs modes (a)-(d), seed-shaped sim (~3 min)
   asyncrl bench sync-pause                      sync pause and its hops: (c), (d), (d) in flight
-  asyncrl bench learn                           time to 90%: colocated sync vs async (c), (d)
+  asyncrl bench learn                           time to 90%: colocated sync vs (c), (d), (d) in flight
   asyncrl bench learn --config calculator       the same with the agent loop and its tool calls
   asyncrl bench learn --seeds 3                 the same, medians over three trainer seeds
   asyncrl bench tuning async_training.in_flight_update=true   staleness x sync cadence grid
