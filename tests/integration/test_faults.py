@@ -627,7 +627,9 @@ def test_a_second_process_started_as_the_same_worker_takes_its_place_and_says_so
     older one stops with an error naming the clash. Before, the older one ran on, cut off
     from the weights and silent. Here ``asyncrl run`` then restarts its own worker 0, which
     in turn displaces the stray one: one worker 0 runs at a time, and the log stays exact."""
-    steps = 100  # ~0.3-1 s each: the stray worker's start (~10 s), then worker 0's restart, go on
+    # ~0.3 s each, idle: the stray worker's start (~7 s), worker 0 displaced, restarted, and
+    # the stray one displaced in turn (~4 s) are over by step ~26; 60 leaves twice that.
+    steps = 60
     cfg = make_run_cfg(
         *SMALL,
         *quick_policy,
