@@ -307,7 +307,7 @@ def test_asyncrl_run_stopped_checkpoints_its_last_step_and_resumes_without_train
     from asyncrl.consumers.checkpoint import latest_checkpoint
     from asyncrl.launch.log_archive import offline_broker
 
-    steps = 40
+    steps = 20  # stopped at step 6 (~0.15 s a step; it stopped within one): 14 to spare
     cfg = make_run_cfg(
         *quick_policy,
         f"trainer.total_training_steps={steps}",
@@ -627,7 +627,9 @@ def test_a_second_process_started_as_the_same_worker_takes_its_place_and_says_so
     older one stops with an error naming the clash. Before, the older one ran on, cut off
     from the weights and silent. Here ``asyncrl run`` then restarts its own worker 0, which
     in turn displaces the stray one: one worker 0 runs at a time, and the log stays exact."""
-    steps = 100  # ~0.3-1 s each: the stray worker's start (~10 s), then worker 0's restart, go on
+    # ~0.3 s each, idle: the stray worker's start (~7 s), worker 0 displaced, restarted, and
+    # the stray one displaced in turn (~4 s) are over by step ~26; 60 leaves twice that.
+    steps = 60
     cfg = make_run_cfg(
         *SMALL,
         *quick_policy,

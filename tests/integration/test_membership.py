@@ -68,7 +68,8 @@ def _add_then_remove(
 
 # Steps: the run must outlast a worker started at step 2 getting going (~10 s: python, torch,
 # log scan, weights) and receiving its first prompt partition (~10 s more: Tansu runs the two
-# rounds of a cooperative rebalance ~3-5 s apart). Mode (d) steps ~2x faster than (a).
+# rounds of a cooperative rebalance ~3-5 s apart). On an idle machine worker 1 was removed at
+# step ~19 of (a)'s 40 and ~32 of (d)'s (which steps ~1.5x faster): each run is ~2x that.
 MODES = {
     # On-policy: a version starts exactly its 4 samples, workers idle between syncs.
     "a": ["async_training.staleness_threshold=0", "trainer.total_training_steps=40"],
@@ -77,7 +78,7 @@ MODES = {
     "d": [
         "async_training.staleness_threshold=0.5",
         "async_training.partial_rollout=true",
-        "trainer.total_training_steps=80",
+        "trainer.total_training_steps=60",
     ],
 }
 
