@@ -741,6 +741,8 @@ def _print_summary(
     for key, value in summary.items():
         if isinstance(value, float):
             value = f"{value:.3f}"
+        elif value is None:  # a figure the run had nothing for (no sync: no resume time)
+            value = "-"
         elif isinstance(value, dict):
             value = counts_text(value)
         table.add_row(str(key), str(value))

@@ -366,3 +366,14 @@ def test_the_dry_run_shows_a_resume_that_changes_a_key_fixed_for_the_run(tmp_pat
     assert failed["actor_rollout_ref.rollout.n"].startswith("4, but run 'demo'")
     (cfg.run_dir / "summary.json").write_text("{}")  # finished: moved aside, not resumed
     assert not [c for c in startup_checks(changed, "run") if c.ok is False]
+
+
+def test_the_run_summary_shows_a_figure_the_run_had_nothing_for_as_a_dash(tmp_path):
+    """A run without syncs printed `sync_resumed_s_mean  None` in its summary table."""
+    from asyncrl.launch.launcher import _print_summary
+
+    out = io.StringIO()
+    summary = {"step": 4, "sync_resumed_s_mean": None, "wait_s_mean": 0.25}
+    _print_summary(summary, Console(file=out, width=120), tmp_path / "trainer.log")
+    rows = {line.split()[1]: line.split()[3] for line in out.getvalue().splitlines() if "│" in line}
+    assert rows == {"step": "4", "sync_resumed_s_mean": "-", "wait_s_mean": "0.250"}
