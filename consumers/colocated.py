@@ -19,7 +19,6 @@ accuracy and beat in throughput. It reads what an ``asyncrl run`` of the same co
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -42,11 +41,12 @@ from asyncrl.producers.agent.loop import AgentRunner
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.engines import factory as engines
 from asyncrl.producers.feed import train_prompts
+from asyncrl.producers.in_flight import generated, with_score
 from asyncrl.producers.reward import Scored, make_reward
 from asyncrl.producers.reward_pool import make_pool
 from asyncrl.producers.scoring import TrajectoryScorer
 from asyncrl.schemas.prompt import PromptRecord
-from asyncrl.schemas.sample import Sample, Trajectory
+from asyncrl.schemas.sample import Sample
 
 
 def prompt_stream(prompts: list[PromptRecord], seed: int) -> Iterator[PromptRecord]:
@@ -93,21 +93,7 @@ def rollout(
         for j in range(n):
             s, (scored, seconds) = finished[f"{i}/{j}"], scores[f"{i}/{j}"]
             trajectories.append(
-                Trajectory(
-                    response_ids=np.array(s.response_ids, np.int32),
-                    response_logprobs=np.array(s.response_logprobs, np.float32),
-                    response_mask=np.array(s.response_mask, np.int8),
-                    reward=scored.score,
-                    finish_reason=s.finish_reason,
-                    num_turns=s.num_turns,
-                    tool_calls=s.tool_calls,
-                    tool_errors=s.tool_errors,
-                    tool_s=s.tool_seconds,
-                    turn_scores=list(s.turn_scores),
-                    reward_s=seconds,
-                    reward_error=scored.error,
-                    reward_extra=json.dumps(scored.extra) if scored.extra else "",
-                )
+                with_score(generated(s, finish_reason=s.finish_reason), scored, seconds)
             )
         prompt = np.array(ids, np.int32)
         samples.append(Sample(p.prompt_id, p.prompt_id, 0, prompt, p.ground_truth, trajectories))

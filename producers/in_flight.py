@@ -11,6 +11,7 @@ new version as a new segment, continue a sample a previous incarnation logged.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +42,36 @@ from asyncrl.schemas.sample import (
 from asyncrl.schemas.sample import TAG as SAMPLE_TAG
 
 
+def generated(state: AgentState, **fields: Any) -> Trajectory:
+    """The trajectory ``state`` holds: its tokens (copies: a cut trajectory's lists grow on
+    when it continues) and the agent loop's counts, with ``fields`` (its versions, times)."""
+    return Trajectory(
+        response_ids=np.array(state.response_ids, np.int32),
+        response_logprobs=np.array(state.response_logprobs, np.float32),
+        response_mask=np.array(state.response_mask, np.int8),
+        reward=0.0,  # until scored: with_score
+        num_turns=state.num_turns,
+        tool_calls=state.tool_calls,
+        tool_errors=state.tool_errors,
+        tool_s=state.tool_seconds,
+        turn_scores=list(state.turn_scores),
+        **fields,
+    )
+
+
+def with_score(trajectory: Trajectory, result: Scored, seconds: float, **fields: Any) -> Trajectory:
+    """``trajectory`` with its reward: the score, how long it took, the reward function's
+    failure (then 0, not trained on) and its other numbers (JSON)."""
+    return dataclasses.replace(
+        trajectory,
+        reward=result.score,
+        reward_s=seconds,
+        reward_error=result.error,
+        reward_extra=json.dumps(result.extra) if result.extra else "",
+        **fields,
+    )
+
+
 @dataclass
 class InFlight:
     """A sample being generated: its prompt and the trajectories finished so far."""
@@ -66,17 +97,9 @@ class InFlight:
     def segments_of(self, index: int) -> tuple[list[int], list[int]]:
         return self.segments.setdefault(index, ([0], [self.version_start]))
 
-    def trajectory(
-        self,
-        index: int,
-        state: AgentState,
-        reward: float,
-        t_end: float,
-        reward_s: float = 0.0,
-        scored: Scored | None = None,
-    ) -> Trajectory:
-        """Trajectory ``index`` as generated so far, with its segments and their versions
-        (``scored``: its reward's failure and extra numbers, if it has been scored)."""
+    def trajectory(self, index: int, state: AgentState, t_end: float) -> Trajectory:
+        """Trajectory ``index`` as generated so far, with its segments and their versions,
+        not scored yet (``with_score``)."""
         starts, versions = self.segments_of(index)
         done = state.phase == Phase.TERMINATED
         while done and len(starts) > 1 and starts[-1] == len(state.response_ids):
@@ -85,26 +108,15 @@ class InFlight:
             # tokens are all the earlier version's, and so is the trajectory.
             starts.pop()
             versions.pop()
-        return Trajectory(  # copies: a cut trajectory's lists grow on when it continues
-            response_ids=np.array(state.response_ids, np.int32),
-            response_logprobs=np.array(state.response_logprobs, np.float32),
-            response_mask=np.array(state.response_mask, np.int8),
-            reward=reward,
+        return generated(
+            state,
             finish_reason=state.finish_reason if done else "abort",
-            num_turns=state.num_turns,
-            tool_calls=state.tool_calls,
-            tool_errors=state.tool_errors,
-            tool_s=state.tool_seconds,
-            turn_scores=list(state.turn_scores),
             param_version=versions[-1],
             param_version_start=versions[0],
             segment_starts=list(starts),
             segment_versions=list(versions),
             t_start=self.t_start,
             t_end=t_end,
-            reward_s=reward_s,
-            reward_error=scored.error if scored else "",
-            reward_extra=json.dumps(scored.extra) if scored and scored.extra else "",
         )
 
     def sample(self, sample_id: str, worker_id: int, trajectories: list[Trajectory]) -> Sample:
@@ -124,7 +136,7 @@ class InFlight:
         """The record ``partials`` keeps of this sample, cut short at ``version``: its finished
         trajectories, the interrupted ones' tokens so far and their agent states."""
         trajectories = [
-            self.done[i] if i in self.done else self.trajectory(i, self.interrupted[i], 0.0, now)
+            self.done[i] if i in self.done else self.trajectory(i, self.interrupted[i], now)
             for i in range(n)
         ]
         return PartialSample(

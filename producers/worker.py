@@ -58,9 +58,7 @@ the unfilled share of one that leaves is granted to the others (BudgetGranted).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -78,7 +76,7 @@ from asyncrl.producers.follower import (
     TrainerGone,
     WorkerDisplaced,
 )
-from asyncrl.producers.in_flight import InFlight, InFlightSamples, Unscored
+from asyncrl.producers.in_flight import InFlight, InFlightSamples, Unscored, with_score
 from asyncrl.producers.io import PromptFeed, WorkerIO, kafka_io
 from asyncrl.producers.reward_pool import make_pool
 from asyncrl.producers.scoring import TrajectoryScorer
@@ -453,7 +451,7 @@ class RolloutWorker:
             sample_id,
             fl,
             i,
-            fl.trajectory(i, state, 0.0, time.time()),
+            fl.trajectory(i, state, time.time()),
             fl.trace.start_child("reward", **{"asyncrl.traj_index": i}),
         )
         fl.scoring += 1
@@ -464,7 +462,7 @@ class RolloutWorker:
     def _collect(self, timeout: float = 0.0) -> None:
         """Take the scores computed by now (waiting up to ``timeout`` for one); publish each
         sample whose ``n`` trajectories are all scored."""
-        for key, scored, seconds in self.score.results(timeout):
+        for key, result, seconds in self.score.results(timeout):
             u: Unscored = key
             if u.span is not None:
                 u.span.end()
@@ -472,14 +470,7 @@ class RolloutWorker:
             fl.scoring -= 1
             if self.in_flight.samples.get(sample_id) is not fl:
                 continue  # handed back (its partition lost) or dropped while it was scored
-            fl.done[u.traj_index] = dataclasses.replace(
-                u.trajectory,
-                reward=scored.score,
-                t_end=time.time(),
-                reward_s=seconds,
-                reward_error=scored.error,
-                reward_extra=json.dumps(scored.extra) if scored.extra else "",
-            )
+            fl.done[u.traj_index] = with_score(u.trajectory, result, seconds, t_end=time.time())
             if len(fl.done) == self.rollout.n:
                 self._publish(sample_id, fl)
 

@@ -265,7 +265,7 @@ def test_an_interactions_turn_scores_reach_the_sample_and_the_reward_function():
 
     prompt = PromptRecord("p", "07+05=", "12", extra_info='{"index": 3}')
     record = Record("r.prompts", 0, 0, "p", 0, {}, prompt)
-    trajectory = InFlight(record, [1, 2], 0, 0.0).trajectory(0, state, 1.0, 0.0)
+    trajectory = InFlight(record, [1, 2], 0, 0.0).trajectory(0, state, 0.0)
     assert trajectory.turn_scores == [0.0, 1.0]
     reward = _Recording()
     TrajectoryScorer(reward, tok, worker_id=0)(prompt, state, "r")
