@@ -87,7 +87,7 @@ def _rebase_relative_paths(cfg, run_dir) -> None:
 
     import yaml
 
-    from asyncrl.config.paths import absolute
+    from asyncrl.config.paths import absolute, section_of
 
     try:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
@@ -118,10 +118,7 @@ def _rebase_relative_paths(cfg, run_dir) -> None:
         "custom_reward_function.path",
         "actor_rollout_ref.rollout.multi_turn.tool_config_path",
     ):
-        *parents, leaf = key.split(".")
-        section = cfg
-        for name in parents:
-            section = getattr(section, name)
+        section, leaf = section_of(cfg, key)
         value, raw = getattr(section, leaf), written(key)
         if isinstance(value, str):
             setattr(section, leaf, rebased(value, raw))

@@ -38,13 +38,19 @@ def absolute(path: str, base: Path) -> str:
     return expanded if os.path.isabs(expanded) else os.path.normpath(base / expanded)
 
 
+def section_of(cfg: RunConfig, key: str) -> tuple[Any, str]:
+    """The config object holding dotted ``key`` and the key's last name, to get or set it."""
+    *parents, leaf = key.split(".")
+    section: Any = cfg
+    for name in parents:
+        section = getattr(section, name)
+    return section, leaf
+
+
 def make_paths_absolute(cfg: RunConfig, base: Path) -> None:
     """Every relative path of ``cfg`` (PATH_KEYS) taken from ``base``, in place."""
     for key in PATH_KEYS:
-        *parents, leaf = key.split(".")
-        section: Any = cfg
-        for name in parents:
-            section = getattr(section, name)
+        section, leaf = section_of(cfg, key)
         value = getattr(section, leaf)
         model = key == "actor_rollout_ref.model.path" and isinstance(value, str)
         if model and not os.path.exists(absolute(value, base)):
