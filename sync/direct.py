@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import operator
 import os
 import secrets
 from collections.abc import Hashable, Mapping
@@ -48,6 +49,7 @@ _HEADER = 64  # bytes of the nonce's mark
 _DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
 _DTYPES.update({str(d): d for d in (torch.int64, torch.int32, torch.int8, torch.uint8)})
 _DTYPES.update({str(d): d for d in (torch.int16, torch.bool)})
+_NBYTES = operator.attrgetter("nbytes")
 
 
 def fingerprint(tensors: list[Tensor]) -> tuple:
@@ -56,16 +58,13 @@ def fingerprint(tensors: list[Tensor]) -> tuple:
 
 
 def placement(tensors: list[Tensor]) -> tuple:
-    """Where each tensor's elements start and how many there are: what a transfer's cached
-    plan depends on at each sync, at about half ``fingerprint``'s cost (41 against 89 us
-    for a 0.5B model's 290 tensors on the 2-core machine). A tensor that moves or is resized
-    changes it; one reshaped or recast in place at the same address does not (a model's
-    weights never are: ``.to`` and ``flatten_parameters`` allocate anew)."""
-    return (
-        tuple(map(Tensor.data_ptr, tensors)),
-        tuple(map(Tensor.numel, tensors)),
-        tuple(map(Tensor.element_size, tensors)),
-    )
+    """Where each tensor's bytes start and how many there are: what a transfer's cached
+    plan depends on at each sync, at a third of ``fingerprint``'s cost (59 against 177 us
+    for a 0.5B model's 291 tensors on the 2-core machine; numel and element size apart took
+    20 us more). A tensor that moves or is resized changes it; one reshaped or recast in
+    place at the same address and size does not (a model's weights never are: ``.to`` and
+    ``flatten_parameters`` allocate anew)."""
+    return tuple(map(Tensor.data_ptr, tensors)), tuple(map(_NBYTES, tensors))
 
 
 @dataclass(frozen=True)
