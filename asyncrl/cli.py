@@ -168,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fully asynchronous RL post-training for LLMs over a Kafka event log.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -442,6 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="directory to write the two files into")
     _config_args(p)
+    # A flag is taken only as spelled: argparse would read `--stal 1` as --staleness, and a
+    # shortened flag in a script or a doc breaks once a new flag shares its start.
+    # add_parser does not pass allow_abbrev on to a subcommand's parser.
+    for command in sub.choices.values():
+        command.allow_abbrev = False
     return parser
 
 

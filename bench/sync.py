@@ -379,7 +379,7 @@ def _receive(argv: list[str]) -> None:
     from asyncrl.sync.collective import WeightReceiver
     from asyncrl.sync.snapshot import load_snapshot
 
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     for name in ("--store-port", "--weights-port", "--rounds", "--bucket-bytes"):
         p.add_argument(name, type=int, required=True)
     for name in ("--shape", "--backend", "--dir", "--device"):

@@ -3,6 +3,7 @@ a YAML syntax error, an unreachable broker, a failed run. ASYNCRL_DEBUG=1 keeps 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -744,3 +745,56 @@ def test_a_role_started_by_hand_with_a_key_its_run_cannot_change_is_refused(
         err = capsys.readouterr().err
         assert err.startswith(f"asyncrl {role}: actor_rollout_ref.rollout.n: 4, but run 'demo'")
         assert "another run_id=" in err and len(err.strip().splitlines()) == 1
+
+
+def _parsers(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()):
+    """(the words that reach it, parser) for the parser and each subcommand's, at any depth."""
+    yield words, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*words, name))
+
+
+def _words_for(parser: argparse.ArgumentParser) -> list[str]:
+    """What a parser requires: its positionals (a choice where it has them), its required
+    options with a value."""
+    words = []
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction) or not a.required or a.nargs in ("*", "?"):
+            continue
+        words += [*a.option_strings[-1:], str((a.choices or ["x"])[0])]  # type: ignore[index]
+    return words
+
+
+def test_a_shortened_flag_is_refused_by_every_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse took `bench learn --stal 1` as --staleness, and a shortened flag in a doc or a
+    script passed until a new flag shared its start. Each command's every long flag, less its
+    last letter, is refused by name (the command itself never runs)."""
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    for name in cli.COMMANDS:
+        monkeypatch.setitem(cli.COMMANDS, name, lambda args: 0)
+    tried: list[tuple[str, ...]] = []
+    for words, p in _parsers(parser):
+        flags = {f: a for a in p._actions for f in a.option_strings if f.startswith("--")}
+        for flag, action in flags.items():
+            short = flag[:-1]
+            if any(f.startswith(short) for f in flags if f != flag):
+                continue  # an ambiguous prefix is refused either way
+            value = [] if action.nargs in (0, "?") else [str((action.choices or ["1"])[0])]
+            argv = [*words, *_words_for(p), short, *value]
+            if not words:  # the top level's flags, before a command
+                argv += ["report", "x"]
+            try:
+                code = cli.main(argv)  # the command ran: it took the flag
+            except SystemExit as done:
+                code = done.code
+            err = capsys.readouterr().err
+            assert code == 2 and f"unrecognized arguments: {short}" in err, (
+                f"asyncrl {' '.join(argv)}: exit {code}, {err!r}"
+            )
+            tried.append(words)
+    assert set(tried) >= {(), *((c,) for c in cli.COMMANDS)} and len(tried) > 50
