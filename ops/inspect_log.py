@@ -157,9 +157,9 @@ def _partial_row(rec, text: Callable[[TokenIds], str] | None, _consumed) -> dict
 
 
 _EVENT_FIELDS = (
-    "pause_s", "pause_wait_s", "transfer_s", "load_s", "n_partial", "budget", "num_stale",
-    "count", "reason", "checksum_ok", "step", "accuracy", "checkpoint_version", "target_worker",
-    "sample_ids",
+    "pause_s", "pause_wait_s", "transfer_s", "load_s", "n_partial", "in_flight_finished",
+    "budget", "num_stale", "count", "reason", "checksum_ok", "step", "accuracy",
+    "checkpoint_version", "target_worker", "sample_ids",
 )  # fmt: skip
 """What a control row details. A Validated row without its accuracy, a SamplesDropped or
 BudgetGranted without the samples or the worker they concern, or a TrainerResumed without

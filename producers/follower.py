@@ -199,10 +199,12 @@ class SyncFollower:
         request: ev.SyncRequested,
         n_partial: int,
         produced: int,
+        finished: int,
         pause_s: float | None = None,
         flush: bool = True,
     ) -> None:
-        """Step 2's end: nothing of the old version is generating any more. ``pause_s``: how
+        """Step 2's end: nothing of the old version is generating any more. ``finished``: the
+        samples in flight only being scored, published after the transfer. ``pause_s``: how
         long generation stopped (default: since SyncRequested arrived)."""
         self.control.publish(
             ev.RolloutPaused(
@@ -210,6 +212,7 @@ class SyncFollower:
                 version=request.version,
                 worker=self.worker_id,
                 pause_s=time.monotonic() - self.sync_seen_at if pause_s is None else pause_s,
+                in_flight_finished=finished,
                 n_partial=n_partial,
                 produced=produced,
             ),
@@ -338,10 +341,11 @@ class SyncFollower:
         pause_s: float,
         receive_s: float,
         produced: int,
+        finished: int,
     ) -> None:
         """The new version is live: RolloutPaused (its pause is the swap's) and WeightsLoaded
         (checksum compared), not flushed, so the decoding loop does not wait for the broker."""
-        self.paused(request, 0, produced, pause_s=pause_s, flush=False)
+        self.paused(request, 0, produced, finished, pause_s=pause_s, flush=False)
         self._loaded(published, checksum, receive_s, flush=False)
         self.sync_done()
 

@@ -231,6 +231,11 @@ class InFlightSamples:
         what the concurrency limit (rollout.max_concurrent_samples) counts."""
         return sum(1 for fl in self.samples.values() if len(fl.done) + fl.scoring < self.n)
 
+    def num_finished(self) -> int:
+        """Samples whose trajectories have all finished decoding, only waiting for rewards:
+        what a sync's pause leaves to be published after the weight transfer."""
+        return len(self.samples) - self.num_generating()
+
     def pop(self, sample_id: str) -> InFlight:
         return self.samples.pop(sample_id)
 

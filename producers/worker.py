@@ -319,7 +319,7 @@ class RolloutWorker:
                 n_partial = 0
                 self._drain(only=self._scored_before_pause)
             self._gauge(syncing=True)  # nothing decodes until the new weights are in
-            f.paused(request, n_partial, self.produced)
+            f.paused(request, n_partial, self.produced, self.in_flight.num_finished())
         with sync_span("weights.load", request.headers, **attrs):
             try:
                 published = f.receive(request.version)  # 3.
@@ -374,7 +374,10 @@ class RolloutWorker:
                 checksum = weights_checksum(self.engine.model, like=published.checksum)
             self.shadow.like = published.checksum or None
             receive_s = self.shadow.receive_s
-            self.follower.swapped(request, published, checksum, pause_s, receive_s, self.produced)
+            finished = self.in_flight.num_finished()  # published after the swap
+            self.follower.swapped(
+                request, published, checksum, pause_s, receive_s, self.produced, finished
+            )
         self._open_budget(published, consumed=request.consumed, flush=False)
 
     def _open_budget(

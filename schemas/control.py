@@ -113,6 +113,9 @@ class RolloutPaused(ControlEvent):
     """From SyncRequested received to paused: in mode (c) the wait for in-flight samples to
     finish decoding (not for their rewards: samples only being scored are published after)."""
     in_flight_finished: int = 0
+    """Samples in flight at the pause with every trajectory finished decoding, only being
+    scored: published after the weight transfer, under the versions they were generated with
+    (0 on logs written before 2026-11-27, which never set it)."""
     n_partial: int = 0
     produced: int = 0
     """Samples this worker has published in total (for num_stale)."""

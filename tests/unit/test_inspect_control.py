@@ -28,3 +28,10 @@ def test_a_control_row_details_what_its_event_is_about() -> None:
     assert _details(resumed) == "step=6, checkpoint_version=1"
     loaded = ev.WeightsLoaded("r", 2, worker=0, load_s=0.0123, checksum_ok=True)
     assert _details(loaded) == "load_s=0.012, checksum_ok=True"  # as before
+
+
+def test_a_pause_row_says_how_many_samples_it_left_being_scored() -> None:
+    """The samples a pause left only being scored (published after the transfer) were on the
+    event as ``in_flight_finished`` but never set nor shown."""
+    paused = ev.RolloutPaused("r", 2, worker=0, pause_s=0.004, n_partial=1, in_flight_finished=3)
+    assert _details(paused) == "pause_s=0.004, n_partial=1, in_flight_finished=3"

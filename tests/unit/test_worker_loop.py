@@ -953,6 +953,7 @@ def test_a_mode_c_pause_waits_for_decoding_not_for_rewards(tmp_path):
     held = _held_through_the_sync(run, at_pause)
     assert held, "the pause waited for the scores"
     assert paused.n_partial == 0 and not run.partials()
+    assert paused.in_flight_finished == len(held)  # the event says so (it was always 0)
     # Every sample started under version 0 was published before the pause or held; each
     # held one is stale for version 1 exactly as a published, unconsumed one is.
     v0 = [s for s in run.samples() if s.trajectories[0].param_version == 0]
@@ -1057,6 +1058,7 @@ def test_a_mode_d_sync_with_rewards_pending_loses_nothing(tmp_path):
     # held, being scored; none is two of these.
     logged = {p.sample.sample_id for p in partials}
     assert paused.n_partial == len(partials) == len(logged) > 0
+    assert paused.in_flight_finished == len(held)  # the event says so (it was always 0)
     assert paused.produced - produced + paused.n_partial + len(held) == in_flight
     assert not logged & set(held)
     assert all(at_pause[0][s][0] == 0 for s in logged)  # their scores came first
@@ -1209,6 +1211,10 @@ def test_an_in_flight_update_leaves_a_trajectory_being_scored_its_version(tmp_pa
     assert scoring, "no swap came while a reward was pending"
     paused = next(e for e in run.events() if isinstance(e, ev.RolloutPaused))
     assert paused.n_partial == 0 and not run.partials()
+    # The samples that had finished decoding at the swap: published after it, all version 0.
+    after = run.samples()[paused.produced :]
+    old = [s for s in after if all(t.segment_versions == [0] for t in s.trajectories)]
+    assert paused.in_flight_finished == len(old) > 0  # the event says so (it was always 0)
     by_id = {s.sample_id: s for s in run.samples()}
     versions = {
         f"{sid}#{i}": t.segment_versions
