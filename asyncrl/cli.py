@@ -57,8 +57,9 @@ examples:
   asyncrl bench tools --config calculator       a calculator call: sandbox server vs fresh interpreter
   asyncrl bench engine --shapes demo --new-tokens 128   tokens/s: hf vs hf_cached vs hf_static
 
-A bad config, an unreachable broker or a failed run ends in a one-line error (exit 1 or 2);
-set ASYNCRL_DEBUG=1 for the Python traceback.
+A bad config, an unreachable broker or a failed run ends in a one-line error (exit 1 or 2;
+`asyncrl train` exits 3 when its trainer gives up at a limit of the config, 4 when it cannot
+write a checkpoint: docs/faults.md); set ASYNCRL_DEBUG=1 for the Python traceback.
 """
 
 
@@ -95,6 +96,7 @@ def _config_args(p: argparse.ArgumentParser, reads_run: bool = False) -> None:
     --help-keys lists every one (from the config models' docstrings, as
     docs/configuration.md). ``reads_run``: a command that reads a finished or running run,
     whose saved config is the default."""
+    from asyncrl.config import DEFAULT_CONFIG
     from asyncrl.ops.config_docs import config_help
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -112,7 +114,13 @@ def _config_args(p: argparse.ArgumentParser, reads_run: bool = False) -> None:
         if reads_run
         else "the embedded demo config"
     )
-    p.add_argument("--config", help=f"run config YAML (default: {default})")
+    shipped = ", ".join(
+        sorted(f.stem for f in DEFAULT_CONFIG.parent.glob("*.yaml") if f != DEFAULT_CONFIG)
+    )
+    p.add_argument(
+        "--config",
+        help=f"run config YAML, or a shipped one by name: {shipped} (default: {default})",
+    )
     p.add_argument(
         "overrides",
         nargs="*",
@@ -206,7 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rollout", help="one rollout worker process (needs kafka.bootstrap_servers)")
     p.add_argument(
-        "--worker-id", type=int, default=0, help="this worker's index (0..num_workers-1)"
+        "--worker-id",
+        type=int,
+        default=0,
+        help="this worker's id, one process each (default 0): 0..num_workers-1 start with the "
+        "run; another id joins a running one, with a budget from its next sync (docs/cluster.md)",
     )
     _config_args(p)
 
@@ -246,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "audit",
         help="check a run's log: every sample trained once, every prompt accounted, syncs, budget",
-        description="Reads all of RUN's topics on kafka.bootstrap_servers and checks what the "
+        description="Reads all of RUN's topics and checks what the "
         "design promises: no duplicate sample or prompt; every sample a step trained on is on "
         "the log and trained once (steps voided by a trainer restart aside); every prompt the "
         "rollout group committed is one sample or one logged drop; each version published with "
@@ -266,14 +278,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "replay",
-        help="re-run a training step from the log and its checkpoint",
+        help="re-run a training step from the log and its checkpoint, or re-publish a run's "
+        "records into another run",
         description="replay topic samples|partials --to-run OTHER: re-publishes a selection "
         "(offsets, --versions, --sample-ids) into another run's topic, to feed its trainer the "
         "recorded stream. replay step N: loads the checkpoint step N started from, fetches exactly "
         "the samples of step N from the samples topic, re-runs the update and compares loss, "
         "grad norm and the resulting weights with what was recorded. Overrides (e.g. "
-        "actor_rollout_ref.actor.optim.lr=1e-3) re-run the step with other settings. Use the "
-        "run's own config (--config runs/<run_id>/config.yaml) and its kafka.bootstrap_servers.",
+        "actor_rollout_ref.actor.optim.lr=1e-3) re-run the step with other settings. The run: "
+        "run_id=RUN or a word RUN after the target, or --config runs/<run_id>/config.yaml; its "
+        "saved config names its broker, and a finished `asyncrl run` is read from its archived "
+        "log (OUTPUT_DIR/RUN/log) unless kafka.bootstrap_servers is given.",
     )
     p.add_argument("what", choices=["step", "topic"], help="what to replay")
     p.add_argument("target", help="step: the step number (1-based); topic: samples or partials")
@@ -307,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run-wide queue lag, drops, dead-lettered records and workers. Stops at RunFinished "
         "(or Ctrl-C). Reads from the run's broker: the one its resolved config names "
         "(OUTPUT_DIR/RUN/config.yaml: a live `asyncrl run`'s embedded broker is found so), "
-        "or kafka.bootstrap_servers. A finished run's archived log is read by inspect, audit "
-        "and report.",
+        "or kafka.bootstrap_servers. A finished run's archived log is read by inspect and "
+        "audit (report reads its metrics.jsonl).",
     )
     p.add_argument("run", help="a run_id under --output-dir, or a run directory")
     p.add_argument("--once", action="store_true", help="print what is there now and exit")

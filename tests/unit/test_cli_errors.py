@@ -456,8 +456,13 @@ def test_inspect_takes_the_run_as_a_word_and_its_broker_from_its_saved_config(
     with pytest.raises(SystemExit) as exc:
         main(["inspect", "steps", "byhand", f"output_dir='{tmp_path}'"])
     assert str(exc.value).startswith(f"asyncrl inspect: nothing listens at {bootstrap}")
-    # --output-dir, as audit, monitor and report take it (inspect and replay had none)
-    for argv in (["inspect", "steps", "byhand"], ["replay", "step", "1", "run_id=byhand"]):
+    # --output-dir, as audit, monitor and report take it (inspect and replay had none); replay
+    # takes the run as a word too, as its --help says
+    for argv in (
+        ["inspect", "steps", "byhand"],
+        ["replay", "step", "1", "run_id=byhand"],
+        ["replay", "step", "1", "byhand"],
+    ):
         with pytest.raises(SystemExit) as exc:
             main([*argv, "--output-dir", str(tmp_path)])
         assert f"nothing listens at {bootstrap}" in str(exc.value)
@@ -798,3 +803,39 @@ def test_a_shortened_flag_is_refused_by_every_command(
             )
             tried.append(words)
     assert set(tried) >= {(), *((c,) for c in cli.COMMANDS)} and len(tried) > 50
+
+
+def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_the_help_says_what_the_commands_do(capsys: pytest.CaptureFixture[str]) -> None:
+    """What a new user read in --help and the code or docs contradicted (found reading every
+    command's --help)."""
+    from asyncrl.config import DEFAULT_CONFIG
+    from asyncrl.consumers.checkpoint import CheckpointWriteError
+    from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted
+
+    top = _help(capsys)
+    # exit codes: "1 or 2" only, while `asyncrl train` exits 3 and 4 on purpose
+    assert f"exits {GenBatchesExhausted.EXIT_CODE} when its trainer gives up" in top
+    assert f"{CheckpointWriteError.EXIT_CODE} when it cannot write a checkpoint" in top
+    # replay was "re-run a training step" alone; `replay topic` re-publishes records
+    assert "re-run a training step from the log and its checkpoint, or re-publish" in top
+    # --config said "run config YAML"; the docs' `--config calculator` names a shipped one
+    shipped = sorted(f.stem for f in DEFAULT_CONFIG.parent.glob("*.yaml") if f != DEFAULT_CONFIG)
+    assert len(shipped) >= 2
+    for command in ("run", "inspect"):
+        assert f"or a shipped one by name: {', '.join(shipped)} (default:" in _help(capsys, command)
+    # --worker-id said 0..num_workers-1; docs/cluster.md starts `--worker-id 2` to add one
+    assert "another id joins a running one" in _help(capsys, "rollout")
+    # replay said to pass the run's kafka.bootstrap_servers; an `asyncrl run` is read from
+    # its archive, and the run may be named as inspect names it
+    replay = _help(capsys, "replay")
+    assert "read from its archived log" in replay and "a word RUN after the target" in replay
+    # monitor said report reads the archived log; it reads metrics.jsonl
+    assert "report reads its metrics.jsonl" in _help(capsys, "monitor")
+    # audit said it reads "on kafka.bootstrap_servers", then that it reads the archive
+    assert "topics on kafka.bootstrap_servers" not in _help(capsys, "audit")
