@@ -209,10 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _config_args(p)
 
-    p = sub.add_parser("train", help="the trainer process alone (needs kafka.bootstrap_servers)")
+    p = sub.add_parser(
+        "train",
+        help="the trainer process alone (needs kafka.bootstrap_servers and sync.master_port; "
+        "the config.yaml prepare writes has both)",
+    )
     _config_args(p)
 
-    p = sub.add_parser("rollout", help="one rollout worker process (needs kafka.bootstrap_servers)")
+    p = sub.add_parser(
+        "rollout",
+        help="one rollout worker process (needs kafka.bootstrap_servers and the trainer's "
+        "sync.master_port)",
+    )
     p.add_argument(
         "--worker-id",
         type=int,

@@ -822,6 +822,10 @@ def test_the_help_says_what_the_commands_do(capsys: pytest.CaptureFixture[str]) 
     # exit codes: "1 or 2" only, while `asyncrl train` exits 3 and 4 on purpose
     assert f"exits {GenBatchesExhausted.EXIT_CODE} when its trainer gives up" in top
     assert f"{CheckpointWriteError.EXIT_CODE} when it cannot write a checkpoint" in top
+    # train and rollout named kafka.bootstrap_servers; both also refuse to start without
+    # sync.master_port (test_a_role_started_without_the_collectives_port_says_so...)
+    assert "(needs kafka.bootstrap_servers and sync.master_port;" in top
+    assert "(needs kafka.bootstrap_servers and the trainer's sync.master_port)" in top
     # replay was "re-run a training step" alone; `replay topic` re-publishes records
     assert "re-run a training step from the log and its checkpoint, or re-publish" in top
     # --config said "run config YAML"; the docs' `--config calculator` names a shipped one
