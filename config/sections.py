@@ -359,8 +359,9 @@ class RolloutConfig(Strict):
     """Inference engine: auto (hf_static where the worker's policy is on a GPU, hf_cached
     elsewhere, or for models with sliding-window layers), hf_cached (transformers with a KV
     cache and continuous batching), hf_static (the same tokens from a cache of fixed slots,
-    each decoding step a CUDA graph on a GPU: 1.9x hf_cached at the 0.5B shape and 5.7x at
-    the demo's on an H100, a little slower than hf_cached on a CPU, where it runs eagerly), hf
+    each decoding step a CUDA graph on a GPU: 5.2x hf_cached at the 0.5B shape, batch 256,
+    and 4.8x at the demo's on an H100, a little slower than hf_cached on a CPU, where it runs
+    eagerly), hf
     (no cache: recomputes every sequence at each token; 4-40x slower: asyncrl bench engine),
     or sim (a latency model for benchmarks, no real generation; see the `sim` section).
     vllm/sglang fit the same request-level contract (docs/design.md, "The engine contract"),
