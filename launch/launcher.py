@@ -37,7 +37,7 @@ from asyncrl.launch.log_archive import ArchiveError, run_ref
 from asyncrl.launch.preflight import check_startable, idle_workers_note
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
 from asyncrl.launch.progress import StepProgress, counts_text, records_shown, wide_console
-from asyncrl.launch.resume import Decision, decide, read_summary
+from asyncrl.launch.resume import Decision, decide, finished_at, read_summary
 
 
 class RunFailed(RuntimeError):
@@ -679,7 +679,7 @@ def _say_finished(cfg: RunConfig, summary: dict[str, Any], console: Console) -> 
     trainer having found RunFinished on the log. Now said so, starting nothing."""
     acc = summary.get("val/accuracy")
     console.log(
-        f"run {cfg.run_id!r} has finished (step {summary.get('step')}: {summary.get('reason')}"
+        f"run {cfg.run_id!r} has finished ({finished_at(summary)}"
         + (f", held-out accuracy {acc:.3f}" if isinstance(acc, int | float) else "")
         + f"; {cfg.run_dir / 'summary.json'}): nothing to train. Its policy: `asyncrl "
         f"export-model {cfg.run_id} --out DIR`; a new run needs a run_id= of its own (this "

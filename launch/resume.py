@@ -46,9 +46,15 @@ class Decision:
 
 
 def read_summary(cfg: RunConfig) -> dict[str, Any]:
-    """The run's ``summary.json``; {} where there is none."""
+    """The run's ``summary.json``; {} where there is none, or it does not read as a JSON
+    object: a trainer killed while writing it (after its RunFinished) left it cut short, and
+    ``asyncrl run`` of the finished run stopped with a JSONDecodeError traceback."""
     path = cfg.run_dir / "summary.json"
-    return json.loads(path.read_text() or "{}") if path.exists() else {}
+    try:
+        done = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return done if isinstance(done, dict) else {}
 
 
 def decide(cfg: RunConfig) -> Decision:
@@ -95,7 +101,7 @@ def decide(cfg: RunConfig) -> Decision:
         summary = read_summary(cfg)
         return Decision(
             "finished",
-            f"run {cfg.run_id!r} has finished ({_finished_at(summary)}): nothing to train, "
+            f"run {cfg.run_id!r} has finished ({finished_at(summary)}): nothing to train, "
             "nothing is started; a new run needs a run_id= of its own",
             summary=summary,
         )
@@ -104,7 +110,8 @@ def decide(cfg: RunConfig) -> Decision:
     return _resume(cfg, step, restore_log=False)
 
 
-def _finished_at(summary: dict[str, Any]) -> str:
+def finished_at(summary: dict[str, Any]) -> str:
+    """Where a finished run ended, from its summary."""
     if not summary:
         return "its summary.json does not read"
     return f"step {summary.get('step')}: {summary.get('reason')}"

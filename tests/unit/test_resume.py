@@ -166,3 +166,31 @@ def test_the_dry_run_of_resume_mode_disable_on_a_cluster_with_no_checkpoint_says
     key = CHANGED.partition("=")[0]
     (refused,) = _dry_run_lines(tmp_path, capsys, CLUSTER, DISABLE, CHANGED, key=key)
     assert refused.startswith("FAIL actor_rollout_ref.rollout.n: 4, but run 'demo'")
+
+
+@pytest.mark.parametrize("overrides", [[], [CLUSTER]], ids=["embedded", "cluster"])
+def test_a_summary_cut_short_reads_as_a_finished_run(tmp_path, capsys, overrides):
+    """A trainer killed while it wrote summary.json (after its RunFinished) left it cut
+    short: `asyncrl run` of the run stopped with a JSONDecodeError traceback, on the embedded
+    broker after it had moved the run aside."""
+    import io
+
+    from rich.console import Console
+
+    from asyncrl.launch.launcher import _launch, resume_or_set_aside
+
+    _earlier_run(tmp_path, ALL)
+    cfg = load_config(overrides=_overrides(tmp_path, *overrides))
+    (cfg.run_dir / "summary.json").write_text('{"step": 20, "rea')
+    (line,) = _dry_run_lines(tmp_path, capsys, *overrides)
+    said = io.StringIO()
+    console = Console(file=said, width=400)
+    if overrides:
+        assert "has finished (its summary.json does not read)" in line
+        assert _launch(cfg, console, None) == {}
+        assert "has finished (its summary.json does not read; " in said.getvalue()
+    else:
+        assert "aside to demo.<time> (it had finished) and starts afresh" in line
+        assert resume_or_set_aside(cfg, console) is False
+        assert "(it had finished) and starting afresh" in " ".join(said.getvalue().split())
+        assert not cfg.run_dir.exists()
