@@ -90,11 +90,16 @@ def decide(cfg: RunConfig) -> Decision:
             summary=summary,
         )
     if disable and ckpt is not None:
+        instead = (
+            f" (that run has finished, {finished_at(read_summary(cfg))}; auto trains nothing)"
+            if finished
+            else ", or set trainer.resume_mode=auto to resume it"
+        )
         return Decision(
             "refused",
             f"disable, but {run_dir} holds checkpoints of an earlier run ({ckpt.name}) whose "
             f"log is still on {cfg.kafka.bootstrap_servers}: start afresh under another "
-            "run_id=, or set trainer.resume_mode=auto to resume it",
+            f"run_id={instead}",
             key="trainer.resume_mode",
         )
     if finished:

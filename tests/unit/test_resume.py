@@ -194,3 +194,27 @@ def test_a_summary_cut_short_reads_as_a_finished_run(tmp_path, capsys, overrides
         assert resume_or_set_aside(cfg, console) is False
         assert "(it had finished) and starting afresh" in " ".join(said.getvalue().split())
         assert not cfg.run_dir.exists()
+
+
+def test_resume_mode_disable_on_a_finished_cluster_run_does_not_advise_auto_to_resume_it(
+    tmp_path, capsys
+):
+    """trainer.resume_mode=disable beside a finished run's checkpoints on a cluster is refused;
+    the refusal said "or set trainer.resume_mode=auto to resume it", and with auto the launch
+    says the run has finished and trains nothing."""
+    import io
+
+    from rich.console import Console
+
+    from asyncrl.launch.launcher import _launch
+
+    _earlier_run(tmp_path, ALL | {"summary"})
+    key = "trainer.resume_mode"
+    (line,) = _dry_run_lines(tmp_path, capsys, CLUSTER, DISABLE, key=key)
+    assert line.startswith("FAIL trainer.resume_mode: disable, but")
+    assert "to resume it" not in line and "another run_id=" in line
+    assert "has finished, step 20: total_training_steps reached; auto trains nothing" in line
+    said = io.StringIO()
+    auto = load_config(overrides=_overrides(tmp_path, CLUSTER))
+    assert _launch(auto, Console(file=said, width=400), None) == DONE
+    assert "nothing to train" in said.getvalue()
