@@ -536,8 +536,9 @@ class TrainerConfig(Strict):
     command says it has finished and starts nothing). disable: the earlier
     run is moved aside, finished or not, and the run starts afresh. With kafka.bootstrap_servers
     set the earlier run's log stays on that broker, so disable refuses a directory holding its
-    checkpoints (a fresh run needs a run_id of its own). A trainer started by hand (asyncrl
-    train), or restarted within a launch, always resumes from its run's last checkpoint; on a
+    checkpoints, in asyncrl run and in asyncrl prepare (a fresh run needs a run_id of its own).
+    A trainer started by hand (asyncrl train), or restarted within a launch, always resumes from
+    its run's last checkpoint; on a
     run whose log ends with RunFinished it says so and exits 0, as a rollout worker does.
     verl's resume_path (with trainer.resume_from_path) is refused at start-up, naming the key:
     a run goes on only from its own last checkpoint, which its log continues; asyncrl

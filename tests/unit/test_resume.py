@@ -218,3 +218,22 @@ def test_resume_mode_disable_on_a_finished_cluster_run_does_not_advise_auto_to_r
     auto = load_config(overrides=_overrides(tmp_path, CLUSTER))
     assert _launch(auto, Console(file=said, width=400), None) == DONE
     assert "nothing to train" in said.getvalue()
+
+
+def test_asyncrl_prepare_refuses_resume_mode_disable_beside_checkpoints_as_asyncrl_run_does(
+    tmp_path, capsys
+):
+    """Role by role (`asyncrl prepare`, then `asyncrl train`, docs/cluster.md), with
+    trainer.resume_mode=disable beside the checkpoints of a run whose log stays on the
+    cluster, the set-up went on and the trainer resumed the run: the key neither did what
+    verl's does (a fresh start) nor was refused, as `asyncrl run` refuses it."""
+    from asyncrl.cli import main
+    from asyncrl.launch.broker import free_port
+
+    _earlier_run(tmp_path, ALL)
+    where = _overrides(tmp_path, f"kafka.bootstrap_servers='127.0.0.1:{free_port()}'")
+    setup = [*where, "kafka.broker_down_timeout_s=1", "sync.master_port=29500"]
+    assert main(["prepare", *setup, DISABLE]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("asyncrl prepare: trainer.resume_mode: disable, but"), err
+    assert "holds checkpoints of an earlier run" in err and "\n" not in err
