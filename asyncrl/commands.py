@@ -341,7 +341,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from asyncrl.config import ConfigError
     from asyncrl.launch.launcher import prepare
+    from asyncrl.launch.resume import decide
     from asyncrl.launch.resume_check import refuse_changed_keys
 
     cfg = _load(args)
@@ -352,6 +354,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             "listen on (e.g. sync.master_port=29500 sync.master_addr=<trainer host>)"
         )
     refuse_changed_keys(cfg)  # a run set up before: its topics and prompts stay
+    # what `asyncrl run` refuses on the cluster (resume_mode=disable beside the run's
+    # checkpoints): the trainer started next would resume the run
+    if (decision := decide(cfg)).outcome == "refused":
+        raise ConfigError(f"{decision.key}: {decision.line}")
     prepare(cfg, bootstrap, Console())
     return 0
 

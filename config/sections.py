@@ -501,6 +501,14 @@ def _console_logger() -> list[Literal["console", "tensorboard"]]:
     return ["console"]
 
 
+RESUME_WHY = (
+    "asyncrl resumes a run only from its own last checkpoint (trainer.resume_mode=auto, the run "
+    "named by output_dir and run_id); to start a new run from the policy of a run's step N: "
+    "`asyncrl export-model RUN --step N --out DIR`, then actor_rollout_ref.model.path=DIR"
+)
+"""Why verl's resume_path and resume_from_path are refused, and what to do instead."""
+
+
 class TrainerConfig(Strict):
     total_training_steps: int = Field(100, ge=1)
     """Local updates to run; the run ends here (or earlier at target_accuracy)."""
@@ -529,9 +537,24 @@ class TrainerConfig(Strict):
     command says it has finished and starts nothing). disable: the earlier
     run is moved aside, finished or not, and the run starts afresh. With kafka.bootstrap_servers
     set the earlier run's log stays on that broker, so disable refuses a directory holding its
-    checkpoints (a fresh run needs a run_id of its own). A trainer started by hand (asyncrl
-    train), or restarted within a launch, always resumes from its run's last checkpoint; on a
-    run whose log ends with RunFinished it says so and exits 0, as a rollout worker does."""
+    checkpoints, in asyncrl run and in asyncrl prepare (a fresh run needs a run_id of its own).
+    A trainer started by hand (asyncrl train), or restarted within a launch, always resumes from
+    its run's last checkpoint; on a
+    run whose log ends with RunFinished it says so and exits 0, as a rollout worker does.
+    verl's resume_path (with trainer.resume_from_path) is refused at start-up, naming the key:
+    a run goes on only from its own last checkpoint, which its log continues; asyncrl
+    export-model RUN --step N --out DIR, then actor_rollout_ref.model.path=DIR, starts a new
+    run from the policy of any step a run kept."""
+
+    @field_validator("resume_mode", mode="before")
+    @classmethod
+    def _no_resume_path(cls, mode: Any) -> Any:
+        if mode == "resume_path":
+            raise ValueError(
+                f"resume_path (verl's: resume from trainer.resume_from_path): {RESUME_WHY}"
+            )
+        return mode
+
     seed: int = 0
     """Seed of the trainer's RNG (rollout workers derive theirs from it)."""
     torch_threads: int = Field(1, ge=1)

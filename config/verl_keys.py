@@ -20,6 +20,7 @@ b178a3cd56f58b2d502255daba591e92833930a7. No verl code is used; only its key nam
 
 from __future__ import annotations
 
+from asyncrl.config.sections import RESUME_WHY
 from asyncrl.config.verl_rules import (
     VerlKey,
     _local_dir,
@@ -421,7 +422,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     ),
     "trainer.val_only": fixed("asyncrl always trains", False),
     "trainer.critic_warmup": fixed(CRITIC, 0),
-    "trainer.resume_from_path": fixed(CKPT, None),
+    "trainer.resume_from_path": fixed(RESUME_WHY, None),
     "trainer.default_local_dir": alias(
         "output_dir",
         "verl's run directory: asyncrl's run is output_dir/run_id, so this is output_dir, or "

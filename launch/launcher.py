@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -38,7 +37,7 @@ from asyncrl.launch.log_archive import ArchiveError, run_ref
 from asyncrl.launch.preflight import check_startable, idle_workers_note
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
 from asyncrl.launch.progress import StepProgress, counts_text, records_shown, wide_console
-from asyncrl.launch.resume_check import refuse_changed_keys
+from asyncrl.launch.resume import Decision, decide, finished_at, read_summary
 
 
 class RunFailed(RuntimeError):
@@ -152,43 +151,24 @@ def _failure_report(name: str, rc: int, log_path: Path) -> str:
     return report
 
 
-def resume_or_set_aside(cfg: RunConfig, console: Console) -> bool:
-    """With the embedded broker, decide what an earlier run in the same directory means.
-
-    The embedded broker keeps topics in memory, so the launcher archives the log under
-    ``run_dir/log`` (``launch.log_archive``). A run that did not finish (no ``summary.json``: it
-    crashed, was killed, or its broker died) and left an archive is resumed: its log is
-    restored into the new broker, offset for offset, and the trainer resumes from its
-    checkpoint. A finished run, or one whose log was lost (a checkpoint but no archive: its
-    offsets would point nowhere), is moved aside to ``<run_dir>.<time>`` and the run starts
-    afresh; so is any earlier run under ``trainer.resume_mode=disable``. Returns True when the
-    log is to be restored.
-    """
-    from asyncrl.consumers.checkpoint import latest_checkpoint
-    from asyncrl.launch.log_archive import has_archive
-
+def resume_or_set_aside(cfg: RunConfig, console: Console, decision: Decision | None = None) -> bool:
+    """Act on what ``launch/resume.py`` decided of an earlier run in the run's directory
+    (``decide(cfg)`` where ``decision`` is None): raise ConfigError on a refusal, before
+    anything is touched; move a set-aside run to ``<run_dir>.<time>``; say so of a resume.
+    Returns True when the run's archived log is to be restored into the embedded broker."""
+    decision = decision or decide(cfg)
     run_dir = cfg.run_dir
-    finished = (run_dir / "summary.json").exists()
-    archived_log = has_archive(cfg)
-    fresh = cfg.trainer.resume_mode == "disable"
-    if archived_log and not finished and not fresh:
-        refuse_changed_keys(cfg)  # before it says it resumes: a key the run cannot change
+    if decision.outcome == "refused":
+        raise ConfigError(f"{decision.key}: {decision.line}")
+    if decision.outcome == "resume" and decision.restore_log:
         console.log(f"{run_dir} holds an unfinished run: restoring its log and resuming it")
-        return True
-    if not finished and not archived_log and latest_checkpoint(run_dir) is None:
-        return False
+    if decision.outcome != "set_aside":
+        return decision.restore_log
     archived = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.rename(archived)
-    if finished:
-        done = json.loads((archived / "summary.json").read_text() or "{}")
-        step = done.get("step")
-        why = "it had finished" + (f" at step {step}: {done.get('reason')}" if step else "")
-    elif fresh:
-        why = "unfinished; trainer.resume_mode=disable"
-    else:
-        why = "its log was lost with its broker"
+    finished = (archived / "summary.json").exists()
     console.log(
-        f"moved the earlier run in {run_dir} to {archived} ({why}) and starting afresh"
+        f"moved the earlier run in {run_dir} to {archived} ({decision.why}) and starting afresh"
         + (
             f" from the first policy (a finished run is not trained further; to go on from "
             f"its policy: `asyncrl export-model {archived} --out DIR`, then "
@@ -422,13 +402,12 @@ def _launch(
     embedded = cfg.kafka.bootstrap_servers is None
     if embedded:
         cfg = for_embedded_broker(cfg)
-    if not embedded and (done := _read_summary(cfg)):
-        _say_finished(cfg, done, console)
-        return done
+    decision = decide(cfg)  # what the dry run said of the earlier run (launch/resume.py)
+    if decision.outcome == "finished":
+        _say_finished(cfg, decision.summary, console)
+        return decision.summary
     # Before anything starts: a resume that changes a key the run cannot change is refused.
-    resume = resume_or_set_aside(cfg, console) if embedded else False
-    if not embedded:
-        refuse_changed_keys(cfg)
+    resume = resume_or_set_aside(cfg, console, decision)
     if cfg.launcher == "local":
         start_role_server()  # its imports overlap the set-up below
     run_dir = cfg.run_dir
@@ -649,7 +628,7 @@ def _follow(
             # The steps the trainer recorded before it exited, up to its last (the summary
             # names it), instead of a fixed wait: it only wrote the summary once they were on
             # the log.
-            summary = _read_summary(cfg)
+            summary = read_summary(cfg)
             deadline = time.monotonic() + 2.0
             while progress.last_step < summary.get("step", 0) and time.monotonic() < deadline:
                 for rec in reader.poll(0.05):
@@ -700,17 +679,12 @@ def _say_finished(cfg: RunConfig, summary: dict[str, Any], console: Console) -> 
     trainer having found RunFinished on the log. Now said so, starting nothing."""
     acc = summary.get("val/accuracy")
     console.log(
-        f"run {cfg.run_id!r} has finished (step {summary.get('step')}: {summary.get('reason')}"
+        f"run {cfg.run_id!r} has finished ({finished_at(summary)}"
         + (f", held-out accuracy {acc:.3f}" if isinstance(acc, int | float) else "")
         + f"; {cfg.run_dir / 'summary.json'}): nothing to train. Its policy: `asyncrl "
         f"export-model {cfg.run_id} --out DIR`; a new run needs a run_id= of its own (this "
         "run's log stays on the broker)"
     )
-
-
-def _read_summary(cfg: RunConfig) -> dict[str, Any]:
-    path = cfg.run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _wait_workers(procs: dict[str, tuple[_Process, Path]], timeout_s: float) -> None:

@@ -273,23 +273,14 @@ def _unwritable_dir(path: Path) -> str | None:
     return None
 
 
-def _resumed(cfg: RunConfig) -> Check | None:
-    """The run this launch would resume (an unfinished one in its directory), and a key the
-    new config changes that the run cannot change: ``--dry-run`` said ok, the launch then
-    refused it (``launch/resume_check.py``). None: no run to resume."""
-    from asyncrl.launch.log_archive import has_archive
-    from asyncrl.launch.resume_check import changed_key
+def _earlier_run(cfg: RunConfig) -> Check:
+    """What the launch does with an earlier run in the run's directory, decided where the
+    launcher decides it (``launch/resume.py``): --dry-run said ok to a resume that changed a
+    key the run cannot change, which the launch then refused."""
+    from asyncrl.launch.resume import decide
 
-    run_dir = cfg.run_dir
-    if not (run_dir / "config.yaml").exists() or (run_dir / "summary.json").exists():
-        return None
-    if not cfg.kafka.bootstrap_servers and (
-        cfg.trainer.resume_mode == "disable" or not has_archive(cfg)
-    ):
-        return None  # moved aside: a fresh run
-    if (found := changed_key(cfg)) is not None:
-        return Check(found[0], False, found[1])
-    return Check("run_id", True, f"resumes the unfinished run in {run_dir} (no fixed key changed)")
+    decision = decide(cfg)
+    return Check(decision.key, decision.outcome != "refused", decision.line)
 
 
 def _master_addr(cfg: RunConfig) -> Check:
@@ -301,26 +292,6 @@ def _master_addr(cfg: RunConfig) -> Check:
     except (OSError, UnicodeError) as err:
         return Check(key, False, f"{addr!r} does not resolve ({err})")
     return Check(key, True, f"{addr} resolves")
-
-
-def _resume_mode(cfg: RunConfig) -> Check:
-    """``trainer.resume_mode=disable`` against an external broker, which keeps the earlier
-    run's log under the same topics: a fresh start cannot be made in place."""
-    from asyncrl.consumers.checkpoint import latest_checkpoint
-
-    key = "trainer.resume_mode"
-    ckpt = latest_checkpoint(cfg.run_dir)
-    if ckpt is None:
-        return Check(
-            key, True, f"disable: {cfg.run_dir} holds no checkpoint, the run starts afresh"
-        )
-    return Check(
-        key,
-        False,
-        f"disable, but {cfg.run_dir} holds checkpoints of an earlier run ({ckpt.name}) whose "
-        f"log is still on {cfg.kafka.bootstrap_servers}: start afresh under another run_id=, "
-        "or set trainer.resume_mode=auto to resume it",
-    )
 
 
 def _model_path(cfg: RunConfig) -> Check:
@@ -463,10 +434,8 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
         checks.append(_output_dir(cfg))
     checks.append(_cache_dir(cfg))
     checks.append(_master_addr(cfg))
-    if role == "run" and cfg.kafka.bootstrap_servers and cfg.trainer.resume_mode == "disable":
-        checks.append(_resume_mode(cfg))
-    if role == "run" and (resumed := _resumed(cfg)) is not None:
-        checks.append(resumed)
+    if role == "run":
+        checks.append(_earlier_run(cfg))
     return checks
 
 

@@ -580,3 +580,26 @@ def test_tool_response_truncate_side_is_verls_left_which_keeps_the_start(
     for side in ("right", "middle"):
         with pytest.raises(ConfigError, match=f"{key}={side} .*not supported by asyncrl"):
             load_config(empty_config, [f"++{key}={side}"])
+
+
+def test_verls_resume_path_is_refused_saying_how_asyncrl_resumes_a_run():
+    """verl's ``trainer.resume_mode=resume_path`` (with ``trainer.resume_from_path=.../
+    global_step_N``) was refused with pydantic's "Input should be 'auto' or 'disable'", and
+    resume_from_path with where asyncrl writes its checkpoints: neither said that asyncrl goes
+    on only from a run's own last checkpoint, nor how to start from another run's policy."""
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            overrides=[
+                "trainer.resume_mode=resume_path",
+                "trainer.resume_from_path=checkpoints/gsm8k/global_step_50",
+            ]
+        )
+    lines = str(err.value).splitlines()
+    for key in ("trainer.resume_mode", "trainer.resume_from_path"):
+        (line,) = [line for line in lines if line.strip().startswith(key)]
+        assert "its own last checkpoint" in line and "export-model" in line, line
+    mode = next(line for line in lines if line.strip().startswith("trainer.resume_mode"))
+    assert "resume_path (verl's: resume from trainer.resume_from_path)" in mode
+    # verl's other values, as its YAML writes them, load
+    assert load_config(overrides=["trainer.resume_from_path=null"]).trainer.resume_mode == "auto"
+    assert load_config(overrides=["trainer.resume_mode=disable"]).trainer.resume_mode == "disable"
