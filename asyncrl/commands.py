@@ -397,7 +397,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 130 if trainer.stopping == "Ctrl-C" else 143  # the shell's codes for both
     finally:
         trainer.close()
-    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    tmp = cfg.run_dir / "summary.json.tmp"  # whole or absent: a relaunch reads it (resume)
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(cfg.run_dir / "summary.json")
     logging.getLogger("asyncrl.train").info(
         "done at step %s, version %s (%s); summary in %s",
         *(summary.get("step"), summary.get("version"), summary.get("reason")),
