@@ -21,6 +21,7 @@ minute of start-up at 20K steps) and held by the broker, and restored at every r
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 from collections.abc import Iterator
@@ -102,18 +103,22 @@ def train_prompts(cfg: RunConfig) -> tuple[list[PromptRecord], Split | None]:
     return [row.record() for row in split.rows], split
 
 
-def _sequence(
-    cfg: RunConfig, train: list[PromptRecord], start: int, stop: int
+def feed_sequence(
+    cfg: RunConfig, train: list[PromptRecord], start: int = 0, stop: int | None = None
 ) -> Iterator[PromptRecord]:
-    """Prompts ``start`` to ``stop`` of the feed: epoch after epoch of ``train``, each epoch
-    shuffled from the data seed (unless data.shuffle is false)."""
+    """Prompts ``start`` to ``stop`` (None: endless) of the feed: epoch after epoch of
+    ``train``, each epoch shuffled from the data seed (unless data.shuffle is false), as
+    verl's sampler shuffles by data.seed. The colocated baseline draws this order too."""
     per_epoch = len(train)
-    for epoch in range(start // per_epoch, math.ceil(stop / per_epoch)):
+    begin = start // per_epoch
+    epochs = itertools.count(begin) if stop is None else range(begin, math.ceil(stop / per_epoch))
+    for epoch in epochs:
         order = list(train)
         if cfg.data.shuffle:
             random.Random(cfg.data.seed * 1_000_003 + epoch).shuffle(order)
         first = epoch * per_epoch
-        for prompt in order[max(start - first, 0) : stop - first]:
+        end = None if stop is None else stop - first
+        for prompt in order[max(start - first, 0) : end]:
             yield dataclasses.replace(prompt, epoch=epoch)
 
 
@@ -143,7 +148,7 @@ def feed_prompts(
     counted = progress_counter(f"feeding {topic}")
     with span, Publisher(cfg.kafka, bootstrap) as pub:
         written = present = 0
-        for rec in _sequence(cfg, train, 0, count):
+        for rec in feed_sequence(cfg, train, 0, count):
             if rec.sample_id in fed:
                 present += 1
                 continue
@@ -188,7 +193,7 @@ class FeedAhead:
             return written
         if target <= self.fed:
             return 0
-        for rec in _sequence(self.cfg, self._train, self.fed, target):
+        for rec in feed_sequence(self.cfg, self._train, self.fed, target):
             _publish(self.publisher, self.topic, rec)
         written, self.fed = target - self.fed, target
         return written

@@ -118,9 +118,9 @@ def test_the_trainer_feeds_a_long_run_as_it_trains(make_run_cfg, quick_policy):
     # the trainer's prompts continue the set-up's sequence: the feed a set-up alone writes
     cfg_all = cfg.model_copy(deep=True)
     cfg_all.data.feed_ahead_steps = 0
-    from asyncrl.producers.feed import _sequence, train_prompts
+    from asyncrl.producers.feed import feed_sequence, train_prompts
 
-    expected = list(_sequence(cfg_all, train_prompts(cfg_all)[0], 0, len(fed)))
+    expected = list(feed_sequence(cfg_all, train_prompts(cfg_all)[0], 0, len(fed)))
     assert {p.sample_id for p in fed} == {p.sample_id for p in expected}
     check_log_invariants(cfg)
 
