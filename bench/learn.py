@@ -2,9 +2,9 @@
 mode (c) vs mode (d) vs mode (d) with in-flight weight updates, from one invocation (the curves
 on one PNG).
 
-One run of a setup says little: with another ``trainer.seed`` (the order of the prompts and
-the sampling draws) the demo's colocated baseline reaches 0.9 in 90-120 steps and an async
-run in 70-180. ``--seeds N`` runs every setup with N seeds, one seed at a time through all the
+One run of a setup says little: with another ``trainer.seed`` (the sampling draws; every
+setup reads the prompts in data.seed's order) the demo's colocated baseline reaches 0.9 in
+90-120 steps and an async run in 70-180. ``--seeds N`` runs every setup with N seeds, one seed at a time through all the
 setups (so a drift in the machine's load touches each alike), and compares medians.
 """
 

@@ -55,7 +55,8 @@ class DataConfig(Strict):
     val_size: int = Field(200, ge=1)
     """Number of held-out prompts used for accuracy."""
     seed: int = 0
-    """Seed for the dataset split and the warm start."""
+    """Seed for the dataset split, the warm start and the training prompts' order (each
+    epoch's shuffle, the same in an async run's feed and the colocated baseline)."""
     max_prompt_length: int = Field(16, ge=1, le=1 << 20)
     """Prompt tokens at most (up to 2^20). A prompt of data.train_files/val_files longer than
     this after its chat template is left out (counted; the launcher says how many); a built-in task's

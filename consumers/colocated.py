@@ -20,7 +20,6 @@ accuracy and beat in throughput. It reads what an ``asyncrl run`` of the same co
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,7 +39,7 @@ from asyncrl.producers.agent.factory import held_out_accuracy, held_out_set, mak
 from asyncrl.producers.agent.loop import AgentRunner
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.engines import factory as engines
-from asyncrl.producers.feed import train_prompts
+from asyncrl.producers.feed import feed_sequence, train_prompts
 from asyncrl.producers.in_flight import generated, with_score
 from asyncrl.producers.reward import Scored, make_reward
 from asyncrl.producers.reward_pool import make_pool
@@ -49,13 +48,11 @@ from asyncrl.schemas.prompt import PromptRecord
 from asyncrl.schemas.sample import Sample
 
 
-def prompt_stream(prompts: list[PromptRecord], seed: int) -> Iterator[PromptRecord]:
-    """Endless epochs over ``prompts``, reshuffled each epoch with a seeded RNG."""
-    rng = random.Random(seed)
-    order = list(prompts)
-    while True:
-        rng.shuffle(order)
-        yield from order
+def prompt_stream(cfg: RunConfig, train: list[PromptRecord]) -> Iterator[PromptRecord]:
+    """Endless epochs over ``train`` in the async run's feed order (shuffled by data.seed, as
+    ``asyncrl run`` writes its prompts topic), so a side-by-side comparison trains on the same
+    prompts in the same order; it shuffled by trainer.seed before."""
+    return feed_sequence(cfg, train)
 
 
 def rollout(
@@ -151,7 +148,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     # rule, each row's data_source's or custom_reward_function.
     train, _ = train_prompts(cfg)
     val = held_out_set(cfg, tok)
-    prompts = prompt_stream(train, cfg.trainer.seed)
+    prompts = prompt_stream(cfg, train)
     reward = make_reward(cfg)
     scorer = TrajectoryScorer(
         reward,

@@ -272,10 +272,15 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     _refuse_a_foreign_log(resolved, bootstrap)
     prepare_policy(resolved, console)
     ahead, topic = resolved.data.feed_ahead_steps, resolved.topic("prompts")
-    # A resumed run whose trainer feeds: before its first step the trainer reads the topic for
-    # the prompts on it (FeedAhead, through a later step than the set-up's feed), so the
-    # set-up does not read it too (a long run's prompts were read twice at every resume).
-    on_topic = count_records(resolved.kafka, bootstrap, topic) if feeds_ahead(resolved) else 0
+    # A resumed run whose trainer feeds and has trained: before its first step the trainer
+    # reads the topic for the prompts on it (FeedAhead, through a later step than the set-up's
+    # feed), so the set-up does not read it too (a long run's prompts were read twice at every
+    # resume). A run with no samples yet is checked and fed here, and its trainer reads nothing
+    # back (FeedAhead._only_the_set_ups).
+    trained = feeds_ahead(resolved) and count_records(
+        resolved.kafka, bootstrap, resolved.topic("samples")
+    )
+    on_topic = count_records(resolved.kafka, bootstrap, topic) if trained else 0
     if on_topic:
         console.log(
             f"{on_topic} prompts on {topic} already: the trainer checks them before its "

@@ -21,6 +21,7 @@ minute of start-up at 20K steps) and held by the broker, and restored at every r
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 from collections.abc import Iterator
@@ -102,18 +103,22 @@ def train_prompts(cfg: RunConfig) -> tuple[list[PromptRecord], Split | None]:
     return [row.record() for row in split.rows], split
 
 
-def _sequence(
-    cfg: RunConfig, train: list[PromptRecord], start: int, stop: int
+def feed_sequence(
+    cfg: RunConfig, train: list[PromptRecord], start: int = 0, stop: int | None = None
 ) -> Iterator[PromptRecord]:
-    """Prompts ``start`` to ``stop`` of the feed: epoch after epoch of ``train``, each epoch
-    shuffled from the data seed (unless data.shuffle is false)."""
+    """Prompts ``start`` to ``stop`` (None: endless) of the feed: epoch after epoch of
+    ``train``, each epoch shuffled from the data seed (unless data.shuffle is false), as
+    verl's sampler shuffles by data.seed. The colocated baseline draws this order too."""
     per_epoch = len(train)
-    for epoch in range(start // per_epoch, math.ceil(stop / per_epoch)):
+    begin = start // per_epoch
+    epochs = itertools.count(begin) if stop is None else range(begin, math.ceil(stop / per_epoch))
+    for epoch in epochs:
         order = list(train)
         if cfg.data.shuffle:
             random.Random(cfg.data.seed * 1_000_003 + epoch).shuffle(order)
         first = epoch * per_epoch
-        for prompt in order[max(start - first, 0) : stop - first]:
+        end = None if stop is None else stop - first
+        for prompt in order[max(start - first, 0) : end]:
             yield dataclasses.replace(prompt, epoch=epoch)
 
 
@@ -143,7 +148,7 @@ def feed_prompts(
     counted = progress_counter(f"feeding {topic}")
     with span, Publisher(cfg.kafka, bootstrap) as pub:
         written = present = 0
-        for rec in _sequence(cfg, train, 0, count):
+        for rec in feed_sequence(cfg, train, 0, count):
             if rec.sample_id in fed:
                 present += 1
                 continue
@@ -160,8 +165,11 @@ class FeedAhead:
 
     A started (or restarted) trainer first checks the topic as the set-up does (a trainer
     that died half-way through a top-up left some of it), then keeps count. On a resumed run
-    this is the only check (the set-up leaves it to the trainer: ``launch.launcher.prepare``). A run whose topic
-    holds no prompt at all is fed by no one (a trainer of a replayed stream of samples)."""
+    that has trained this is the only check (the set-up leaves it to the trainer:
+    ``launch.launcher.prepare``); on a run no trainer has trained yet the set-up has just
+    checked and fed, and the trainer reads nothing back (:meth:`_only_the_set_ups`). A run
+    whose topic holds no prompt at all is fed by no one (a trainer of a replayed stream of
+    samples)."""
 
     def __init__(self, cfg: RunConfig, bootstrap: str, publisher: Sink) -> None:
         self.cfg = cfg
@@ -179,16 +187,34 @@ class FeedAhead:
         if self.fed is None:
             from asyncrl.kafka import count_records
 
-            if not count_records(self.cfg.kafka, self.bootstrap, self.topic):
+            on_topic = count_records(self.cfg.kafka, self.bootstrap, self.topic)
+            if not on_topic:
                 self.fed = prompts_needed(self.cfg)  # never prepared: nothing to feed
                 return 0
             self._train, _ = train_prompts(self.cfg)
-            written, _present = feed_prompts(self.cfg, self.bootstrap, target, self._train)
-            self.fed = target
-            return written
+            if self._only_the_set_ups(on_topic):
+                self.fed = on_topic
+            else:
+                written, _present = feed_prompts(self.cfg, self.bootstrap, target, self._train)
+                self.fed = target
+                return written
         if target <= self.fed:
             return 0
-        for rec in _sequence(self.cfg, self._train, self.fed, target):
+        for rec in feed_sequence(self.cfg, self._train, self.fed, target):
             _publish(self.publisher, self.topic, rec)
         written, self.fed = target - self.fed, target
         return written
+
+    def _only_the_set_ups(self, on_topic: int) -> bool:
+        """Whether the topic holds the set-up's feed and nothing else, so the check need not
+        read it (a fresh run's trainer read back the 16K prompts the set-up had just written,
+        1.3-2.5 s on two cores; a million at a verl-sized batch). True when it holds
+        :func:`first_feed` records and the samples topic none: no trainer has trained a step,
+        so none topped the feed up (a top-up follows a step), and the set-up fed all of it
+        with this config (it leaves the check to the trainer only once samples exist)."""
+        from asyncrl.kafka import count_records
+
+        samples = self.cfg.topic("samples")
+        return on_topic == first_feed(self.cfg) and not count_records(
+            self.cfg.kafka, self.bootstrap, samples
+        )

@@ -118,18 +118,19 @@ def test_the_trainer_feeds_a_long_run_as_it_trains(make_run_cfg, quick_policy):
     # the trainer's prompts continue the set-up's sequence: the feed a set-up alone writes
     cfg_all = cfg.model_copy(deep=True)
     cfg_all.data.feed_ahead_steps = 0
-    from asyncrl.producers.feed import _sequence, train_prompts
+    from asyncrl.producers.feed import feed_sequence, train_prompts
 
-    expected = list(_sequence(cfg_all, train_prompts(cfg_all)[0], 0, len(fed)))
+    expected = list(feed_sequence(cfg_all, train_prompts(cfg_all)[0], 0, len(fed)))
     assert {p.sample_id for p in fed} == {p.sample_id for p in expected}
     check_log_invariants(cfg)
 
 
-def test_a_resumed_run_reads_its_prompts_once_at_start_up(make_run_cfg, quick_policy, monkeypatch):
-    """A resumed run read its whole prompts topic twice before its first step: the set-up
-    checked which prompts were fed, then the trainer's FeedAhead checked again (it feeds
-    through a later step). With the trainer feeding, the set-up leaves the check to it, and
-    the trainer still tops up what a run killed half-way through a feed left out."""
+def test_a_run_reads_its_prompts_once_at_start_up(make_run_cfg, quick_policy, monkeypatch):
+    """A run read its whole prompts topic twice before its first step: the set-up checked
+    which prompts were fed, then the trainer's FeedAhead checked again (it feeds through a
+    later step). Until a trainer has trained, the set-up checks and the trainer reads nothing
+    back (a fresh run's trainer read the 16K prompts the set-up had just written); after, the
+    set-up of a resumed run leaves the check to its trainer, which tops up the rest."""
     from io import StringIO
 
     from rich.console import Console
@@ -151,12 +152,26 @@ def test_a_resumed_run_reads_its_prompts_once_at_start_up(make_run_cfg, quick_po
     prepare(cfg.model_copy(deep=True), bootstrap, Console(file=StringIO()))  # a fresh run
     first = feed.first_feed(cfg)
     assert len(reads) == 1 and len(list(read_records(cfg, bootstrap, "prompts"))) == first
+    out = StringIO()
+    prepare(cfg.model_copy(deep=True), bootstrap, Console(file=out, width=200))  # not trained
+    assert reads == [1, 1] and f"({first} were there already" in out.getvalue()
+    with Publisher(cfg.kafka, bootstrap) as pub:  # its trainer: no read, then its top-ups
+        fresh = feed.FeedAhead(cfg, bootstrap, pub)
+        assert fresh.through(0) == 0 and reads == [1, 1]
+        assert fresh.through(1) == feed.prompts_needed(cfg, 1 + 2) - first
+    fed = [decode_prompt(r.value).sample_id for r in read_records(cfg, bootstrap, "prompts")]
+    assert len(fed) == len(set(fed)) == feed.prompts_needed(cfg, 1 + 2)
 
+    with Publisher(cfg.kafka, bootstrap) as pub:  # a sample: a trainer has trained
+        pub.publish(cfg.topic("samples"), "s", b"")
     out = StringIO()
     prepare(cfg.model_copy(deep=True), bootstrap, Console(file=out, width=200))  # resumed
-    assert reads == [1] and f"{first} prompts on {cfg.topic('prompts')} already" in out.getvalue()
+    assert (
+        reads == [1, 1]
+        and f"{len(fed)} prompts on {cfg.topic('prompts')} already" in out.getvalue()
+    )
     with Publisher(cfg.kafka, bootstrap) as pub:  # the resumed trainer, at its step 3
         assert feed.FeedAhead(cfg, bootstrap, pub).through(3) == (
-            feed.prompts_needed(cfg, 3 + 2) - first
+            feed.prompts_needed(cfg, 3 + 2) - len(fed)
         )
-    assert len(reads) == 2
+    assert len(reads) == 3
