@@ -232,7 +232,9 @@ class Reader(Generic[T]):
         Waits at most ``timeout`` seconds for the first message, then takes what is already
         queued. (``Consumer.consume(n, timeout)`` alone waits the whole ``timeout`` unless
         ``n`` messages arrive.) Errors librdkafka recovers from are logged and skipped (see
-        the module doc); BrokerUnavailable once no broker has answered for the bound.
+        the module doc); BrokerUnavailable once no broker has answered for the bound;
+        UnknownTopic once the broker has lost a topic this reader reads (a restarted
+        ``asyncrl broker``).
         """
         records: list[Record[T]] = []
         first = self._consumer.poll(timeout)
@@ -249,6 +251,9 @@ class Reader(Generic[T]):
             rec = self._decode_message(msg)
             if rec is not None:
                 records.append(rec)
+        if self._health.lost_topic is not None:
+            topic, why = self._health.lost_topic
+            raise UnknownTopic(topic, self._health.bootstrap, why, gone=True)
         if alive:
             self._health.up()
         else:
