@@ -413,10 +413,22 @@ class Reader(Generic[T]):
         if asynchronous:
             self._consumer.commit(offsets=tps, asynchronous=True)
             return
-        result = self._consumer.commit(offsets=tps, asynchronous=False) or []
-        failed = [tp for tp in result if tp.error is not None]
+        try:
+            result = self._consumer.commit(offsets=tps, asynchronous=False) or []
+        except KafkaException as err:
+            self._raise_if_lost(err.args[0], tps)
+            raise
+        failed = [(tp, tp.error) for tp in result if tp.error is not None]
         if failed:
-            raise KafkaException(failed[0].error)
+            self._raise_if_lost(failed[0][1], [failed[0][0]])
+            raise KafkaException(failed[0][1])
+
+    def _raise_if_lost(self, err: KafkaError, tps: list[TopicPartition]) -> None:
+        """A commit the broker refused because it no longer has the topic: UnknownTopic, one
+        line naming it, as a poll says it (librdkafka's commit error names no topic)."""
+        if err.code() in UNKNOWN_TOPIC_CODES:
+            topics = ", ".join(sorted({tp.topic for tp in tps}))
+            raise UnknownTopic(topics, self._health.bootstrap, err.str(), gone=True) from None
 
     def committed(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
         """The group's committed next-offsets (None where nothing was committed)."""
