@@ -4,6 +4,7 @@ BrokerUnavailable once no broker has answered for ``kafka.broker_down_timeout_s`
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import threading
 import time
@@ -64,6 +65,10 @@ UNKNOWN_TOPIC_CODES = frozenset(
 """What a client says of a topic the broker lacks (a producer that knew it: its partitions
 are gone). The clients never have one made
 (``allow.auto.create.topics``), so a running role stops on it, as UnknownTopic."""
+
+_LOST_PARTITION = re.compile(r"^(\S+) \[\d+\]: ")
+"""How librdkafka's error callback names the topic of an assigned partition the broker lost
+(``run.samples [0]: topic does not exist (Broker: Unknown topic or partition)``)."""
 
 
 class UnknownTopic(KafkaException):
@@ -165,6 +170,9 @@ class _BrokerHealth:
         """librdkafka's debug lines were asked for (``_LibrdkafkaLog``)."""
         self.down_since: float | None = None
         self.last_error = ""
+        self.lost_topic: tuple[str, str] | None = None
+        """(topic, librdkafka's words) of a topic the broker no longer has: for partitions a
+        reader assigned itself (no group), the error callback is the only place this shows."""
 
     @classmethod
     def of(cls, kafka_cfg: KafkaConfig, bootstrap: str) -> _BrokerHealth:
@@ -191,6 +199,9 @@ class _BrokerHealth:
                     self.timeout_s,
                 )
             return  # librdkafka's FAIL log line tells the rest
+        if err.code() in UNKNOWN_TOPIC_CODES and self.lost_topic is None:
+            named = _LOST_PARTITION.match(err.str())
+            self.lost_topic = (named.group(1) if named else "?", err.str())
         level = logging.ERROR if err.fatal() else logging.WARNING
         self.limiter.log(err.name(), level, "kafka client error: %s", err.str())
 

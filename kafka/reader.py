@@ -232,7 +232,9 @@ class Reader(Generic[T]):
         Waits at most ``timeout`` seconds for the first message, then takes what is already
         queued. (``Consumer.consume(n, timeout)`` alone waits the whole ``timeout`` unless
         ``n`` messages arrive.) Errors librdkafka recovers from are logged and skipped (see
-        the module doc); BrokerUnavailable once no broker has answered for the bound.
+        the module doc); BrokerUnavailable once no broker has answered for the bound;
+        UnknownTopic once the broker has lost a topic this reader reads (a restarted
+        ``asyncrl broker``).
         """
         records: list[Record[T]] = []
         first = self._consumer.poll(timeout)
@@ -249,6 +251,9 @@ class Reader(Generic[T]):
             rec = self._decode_message(msg)
             if rec is not None:
                 records.append(rec)
+        if self._health.lost_topic is not None:
+            topic, why = self._health.lost_topic
+            raise UnknownTopic(topic, self._health.bootstrap, why, gone=True)
         if alive:
             self._health.up()
         else:
@@ -408,10 +413,22 @@ class Reader(Generic[T]):
         if asynchronous:
             self._consumer.commit(offsets=tps, asynchronous=True)
             return
-        result = self._consumer.commit(offsets=tps, asynchronous=False) or []
-        failed = [tp for tp in result if tp.error is not None]
+        try:
+            result = self._consumer.commit(offsets=tps, asynchronous=False) or []
+        except KafkaException as err:
+            self._raise_if_lost(err.args[0], tps)
+            raise
+        failed = [(tp, tp.error) for tp in result if tp.error is not None]
         if failed:
-            raise KafkaException(failed[0].error)
+            self._raise_if_lost(failed[0][1], [failed[0][0]])
+            raise KafkaException(failed[0][1])
+
+    def _raise_if_lost(self, err: KafkaError, tps: list[TopicPartition]) -> None:
+        """A commit the broker refused because it no longer has the topic: UnknownTopic, one
+        line naming it, as a poll says it (librdkafka's commit error names no topic)."""
+        if err.code() in UNKNOWN_TOPIC_CODES:
+            topics = ", ".join(sorted({tp.topic for tp in tps}))
+            raise UnknownTopic(topics, self._health.bootstrap, err.str(), gone=True) from None
 
     def committed(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
         """The group's committed next-offsets (None where nothing was committed)."""

@@ -180,11 +180,14 @@ def _tracing(cfg: RunConfig) -> Check:
     problem = tracing.exporter_problem(cfg)
     if problem is not None:
         return Check("tracing.exporter", False, problem)
-    detail = ",".join(tracing.exporter_kinds(cfg))
+    kinds = tracing.exporter_kinds(cfg)
+    detail = ",".join(kinds)
     if (missing := tracing.missing_collector(cfg)) is not None:  # the run still starts
+        others = [kind for kind in kinds if kind != "otlp"]  # what init_tracing keeps
+        outcome = f"sends its spans to {', '.join(others)} only" if others else "traces nothing"
         detail += (
             f"; no OTLP collector answers at {missing} now: unless one does when the run "
-            "starts, each process warns and traces nothing"
+            f"starts, each process warns and {outcome}"
         )
     return Check("tracing.exporter", True, detail)
 

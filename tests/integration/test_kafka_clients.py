@@ -376,3 +376,29 @@ def test_a_topic_the_broker_lost_is_not_made_again_and_stops_the_role_naming_it(
             for _ in range(20):
                 reader.poll(0.5)
     assert samples not in _topic_partitions(broker)
+
+
+def test_a_commit_the_restarted_broker_refuses_names_the_topic_it_lost(tmp_path) -> None:
+    """``asyncrl train`` role by role, SIGTERMed after its ``asyncrl broker`` was restarted
+    (topics gone): its last checkpoint's offset commit ended in a KafkaException traceback
+    ("Commit failed: Broker: Unknown topic or partition"); now one line naming the topic."""
+    from asyncrl.config import load_config
+    from asyncrl.launch.broker import EmbeddedBroker
+
+    first = EmbeddedBroker()
+    bootstrap = first.start()
+    cfg = load_config(
+        overrides=[f"kafka.bootstrap_servers='{bootstrap}'", f"output_dir='{tmp_path}'"]
+    )
+    create_run_topics(cfg, bootstrap)
+    samples = cfg.topic("samples")
+    with Publisher(cfg.kafka, bootstrap) as pub:
+        pub.publish(samples, "k", b"x")
+        pub.flush(10)
+    with Reader(cfg.kafka, bootstrap, raw_decode, group_id=f"{cfg.run_id}-trainer") as reader:
+        reader.assign(samples)
+        assert len(_poll_n(reader, 1)) == 1
+        first.stop()
+        with EmbeddedBroker(port=first.port), pytest.raises(UnknownTopic) as exc:
+            reader.commit({(samples, 0): 1})
+    assert str(exc.value).startswith(f"topic {samples} is gone from the broker at {bootstrap} ")

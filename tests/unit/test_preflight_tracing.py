@@ -84,3 +84,16 @@ def test_the_dry_run_says_when_no_otlp_collector_answers(monkeypatch):
         )
         _, check = _tracing_check(monkeypatch, OTEL_TRACES_EXPORTER="otlp")
         assert check.detail == "otlp"
+
+
+def test_the_dry_run_says_the_other_exporters_of_a_list_still_get_the_spans(monkeypatch):
+    """`OTEL_TRACES_EXPORTER=otlp,console asyncrl run --dry-run` with no collector said each
+    process would trace nothing; the run then sent every span to the console, as the docs say
+    (docs/observability.md: with no OTLP collector up, the others still get them)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+    _, check = _tracing_check(monkeypatch, OTEL_TRACES_EXPORTER="otlp,console")
+    assert check.ok is True
+    assert "traces nothing" not in check.detail
+    assert check.detail.endswith("each process warns and sends its spans to console only")
+    _, check = _tracing_check(monkeypatch, OTEL_TRACES_EXPORTER="otlp")
+    assert check.detail.endswith("each process warns and traces nothing")
