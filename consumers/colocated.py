@@ -246,6 +246,9 @@ if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(int(os.environ.get("ASYNCRL_TORCH_THREADS", "1")))
     args = sys.argv[1:]
+    if {"-h", "--help"} & set(args):
+        print(__doc__)
+        sys.exit(0)
     config = None
     if args[:1] == ["--config"]:
         config, args = args[1], args[2:]
