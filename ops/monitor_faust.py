@@ -46,10 +46,14 @@ def read(
     follow: bool,
     refresh_s: float,
     idle_exit_s: float | None,
+    limits: dict[str, dict[int, int]] | None = None,
 ) -> None:
     """Run a faust worker until the run has finished and every record is read (or not
-    ``follow`` and caught up, or ``idle_exit_s`` without a record)."""
+    ``follow`` and caught up, or ``idle_exit_s`` without a record). ``limits``: per topic
+    and partition, the offset to stop before (ops/monitor.py)."""
     import faust
+
+    from asyncrl.ops.monitor import before
 
     levels = {name: logging.getLogger(name).level for name in NOISY}
     # mode's stop of a task cancelled mid-sleep, at every stop: nothing the user can act on
@@ -80,6 +84,8 @@ def read(
     async def consume(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            if not before(limits, msg):
+                continue
             feed(mon, cfg, [_record(msg)])
             seen[msg.topic] += 1
             state["last"] = time.monotonic()
