@@ -52,12 +52,15 @@ def find_step(cfg: RunConfig, bootstrap: str, step: int) -> StepRecord:
     earlier checkpoint writes the step again, and its record (and checkpoint) replace the
     void one of the trainer that died (TrainerResumed)."""
     found = None
+    numbers = set()
     for rec in read_records(cfg, bootstrap, "steps"):
         record = decode_step(rec.value, rec.headers)
+        numbers.add(record.step)
         if record.step == step:
             found = record
     if found is None:
-        raise ReplayError(f"step {step} is not on {cfg.topic('steps')}")
+        held = f"steps {min(numbers)}-{max(numbers)}" if numbers else "no step yet"
+        raise ReplayError(f"step {step} is not on {cfg.topic('steps')} (it holds {held})")
     return found
 
 
