@@ -744,3 +744,17 @@ def test_a_role_started_by_hand_with_a_key_its_run_cannot_change_is_refused(
         err = capsys.readouterr().err
         assert err.startswith(f"asyncrl {role}: actor_rollout_ref.rollout.n: 4, but run 'demo'")
         assert "another run_id=" in err and len(err.strip().splitlines()) == 1
+
+
+def test_export_model_of_a_wrong_run_id_says_no_such_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`asyncrl export-model nope` said "no checkpoint in runs/nope/checkpoints (kept: none;
+    trainer.save_freq, ...)", as if the run were there with no checkpoint."""
+    _saved_run(tmp_path, "r9", "127.0.0.1:1", archived=False)
+    out = tmp_path / "m"
+    assert main(["export-model", "nope", "--out", str(out), "--output-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"asyncrl export-model: no run 'nope' in {tmp_path}/ (runs there: r9)"
+    )
+    assert not out.exists()
