@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.live import Live
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.monitor_stats import RunMonitor, feed
+from asyncrl.ops.monitor_stats import RunMonitor, before, feed
 
 TOPICS = ("samples", "steps", "control", "dead-letter")
 
@@ -124,11 +124,6 @@ def watermarks(reader, cfg: RunConfig) -> dict[str, dict[int, tuple[int, int]]]:
     return {
         cfg.topic(name): reader.watermarks(cfg.topic(name), exact=True) for name in SNAPSHOT_ORDER
     }
-
-
-def before(limits: dict[str, dict[int, int]] | None, rec) -> bool:
-    """Whether ``rec`` is below its partition's end in ``limits`` (None: every record is)."""
-    return limits is None or rec.offset < limits.get(rec.topic, {}).get(rec.partition, 0)
 
 
 def _read(

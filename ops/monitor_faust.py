@@ -29,7 +29,7 @@ from rich.live import Live
 from asyncrl.config import RunConfig
 from asyncrl.kafka import Record
 from asyncrl.kafka.health import accepts_connection
-from asyncrl.ops.monitor_stats import RunMonitor, feed
+from asyncrl.ops.monitor_stats import RunMonitor, before, feed
 
 GONE_IDLE_S = 3.0
 """No record for this long, and the broker is checked: an embedded broker dies with its run,
@@ -52,8 +52,6 @@ def read(
     ``follow`` and caught up, or ``idle_exit_s`` without a record). ``limits``: per topic
     and partition, the offset to stop before (ops/monitor.py)."""
     import faust
-
-    from asyncrl.ops.monitor import before
 
     levels = {name: logging.getLogger(name).level for name in NOISY}
     # mode's stop of a task cancelled mid-sleep, at every stop: nothing the user can act on
