@@ -240,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="read a run's topics back: samples, partials, control, steps, dead-letter",
         description="Reads the run's topic and prints one row per record (the run: run_id=RUN "
         "or a first word RUN; its saved config OUTPUT_DIR/RUN/config.yaml names its broker, "
-        "unless --config or kafka.bootstrap_servers is given; a finished `asyncrl run` is read "
-        "from its archived log): samples with versions, reward, lengths and staleness "
+        "unless --config or kafka.bootstrap_servers is given; an `asyncrl run` with its embedded "
+        "broker, finished or running, is read from its archived log): samples with versions, reward, lengths and staleness "
         "at consumption; partial samples with each trajectory's segments; the control history "
         "(every sync's pause/transfer/load times); steps; dead-letter records with their errors.",
     )

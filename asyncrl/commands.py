@@ -254,7 +254,9 @@ SET_ASIDE = re.compile(r"\.\d{8}-\d{6}$")
 """A finished run's directory moved aside by the next run of its run_id (launcher)."""
 
 
-def _no_such_run(cfg) -> str:
+def _no_such_run(cfg, on_a_cluster: bool = True) -> str:
+    """No run ``cfg.run_id`` under its output_dir, naming those there; ``on_a_cluster``: adds
+    how to read one on a Kafka cluster (not for what reads the run's directory alone)."""
     from pathlib import Path
 
     out = Path(cfg.output_dir)
@@ -264,10 +266,8 @@ def _no_such_run(cfg) -> str:
         if (p / "config.yaml").exists() and not SET_ASIDE.search(p.name)  # runs/<id>.<time>
     )
     listed = f" (runs there: {', '.join(here[:12])}{', ...' if len(here) > 12 else ''})"
-    return (
-        f"no run {cfg.run_id!r} in {out}/{listed if here else ''}; for a run "
-        "on a Kafka cluster, pass kafka.bootstrap_servers=HOST:PORT"
-    )
+    hint = "; for a run on a Kafka cluster, pass kafka.bootstrap_servers=HOST:PORT"
+    return f"no run {cfg.run_id!r} in {out}/{listed if here else ''}{hint if on_a_cluster else ''}"
 
 
 def _closed_loopback(bootstrap: str) -> str | None:
@@ -850,6 +850,9 @@ def cmd_export_model(args: argparse.Namespace) -> int:
     from asyncrl.ops.export_model import ExportError, export_model
 
     cfg = _run_config(args)
+    if not cfg.run_dir.exists():  # said "no checkpoint in runs/nope/checkpoints (kept: none)"
+        print(f"asyncrl export-model: {_no_such_run(cfg, on_a_cluster=False)}", file=sys.stderr)
+        return 1
     try:
         path = export_model(cfg, Path(args.out), args.step)
     except ExportError as err:

@@ -150,7 +150,7 @@ class MemoryReader(Generic[T]):
         self.decode = decode
         self.positions: dict[str, int] = {}
 
-    def watermarks(self, topic: str) -> dict[int, tuple[int, int]]:
+    def watermarks(self, topic: str, exact: bool = True) -> dict[int, tuple[int, int]]:
         return {0: (0, len(self.broker.topics.get(topic, [])))}
 
     def assign(self, topic: str, offsets: Mapping[int, int] | None = None) -> None:

@@ -81,6 +81,20 @@ def _consumed_at(cfg: RunConfig, bootstrap: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _dropped(cfg: RunConfig, bootstrap: str) -> dict[str, str]:
+    """sample_id -> the reason of the SamplesDropped naming it (the last, where several do): a
+    sample the trainer filtered, found too stale or invalid, which the samples view showed as
+    merely not trained ('-'), the reason on the control topic only."""
+    from asyncrl.ops.audit import read_control
+
+    return {
+        sid: event.reason
+        for event in read_control(cfg, bootstrap)
+        if isinstance(event, ev.SamplesDropped)
+        for sid in event.sample_ids
+    }
+
+
 def _steps_in_force(cfg: RunConfig, bootstrap: str) -> tuple[list[tuple[int, Any]], list[bool]]:
     """Every step record with its offset, and which of them a trainer restart voided
     (``audit.void_steps``: their updates were lost with the trainer; the steps were redone)."""
@@ -280,8 +294,10 @@ def topic_rows(
             return tok.decode(ids.tolist(), skip_special_tokens=True)
 
     consumed: Any = {}  # what a row needs from other records
+    dropped: dict[str, str] = {}
     if name == "samples":
         consumed = _consumed_at(cfg, bootstrap)
+        dropped = _dropped(cfg, bootstrap)
     elif name == "steps":
         steps, void = _steps_in_force(cfg, bootstrap)
         consumed = {offset for (offset, _), voided in zip(steps, void, strict=True) if voided}
@@ -291,6 +307,8 @@ def topic_rows(
             row = ROWS[name](rec, decode_text, consumed)
         except DecodeError as err:
             row = {"offset": rec.offset, "time": _ts(rec.timestamp_ms), "decode_error": str(err)}
+        if row.get("sample_id") in dropped and row.get("trained_at_step") is None:
+            row["dropped"] = dropped[row["sample_id"]]  # why it was never trained
         if as_json:
             row["time"] = _iso(rec.timestamp_ms)
         rows.append(row)

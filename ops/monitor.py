@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.live import Live
 
 from asyncrl.config import RunConfig
-from asyncrl.ops.monitor_stats import RunMonitor, feed
+from asyncrl.ops.monitor_stats import RunMonitor, before, feed
 
 TOPICS = ("samples", "steps", "control", "dead-letter")
 
@@ -86,32 +86,57 @@ def _follow(mon, cfg, bootstrap, engine, topics, console, follow, refresh_s, idl
     from asyncrl.kafka import Reader, raw_decode
 
     with Reader(cfg.kafka, bootstrap, raw_decode) as reader:
-        ends = {}
-        for topic in topics:
-            low_high = reader.watermarks(topic, exact=True).values()
-            ends[topic] = sum(high - low for low, high in low_high)
+        _watch(mon, cfg, reader, bootstrap, engine, topics, console, follow, refresh_s, idle_exit_s)
+
+
+def _watch(
+    mon, cfg, reader, bootstrap, engine, topics, console, follow, refresh_s, idle_exit_s
+) -> None:
+    """Take the topics' ends with ``reader``, then read them with ``engine`` into ``mon``."""
+    marks = watermarks(reader, cfg)
+    ends = {topic: sum(high - low for low, high in m.values()) for topic, m in marks.items()}
+    # Not following: the log as it was now, not the records a live run adds while the topics
+    # are read (a --once of a live run printed 'published 298 trained 352 queue lag -54': the
+    # samples read to their end before the steps the run went on writing).
+    limits = None if follow else {t: {p: hi for p, (_, hi) in m.items()} for t, m in marks.items()}
+    if engine == "faust":
+        reader.close()  # not read from: its connections would fail aloud as the broker ends
+    with Live(mon.render(cfg.run_id), console=console, refresh_per_second=4) as live:
         if engine == "faust":
-            reader.close()  # not read from: its connections would fail aloud as the broker ends
-        with Live(mon.render(cfg.run_id), console=console, refresh_per_second=4) as live:
-            if engine == "faust":
-                from asyncrl.ops import monitor_faust
+            from asyncrl.ops import monitor_faust
 
-                monitor_faust.read(
-                    mon, cfg, bootstrap, topics, ends, live, follow, refresh_s, idle_exit_s
-                )
-            else:
-                _read(mon, cfg, reader, topics, ends, live, follow, refresh_s, idle_exit_s)
-            live.update(mon.render(cfg.run_id))
+            monitor_faust.read(
+                mon, cfg, bootstrap, topics, ends, live, follow, refresh_s, idle_exit_s, limits
+            )
+        else:
+            _read(mon, cfg, reader, topics, ends, live, follow, refresh_s, idle_exit_s, limits)
+        live.update(mon.render(cfg.run_id))
 
 
-def _read(mon, cfg, reader, topics, ends, live, follow, refresh_s, idle_exit_s) -> None:
-    """The plain backend: poll the assigned topics, feed, redraw."""
+SNAPSHOT_ORDER = ("control", "steps", "dead-letter", "samples")
+"""The order the topics' ends are taken in: those whose records name samples (a step's batch,
+a drop) before ``samples``, so each sample a record below its end names is below the end of
+``samples`` too, though the run writes on between two of them."""
+
+
+def watermarks(reader, cfg: RunConfig) -> dict[str, dict[int, tuple[int, int]]]:
+    """Each monitored topic's ``{partition: (low, high)}`` now, in ``SNAPSHOT_ORDER``."""
+    return {
+        cfg.topic(name): reader.watermarks(cfg.topic(name), exact=True) for name in SNAPSHOT_ORDER
+    }
+
+
+def _read(
+    mon, cfg, reader, topics, ends, live, follow, refresh_s, idle_exit_s, limits=None
+) -> None:
+    """The plain backend: poll the assigned topics, feed, redraw. ``limits``: per topic and
+    partition, the offset to stop before (the records past it are left out)."""
     for topic in topics:
         reader.assign(topic)
     seen: Counter = Counter()
     last_record = time.monotonic()
     while True:
-        records = reader.poll(refresh_s)
+        records = [r for r in reader.poll(refresh_s) if before(limits, r)]
         if records:
             last_record = time.monotonic()
             feed(mon, cfg, records)

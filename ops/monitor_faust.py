@@ -29,7 +29,7 @@ from rich.live import Live
 from asyncrl.config import RunConfig
 from asyncrl.kafka import Record
 from asyncrl.kafka.health import accepts_connection
-from asyncrl.ops.monitor_stats import RunMonitor, feed
+from asyncrl.ops.monitor_stats import RunMonitor, before, feed
 
 GONE_IDLE_S = 3.0
 """No record for this long, and the broker is checked: an embedded broker dies with its run,
@@ -46,9 +46,11 @@ def read(
     follow: bool,
     refresh_s: float,
     idle_exit_s: float | None,
+    limits: dict[str, dict[int, int]] | None = None,
 ) -> None:
     """Run a faust worker until the run has finished and every record is read (or not
-    ``follow`` and caught up, or ``idle_exit_s`` without a record)."""
+    ``follow`` and caught up, or ``idle_exit_s`` without a record). ``limits``: per topic
+    and partition, the offset to stop before (ops/monitor.py)."""
     import faust
 
     levels = {name: logging.getLogger(name).level for name in NOISY}
@@ -80,6 +82,8 @@ def read(
     async def consume(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            if not before(limits, msg):
+                continue
             feed(mon, cfg, [_record(msg)])
             seen[msg.topic] += 1
             state["last"] = time.monotonic()

@@ -182,6 +182,12 @@ def _f(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def before(limits: dict[str, dict[int, int]] | None, rec: Any) -> bool:
+    """Whether ``rec`` is below its partition's end in ``limits`` (None: every record is):
+    ``monitor --once`` feeds the log as it was when it started (ops/monitor.py)."""
+    return limits is None or rec.offset < limits.get(rec.topic, {}).get(rec.partition, 0)
+
+
 def feed(mon: RunMonitor, cfg: RunConfig, records: list[Any]) -> None:
     """Decode raw records by topic and hand them to the monitor; bad ones are only counted."""
     for rec in records:

@@ -23,7 +23,7 @@ from asyncrl.kafka.records import read_records
 from asyncrl.schemas.sample import Sample, decode_sample
 from asyncrl.schemas.step import StepRecord, decode_step
 
-COMPARED = ("actor/pg_loss", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl")
+COMPARED = ("actor/lr", "actor/pg_loss", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl")
 OFFPOLICY_COMPARED = (
     "rollout_corr/kl",
     "rollout_corr/rollout_is_mean",
@@ -52,12 +52,15 @@ def find_step(cfg: RunConfig, bootstrap: str, step: int) -> StepRecord:
     earlier checkpoint writes the step again, and its record (and checkpoint) replace the
     void one of the trainer that died (TrainerResumed)."""
     found = None
+    numbers = set()
     for rec in read_records(cfg, bootstrap, "steps"):
         record = decode_step(rec.value, rec.headers)
+        numbers.add(record.step)
         if record.step == step:
             found = record
     if found is None:
-        raise ReplayError(f"step {step} is not on {cfg.topic('steps')}")
+        held = f"steps {min(numbers)}-{max(numbers)}" if numbers else "no step yet"
+        raise ReplayError(f"step {step} is not on {cfg.topic('steps')} (it holds {held})")
     return found
 
 
@@ -76,6 +79,26 @@ def fetch_samples(cfg: RunConfig, bootstrap: str, record: StepRecord) -> list[Sa
     if [s.sample_id for s in samples] != record.sample_ids:
         raise ReplayError(f"step {record.step}: the samples at the recorded offsets differ")
     return samples
+
+
+def _recorded_lr(cfg: RunConfig, record: StepRecord) -> float | None:
+    """The rate the step ran at (its ``actor/lr``) where the replay's rate settings are the
+    run's own (those of its saved config.yaml), else None: the replay's schedule. A run
+    resumed with another ``trainer.total_training_steps`` ran its earlier steps on another
+    cosine or warm-up schedule than its saved config gives, and their replay differed in the
+    weights with nothing changed."""
+    from asyncrl.config import load_config
+
+    saved = cfg.run_dir / "config.yaml"
+    lr = record.metrics.get("actor/lr")
+    if lr is None or not saved.exists():
+        return None
+    run = load_config(saved)
+    same = (
+        run.actor_rollout_ref.actor.optim == cfg.actor_rollout_ref.actor.optim
+        and run.trainer.total_training_steps == cfg.trainer.total_training_steps
+    )
+    return lr if same else None
 
 
 def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> dict[str, Any]:
@@ -112,6 +135,10 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
         for group in optimizer.param_groups:  # the replay's settings, not the checkpoint's
             group["weight_decay"] = optim.weight_decay
     set_step_lr(optimizer, optim, step, cfg.trainer.total_training_steps)  # the step's rate
+    recorded_lr = _recorded_lr(cfg, record)
+    if recorded_lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = recorded_lr
     recorded = record.weights_checksum
     if recorded and weights_checksum(model, like=recorded) != recorded:
         raise ReplayError(

@@ -363,7 +363,9 @@ def _markdown(
     launches = last.get("launch", 1)
     facts = [
         ("steps", last["step"]),
-        *([("launches (resumed after a kill)", launches)] if launches > 1 else []),
+        # the trainer's clock starts again at each start: a restart within a launch (the
+        # trainer killed, `asyncrl run` restarting it) counts as one, as a new launch does
+        *([("trainer starts (restarts and resumed launches)", launches)] if launches > 1 else []),
         ("weight version", last["version"]),
         ("finished because", summary.get("reason", "(not finished: still running, or stopped)")),
         ("held-out accuracy, start -> end", _acc(summary, rows)),

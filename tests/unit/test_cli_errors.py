@@ -843,3 +843,17 @@ def test_the_help_says_what_the_commands_do(capsys: pytest.CaptureFixture[str]) 
     assert "report reads its metrics.jsonl" in _help(capsys, "monitor")
     # audit said it reads "on kafka.bootstrap_servers", then that it reads the archive
     assert "topics on kafka.bootstrap_servers" not in _help(capsys, "audit")
+
+
+def test_export_model_of_a_wrong_run_id_says_no_such_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`asyncrl export-model nope` said "no checkpoint in runs/nope/checkpoints (kept: none;
+    trainer.save_freq, ...)", as if the run were there with no checkpoint."""
+    _saved_run(tmp_path, "r9", "127.0.0.1:1", archived=False)
+    out = tmp_path / "m"
+    assert main(["export-model", "nope", "--out", str(out), "--output-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"asyncrl export-model: no run 'nope' in {tmp_path}/ (runs there: r9)"
+    )
+    assert not out.exists()

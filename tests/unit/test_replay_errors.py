@@ -34,3 +34,25 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_one_line(
     message = str(err.value)
     assert message.startswith("the checkpoint of step 4 does not load into the model these")
     assert "size mismatch for weight" in message and "\n" not in message
+
+
+def test_a_step_not_on_the_log_names_the_steps_that_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`replay step 21` of a 20-step run said only 'step 21 is not on w1.steps'."""
+    from asyncrl.schemas import SCHEMA_HEADER
+    from asyncrl.schemas.step import TAG, encode_step
+    from asyncrl.testing import MemoryBroker
+
+    cfg = load_config(overrides=["run_id=r"])
+    broker = MemoryBroker()
+    monkeypatch.setattr(replay, "read_records", lambda *_: broker.topics.get("r.steps", []))
+    with pytest.raises(
+        replay.ReplayError, match=r"^step 3 is not on r.steps \(it holds no step yet\)$"
+    ):
+        replay.find_step(cfg, "-", 3)
+    for n in (1, 2):
+        rec = encode_step(StepRecord("r", n, 0, 0.0, [], [], []))
+        broker.append("r.steps", "r", rec, {SCHEMA_HEADER: TAG.encode()})
+    with pytest.raises(
+        replay.ReplayError, match=r"^step 21 is not on r.steps \(it holds steps 1-2\)$"
+    ):
+        replay.find_step(cfg, "-", 21)

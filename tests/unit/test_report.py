@@ -151,7 +151,8 @@ def test_a_run_resumed_after_a_kill_reads_as_one_run(tmp_path):
     # 24 samples in the first launch's 3 s, 16 in the second's 1 s
     assert joined[-1]["perf/samples_per_s"] == pytest.approx(40 / 4.0)
     md = write_report(run).read_text()
-    assert "| launches (resumed after a kill) | 2 |" in md
+    # a trainer restart within one `asyncrl run` reads alike: it said "launches 2" of one launch
+    assert "| trainer starts (restarts and resumed launches) | 2 |" in md
     assert "| wall time | 4.0 s |" in md and "| samples trained | 32 |" in md
     assert "| samples/s (over the wall time, start-ups included) | 10.00 |" in md
     assert "| syncs | 3 |" in md  # the summary's 1 is the last launch's alone
