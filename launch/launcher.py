@@ -263,6 +263,10 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     train, split = train_prompts(resolved)
     if split is not None:
         _log_data(resolved, console, "train", split)
+        if feeds_ahead(resolved):  # the trainer's feed loads them, not read a second time
+            from asyncrl.producers import prepared
+
+            prepared.save(resolved, train)
         from asyncrl.models.policy import load_tokenizer
         from asyncrl.producers.agent.data import load_split
 
