@@ -168,8 +168,11 @@ def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRo
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from asyncrl.kafka.records import progress_counter
+
     ids = _prompt_ids(paths)
     rows: list[DataRow] = []
+    counted = progress_counter(f"reading {config_key}")  # a live line: 1M rows take a minute
     for k, path in enumerate(paths):
         where = f"{config_key}: {path}"
         problem = check_file(path, prompt_key)
@@ -199,6 +202,7 @@ def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRo
                     ability=str(row.get("ability") or ""),
                 )
             )
+            counted(len(rows))
     return rows
 
 
@@ -247,7 +251,14 @@ def filter_overlong(
             )
         return len(ids) <= max_prompt_length
 
-    kept = [r for r in rows if fits(r)]
+    from asyncrl.kafka.records import progress_counter
+
+    counted = progress_counter("tokenizing the prompts")
+    kept = []
+    for done, row in enumerate(rows, 1):
+        if fits(row):
+            kept.append(row)
+        counted(done)
     return kept, len(rows) - len(kept)
 
 

@@ -561,3 +561,19 @@ def test_settings_of_a_checkpoint_leave_the_built_in_policys_cache_key_alone() -
         cache_key(load_config(overrides=["data.feed_ahead_steps=5"])),  # how prompts are fed
     }
     assert len(keys) == 1
+
+
+def test_reading_the_data_files_reports_its_progress(
+    exported: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A million rows take minutes to read and tokenize, and ``asyncrl run`` showed nothing
+    meanwhile; the read and the length filter report as they go, for the set-up's live line."""
+    from asyncrl.kafka import records
+
+    monkeypatch.setattr(records, "REPORT_EVERY", 10)
+    told: list[tuple[str, int]] = []
+    with records.reporting_progress(lambda what, n: told.append((what, n))):
+        train_prompts(_files(exported))
+    assert told == [("reading data.train_files", n) for n in (10, 20, 30, 40)] + [
+        ("tokenizing the prompts", n) for n in (10, 20, 30, 40)
+    ]
