@@ -189,12 +189,11 @@ def test_the_trainer_does_not_read_the_data_files_the_set_up_read(
     from rich.console import Console
 
     from asyncrl.launch.launcher import prepare
-    from asyncrl.models import policy
     from asyncrl.producers import feed
-    from asyncrl.tasks.files import export_task
+    from asyncrl.tasks import files
 
     small = ("data.train_size=16", "data.val_size=8")
-    data = export_task(make_run_cfg(*small, create_topics=False).data, tmp_path / "data")
+    data = files.export_task(make_run_cfg(*small, create_topics=False).data, tmp_path / "data")
     cfg = make_run_cfg(
         *quick_policy,
         f"data.train_files={data['train']}",
@@ -204,13 +203,15 @@ def test_the_trainer_does_not_read_the_data_files_the_set_up_read(
     )
     bootstrap = cfg.kafka.bootstrap_servers
     prepare(cfg.model_copy(deep=True), bootstrap, Console(file=StringIO()))
-    encoded: list[int] = []
-    encode = policy.encode_prompt
-    monkeypatch.setattr(policy, "encode_prompt", lambda *a: encoded.append(1) or encode(*a))
+    read: list[str] = []  # the files' rows read, then tokenized (the length filter)
+    for name in ("read_rows", "filter_overlong"):
+        real = getattr(files, name)
+        monkeypatch.setattr(files, name, lambda *a, f=real, n=name: read.append(n) or f(*a))
     with Publisher(cfg.kafka, bootstrap) as pub:  # its trainer: no read, then its top-ups
         trainer = feed.FeedAhead(cfg, bootstrap, pub)
         assert trainer.through(0) == 0 and trainer.through(1) > 0
-    assert encoded == []
+    assert read == []
     fed = {decode_prompt(r.value) for r in read_records(cfg, bootstrap, "prompts")}
     train, _ = feed.train_prompts(cfg)
-    assert encoded and fed == set(feed.feed_sequence(cfg, train, 0, len(fed)))
+    assert read == ["read_rows", "filter_overlong"]  # the seams count the read
+    assert fed == set(feed.feed_sequence(cfg, train, 0, len(fed)))
