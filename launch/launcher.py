@@ -260,9 +260,14 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     # The data first (the tokenizer needs no warm start): prompts all over
     # data.max_prompt_length, or characters the built-in model cannot read, stopped the run
     # only after the topics and a ~45 s warm start.
-    train, split = train_prompts(resolved)
+    with records_shown(console, "reading the prompts", "prepare"):  # 1M rows: minutes
+        train, split = train_prompts(resolved)
     if split is not None:
         _log_data(resolved, console, "train", split)
+        if feeds_ahead(resolved):  # the trainer's feed loads them, not read a second time
+            from asyncrl.producers import prepared
+
+            prepared.save(resolved, train)
         from asyncrl.models.policy import load_tokenizer
         from asyncrl.producers.agent.data import load_split
 

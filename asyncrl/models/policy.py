@@ -259,8 +259,20 @@ def encode_prompt(
     template writes them into its system prompt, one that ignores them is unchanged; and
     ``chat_kwargs``, ``data.apply_chat_template_kwargs``), plain text as it is (with the
     tokenizer's special tokens, e.g. ``<bos>``)."""
+    text, special = prompt_text(tokenizer, prompt, tools, chat_kwargs)
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def prompt_text(
+    tokenizer: Any,
+    prompt: str | list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    chat_kwargs: dict[str, Any] | None = None,
+) -> tuple[str, bool]:
+    """What :func:`encode_prompt` tokenizes: (the text, whether the tokenizer adds its
+    special tokens): plain text with them, chat messages through the chat template without."""
     if isinstance(prompt, str):
-        return list(tokenizer(prompt)["input_ids"])
+        return prompt, True
     if not tokenizer.chat_template:
         raise ConfigError(
             "the prompt is chat messages but the tokenizer has no chat template "
@@ -277,4 +289,43 @@ def encode_prompt(
         raise ConfigError(
             f"the chat template ({PATH_KEY}) fails on the prompt: {type(err).__name__}: {err}"
         ) from None
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return str(text), False
+
+
+def encode_texts(tokenizer: Any, texts: list[tuple[str, bool]]) -> list[list[int]]:
+    """:func:`prompt_text`'s texts as :func:`encode_prompt` tokenizes them, in one batch call
+    of the ``tokenizers`` library where that is the same call (a fast tokenizer with no
+    truncation, padding or split special tokens set): row by row through transformers, 100K
+    prompts took 2-5 s more on two cores (the batch also runs on every core)."""
+    backend = _batch_backend(tokenizer)
+    if backend is None:
+        return [list(tokenizer(t, add_special_tokens=s)["input_ids"]) for t, s in texts]
+    out: list[list[int]] = [[] for _ in texts]
+    for special in (True, False):
+        at = [i for i, (_, s) in enumerate(texts) if s is special]
+        if at:
+            encoded = backend.encode_batch([texts[i][0] for i in at], add_special_tokens=special)
+            for i, enc in zip(at, encoded, strict=True):
+                out[i] = list(enc.ids)
+    return out
+
+
+def _batch_backend(tokenizer: Any) -> Any:
+    """The tokenizer's ``tokenizers.Tokenizer`` when encoding with it is exactly what calling
+    the tokenizer does (transformers' TokenizersBackend, neither call overridden, nothing
+    that call would change on the backend first), else None."""
+    from transformers import TokenizersBackend
+
+    if not isinstance(tokenizer, TokenizersBackend):
+        return None
+    cls = type(tokenizer)
+    backend = tokenizer.backend_tokenizer
+    same = (
+        cls.__call__ is TokenizersBackend.__call__
+        and cls._encode_plus is TokenizersBackend._encode_plus
+        and backend.truncation is None
+        and backend.padding is None
+        and not getattr(tokenizer, "split_special_tokens", False)
+        and not backend.encode_special_tokens
+    )
+    return backend if same else None

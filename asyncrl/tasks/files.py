@@ -168,8 +168,11 @@ def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRo
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from asyncrl.kafka.records import progress_counter
+
     ids = _prompt_ids(paths)
     rows: list[DataRow] = []
+    counted = progress_counter(f"reading {config_key}")  # a live line: 1M rows take a minute
     for k, path in enumerate(paths):
         where = f"{config_key}: {path}"
         problem = check_file(path, prompt_key)
@@ -199,6 +202,7 @@ def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRo
                     ability=str(row.get("ability") or ""),
                 )
             )
+            counted(len(rows))
     return rows
 
 
@@ -217,6 +221,10 @@ def _check_json(value: Any, where: str) -> None:
             ) from None
 
 
+ENCODE_BATCH = 1024
+"""Prompts tokenized in one call (``asyncrl.models.policy.encode_texts``)."""
+
+
 def filter_overlong(
     rows: list[DataRow],
     tokenizer: Any,
@@ -230,13 +238,10 @@ def filter_overlong(
     with a token id the model does not embed
     (``vocab_size``): tokens added to a tokenizer whose model was not resized made the
     trainer and the workers die on IndexError, restarted until the run failed."""
-    from asyncrl.models.policy import PATH_KEY, encode_prompt
+    from asyncrl.kafka.records import progress_counter
+    from asyncrl.models.policy import PATH_KEY, encode_texts, prompt_text
 
-    def fits(row: DataRow) -> bool:
-        try:
-            ids = encode_prompt(tokenizer, row.prompt, tools, chat_kwargs)
-        except ConfigError as err:  # which prompt: the template may refuse only some
-            raise ConfigError(f"prompt {row.prompt_id}: {err}") from None
+    def fits(row: DataRow, ids: list[int]) -> bool:
         past = [i for i in ids if vocab_size is not None and i >= vocab_size]
         if past:
             raise ConfigError(
@@ -247,7 +252,25 @@ def filter_overlong(
             )
         return len(ids) <= max_prompt_length
 
-    kept = [r for r in rows if fits(r)]
+    counted = progress_counter("tokenizing the prompts")
+    kept = []
+    for start in range(0, len(rows), ENCODE_BATCH):
+        chunk, texts = rows[start : start + ENCODE_BATCH], []
+        failed = None
+        for row in chunk:
+            try:
+                texts.append(prompt_text(tokenizer, row.prompt, tools, chat_kwargs))
+            except ConfigError as err:  # which prompt: the template may refuse only some
+                failed = ConfigError(f"prompt {row.prompt_id}: {err}")
+                break
+        # the rows before a refused one first: the first row at fault is the one named
+        encoded = zip(chunk[: len(texts)], encode_texts(tokenizer, texts), strict=True)
+        for done, (row, ids) in enumerate(encoded, start + 1):
+            if fits(row, ids):
+                kept.append(row)
+            counted(done)
+        if failed is not None:
+            raise failed
     return kept, len(rows) - len(kept)
 
 

@@ -175,3 +175,43 @@ def test_a_run_reads_its_prompts_once_at_start_up(make_run_cfg, quick_policy, mo
             feed.prompts_needed(cfg, 3 + 2) - len(fed)
         )
     assert len(reads) == 3
+
+
+def test_the_trainer_does_not_read_the_data_files_the_set_up_read(
+    make_run_cfg, quick_policy, tmp_path, monkeypatch
+):
+    """A run on data.train_files read and tokenized every row twice at start: in its set-up,
+    then in its trainer's first feed check (7-22 s at 100K rows, the workers waiting). The
+    set-up saves its prompts in the run directory; the trainer's feed loads them, and tops up
+    with the same sequence the files give."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from asyncrl.launch.launcher import prepare
+    from asyncrl.producers import feed
+    from asyncrl.tasks import files
+
+    small = ("data.train_size=16", "data.val_size=8")
+    data = files.export_task(make_run_cfg(*small, create_topics=False).data, tmp_path / "data")
+    cfg = make_run_cfg(
+        *quick_policy,
+        f"data.train_files={data['train']}",
+        f"data.val_files={data['val']}",
+        "trainer.total_training_steps=50",
+        "data.feed_ahead_steps=2",
+    )
+    bootstrap = cfg.kafka.bootstrap_servers
+    prepare(cfg.model_copy(deep=True), bootstrap, Console(file=StringIO()))
+    read: list[str] = []  # the files' rows read, then tokenized (the length filter)
+    for name in ("read_rows", "filter_overlong"):
+        real = getattr(files, name)
+        monkeypatch.setattr(files, name, lambda *a, f=real, n=name: read.append(n) or f(*a))
+    with Publisher(cfg.kafka, bootstrap) as pub:  # its trainer: no read, then its top-ups
+        trainer = feed.FeedAhead(cfg, bootstrap, pub)
+        assert trainer.through(0) == 0 and trainer.through(1) > 0
+    assert read == []
+    fed = {decode_prompt(r.value) for r in read_records(cfg, bootstrap, "prompts")}
+    train, _ = feed.train_prompts(cfg)
+    assert read == ["read_rows", "filter_overlong"]  # the seams count the read
+    assert fed == set(feed.feed_sequence(cfg, train, 0, len(fed)))

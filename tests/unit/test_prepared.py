@@ -1,0 +1,85 @@
+"""The set-up's training prompts saved in the run directory (``producers/prepared.py``): the
+trainer's feed loads exactly what reading the data files gives, and reads them again when the
+files, the tokenizer or a setting changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from asyncrl.config import RunConfig, load_config
+from asyncrl.producers import prepared
+from asyncrl.producers.feed import train_prompts, trainer_prompts
+
+
+def _row(prompt, ground_truth="0", **extra):
+    return {
+        "data_source": "arithmetic",
+        "prompt": prompt,
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": extra or {"index": 0},
+    }
+
+
+def _mixed(tmp_path: Path, *overrides: str) -> RunConfig:
+    """Two files: chat rows (one over data.max_prompt_length=8 tokens, one with a system
+    message) and plain-text rows with list ground truths (one over too)."""
+    chat, plain = tmp_path / "chat.parquet", tmp_path / "plain.parquet"
+    system = {"role": "system", "content": "1"}
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                _row([{"role": "user", "content": "1+2="}], index=1),
+                _row([{"role": "user", "content": "1111+2222="}]),  # too long
+                _row([system, {"role": "user", "content": "3="}], "3"),
+                _row([{"role": "user", "content": "11+22="}], split="train"),
+            ]
+        ),
+        chat,
+    )
+    pq.write_table(
+        pa.Table.from_pylist(
+            [_row("4+4=", ["8"]), _row("12345+678=", ["1"]), _row("2*3=", ["6", "06"])]
+        ),
+        plain,
+    )
+    return load_config(
+        overrides=[
+            f"data.train_files=[{chat},{plain}]",
+            f"data.val_files={chat}",
+            "data.max_prompt_length=8",
+            f"output_dir='{tmp_path / 'runs'}'",
+            *overrides,
+        ]
+    )
+
+
+def test_the_trainer_loads_exactly_the_prompts_the_set_up_read(tmp_path: Path) -> None:
+    cfg = _mixed(tmp_path)
+    train, split = train_prompts(cfg)
+    assert split is not None and (split.total, split.too_long) == (7, 2)
+    assert any(p.messages for p in train) and any(not p.messages for p in train)
+    prepared.save(cfg, train)
+    assert prepared.load(cfg) == train  # same records, same order, same filtering
+    assert trainer_prompts(cfg) == train
+    assert [p.prompt_id for p in train] == ["0.chat-0", "0.chat-2", "0.chat-3", "1.plain-0"] + [
+        "1.plain-2"
+    ]
+
+
+def test_prompts_saved_with_other_files_or_settings_are_read_again(tmp_path: Path) -> None:
+    cfg = _mixed(tmp_path)
+    prepared.save(cfg, train_prompts(cfg)[0])
+    longer = _mixed(tmp_path, "data.max_prompt_length=12")
+    assert prepared.load(longer) is None  # data.* shape the prompts
+    assert trainer_prompts(longer) == train_prompts(longer)[0]
+    assert len(trainer_prompts(longer)) == 7
+    assert prepared.load(cfg) is not None
+    chat = tmp_path / "chat.parquet"
+    table = pq.read_table(chat)
+    pq.write_table(table.slice(0, 3), chat)  # the file changed: a row fewer
+    assert prepared.load(cfg) is None and len(trainer_prompts(cfg)) == 4
+    prepared.path(cfg).write_bytes(b"not parquet")  # a broken file is no prompts
+    assert prepared.load(cfg) is None
