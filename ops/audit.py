@@ -585,7 +585,8 @@ def print_report(report: AuditReport, console: Console) -> None:
             f"[bold green]run {report.run_id}: clean[/] ({len(VIOLATIONS)} checks passed)"
         )
     else:
+        n = sum(bad.values())
         console.print(
-            f"[bold red]run {report.run_id}: {sum(bad.values())} violations[/] in "
-            f"{len(bad)} checks: {', '.join(bad)}"
+            f"[bold red]run {report.run_id}: {n} violation{'s' * (n != 1)}[/] in "
+            f"{len(bad)} check{'s' * (len(bad) != 1)}: {', '.join(bad)}"
         )

@@ -486,3 +486,15 @@ def test_the_log_is_decoded_as_it_is_read_not_held_raw_first(monkeypatch):
     assert len(log.prompts) == n and max(peak) <= 2
     assert [p.prompt_id for p in log.prompts[:3]] == ["p0", "p1", "p2"]  # by time
     assert log.committed == {f"p{i}@0" for i in range(200)}  # offsets 0-99 of both
+
+
+def test_the_verdict_counts_one_violation_in_the_singular() -> None:
+    from rich.console import Console
+
+    from asyncrl.ops.audit import VIOLATIONS, AuditReport, print_report
+
+    one = {name: 0 for name in VIOLATIONS} | {next(iter(VIOLATIONS)): 1}
+    console = Console(record=True, width=200)
+    print_report(AuditReport("r", one, {}, {}, {}), console)
+    verdict = console.export_text().strip().splitlines()[-1]
+    assert verdict.startswith("run r: 1 violation in 1 check:"), verdict
