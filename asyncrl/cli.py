@@ -355,8 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
         "plots inlined. Needs no broker: works on a finished run or a copy of its directory.",
     )
     p.add_argument("run", help="a run directory, or a run_id under --output-dir")
-    p.add_argument("--output-dir", default="runs", help="where run_ids live (default: runs)")
+    _output_dir_arg(p)
     p.add_argument("--out", help="write the report here instead of RUN/report")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="output_dir=DIR",
+        help="where run_ids live, as audit, inspect and replay take it (same as --output-dir)",
+    )
 
     p = sub.add_parser(
         "bench",

@@ -834,7 +834,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from asyncrl.ops.report import ReportError, resolve_run_dir, write_report
 
     try:
-        run_dir = resolve_run_dir(args.run, args.output_dir)
+        run_dir = resolve_run_dir(args.run, _report_output_dir(args))
         path = write_report(run_dir, Path(args.out) if args.out else None)
     except ReportError as err:
         print(f"asyncrl report: {err}", file=sys.stderr)
@@ -842,6 +842,29 @@ def cmd_report(args: argparse.Namespace) -> int:
     pngs = sorted(p.name for p in path.parent.glob("*.png"))
     Console().print(f"report: {path} ({len(pngs)} plots: {', '.join(pngs)})")
     return 0
+
+
+def _report_output_dir(args: argparse.Namespace) -> str:
+    """Where report finds RUN: --output-dir, else ``output_dir=DIR`` as audit, inspect and
+    replay take it (``report RUN output_dir=DIR`` was a usage error). Report reads the run's
+    directory, not its config, so no other key could change what it writes."""
+    from asyncrl.config.base import ConfigError
+    from asyncrl.config.overrides import parse_overrides
+    from asyncrl.ops.report import ReportError
+
+    try:
+        parsed = parse_overrides(args.overrides)
+    except ConfigError as err:
+        raise ReportError(str(err)) from None
+    output_dir = "runs"
+    for key, value in parsed:
+        if key != "output_dir" or not isinstance(value, str) or not value:
+            raise ReportError(
+                f"{key}: report takes only output_dir=DIR (where RUN lives); it reads the "
+                "run's metrics.jsonl, not a config"
+            )
+        output_dir = value
+    return args.output_dir or output_dir
 
 
 def cmd_export_model(args: argparse.Namespace) -> int:

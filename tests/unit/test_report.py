@@ -212,3 +212,14 @@ def test_the_trainer_logs_the_samples_it_trained(monkeypatch):
     assert first["perf/elapsed_s"] == pytest.approx(3.0)
     second = stats.of_step([object()] * 8, first_join=101.0, **{**kw, "step": 2})
     assert second["perf/samples_trained"] == 16.0
+
+
+def test_report_takes_output_dir_as_an_override_as_audit_does(tmp_path, capsys):
+    """`asyncrl report RUN output_dir=DIR` was a usage error; audit, inspect and replay take it."""
+    _run_dir(tmp_path)
+    assert main(["report", "scripted", f"output_dir={tmp_path / 'runs'}"]) == 0
+    assert "report.md" in capsys.readouterr().out
+    assert main(["report", "scripted", "trainer.total_training_steps=5"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("asyncrl report: trainer.total_training_steps: report takes only")
+    assert err.count("\n") == 1
