@@ -315,7 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--until", help="topic: records before this time")
     p.add_argument("--versions", help="topic: param_version range, e.g. 3..7")
-    p.add_argument("--sample-ids", help="topic: comma-separated sample ids")
+    p.add_argument(
+        "--sample-ids",
+        help="topic: comma-separated sample ids (those not on the topic are named; none: exit 1)",
+    )
     _output_dir_arg(p)
     _config_args(p, reads_run=True)
 

@@ -210,7 +210,8 @@ def replay_topic(
     their versions are the source run's), in offset order, so a trainer of the target
     run is fed the recorded stream: an off-policy re-training from the log. Selection: offsets
     ``[start, end)``, then optionally a version range (a sample's ``param_version``, inclusive)
-    and a set of sample ids. Returns the number of records published.
+    and a set of sample ids: those not found are named after the copy, and none found is a
+    ReplayError. Returns the number of records published.
     """
     from asyncrl.kafka import HEADER_REPLAYED_FROM, Publisher
     from asyncrl.kafka.topics import create_run_topics
@@ -225,6 +226,7 @@ def replay_topic(
     create_run_topics(target, target_bootstrap)
     filtered = versions is not None or sample_ids is not None
     published = 0
+    found: set[str] = set()
     with Publisher(cfg.kafka, target_bootstrap) as pub:
         records = read_records(
             cfg, bootstrap, name, start, end, since_ms=since_ms, until_ms=until_ms
@@ -239,9 +241,20 @@ def replay_topic(
                     continue
                 if sample_ids is not None and sample.sample_id not in sample_ids:
                     continue
+                found.add(sample.sample_id)
             # this run's versions, which the target's trainer never granted (consumers/batcher.py)
             headers: dict[str, str | bytes] = {**rec.headers, HEADER_REPLAYED_FROM: cfg.topic(name)}
             pub.publish(target.topic(name), rec.key, rec.value, headers=headers)
             published += 1
     console.print(f"replayed {published} records of {cfg.topic(name)} into {target.topic(name)}")
+    missing = sorted((sample_ids or set()) - found)
+    if missing:  # they were skipped without a word
+        narrowed = start or end is not None or versions or since_ms is not None or until_ms
+        where = cfg.topic(name) + (" in the selection read" if narrowed else "")
+        named = ", ".join(missing[:10]) + (
+            f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        )
+        if not found:
+            raise ReplayError(f"none of the {len(missing)} sample ids asked is on {where}: {named}")
+        console.print(f"{len(missing)} of the sample ids asked not on {where}: {named}")
     return published

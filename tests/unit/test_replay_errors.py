@@ -56,3 +56,52 @@ def test_a_step_not_on_the_log_names_the_steps_that_are(monkeypatch: pytest.Monk
         replay.ReplayError, match=r"^step 21 is not on r.steps \(it holds steps 1-2\)$"
     ):
         replay.find_step(cfg, "-", 21)
+
+
+def _replay_ids(
+    monkeypatch: pytest.MonkeyPatch, ids: set[str]
+) -> tuple[list[str], str, Exception | None]:
+    """``replay_topic`` of r.samples (p0@0, p1@0) into run t, asking for ``ids``: the ids
+    copied, what it printed and what it raised; a MemoryBroker in place of Kafka."""
+    import contextlib
+    import io
+
+    import asyncrl.kafka as kafka
+    import asyncrl.kafka.topics as topics
+    from asyncrl.schemas import SCHEMA_HEADER
+    from asyncrl.schemas.sample import TAG, decode_sample, encode_sample
+    from asyncrl.testing import MemoryBroker
+    from tests.unit.test_audit import sample
+
+    cfg = load_config(overrides=["run_id=r"])
+    broker = MemoryBroker()
+    for i in (0, 1):
+        broker.append(
+            "r.samples", f"p{i}", encode_sample(sample(i, 0)), {SCHEMA_HEADER: TAG.encode()}
+        )
+    monkeypatch.setattr(replay, "read_records", lambda *_, **__: list(broker.topics["r.samples"]))
+    monkeypatch.setattr(topics, "create_run_topics", lambda *_: None)
+    monkeypatch.setattr(kafka, "Publisher", lambda *_: contextlib.nullcontext(broker.publisher()))
+    out = io.StringIO()
+    raised = None
+    try:
+        replay.replay_topic(cfg, "-", "samples", "t", Console(file=out, width=200), sample_ids=ids)
+    except replay.ReplayError as err:
+        raised = err
+    copied = [
+        decode_sample(r.value, r.headers).sample_id for r in broker.topics.get("t.samples", [])
+    ]
+    return copied, out.getvalue(), raised
+
+
+def test_sample_ids_not_on_the_topic_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`replay topic samples --sample-ids p1@0,nope` copied p1@0 and said nothing of nope."""
+    copied, printed, raised = _replay_ids(monkeypatch, {"p1@0", "nope", "gone"})
+    assert copied == ["p1@0"] and raised is None
+    assert printed.splitlines()[-1] == "2 of the sample ids asked not on r.samples: gone, nope"
+
+
+def test_no_sample_id_found_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None of the ids on the topic: a copy of nothing that exited 0."""
+    copied, _, raised = _replay_ids(monkeypatch, {"nope"})
+    assert copied == [] and str(raised) == "none of the 1 sample ids asked is on r.samples: nope"
