@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         "recorded stream. replay step N: loads the checkpoint step N started from, fetches exactly "
         "the samples of step N from the samples topic, re-runs the update and compares loss, "
         "grad norm and the resulting weights with what was recorded. Overrides (e.g. "
-        "actor_rollout_ref.actor.optim.lr=1e-3) re-run the step with other settings. The run: "
+        "actor_rollout_ref.actor.optim.lr=1e-3) re-run the step with other settings (one the "
+        "recorded samples fix, as actor_rollout_ref.rollout.n, is named in a warning). The run: "
         "run_id=RUN or a word RUN after the target, or --config runs/<run_id>/config.yaml; its "
         "saved config names its broker, and a finished `asyncrl run` is read from its archived "
         "log (OUTPUT_DIR/RUN/log) unless kafka.bootstrap_servers is given.",

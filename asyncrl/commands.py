@@ -572,6 +572,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.what == "step":
             step = _replay_step_number(args.target)
             _replayable_overrides(args.overrides)
+            idle = _no_effect_on_replay(args.overrides)
+            if idle:
+                print(
+                    f"asyncrl replay: warning: {', '.join(idle)}: no effect on a replayed step "
+                    "(its samples, rewards and the model it started from are the run's); the "
+                    "update's settings are actor_rollout_ref.actor.*, algorithm.*",
+                    file=sys.stderr,
+                )
             with _log_broker(cfg, args, "replay", STEP_READS) as bootstrap:
                 replay_step(cfg, bootstrap, step, Console())
         else:
@@ -643,6 +651,31 @@ def _replayable_overrides(overrides: list[str]) -> None:
                 "model's shape and warm start are the run's; override the update instead "
                 "(actor_rollout_ref.actor.*, algorithm.*)"
             )
+
+
+NO_EFFECT_ON_REPLAY = re.compile(
+    r"(actor_rollout_ref\.rollout\.(?!temperature$)|data\.(?!max_response_length$)|"
+    r"custom_reward_function\.|algorithm\.(filter_groups|overlong_buffer)\.|"
+    r"async_training\.(staleness_threshold|trigger_parameter_sync_step|require_batches|"
+    r"partial_rollout|use_trainer_do_validate|in_flight_update|max_version_lag)$)"
+)
+"""Keys the recorded samples fix (generation, data, scoring, batching): a replay re-runs the
+update on them. rollout.temperature (the log-probs' temperature) and data.max_response_length
+(the loss's default scale) do change it."""
+
+
+def _no_effect_on_replay(overrides: list[str]) -> list[str]:
+    """The overrides of ``replay step N`` that cannot change it:
+    ``replay step 5 actor_rollout_ref.rollout.n=4`` was taken and silently did nothing."""
+    from asyncrl.config.overrides import override_key
+    from asyncrl.config.verl_keys import VERL_KEYS
+
+    idle = []
+    for key in map(override_key, overrides):
+        rule = VERL_KEYS.get(key)  # verl's rollout.response_length is data.max_response_length
+        if NO_EFFECT_ON_REPLAY.match(rule.target if rule and rule.target else key):
+            idle.append(key)
+    return idle
 
 
 def _version_range(text: str) -> tuple[int, int]:

@@ -857,3 +857,32 @@ def test_export_model_of_a_wrong_run_id_says_no_such_run(
         f"asyncrl export-model: no run 'nope' in {tmp_path}/ (runs there: r9)"
     )
     assert not out.exists()
+
+
+def test_replay_step_warns_of_overrides_the_recorded_samples_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`replay step 5 actor_rollout_ref.rollout.n=4` was taken and silently did nothing; the
+    update's keys, and the rollout's temperature (its log-probs), pass without a word."""
+    import asyncrl.commands as commands
+    from asyncrl.ops.replay import ReplayError
+
+    def opened(*_args: object, **_kw: object) -> None:
+        raise ReplayError("the log was opened")
+
+    monkeypatch.setattr(commands, "_log_broker", opened)
+    idle = ["actor_rollout_ref.rollout.n=4", "data.train_size=8"]
+    used = [
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.rollout.temperature=0.5",  # the log-probs' temperature
+        "actor_rollout_ref.rollout.response_length=32",  # verl's data.max_response_length
+    ]
+    assert main(["replay", "step", "5", *idle, *used, "--output-dir", str(tmp_path)]) == 1
+    warning, opened_line = capsys.readouterr().err.splitlines()
+    assert warning.startswith(
+        "asyncrl replay: warning: actor_rollout_ref.rollout.n, data.train_size: no effect on a "
+        "replayed step"
+    )
+    assert opened_line == "asyncrl replay: the log was opened"
+    assert main(["replay", "step", "5", *used, "--output-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == "asyncrl replay: the log was opened\n"
