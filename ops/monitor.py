@@ -28,7 +28,10 @@ from rich.live import Live
 from asyncrl.config import RunConfig
 from asyncrl.ops.monitor_stats import RunMonitor, before, feed
 
-TOPICS = ("samples", "steps", "control", "dead-letter")
+TOPICS = ("control", "steps", "dead-letter", "samples")
+"""The topics read, in the order their ends are taken (``watermarks``): those whose records
+name samples (a step's batch, a drop) before ``samples``, so each sample a record below its
+end names is below the end of ``samples`` too, though the run writes on between two of them."""
 
 HEALTH_LOG = "asyncrl.kafka.health"
 """The logger of the clients' broker warnings; quiet once the run has finished, when its
@@ -113,17 +116,9 @@ def _watch(
         live.update(mon.render(cfg.run_id))
 
 
-SNAPSHOT_ORDER = ("control", "steps", "dead-letter", "samples")
-"""The order the topics' ends are taken in: those whose records name samples (a step's batch,
-a drop) before ``samples``, so each sample a record below its end names is below the end of
-``samples`` too, though the run writes on between two of them."""
-
-
 def watermarks(reader, cfg: RunConfig) -> dict[str, dict[int, tuple[int, int]]]:
-    """Each monitored topic's ``{partition: (low, high)}`` now, in ``SNAPSHOT_ORDER``."""
-    return {
-        cfg.topic(name): reader.watermarks(cfg.topic(name), exact=True) for name in SNAPSHOT_ORDER
-    }
+    """Each monitored topic's ``{partition: (low, high)}`` now, in ``TOPICS``' order."""
+    return {cfg.topic(name): reader.watermarks(cfg.topic(name), exact=True) for name in TOPICS}
 
 
 def _read(
