@@ -249,7 +249,11 @@ def replay_topic(
     console.print(f"replayed {published} records of {cfg.topic(name)} into {target.topic(name)}")
     missing = sorted((sample_ids or set()) - found)
     if missing:  # they were skipped without a word
-        narrowed = start or end is not None or versions or since_ms is not None or until_ms
+        narrowed = (
+            start
+            or versions is not None
+            or any(bound is not None for bound in (end, since_ms, until_ms))
+        )
         where = cfg.topic(name) + (" in the selection read" if narrowed else "")
         named = ", ".join(missing[:10]) + (
             f" and {len(missing) - 10} more" if len(missing) > 10 else ""
