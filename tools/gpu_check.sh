@@ -9,7 +9,8 @@
 #                                                 # asyncrl run, hf_static; ENGINES="hf_static
 #                                                 # hf_cached" adds the slow one, ~150 s more)
 #   bash tools/gpu_check.sh fp32                  # the same in float32 (the dtypes before bf16)
-#   bash tools/gpu_check.sh cpu                   # ~200 s: bench learn on the host's CPUs alone
+#   bash tools/gpu_check.sh cpu                   # ~230 s: bench learn on the host's CPUs alone
+#   bash tools/gpu_check.sh cputhreads            # ~230 s: the same, each async role on 7 threads
 #   bash tools/gpu_check.sh handoff tests run     # ~400 s: the handoff bar, the GPU tests, make run
 # With 15 minutes of device time a session, in this order: tests, learn, sync, cpu, run.
 # The device tool gives a machine back 30 s after a call: send the next group at once.
@@ -102,6 +103,12 @@ run_cpu() {  # issue 15's CPU bar where cores are not scarce: the 2-core machine
         "output_dir=$OUT"
     keep_logs_of learn
 }
+run_cputhreads() {  # the same with each async role on 7 of the 16 CPUs (2026-11-27: on one
+    # thread each the trainer was the slower side, the colocated loop 1.5x faster on 16 threads)
+    step cpu-learn-threads 300 env CUDA_VISIBLE_DEVICES= "$PY" -m asyncrl bench learn --seeds 3 \
+        trainer.torch_threads=7 actor_rollout_ref.rollout.torch_threads=7 "output_dir=$OUT"
+    keep_logs_of learn
+}
 
 real_run() {  # real_run NAME ENGINE OVERRIDES...: a model-sized workload, both roles on the GPU
     local name=$1 engine=$2
@@ -130,8 +137,8 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests engine sync run learn real fp32)
 for s in "${steps[@]}"; do
     case $s in
-        tests | engine | handoff | sync | run | learn | real | fp32 | cpu) "run_$s" ;;
-        *) echo "unknown step $s (tests, engine, handoff, sync, run, learn, real, fp32, cpu)"
+        tests | engine | handoff | sync | run | learn | real | fp32 | cpu | cputhreads) "run_$s" ;;
+        *) echo "unknown step $s (tests, engine, handoff, sync, run, learn, real, fp32, cpu, cputhreads)"
             exit 2 ;;
     esac
 done
