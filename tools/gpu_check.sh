@@ -11,6 +11,8 @@
 #   bash tools/gpu_check.sh fp32                  # the same in float32 (the dtypes before bf16)
 #   bash tools/gpu_check.sh cpu                   # ~230 s: bench learn on the host's CPUs alone
 #   bash tools/gpu_check.sh cputhreads            # ~230 s: the same, each async role on 7 threads
+#   bash tools/gpu_check.sh overlap               # 20 steps of a 0.36B model (256 tokens), async
+#                                                 # (c) then colocated sync, one GPU
 #   bash tools/gpu_check.sh handoff tests run     # ~400 s: the handoff bar, the GPU tests, make run
 # With 15 minutes of device time a session, in this order: tests, learn, sync, cpu, run.
 # The device tool gives a machine back 30 s after a call: send the next group at once.
@@ -125,6 +127,17 @@ real_run() {  # real_run NAME ENGINE OVERRIDES...: a model-sized workload, both 
     "$PY" tools/step_times.py "$OUT/$name/metrics.jsonl" | tee -a "$OUT/summary.log"
     keep_logs "$name"
 }
+run_overlap() {  # issue 15 where generation is real work: the same 20 steps of the random
+    # model (256-token responses), async (c) through `asyncrl run` (real_run), then the colocated
+    # loop, both on the one GPU; its last line gives its gen and train rates at step 20
+    real_run overlap-async hf_static
+    step overlap-colocated 300 "$PY" -m asyncrl.consumers.colocated \
+        actor_rollout_ref.model.path=/tmp/real-model \
+        data.train_files=/tmp/real-data/train.parquet data.val_files=/tmp/real-data/val.parquet \
+        data.max_response_length=256 "trainer.total_training_steps=${REAL_STEPS:-20}" \
+        trainer.target_accuracy=null trainer.test_freq=0 trainer.device=auto \
+        actor_rollout_ref.rollout.name=hf_static actor_rollout_ref.actor.use_dynamic_bsz=true
+}
 run_real() {  # where a step's time goes, per engine (bf16 on both sides: the dtypes' auto)
     for engine in ${ENGINES:-hf_static}; do real_run "real-$engine" "$engine"; done
 }
@@ -137,8 +150,10 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests engine sync run learn real fp32)
 for s in "${steps[@]}"; do
     case $s in
-        tests | engine | handoff | sync | run | learn | real | fp32 | cpu | cputhreads) "run_$s" ;;
-        *) echo "unknown step $s (tests, engine, handoff, sync, run, learn, real, fp32, cpu, cputhreads)"
+        tests | engine | handoff | sync | run | learn | real | fp32 | cpu | cputhreads | overlap)
+            "run_$s" ;;
+        *) echo "unknown step $s (tests, engine, handoff, sync, run, learn, real, fp32, cpu," \
+            "cputhreads, overlap)"
             exit 2 ;;
     esac
 done
