@@ -230,17 +230,41 @@ def _warm_start(cfg: RunConfig, console: Console) -> None:
         load_policy(cfg, on_step=on_step)
 
 
-def _log_data(cfg: RunConfig, console: Console, split: str, read: Any) -> None:
+def _log_data(
+    cfg: RunConfig, console: Console, split: str, kept: int, total: int, too_long: int
+) -> None:
     """How many prompts of data.<split>_files are used, and how many were too long."""
     limit = f"data.max_prompt_length={cfg.data.max_prompt_length}"
     console.log(
-        f"data: {len(read.rows)} of the {read.total} prompts in data.{split}_files"
+        f"data: {kept} of the {total} prompts in data.{split}_files"
         + (
-            f" ({read.too_long} longer than {limit} tokens after the chat template: left out)"
-            if read.too_long
+            f" ({too_long} longer than {limit} tokens after the chat template: left out)"
+            if too_long
             else f" (all within {limit} tokens)"
         )
     )
+
+
+def read_data(cfg: RunConfig, console: Console) -> list[Any]:
+    """The training prompts of the feed (saved for the trainer's feed, which loads them, where
+    it feeds ahead), and data.val_files checked; says how many of each the run uses."""
+    from asyncrl.producers.feed import feeds_ahead, train_prompts
+
+    with records_shown(console, "reading the prompts", "prepare"):  # 1M rows: minutes
+        train, split = train_prompts(cfg)
+    if split is None:
+        return train
+    _log_data(cfg, console, "train", len(split.rows), split.total, split.too_long)
+    if feeds_ahead(cfg):  # the trainer's feed loads them, not read a second time
+        from asyncrl.producers import prepared
+
+        prepared.save(cfg, train)
+    from asyncrl.models.policy import load_tokenizer
+    from asyncrl.producers.agent.data import load_split
+
+    val = load_split(cfg, "val", load_tokenizer(cfg))
+    _log_data(cfg, console, "val", len(val.rows), val.total, val.too_long)
+    return train
 
 
 def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig, Path]:
@@ -255,23 +279,12 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     if resolved.sync.master_port is None:
         resolved.sync.master_port = free_port()
     from asyncrl.kafka import count_records
-    from asyncrl.producers.feed import feeds_ahead, train_prompts
+    from asyncrl.producers.feed import feeds_ahead
 
     # The data first (the tokenizer needs no warm start): prompts all over
     # data.max_prompt_length, or characters the built-in model cannot read, stopped the run
     # only after the topics and a ~45 s warm start.
-    with records_shown(console, "reading the prompts", "prepare"):  # 1M rows: minutes
-        train, split = train_prompts(resolved)
-    if split is not None:
-        _log_data(resolved, console, "train", split)
-        if feeds_ahead(resolved):  # the trainer's feed loads them, not read a second time
-            from asyncrl.producers import prepared
-
-            prepared.save(resolved, train)
-        from asyncrl.models.policy import load_tokenizer
-        from asyncrl.producers.agent.data import load_split
-
-        _log_data(resolved, console, "val", load_split(resolved, "val", load_tokenizer(resolved)))
+    train = read_data(resolved, console)
     topics = create_run_topics(resolved, bootstrap)
     console.log(f"topics: {', '.join(topics)}")
     _refuse_a_foreign_log(resolved, bootstrap)
