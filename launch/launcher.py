@@ -230,40 +230,49 @@ def _warm_start(cfg: RunConfig, console: Console) -> None:
         load_policy(cfg, on_step=on_step)
 
 
-def _log_data(
-    cfg: RunConfig, console: Console, split: str, kept: int, total: int, too_long: int
-) -> None:
-    """How many prompts of data.<split>_files are used, and how many were too long."""
+def _log_data(cfg: RunConfig, console: Console, split: str, read: Any) -> None:
+    """How many prompts of data.<split>_files are used, and how many were too long
+    (``read``: a ``producers.prepared.Read``)."""
+    from asyncrl.producers import prepared
+
     limit = f"data.max_prompt_length={cfg.data.max_prompt_length}"
     console.log(
-        f"data: {kept} of the {total} prompts in data.{split}_files"
+        f"data: {read.total - read.too_long} of the {read.total} prompts in data.{split}_files"
         + (
-            f" ({too_long} longer than {limit} tokens after the chat template: left out)"
-            if too_long
+            f" ({read.too_long} longer than {limit} tokens after the chat template: left out)"
+            if read.too_long
             else f" (all within {limit} tokens)"
+        )
+        + (
+            f"; the files unchanged since the run's set-up read them: not read again "
+            f"({prepared.path(cfg).parent})"
+            if read.earlier
+            else ""
         )
     )
 
 
 def read_data(cfg: RunConfig, console: Console) -> list[Any]:
-    """The training prompts of the feed (saved for the trainer's feed, which loads them, where
-    it feeds ahead), and data.val_files checked; says how many of each the run uses."""
-    from asyncrl.producers.feed import feeds_ahead, train_prompts
+    """The training prompts of the feed, and data.val_files checked; says how many of each
+    the run uses. A resumed run's set-up takes both as its first set-up read them where the
+    files are unchanged (``producers/prepared.py``)."""
+    from asyncrl.producers import prepared
+    from asyncrl.producers.feed import set_up_prompts
 
     with records_shown(console, "reading the prompts", "prepare"):  # 1M rows: minutes
-        train, split = train_prompts(cfg)
-    if split is None:
+        train, read = set_up_prompts(cfg)
+    if read is None:
         return train
-    _log_data(cfg, console, "train", len(split.rows), split.total, split.too_long)
-    if feeds_ahead(cfg):  # the trainer's feed loads them, not read a second time
-        from asyncrl.producers import prepared
+    _log_data(cfg, console, "train", read)
+    val = prepared.load_val(cfg)
+    if val is None:  # the tokenizer imports torch and transformers: not for nothing
+        from asyncrl.models.policy import load_tokenizer
+        from asyncrl.producers.agent.data import load_split
 
-        prepared.save(cfg, train)
-    from asyncrl.models.policy import load_tokenizer
-    from asyncrl.producers.agent.data import load_split
-
-    val = load_split(cfg, "val", load_tokenizer(cfg))
-    _log_data(cfg, console, "val", len(val.rows), val.total, val.too_long)
+        split = load_split(cfg, "val", load_tokenizer(cfg))
+        val = prepared.Read(split.total, split.too_long)
+        prepared.save_val(cfg, val)
+    _log_data(cfg, console, "val", val)
     return train
 
 
