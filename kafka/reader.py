@@ -8,9 +8,10 @@ import logging
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic
+from typing import TYPE_CHECKING, Any, Generic
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -59,6 +60,15 @@ _NOT_AVAILABLE = re.compile(r"topic not available: ([^:\s]+)")
 RELEASE_WAIT_S = 5.0
 """How long ``Reader.close(leave_group=False)`` waits for the client's release."""
 
+_OPEN: weakref.WeakSet[Reader[Any]] = weakref.WeakSet()
+"""This process's Readers not closed yet (``topics_read_here``)."""
+
+
+def topics_read_here() -> set[str]:
+    """Topics an open Reader of this process is subscribed to or assigned: deleting one of
+    them under it crashes the process (``asyncrl.kafka.topics.delete_run_topics``)."""
+    return {topic for reader in list(_OPEN) for topic in reader.topics}
+
 
 def _coordinates(msg: Message) -> tuple[str, int, int]:
     """A fetched message's topic, partition and offset (the stubs type them optional: an error
@@ -103,6 +113,9 @@ class Reader(Generic[T]):
         watch = self.group.settings() if self.group is not None else {}
         self._consumer = Consumer({**self._conf, **self._health.callbacks(), **watch})
         self._closed = False
+        self.topics: set[str] = set()
+        """Topics subscribed to or assigned (until ``close``)."""
+        _OPEN.add(self)
         self._dl_lock = threading.Lock()
         self._dl_pending: dict[tuple[str, int], set[int]] = {}
         """Offsets whose dead-letter copy is published but not acknowledged yet."""
@@ -151,8 +164,10 @@ class Reader(Generic[T]):
 
             return handler
 
+        topics = list(topics)
+        self.topics.update(topics)
         self._consumer.subscribe(
-            list(topics),
+            topics,
             on_assign=wrap(on_assign),
             on_revoke=wrap(on_revoke, leaving=True),
             on_lost=wrap(on_lost or on_revoke, leaving=True),
@@ -185,6 +200,7 @@ class Reader(Generic[T]):
         current = [tp for tp in self._consumer.assignment() if tp.topic == topic]
         if current:
             self._consumer.incremental_unassign(current)
+        self.topics.add(topic)
         self._consumer.incremental_assign(wanted)
 
     def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[int, int | None]:
@@ -472,6 +488,7 @@ class Reader(Generic[T]):
             closing, self._closed = not self._closed, True
         if not closing:
             return
+        _OPEN.discard(self)
         if leave_group:
             self._consumer.close()
             return

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from asyncrl.config import ConfigError, RunConfig
 from asyncrl.kafka.health import admin_client
+from asyncrl.kafka.reader import topics_read_here
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,26 @@ def _wait_visible(admin: AdminClient, wanted: dict[str, int]) -> None:
 
 
 def delete_run_topics(cfg: RunConfig, bootstrap: str) -> list[str]:
-    """Delete every run topic that exists; returns the names deleted."""
-    admin = _admin(cfg, bootstrap)
+    """Delete every run topic that exists; returns the names deleted.
+
+    Only once nothing in this process reads them: librdkafka crashes the process (SIGSEGV, no
+    traceback) when a topic that one of its consumers is assigned or subscribed to is deleted
+    (Tansu 0.6, confluent-kafka 2.16.1, 2026-11-27: assigned and subscribed alike). So
+    refused, before the broker is asked, while an open ``Reader`` reads one
+    (``topics_read_here``); consumers outside ``Reader`` (the launcher's log archiver, the side
+    consumers of ``watermarks``) are not tracked: close them first. No command or run end calls
+    it: a run's topics are its log (the embedded broker's go with its process), and ``asyncrl
+    run`` moves only a run's directory aside.
+    """
     names = [cfg.topic(name) for name in RUN_TOPICS]
+    read = sorted(topics_read_here() & set(names))
+    if read:
+        raise RuntimeError(
+            f"not deleting the topics of run {cfg.run_id!r}: {', '.join(read)} still read by "
+            "an open Reader in this process; close it first (librdkafka crashes the process "
+            "when a topic it reads is deleted)"
+        )
+    admin = _admin(cfg, bootstrap)
     existing = set(admin.list_topics(timeout=_REQUEST_TIMEOUT_S).topics)
     targets = [t for t in names if t in existing]
     if not targets:

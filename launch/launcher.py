@@ -231,16 +231,49 @@ def _warm_start(cfg: RunConfig, console: Console) -> None:
 
 
 def _log_data(cfg: RunConfig, console: Console, split: str, read: Any) -> None:
-    """How many prompts of data.<split>_files are used, and how many were too long."""
+    """How many prompts of data.<split>_files are used, and how many were too long
+    (``read``: a ``producers.prepared.Read``)."""
+    from asyncrl.producers import prepared
+
     limit = f"data.max_prompt_length={cfg.data.max_prompt_length}"
     console.log(
-        f"data: {len(read.rows)} of the {read.total} prompts in data.{split}_files"
+        f"data: {read.total - read.too_long} of the {read.total} prompts in data.{split}_files"
         + (
             f" ({read.too_long} longer than {limit} tokens after the chat template: left out)"
             if read.too_long
             else f" (all within {limit} tokens)"
         )
+        + (
+            f"; the files unchanged since the run's set-up read them: not read again "
+            f"({prepared.path(cfg).parent})"
+            if read.earlier
+            else ""
+        )
     )
+
+
+def read_data(cfg: RunConfig, console: Console) -> list[Any]:
+    """The training prompts of the feed, and data.val_files checked; says how many of each
+    the run uses. A resumed run's set-up takes both as its first set-up read them where the
+    files are unchanged (``producers/prepared.py``)."""
+    from asyncrl.producers import prepared
+    from asyncrl.producers.feed import set_up_prompts
+
+    with records_shown(console, "reading the prompts", "prepare"):  # 1M rows: minutes
+        train, read = set_up_prompts(cfg)
+    if read is None:
+        return train
+    _log_data(cfg, console, "train", read)
+    val = prepared.load_val(cfg)
+    if val is None:  # the tokenizer imports torch and transformers: not for nothing
+        from asyncrl.models.policy import load_tokenizer
+        from asyncrl.producers.agent.data import load_split
+
+        split = load_split(cfg, "val", load_tokenizer(cfg))
+        val = prepared.Read(split.total, split.too_long)
+        prepared.save_val(cfg, val)
+    _log_data(cfg, console, "val", val)
+    return train
 
 
 def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig, Path]:
@@ -255,23 +288,12 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     if resolved.sync.master_port is None:
         resolved.sync.master_port = free_port()
     from asyncrl.kafka import count_records
-    from asyncrl.producers.feed import feeds_ahead, train_prompts
+    from asyncrl.producers.feed import feeds_ahead
 
     # The data first (the tokenizer needs no warm start): prompts all over
     # data.max_prompt_length, or characters the built-in model cannot read, stopped the run
     # only after the topics and a ~45 s warm start.
-    with records_shown(console, "reading the prompts", "prepare"):  # 1M rows: minutes
-        train, split = train_prompts(resolved)
-    if split is not None:
-        _log_data(resolved, console, "train", split)
-        if feeds_ahead(resolved):  # the trainer's feed loads them, not read a second time
-            from asyncrl.producers import prepared
-
-            prepared.save(resolved, train)
-        from asyncrl.models.policy import load_tokenizer
-        from asyncrl.producers.agent.data import load_split
-
-        _log_data(resolved, console, "val", load_split(resolved, "val", load_tokenizer(resolved)))
+    train = read_data(resolved, console)
     topics = create_run_topics(resolved, bootstrap)
     console.log(f"topics: {', '.join(topics)}")
     _refuse_a_foreign_log(resolved, bootstrap)

@@ -1,13 +1,15 @@
 """The set-up's training prompts saved in the run directory (``producers/prepared.py``): the
-trainer's feed loads exactly what reading the data files gives, and reads them again when the
-files, the tokenizer or a setting changed."""
+trainer's feed and a resumed run's set-up load exactly what reading the data files gives, and
+read them again when the files, the tokenizer or a setting changed."""
 
 from __future__ import annotations
 
+from io import StringIO
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.producers import prepared
@@ -83,3 +85,46 @@ def test_prompts_saved_with_other_files_or_settings_are_read_again(tmp_path: Pat
     assert prepared.load(cfg) is None and len(trainer_prompts(cfg)) == 4
     prepared.path(cfg).write_bytes(b"not parquet")  # a broken file is no prompts
     assert prepared.load(cfg) is None
+
+
+def test_a_resumed_set_up_reads_the_rows_again_only_when_a_file_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed run's set-up read and checked every row of data.train_files again (10 s of
+    its 16 s to the first step at 100K rows), though its first set-up had saved the prompts
+    with their key, and data.val_files too (loading the tokenizer: 3 s of torch and
+    transformers imports): it takes both as saved, and reads the files again only once one
+    has changed."""
+    from rich.console import Console
+
+    from asyncrl.launch.launcher import read_data
+    from asyncrl.tasks import files
+
+    read: list[str] = []
+    row_reader = files.read_rows
+
+    def counted(paths: list[str], prompt_key: str, config_key: str) -> list[files.DataRow]:
+        read.append(config_key)
+        return row_reader(paths, prompt_key, config_key)
+
+    monkeypatch.setattr(files, "read_rows", counted)
+    cfg = _mixed(tmp_path)
+
+    def set_up() -> tuple[list, str]:
+        out = StringIO()
+        return read_data(cfg.model_copy(deep=True), Console(file=out, width=400)), out.getvalue()
+
+    first, said = set_up()  # the run's first set-up
+    assert read.count("data.train_files") == 1 and "unchanged" not in said
+    again, said = set_up()  # resumed, the files as they were
+    assert read == ["data.train_files", "data.val_files"] and again == first
+    assert "data: 5 of the 7 prompts in data.train_files (2 longer than" in said
+    assert "data: 3 of the 4 prompts in data.val_files (1 longer than" in said
+    assert said.count("the files unchanged since the run's set-up read them") == 2
+    chat = tmp_path / "chat.parquet"  # a train and the val file
+    pq.write_table(pq.read_table(chat).slice(0, 3), chat)  # a row fewer
+    changed, said = set_up()
+    assert read.count("data.train_files") == read.count("data.val_files") == 2
+    assert "data: 2 of the 3 prompts in data.val_files" in said and "unchanged" not in said
+    assert [p.prompt_id for p in changed] == ["0.chat-0", "0.chat-2", "1.plain-0", "1.plain-2"]
+    assert set_up()[0] == changed and len(read) == 4  # saved again
