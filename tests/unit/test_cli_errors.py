@@ -868,6 +868,11 @@ def test_the_help_says_what_the_commands_do(capsys: pytest.CaptureFixture[str]) 
     assert "report reads its metrics.jsonl" in _help(capsys, "monitor")
     # audit said it reads "on kafka.bootstrap_servers", then that it reads the archive
     assert "topics on kafka.bootstrap_servers" not in _help(capsys, "audit")
+    # report's --output-dir said "default: the config's output_dir, runs"; report takes no
+    # config (no --config, and output_dir=DIR alone: _report_output_dir), so runs it is
+    report = _help(capsys, "report")
+    assert "config's output_dir" not in report
+    assert "(default: runs; report reads no config, so only this or output_dir=DIR" in report
 
 
 def test_export_model_of_a_wrong_run_id_says_no_such_run(
