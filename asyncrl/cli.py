@@ -129,11 +129,12 @@ def _config_args(p: argparse.ArgumentParser, reads_run: bool = False) -> None:
     )
 
 
-def _output_dir_arg(p: argparse.ArgumentParser) -> None:
-    """A command that finds its run by run_id (the same as output_dir=DIR)."""
-    p.add_argument(
-        "--output-dir", help="where run directories live (default: the config's output_dir, runs)"
-    )
+def _output_dir_arg(
+    p: argparse.ArgumentParser, default: str = "the config's output_dir, runs"
+) -> None:
+    """A command that finds its run by run_id (the same as output_dir=DIR); ``default``: where
+    it looks without one, as its --help says it."""
+    p.add_argument("--output-dir", help=f"where run directories live (default: {default})")
 
 
 def engine_args(p: argparse.ArgumentParser) -> None:
@@ -359,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plots inlined. Needs no broker: works on a finished run or a copy of its directory.",
     )
     p.add_argument("run", help="a run directory, or a run_id under --output-dir")
-    _output_dir_arg(p)
+    _output_dir_arg(p, "runs; report reads no config, so only this or output_dir=DIR names another")
     p.add_argument("--out", help="write the report here instead of RUN/report")
     p.add_argument(
         "overrides",

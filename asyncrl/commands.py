@@ -594,7 +594,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     f"nothing listens at {closed} (--to-bootstrap): start run {args.to_run}'s "
                     "broker (`asyncrl broker --port PORT`), or name the one it runs on"
                 )
-            ids = set(args.sample_ids.split(",")) if args.sample_ids else None
+            ids = None if args.sample_ids is None else _sample_ids(args.sample_ids)
             try:
                 since, until = _time_range(args)
             except ValueError as err:
@@ -688,6 +688,20 @@ def _version_range(text: str) -> tuple[int, int]:
             f"--versions takes a range LOW..HIGH such as 3..7, or one version, not {text!r}"
         )
     return int(lo), int(hi or lo)
+
+
+def _sample_ids(text: str) -> set[str]:
+    """``--sample-ids a,b``'s ids, each stripped: ``"a, b"`` asked for the id " b", which no
+    sample has. One naming no id (``""`` from an empty shell variable replayed the whole
+    topic) is an error."""
+    from asyncrl.ops.replay import ReplayError
+
+    ids = {sid.strip() for sid in text.split(",")} - {""}
+    if not ids:
+        raise ReplayError(
+            f"--sample-ids names no sample id ({text!r}): give them comma-separated, as a,b"
+        )
+    return ids
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -99,8 +99,40 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _json_typed(type_: Any) -> bool:
+    """Whether every value of the Arrow type ``type_`` reads (``to_pylist``) as JSON already:
+    strings, integers, bools, 32/64-bit floats (NaN and infinities too, which ``json.dumps``
+    writes and :func:`_check_json` lets through), nulls, and lists and structs of those. Such a
+    column needs no :func:`_plain` nor :func:`_check_json` per value, which took a third of
+    :func:`read_rows` (0.6 of 1.8 s per 100K gsm8k rows, 1 of 3.3 s with a 12-key
+    ``extra_info``); any other type (binary, timestamp, decimal, map, dictionary, a view, an
+    extension) keeps the per-value check and its error."""
+    import pyarrow.types as t
+
+    if t.is_list(type_) or t.is_large_list(type_) or t.is_fixed_size_list(type_):
+        return _json_typed(type_.value_type)
+    if t.is_struct(type_):
+        return all(_json_typed(type_.field(i).type) for i in range(type_.num_fields))
+    scalars = (t.is_null, t.is_boolean, t.is_integer, t.is_string, t.is_large_string)
+    return any(is_(type_) for is_ in scalars) or t.is_float32(type_) or t.is_float64(type_)
+
+
+def _column_json(schema: Any, column: str, field: str | None = None) -> bool:
+    """Whether ``column`` (its struct field ``field``) of ``schema`` is :func:`_json_typed`.
+    An absent column reads as nulls (True); a name that is not unique, or a ``field`` the
+    column's type lacks, is False: the per-value path and its errors handle them."""
+    at = schema.get_field_index(column)
+    if at < 0:
+        return column not in schema.names  # absent: read as null
+    type_ = schema.field(at).type
+    if field is not None:
+        if not (hasattr(type_, "get_field_index") and type_.get_field_index(field) >= 0):
+            return False
+        type_ = type_.field(type_.get_field_index(field)).type
+    return _json_typed(type_)
+
+
 def _prompt(value: Any, where: str, key: str) -> str | list[dict[str, Any]]:
-    value = _plain(value)
     if isinstance(value, str):
         if _json_messages(value):  # would go to the model as text, bypassing the template
             raise ConfigError(
@@ -182,6 +214,10 @@ def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRo
             table = pq.read_table(Path(path).expanduser())
         except (pa.ArrowInvalid, OSError) as err:
             raise ConfigError(f"{where}: not a parquet file ({err})") from None
+        # columns whose Arrow type holds JSON only skip the per-value conversion and check
+        json_prompt = _column_json(table.schema, prompt_key)
+        json_truth = _column_json(table.schema, "reward_model", "ground_truth")
+        json_extra = _column_json(table.schema, "extra_info")
         for i, row in enumerate(table.to_pylist()):
             reward_model = row["reward_model"]
             if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
@@ -189,13 +225,18 @@ def read_rows(paths: list[str], prompt_key: str, config_key: str) -> list[DataRo
             extra = row.get("extra_info") or {}
             if not isinstance(extra, dict):
                 raise ConfigError(f"{where}: row {i}: extra_info must be a mapping")
-            ground_truth, extra = _plain(reward_model["ground_truth"]), _plain(extra)
-            for name, value in (("reward_model.ground_truth", ground_truth), ("extra_info", extra)):
-                _check_json(value, f"{where}: row {i}: {name}")
+            ground_truth = reward_model["ground_truth"]
+            if not json_truth:
+                ground_truth = _plain(ground_truth)
+                _check_json(ground_truth, f"{where}: row {i}: reward_model.ground_truth")
+            if not json_extra:
+                extra = _plain(extra)
+                _check_json(extra, f"{where}: row {i}: extra_info")
+            prompt = row[prompt_key] if json_prompt else _plain(row[prompt_key])
             rows.append(
                 DataRow(
                     prompt_id=ids(k, i),
-                    prompt=_prompt(row[prompt_key], f"{where}: row {i}", prompt_key),
+                    prompt=_prompt(prompt, f"{where}: row {i}", prompt_key),
                     data_source=str(row["data_source"]),
                     ground_truth=ground_truth,
                     extra_info=extra,

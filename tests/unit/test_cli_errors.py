@@ -654,6 +654,10 @@ def test_a_role_started_without_the_collectives_port_says_so_before_starting(
             ["topic", "samples", "--to-run", "x", "--versions", "3-7"],
             "--versions takes a range LOW..HIGH such as 3..7, or one version, not '3-7'",
         ),
+        (  # the whole topic was replayed (an empty shell variable), or " " was asked for
+            ["topic", "samples", "--to-run", "x", "--sample-ids", " , "],
+            "--sample-ids names no sample id (' , '): give them comma-separated, as a,b",
+        ),
         (  # it warm-started a model of that shape (~45 s), then died loading the checkpoint
             ["step", "5", "actor_rollout_ref.model.hidden_size=64"],
             "actor_rollout_ref.model.hidden_size: replay step runs the step on the model its "
@@ -701,6 +705,27 @@ def test_replay_topic_into_a_closed_port_says_so_before_the_log_is_opened(
         f"asyncrl replay: nothing listens at {closed} (--to-bootstrap): start run x's broker "
         "(`asyncrl broker --port PORT`), or name the one it runs on\n"
     )
+
+
+def test_replay_topic_strips_the_spaces_around_each_sample_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--sample-ids "a, b"` asked for the id " b", which no sample has: it was named as not
+    on the topic (or, alone, failed the command) though b was there."""
+    import contextlib
+
+    import asyncrl.commands as commands
+    import asyncrl.ops.replay as replay
+
+    asked: list[object] = []
+    monkeypatch.setattr(
+        commands, "_log_broker", lambda cfg, *_: contextlib.nullcontext(cfg.kafka.bootstrap_servers)
+    )
+    monkeypatch.setattr(replay, "replay_topic", lambda *args: asked.append(args[8]))
+    argv = ["replay", "topic", "samples", "--to-run", "x", "--output-dir", str(tmp_path)]
+    assert main([*argv, "--sample-ids", " a, b ,,c"]) == 0
+    assert main(argv) == 0
+    assert asked == [{"a", "b", "c"}, None]
 
 
 @pytest.mark.parametrize("module", ["asyncrl.config.sections", "asyncrl.launch.launcher"])
@@ -843,6 +868,11 @@ def test_the_help_says_what_the_commands_do(capsys: pytest.CaptureFixture[str]) 
     assert "report reads its metrics.jsonl" in _help(capsys, "monitor")
     # audit said it reads "on kafka.bootstrap_servers", then that it reads the archive
     assert "topics on kafka.bootstrap_servers" not in _help(capsys, "audit")
+    # report's --output-dir said "default: the config's output_dir, runs"; report takes no
+    # config (no --config, and output_dir=DIR alone: _report_output_dir), so runs it is
+    report = _help(capsys, "report")
+    assert "config's output_dir" not in report
+    assert "(default: runs; report reads no config, so only this or output_dir=DIR" in report
 
 
 def test_export_model_of_a_wrong_run_id_says_no_such_run(
