@@ -342,9 +342,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from asyncrl.config import ConfigError
-    from asyncrl.launch.launcher import prepare
     from asyncrl.launch.resume import decide
     from asyncrl.launch.resume_check import refuse_changed_keys
+    from asyncrl.launch.setup import prepare
 
     cfg = _load(args)
     bootstrap = _need_bootstrap(cfg, "prepare")

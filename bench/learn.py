@@ -196,7 +196,7 @@ def _colocated(cfg: RunConfig, console: Console, threads: int) -> dict[str, Any]
     import torch
 
     from asyncrl.consumers.colocated import main as colocated
-    from asyncrl.launch.launcher import prepare_policy
+    from asyncrl.launch.setup import prepare_policy
 
     prepare_policy(cfg, console)
     torch.set_num_threads(threads)

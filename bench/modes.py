@@ -204,7 +204,8 @@ def modes(
     ``staleness``: the ablation's staleness_threshold values in mode (d) (default: the
     workload's, the seed's 0.1 and 0.3).
     """
-    from asyncrl.launch.launcher import prepare_policy, run
+    from asyncrl.launch.launcher import run
+    from asyncrl.launch.setup import prepare_policy
 
     note_overridden(
         overrides,

@@ -50,7 +50,8 @@ VARIANTS: dict[str, list[str]] = {
 def offpolicy(config: str | None, overrides: list[str], console: Console) -> dict[str, Any]:
     """Run the four variants one after the other; print, plot and return their figures.
     ``overrides`` apply to all four (after the stress defaults), e.g. the step count."""
-    from asyncrl.launch.launcher import prepare_policy, run
+    from asyncrl.launch.launcher import run
+    from asyncrl.launch.setup import prepare_policy
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results: dict[str, dict[str, Any]] = {}

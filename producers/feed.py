@@ -191,7 +191,7 @@ class FeedAhead:
     A started (or restarted) trainer first checks the topic as the set-up does (a trainer
     that died half-way through a top-up left some of it), then keeps count. On a resumed run
     that has trained this is the only check (the set-up leaves it to the trainer:
-    ``launch.launcher.prepare``); on a run no trainer has trained yet the set-up has just
+    ``launch.setup.prepare``); on a run no trainer has trained yet the set-up has just
     checked and fed, and the trainer reads nothing back (:meth:`_only_the_set_ups`). A run
     whose topic holds no prompt at all is fed by no one (a trainer of a replayed stream of
     samples)."""

@@ -61,7 +61,7 @@ def test_a_run_directory_that_never_held_the_run_is_refused_in_front_of_its_log(
     from rich.console import Console
 
     from asyncrl.config import ConfigError, dump_config
-    from asyncrl.launch.launcher import prepare
+    from asyncrl.launch.setup import prepare
 
     cfg = make_run_cfg(*quick_policy, "data.train_size=16", "data.val_size=8")
     bootstrap = cfg.kafka.bootstrap_servers
@@ -135,7 +135,7 @@ def test_a_run_reads_its_prompts_once_at_start_up(make_run_cfg, quick_policy, mo
 
     from rich.console import Console
 
-    from asyncrl.launch.launcher import prepare
+    from asyncrl.launch.setup import prepare
     from asyncrl.producers import feed
 
     cfg = make_run_cfg(
@@ -188,7 +188,7 @@ def test_the_trainer_does_not_read_the_data_files_the_set_up_read(
 
     from rich.console import Console
 
-    from asyncrl.launch.launcher import prepare
+    from asyncrl.launch.setup import prepare
     from asyncrl.producers import feed
     from asyncrl.tasks import files
 

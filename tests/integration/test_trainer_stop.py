@@ -17,7 +17,7 @@ from rich.console import Console
 from asyncrl.consumers.checkpoint import latest_checkpoint
 from asyncrl.consumers.trainer import Trainer
 from asyncrl.kafka import Publisher, Reader
-from asyncrl.launch.launcher import prepare
+from asyncrl.launch.setup import prepare
 from asyncrl.ops.audit import audit_run
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas.sample import TAG, encode_sample

@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from asyncrl.launch.broker import free_port
-from asyncrl.launch.launcher import prepare
+from asyncrl.launch.setup import prepare
 from asyncrl.schemas import control as ev
 from tests.helpers import read_topic
 

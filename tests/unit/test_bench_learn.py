@@ -151,10 +151,11 @@ def test_bench_modes_checks_its_steps_and_every_setup_before_the_baseline(monkey
 
     import asyncrl.bench.modes as modes_mod
     import asyncrl.launch.launcher as launcher
+    import asyncrl.launch.setup as setup
     from asyncrl.config import ConfigError
 
     ran: list[str] = []
-    monkeypatch.setattr(launcher, "prepare_policy", lambda cfg, console: ran.append("policy"))
+    monkeypatch.setattr(setup, "prepare_policy", lambda cfg, console: ran.append("policy"))
     monkeypatch.setattr(modes_mod, "colocated_sim", lambda *a, **k: ran.append("colocated"))
     monkeypatch.setattr(launcher, "run", lambda cfg, console: ran.append(cfg.run_id))
     out = [f"output_dir={tmp_path}"]

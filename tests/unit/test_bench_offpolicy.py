@@ -8,6 +8,7 @@ import pytest
 from rich.console import Console
 
 import asyncrl.launch.launcher as launcher
+import asyncrl.launch.setup as setup
 from asyncrl.bench.offpolicy import offpolicy
 from asyncrl.config import ConfigError
 
@@ -19,7 +20,7 @@ def test_an_override_only_the_corrected_variants_take_fails_before_any_run(
     loaded in turn: a bad rollout_rs failed after the uncorrected variant had run (minutes at
     the bench's 160 steps). Found by a tuning walkthrough: the four configs load first."""
     ran: list[str] = []
-    monkeypatch.setattr(launcher, "prepare_policy", lambda cfg, console: ran.append("policy"))
+    monkeypatch.setattr(setup, "prepare_policy", lambda cfg, console: ran.append("policy"))
     monkeypatch.setattr(launcher, "run", lambda cfg, console: ran.append(cfg.run_id))
     bad = ["algorithm.rollout_correction.rollout_rs=token_k9", f"output_dir={tmp_path}"]
     with pytest.raises(ConfigError, match="rollout_rs='token_k9'"):

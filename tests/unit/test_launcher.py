@@ -163,7 +163,8 @@ def test_the_launchers_set_up_imports_no_torch_when_the_policy_is_cached(tmp_pat
 import io, sys
 from rich.console import Console
 from asyncrl.config import load_config
-from asyncrl.launch.launcher import prepare_policy, resume_or_set_aside
+from asyncrl.launch.launcher import resume_or_set_aside
+from asyncrl.launch.setup import prepare_policy
 cfg = load_config(overrides={overrides!r})
 out = io.StringIO()
 resume_or_set_aside(cfg, Console(file=out))

@@ -208,7 +208,7 @@ def test_the_run_reads_its_data_before_the_topics_and_the_warm_start(
     from rich.console import Console
 
     from asyncrl.launch.broker import free_port
-    from asyncrl.launch.launcher import prepare
+    from asyncrl.launch.setup import prepare
 
     cache = tmp_path / "cache"
     cfg = load_config(

@@ -97,7 +97,7 @@ def test_a_resumed_set_up_reads_the_rows_again_only_when_a_file_changed(
     has changed."""
     from rich.console import Console
 
-    from asyncrl.launch.launcher import read_data
+    from asyncrl.launch.setup import read_data
     from asyncrl.tasks import files
 
     read: list[str] = []
