@@ -5,8 +5,8 @@ template and the tokenizer (the length filter): 10-30 s at 100K rows on two core
 does it, and the trainer's feed (``FeedAhead``) did it again before its first step while the
 workers waited. The set-up now writes what it read (the prompts' records, parquet, not
 pickled) to ``<run_dir>/prepared/train.parquet`` with a key of everything that shaped them:
-the files' bytes, the tokenizer's files, the run's ``data``, model, reward, tool and
-interaction settings. The trainer loads that; a missing, unreadable or stale file (another
+the files' bytes, the tokenizer's files, the run's ``data`` settings the read uses
+(:data:`UNREAD_DATA_KEYS` are not), model, reward, tool and interaction settings. The trainer loads that; a missing, unreadable or stale file (another
 key) is read again from the data files, as before.
 
 A resumed run's set-up loads it too (:func:`asyncrl.producers.feed.set_up_prompts`), with the
@@ -43,6 +43,11 @@ TOKENIZER_PREFIXES = (
     "config.json",
 )
 """A checkpoint's files that make its tokenizer, chat template and vocab_size (not weights)."""
+UNREAD_DATA_KEYS = frozenset({"feed_ahead_steps", "max_response_length", "shuffle", "seed"})
+"""``data`` keys left out of the key: the read of the files does not use them. The saved
+prompts are one epoch in file order (``feed.feed_sequence`` shuffles them by data.seed as it
+feeds them), and a resume may change data.feed_ahead_steps and data.max_response_length,
+which made it read and tokenize every row again. Any other data key is in the key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +111,7 @@ def prepared_key(cfg: RunConfig, split: str = "train") -> str:
     h = hashlib.sha256()
     settings = {
         "format": FORMAT,
-        "data": cfg.data.model_dump(mode="json"),
+        "data": cfg.data.model_dump(mode="json", exclude=set(UNREAD_DATA_KEYS)),
         "model": cfg.actor_rollout_ref.model.model_dump(mode="json"),
         "reward": cfg.custom_reward_function.path,
         "tools": prompt_tool_schemas(cfg),

@@ -87,6 +87,28 @@ def test_prompts_saved_with_other_files_or_settings_are_read_again(tmp_path: Pat
     assert prepared.load(cfg) is None
 
 
+@pytest.mark.parametrize(
+    "override",
+    ["data.feed_ahead_steps=3", "data.max_response_length=9", "data.shuffle=false", "data.seed=5"],
+)
+def test_a_data_key_the_read_does_not_use_keeps_the_saved_prompts(
+    tmp_path: Path, override: str
+) -> None:
+    """The key held all of data.*, so a resume that changed data.feed_ahead_steps or
+    data.max_response_length (keys a resume may change) read, checked and tokenized every row
+    again (10 s at 100K rows on two cores). Neither shapes what the read keeps, nor do
+    data.shuffle and data.seed: the saved prompts are one epoch in file order, which the feed
+    shuffles as it sends them (``feed_sequence``)."""
+    cfg = _mixed(tmp_path)
+    train = train_prompts(cfg)[0]
+    prepared.save(cfg, train, prepared.Read(7, 2))
+    prepared.save_val(cfg, prepared.Read(4, 1))
+    other = _mixed(tmp_path, override)
+    assert prepared.load(other) == train
+    assert prepared.load_val(other) == prepared.Read(4, 1, earlier=True)
+    assert prepared.load(_mixed(tmp_path, "data.prompt_key=question")) is None  # still keyed
+
+
 def test_a_resumed_set_up_reads_the_rows_again_only_when_a_file_changed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
