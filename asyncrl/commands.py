@@ -668,11 +668,15 @@ NO_EFFECT_ON_REPLAY = re.compile(
     r"(actor_rollout_ref\.rollout\.(?!temperature$)|data\.(?!max_response_length$)|"
     r"custom_reward_function\.|algorithm\.(filter_groups|overlong_buffer)\.|"
     r"async_training\.(staleness_threshold|trigger_parameter_sync_step|require_batches|"
-    r"partial_rollout|use_trainer_do_validate|in_flight_update|max_version_lag)$)"
+    r"partial_rollout|use_trainer_do_validate|in_flight_update|max_version_lag)$|"
+    r"kafka\.topics\.partitions\.)"
 )
-"""Keys the recorded samples fix (generation, data, scoring, batching): a replay re-runs the
-update on them. rollout.temperature (the log-probs' temperature) and data.max_response_length
-(the loss's default scale) do change it."""
+"""Keys the recorded samples fix (generation, data, scoring, batching, the topics they are on):
+a replay re-runs the update on them. rollout.temperature (the log-probs' temperature) and
+data.max_response_length (the loss's default scale) do change it. Not derived from the keys a
+resumed run may not change (``launch/resume_check.FIXED``): most of these may change on a
+resume (they shape the samples to come), and some fixed ones change a replay
+(actor.ppo_mini_batch_size); a test holds each fixed key to a warning, a refusal or a reason."""
 
 
 def _no_effect_on_replay(overrides: list[str]) -> list[str]:
