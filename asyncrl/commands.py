@@ -227,6 +227,19 @@ def _no_saved_config(cfg) -> str:
     )
 
 
+def _output_dir(args: argparse.Namespace):
+    """Where a command that reads a run finds RUN (a run_id): --output-dir, else output_dir=
+    among the overrides (or --config's), as inspect takes it, ``~`` expanded and made absolute
+    as the config makes it: `asyncrl monitor RUN output_dir=/x` looked in runs/ ("no run RUN
+    in runs/"), and report, with a parser of its own, took ``output_dir=~/runs`` as written."""
+    from pathlib import Path
+
+    from asyncrl.config import load_config
+
+    given = args.output_dir or load_config(getattr(args, "config", None), args.overrides).output_dir
+    return Path(given)
+
+
 def _run_config(args: argparse.Namespace):
     """The config of RUN (``args.run``: a run_id under --output-dir, or a run directory): its
     resolved config.yaml when it has one, else --config; the command line's overrides on top.
@@ -235,9 +248,7 @@ def _run_config(args: argparse.Namespace):
 
     from asyncrl.config import load_config
 
-    # --output-dir, else output_dir= among the overrides (or --config's), as inspect takes
-    # it: `asyncrl monitor RUN output_dir=/x` looked in runs/ ("no run RUN in runs/").
-    output_dir = Path(args.output_dir or load_config(args.config, args.overrides).output_dir)
+    output_dir = _output_dir(args)
     run = args.run
     given = Path(run)
     if len(given.parts) > 1:  # a path (runs/demo, /abs/run), not a run_id
@@ -657,11 +668,15 @@ NO_EFFECT_ON_REPLAY = re.compile(
     r"(actor_rollout_ref\.rollout\.(?!temperature$)|data\.(?!max_response_length$)|"
     r"custom_reward_function\.|algorithm\.(filter_groups|overlong_buffer)\.|"
     r"async_training\.(staleness_threshold|trigger_parameter_sync_step|require_batches|"
-    r"partial_rollout|use_trainer_do_validate|in_flight_update|max_version_lag)$)"
+    r"partial_rollout|use_trainer_do_validate|in_flight_update|max_version_lag)$|"
+    r"kafka\.topics\.partitions\.)"
 )
-"""Keys the recorded samples fix (generation, data, scoring, batching): a replay re-runs the
-update on them. rollout.temperature (the log-probs' temperature) and data.max_response_length
-(the loss's default scale) do change it."""
+"""Keys the recorded samples fix (generation, data, scoring, batching, the topics they are on):
+a replay re-runs the update on them. rollout.temperature (the log-probs' temperature) and
+data.max_response_length (the loss's default scale) do change it. Not derived from the keys a
+resumed run may not change (``launch/resume_check.FIXED``): most of these may change on a
+resume (they shape the samples to come), and some fixed ones change a replay
+(actor.ppo_mini_batch_size); a test holds each fixed key to a warning, a refusal or a reason."""
 
 
 def _no_effect_on_replay(overrides: list[str]) -> list[str]:
@@ -892,26 +907,23 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _report_output_dir(args: argparse.Namespace) -> str:
-    """Where report finds RUN: --output-dir, else ``output_dir=DIR`` as audit, inspect and
-    replay take it (``report RUN output_dir=DIR`` was a usage error). Report reads the run's
-    directory, not its config, so no other key could change what it writes."""
+    """Where report finds RUN (``_output_dir``, as audit, inspect and replay find it; ``report
+    RUN output_dir=DIR`` was a usage error). Report reads the run's directory, not its config,
+    so any other key is refused, naming it: it could not change what report writes."""
     from asyncrl.config.base import ConfigError
     from asyncrl.config.overrides import parse_overrides
     from asyncrl.ops.report import ReportError
 
     try:
-        parsed = parse_overrides(args.overrides)
-    except ConfigError as err:
+        for key, _ in parse_overrides(args.overrides):
+            if key != "output_dir":
+                raise ReportError(
+                    f"{key}: report takes only output_dir=DIR (where RUN lives); it reads the "
+                    "run's metrics.jsonl, not a config"
+                )
+        return str(_output_dir(args))
+    except ConfigError as err:  # one line, as report's other errors (exit 1)
         raise ReportError(str(err)) from None
-    output_dir = "runs"
-    for key, value in parsed:
-        if key != "output_dir" or not isinstance(value, str) or not value:
-            raise ReportError(
-                f"{key}: report takes only output_dir=DIR (where RUN lives); it reads the "
-                "run's metrics.jsonl, not a config"
-            )
-        output_dir = value
-    return args.output_dir or output_dir
 
 
 def cmd_export_model(args: argparse.Namespace) -> int:

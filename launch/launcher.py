@@ -161,14 +161,13 @@ def resume_or_set_aside(cfg: RunConfig, console: Console, decision: Decision | N
         return decision.restore_log
     archived = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.rename(archived)
-    finished = (archived / "summary.json").exists()
     console.log(
         f"moved the earlier run in {run_dir} to {archived} ({decision.why}) and starting afresh"
         + (
             f" from the first policy (a finished run is not trained further; to go on from "
             f"its policy: `asyncrl export-model {archived} --out DIR`, then "
             "actor_rollout_ref.model.path=DIR)"
-            if finished
+            if decision.finished
             else ""
         )
     )

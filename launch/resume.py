@@ -41,8 +41,11 @@ class Decision:
     """resume on the embedded broker: the archived log goes back into the new broker."""
     why: str = ""
     """set_aside: why, in a few words (the launcher's line says it in brackets)."""
+    finished: bool = False
+    """The earlier run had finished: its summary.json is there, read or not (the launcher's
+    line of a set-aside run says how to go on from its policy)."""
     summary: dict[str, Any] = field(default_factory=dict)
-    """finished, set_aside of a finished run: its summary.json ({} where it does not read)."""
+    """Of a finished run: its summary.json ({} where it does not read)."""
 
 
 def read_summary(cfg: RunConfig) -> dict[str, Any]:
@@ -65,6 +68,7 @@ def decide(cfg: RunConfig) -> Decision:
 
     run_dir = cfg.run_dir
     finished = (run_dir / "summary.json").exists()
+    summary = read_summary(cfg) if finished else {}
     ckpt = latest_checkpoint(run_dir)
     step = checkpoint_step(ckpt) if ckpt is not None else None
     disable = cfg.trainer.resume_mode == "disable"
@@ -74,7 +78,6 @@ def decide(cfg: RunConfig) -> Decision:
             return _resume(cfg, step, restore_log=True)
         if not finished and not archived and ckpt is None:
             return _fresh(cfg)
-        summary = read_summary(cfg) if finished else {}
         if finished:
             at = summary.get("step")
             why = "it had finished" + (f" at step {at}: {summary.get('reason')}" if at else "")
@@ -87,11 +90,12 @@ def decide(cfg: RunConfig) -> Decision:
             f"moves the earlier run in {run_dir} aside to {run_dir.name}.<time> ({why}) and "
             "starts afresh",
             why=why,
+            finished=finished,
             summary=summary,
         )
     if disable and ckpt is not None:
         instead = (
-            f" (that run has finished, {finished_at(read_summary(cfg))}; auto trains nothing)"
+            f" (that run has finished, {finished_at(summary)}; auto trains nothing)"
             if finished
             else ", or set trainer.resume_mode=auto to resume it"
         )
@@ -101,13 +105,15 @@ def decide(cfg: RunConfig) -> Decision:
             f"log is still on {cfg.kafka.bootstrap_servers}: start afresh under another "
             f"run_id={instead}",
             key="trainer.resume_mode",
+            finished=finished,
+            summary=summary,
         )
     if finished:
-        summary = read_summary(cfg)
         return Decision(
             "finished",
             f"run {cfg.run_id!r} has finished ({finished_at(summary)}): nothing to train, "
             "nothing is started; a new run needs a run_id= of its own",
+            finished=True,
             summary=summary,
         )
     if not (run_dir / "config.yaml").exists():

@@ -39,12 +39,13 @@ FREE = {
 """Keys under a prefix of FIXED that may change."""
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A config's tree as {dotted key: value}; an empty mapping is a value of its own."""
     if not isinstance(tree, dict) or not tree:
         return {prefix.rstrip("."): tree}
     out: dict[str, Any] = {}
     for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}{key}."))
+        out.update(flat(value, f"{prefix}{key}."))
     return out
 
 
@@ -53,7 +54,8 @@ def _value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _fixed(key: str) -> str | None:
+def fixed_why(key: str) -> str | None:
+    """Why ``key`` cannot change when its run resumes (FIXED); None: it may."""
     if key in FREE:
         return None
     for name, why in FIXED.items():
@@ -65,12 +67,12 @@ def _fixed(key: str) -> str | None:
 def changed_fixed_keys(saved: dict[str, Any], cfg: RunConfig) -> list[tuple[str, Any, Any, str]]:
     """(key, value the run was started with, value now, why) of each fixed key that differs. A
     key the saved config lacks (written by an older asyncrl) is not compared."""
-    before = _flat(saved)
-    now = _flat(cfg.model_dump(mode="json"))
+    before = flat(saved)
+    now = flat(cfg.model_dump(mode="json"))
     return [
         (key, before[key], value, why)
         for key, value in now.items()
-        if (why := _fixed(key)) is not None and key in before and before[key] != value
+        if (why := fixed_why(key)) is not None and key in before and before[key] != value
     ]
 
 

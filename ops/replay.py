@@ -119,7 +119,8 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
             "enough)"
         )
     torch.set_num_threads(cfg.trainer.torch_threads)
-    model, tokenizer = load_policy(cfg)
+    # Step 1 starts from the warm start; a later one from its checkpoint, loaded over the model
+    model, tokenizer = load_policy(cfg, warm=step == 1)
     optim = cfg.actor_rollout_ref.actor.optim
     optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
     if step > 1:

@@ -44,13 +44,34 @@ OnStep = Callable[[int, int, float], None]
 
 
 def load_policy(
-    cfg: RunConfig, on_step: OnStep | None = None, dtype: torch.dtype | None = None
+    cfg: RunConfig,
+    on_step: OnStep | None = None,
+    dtype: torch.dtype | None = None,
+    warm: bool = True,
 ) -> tuple[torch.nn.Module, Any]:
     """(model in eval mode, on the CPU, float32 or ``dtype``; its tokenizer) for this run's
     config: the checkpoint at ``model.path``, or the demo policy, warm-started here the first
-    time (in float32, and cached so)."""
+    time (in float32, and cached so). ``warm=False``, for a caller that loads a checkpoint's
+    weights over it (``replay step``): the demo policy's model untrained, not warm-started:
+    an override in the cache key (``data.*``) had warm-started another policy, minutes for
+    the countdown task, for the checkpoint to overwrite."""
+    if not warm and cfg.actor_rollout_ref.model.path is None:
+        tiny, tokenizer = untrained(cfg)
+        model: torch.nn.Module = tiny
+        if dtype is not None:
+            model.to(dtype)
+        return model.eval(), policy.with_tiny_template(tokenizer)
     build_it = functools.partial(build, on_step=on_step)
     return policy.load_policy(cfg, build=build_it, dtype=dtype)
+
+
+def untrained(cfg: RunConfig) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """The demo policy's model as its warm start begins (random weights, seeded) and its
+    tokenizer: the one shape a checkpoint of the demo policy fits."""
+    task = tasks.module(cfg.data.task)
+    tokenizer = task_tokenizer(cfg.data)
+    model = build_model(cfg.actor_rollout_ref.model, len(tokenizer), cfg.data.seed, task.POSITIONS)
+    return model, tokenizer
 
 
 def build(
@@ -78,8 +99,7 @@ def _train(
     cfg: RunConfig, mc: ModelConfig, on_step: OnStep | None
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
     task = tasks.module(cfg.data.task)
-    tokenizer = task_tokenizer(cfg.data)
-    model = build_model(mc, len(tokenizer), cfg.data.seed, task.POSITIONS)
+    model, tokenizer = untrained(cfg)
     train, _val = tasks.splits(cfg.data)
     if cfg.data.task == "calculator":
         metrics = warm_start_turns(

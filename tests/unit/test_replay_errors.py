@@ -28,7 +28,7 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_one_line(
     import asyncrl.models.warm_start as warm_start
 
     other = (torch.nn.Linear(2, 2), SimpleNamespace(pad_token_id=0))  # what the settings build
-    monkeypatch.setattr(warm_start, "load_policy", lambda _cfg: other)
+    monkeypatch.setattr(warm_start, "load_policy", lambda _cfg, **_: other)
     with pytest.raises(replay.ReplayError) as err:
         replay.replay_step(cfg, "127.0.0.1:1", 5, Console())
     message = str(err.value)

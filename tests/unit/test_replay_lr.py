@@ -56,7 +56,7 @@ def resumed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
     policy = (start, SimpleNamespace(pad_token_id=0))
     monkeypatch.setattr(
-        warm_start, "load_policy", lambda _cfg: (copy.deepcopy(policy[0]), policy[1])
+        warm_start, "load_policy", lambda _cfg, **_: (copy.deepcopy(policy[0]), policy[1])
     )
     return saved
 

@@ -214,11 +214,21 @@ def test_the_trainer_logs_the_samples_it_trained(monkeypatch):
     assert second["perf/samples_trained"] == 16.0
 
 
-def test_report_takes_output_dir_as_an_override_as_audit_does(tmp_path, capsys):
-    """`asyncrl report RUN output_dir=DIR` was a usage error; audit, inspect and replay take it."""
+def test_report_takes_output_dir_as_an_override_as_audit_does(tmp_path, capsys, monkeypatch):
+    """`asyncrl report RUN output_dir=DIR` was a usage error; audit, inspect and replay take it,
+    and report now reads it as they do: `output_dir=~/runs` (its own parser took it as
+    written, a directory named ~), and ~output_dir (the default, runs)."""
     _run_dir(tmp_path)
     assert main(["report", "scripted", f"output_dir={tmp_path / 'runs'}"]) == 0
     assert "report.md" in capsys.readouterr().out
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # RUN names no directory here
+    assert main(["report", "scripted", "output_dir=~/runs"]) == 0, capsys.readouterr().err
+    assert "report.md" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "scripted", "~output_dir"]) == 0  # the default, runs
+    capsys.readouterr()
     assert main(["report", "scripted", "trainer.total_training_steps=5"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("asyncrl report: trainer.total_training_steps: report takes only")

@@ -102,6 +102,8 @@ def test_each_earlier_run_gets_one_outcome_the_dry_run_shows_as_is(
     assert "\n" not in decision.line
     assert decision.restore_log == (outcome == "resume" and CLUSTER not in overrides)
     assert decision.step == (3 if outcome == "resume" and "checkpoint" in holds else None)
+    assert decision.finished == ("summary" in holds)
+    assert decision.summary == (DONE if "summary" in holds else {})
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     # the dry run's line is the decision (a refusal fails it, naming the key)
     (check,) = [c for c in startup_checks(cfg, "run") if c.detail == decision.line]
@@ -166,6 +168,18 @@ def test_the_dry_run_of_resume_mode_disable_on_a_cluster_with_no_checkpoint_says
     key = CHANGED.partition("=")[0]
     (refused,) = _dry_run_lines(tmp_path, capsys, CLUSTER, DISABLE, CHANGED, key=key)
     assert refused.startswith("FAIL actor_rollout_ref.rollout.n: 4, but run 'demo'")
+
+
+@pytest.mark.parametrize("overrides", [[], [CLUSTER], [CLUSTER, DISABLE]])
+def test_a_summary_cut_short_is_a_finished_run_to_the_decision(tmp_path, overrides):
+    """The launcher looked for summary.json again once it had moved the run aside, to say how
+    to go on from a finished run's policy: the decision says the run had finished, read or
+    not, so the directory is read once."""
+    _earlier_run(tmp_path, ALL)
+    cfg = load_config(overrides=_overrides(tmp_path, *overrides))
+    (cfg.run_dir / "summary.json").write_text('{"step": 20, "rea')
+    decision = decide(cfg)
+    assert (decision.finished, decision.summary) == (True, {}), decision.outcome
 
 
 @pytest.mark.parametrize("overrides", [[], [CLUSTER]], ids=["embedded", "cluster"])
