@@ -81,24 +81,50 @@ def fetch_samples(cfg: RunConfig, bootstrap: str, record: StepRecord) -> list[Sa
     return samples
 
 
-def _recorded_lr(cfg: RunConfig, record: StepRecord) -> float | None:
-    """The rate the step ran at (its ``actor/lr``) where the replay's rate settings are the
-    run's own (those of its saved config.yaml), else None: the replay's schedule. A run
-    resumed with another ``trainer.total_training_steps`` ran its earlier steps on another
-    cosine or warm-up schedule than its saved config gives, and their replay differed in the
-    weights with nothing changed."""
+def _recorded(cfg: RunConfig) -> RunConfig | None:
+    """The run's own config (its saved config.yaml), without the replay's overrides; None
+    where the run has none."""
     from asyncrl.config import load_config
 
     saved = cfg.run_dir / "config.yaml"
+    return load_config(saved) if saved.exists() else None
+
+
+def _recorded_lr(cfg: RunConfig, run: RunConfig | None, record: StepRecord) -> float | None:
+    """The rate the step ran at (its ``actor/lr``) where the replay's rate settings are the
+    run's own (``run``, its saved config), else None: the replay's schedule. A run
+    resumed with another ``trainer.total_training_steps`` ran its earlier steps on another
+    cosine or warm-up schedule than its saved config gives, and their replay differed in the
+    weights with nothing changed."""
     lr = record.metrics.get("actor/lr")
-    if lr is None or not saved.exists():
+    if lr is None or run is None:
         return None
-    run = load_config(saved)
     same = (
         run.actor_rollout_ref.actor.optim == cfg.actor_rollout_ref.actor.optim
         and run.trainer.total_training_steps == cfg.trainer.total_training_steps
     )
     return lr if same else None
+
+
+def _run_policy(cfg: RunConfig, run: RunConfig | None) -> RunConfig:
+    """``cfg`` building the run's own policy: the fields of the warm start's cache key
+    (``actor_rollout_ref.model.*``, ``data.*``) the run's (``run``), where it is kept
+    (``model.cache_dir``, ``model.path``, ...) the replay's. Its trainer's first policy, the
+    reference of ``actor.use_kl_loss`` and step 1's start, came from them, which a run keeps
+    for its life (``launch/resume_check.FIXED``): a ``data.*`` override, which a replay warns
+    changes nothing, warm-started another policy for them."""
+    from asyncrl.models.cache import NOT_IN_CACHE_KEY
+
+    if run is None:
+        return cfg
+    model = cfg.actor_rollout_ref.model.model_copy(
+        update={k: v for k, v in run.actor_rollout_ref.model if k not in NOT_IN_CACHE_KEY["model"]}
+    )
+    data = cfg.data.model_copy(
+        update={k: v for k, v in run.data if k not in NOT_IN_CACHE_KEY["data"]}
+    )
+    actor_rollout_ref = cfg.actor_rollout_ref.model_copy(update={"model": model})
+    return cfg.model_copy(update={"actor_rollout_ref": actor_rollout_ref, "data": data})
 
 
 def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> dict[str, Any]:
@@ -119,8 +145,14 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
             "enough)"
         )
     torch.set_num_threads(cfg.trainer.torch_threads)
+    run = _recorded(cfg)
+    policy_cfg = _run_policy(cfg, run)
     # Step 1 starts from the warm start; a later one from its checkpoint, loaded over the model
-    model, tokenizer = load_policy(cfg, warm=step == 1)
+    model, tokenizer = load_policy(policy_cfg, warm=step == 1)
+    # actor.use_kl_loss: the trainer's first policy (step 1's start, copied before it trains)
+    ref_model = reference_policy(
+        policy_cfg, torch.device("cpu"), start=model if step == 1 else None
+    )
     optim = cfg.actor_rollout_ref.actor.optim
     optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
     if step > 1:
@@ -136,7 +168,7 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
         for group in optimizer.param_groups:  # the replay's settings, not the checkpoint's
             group["weight_decay"] = optim.weight_decay
     set_step_lr(optimizer, optim, step, cfg.trainer.total_training_steps)  # the step's rate
-    recorded_lr = _recorded_lr(cfg, record)
+    recorded_lr = _recorded_lr(cfg, run, record)
     if recorded_lr is not None:
         for group in optimizer.param_groups:
             group["lr"] = recorded_lr
@@ -155,7 +187,7 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
         torch.device("cpu"),
         tokenizer.pad_token_id,
         version=record.version,  # the token ages of max_token_version_lag
-        ref_model=reference_policy(cfg, torch.device("cpu")),
+        ref_model=ref_model,
     )
 
     result: dict[str, Any] = {"step": step, "version": record.version, "metrics": {}}
