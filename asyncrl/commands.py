@@ -231,13 +231,14 @@ def _output_dir(args: argparse.Namespace):
     """Where a command that reads a run finds RUN (a run_id): --output-dir, else output_dir=
     among the overrides (or --config's), as inspect takes it, ``~`` expanded and made absolute
     as the config makes it: `asyncrl monitor RUN output_dir=/x` looked in runs/ ("no run RUN
-    in runs/"), and report, with a parser of its own, took ``output_dir=~/runs`` as written."""
+    in runs/"), and report, with a parser of its own, took ``output_dir=~/runs`` as written.
+    ``--output-dir=~/runs`` too (the shell expands no ``~`` after ``=``)."""
     from pathlib import Path
 
     from asyncrl.config import load_config
 
     given = args.output_dir or load_config(getattr(args, "config", None), args.overrides).output_dir
-    return Path(given)
+    return Path(given).expanduser()
 
 
 def _run_config(args: argparse.Namespace):

@@ -233,3 +233,17 @@ def test_report_takes_output_dir_as_an_override_as_audit_does(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert err.startswith("asyncrl report: trainer.total_training_steps: report takes only")
     assert err.count("\n") == 1
+
+
+def test_output_dir_given_as_an_option_expands_home_as_output_dir_does(
+    tmp_path, capsys, monkeypatch
+):
+    """``--output-dir=~/runs`` (the shell expands no ``~`` after ``=``) looked in a directory
+    named ``~`` under the current one, where ``output_dir=~/runs`` finds the run: both go
+    through ``commands._output_dir``, which expanded only the override's."""
+    _run_dir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["report", "scripted", "--output-dir=~/runs"]) == 0, capsys.readouterr().err
+    assert "report.md" in capsys.readouterr().out
