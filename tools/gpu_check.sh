@@ -18,7 +18,8 @@
 # The device tool gives a machine back 30 s after a call: send the next group at once.
 # Installs the carried wheels and asyncrl (editable, no build isolation), then runs each step
 # under its own time limit, its output in $OUT/<step>.log (or runs/gpu-check/), and goes on
-# after a failed step; the last lines say which passed. No step: all of them.
+# after a failed step; the last lines say which passed. No step: tests engine sync run learn
+# real fp32 (handoff, cpu, cputhreads and overlap only when named).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu-check}
