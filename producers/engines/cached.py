@@ -63,6 +63,15 @@ def replace(cache: DynamicCache, kv: KV) -> None:
         layer.keys, layer.values = keys, values
 
 
+def keep_rows(t: torch.Tensor, index: torch.Tensor, start: int, dim: int) -> torch.Tensor:
+    """Rows ``index`` of ``t`` from column ``start`` on (along ``dim``), as one contiguous copy.
+
+    ``index_select`` after a slice, not ``t[index, :, start:]``: advanced indexing costs ~4x
+    as much on the CPU (93 us against 23 for one of the demo's cache tensors, one thread), and
+    a step that drops rows runs it for the keys and values of every layer."""
+    return t.narrow(dim, start, t.shape[dim] - start).index_select(0, index)
+
+
 def newcomers(active: Iterable[ActiveRequest], rows: list[ActiveRequest]) -> list[ActiveRequest]:
     """The active requests with no cache row: new ones, continuations, all after new weights
     (a row is its request's object, not its id: an id may be re-added)."""
@@ -117,13 +126,16 @@ class CachedHFEngine(HFEngine):
             return
         index = torch.tensor(keep, device=self._mask.device)
         self._rows = [self._rows[i] for i in keep]
-        self._mask = self._mask[index]
-        used = self._mask.any(0).nonzero()
-        start = int(used[0]) if len(used) else self._mask.shape[1]
-        self._mask = self._mask[:, start:]
+        mask = self._mask.index_select(0, index)
+        used = mask.any(0).nonzero()
+        start = int(used[0]) if len(used) else mask.shape[1]
+        self._mask = mask[:, start:]
         if self._cache is not None:
             kv = tensors(self._cache)
-            replace(self._cache, [(k[index, :, start:], v[index, :, start:]) for k, v in kv])
+            replace(
+                self._cache,
+                [(keep_rows(k, index, start, 2), keep_rows(v, index, start, 2)) for k, v in kv],
+            )
 
     def _join(self, joining: list[ActiveRequest], device: torch.device) -> None:
         """Step 2 of the module doc."""

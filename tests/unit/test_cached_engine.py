@@ -14,7 +14,7 @@ from asyncrl.consumers.grpo import rollout_logprob_errors
 from asyncrl.models.tiny import build_model, build_tokenizer
 from asyncrl.models.warm_start import load_policy
 from asyncrl.producers.engines.base import GenRequest, GenResult
-from asyncrl.producers.engines.cached import CachedHFEngine
+from asyncrl.producers.engines.cached import CachedHFEngine, keep_rows
 from asyncrl.producers.engines.factory import make_engine
 from asyncrl.producers.engines.hf import HFEngine
 from asyncrl.producers.engines.static import StaticHFEngine
@@ -86,6 +86,14 @@ def test_a_sequence_scores_the_same_whoever_joins_or_leaves_its_batch(policy):
     for rid, want in alone.items():
         assert done[rid].response_ids == want.response_ids
         assert done[rid].response_logprobs == pytest.approx(want.response_logprobs, abs=1e-5)
+
+
+def test_rows_kept_after_a_drop_are_the_selected_rows_from_the_cut_column():
+    t = torch.arange(5 * 2 * 6 * 3, dtype=torch.float32).reshape(5, 2, 6, 3)
+    index = torch.tensor([0, 2, 3])
+    kept = keep_rows(t, index, 2, dim=2)
+    assert torch.equal(kept, t[index, :, 2:])
+    assert kept.is_contiguous() and kept.data_ptr() != t.data_ptr()
 
 
 def _finish(engine) -> list[GenResult]:
