@@ -14,7 +14,7 @@ from asyncrl.consumers.grpo import rollout_logprob_errors
 from asyncrl.models.tiny import build_model, build_tokenizer
 from asyncrl.models.warm_start import load_policy
 from asyncrl.producers.engines.base import GenRequest, GenResult
-from asyncrl.producers.engines.cached import CachedHFEngine
+from asyncrl.producers.engines.cached import CachedHFEngine, keep_rows
 from asyncrl.producers.engines.factory import make_engine
 from asyncrl.producers.engines.hf import HFEngine
 from asyncrl.producers.engines.static import StaticHFEngine
@@ -86,6 +86,50 @@ def test_a_sequence_scores_the_same_whoever_joins_or_leaves_its_batch(policy):
     for rid, want in alone.items():
         assert done[rid].response_ids == want.response_ids
         assert done[rid].response_logprobs == pytest.approx(want.response_logprobs, abs=1e-5)
+
+
+def test_requests_sharing_a_context_are_prefilled_once_and_score_as_alone(policy):
+    """A sample's trajectories join with one prompt: the prefill computes each distinct
+    context once (a continuation's context is its own: its prompt and prefix, less the last
+    token), and every request still gets the tokens and logprobs it gets generated alone."""
+    model, tok = policy
+    args = (model, tok, 1.0, tok.eos_token_id, tok.pad_token_id)
+    firsts = HFEngine(*args).generate(
+        [GenRequest(f"c{i}", p, 3, greedy=True) for i, p in enumerate(_prompts(tok, 8))]
+    )
+    # One whose answer is more than EOS: the continuation has a token still to generate.
+    first = next(r for r in firsts if len(r.response_ids) >= 2)
+    p0, p1 = first.prompt_ids, next(r.prompt_ids for r in firsts if r is not first)
+    reqs = [GenRequest(f"a{i}", p0, 2 + i % 2, greedy=True) for i in range(4)]
+    reqs += [GenRequest(f"b{i}", p1, 3, greedy=True) for i in range(3)]
+    cut = first.response_ids[:1], first.response_logprobs[:1]
+    reqs.append(GenRequest("c", p0, 3, prefix_ids=cut[0], prefix_logprobs=cut[1], greedy=True))
+    alone = {r.request_id: HFEngine(*args).generate([r])[0] for r in reqs[:-1]}
+    alone["c"] = first
+
+    prefilled: list[int] = []
+
+    def count(_module, _args, kwargs):
+        if kwargs["input_ids"].shape[1] > 1:
+            prefilled.append(kwargs["input_ids"].shape[0])
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        done = {r.request_id: r for r in CachedHFEngine(*args).generate(reqs)}
+    finally:
+        hook.remove()
+    assert prefilled == [3]  # p0 and p1 less their last token, and p0: not 8 rows
+    for rid, want in alone.items():
+        assert done[rid].response_ids == want.response_ids
+        assert done[rid].response_logprobs == pytest.approx(want.response_logprobs, abs=1e-5)
+
+
+def test_rows_kept_after_a_drop_are_the_selected_rows_from_the_cut_column():
+    t = torch.arange(5 * 2 * 6 * 3, dtype=torch.float32).reshape(5, 2, 6, 3)
+    index = torch.tensor([0, 2, 3])
+    kept = keep_rows(t, index, 2, dim=2)
+    assert torch.equal(kept, t[index, :, 2:])
+    assert kept.is_contiguous() and kept.data_ptr() != t.data_ptr()
 
 
 def _finish(engine) -> list[GenResult]:
