@@ -55,12 +55,14 @@ def test_modes_smoke(tmp_path, smoke):
         Console(file=out, width=200),
         ablation=False,
         workload="long-tail",
+        # Three of the four async runs (each ~5 s), those whose rows are asserted below; that
+        # the workload has all four, each in its mode, is in tests/unit/test_bench_modes.py.
+        only=("(a)", "(b)", "(d)"),
     )
     assert list(results) == [
         "colocated sync",
         "(a) on-policy pipeline",
         "(b) stream off-policy",
-        "(c) stale samples",
         "(d) partial rollout",
     ]
     assert results["(a) on-policy pipeline"]["local_updates"] == 2
