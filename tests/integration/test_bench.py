@@ -55,12 +55,14 @@ def test_modes_smoke(tmp_path, smoke):
         Console(file=out, width=200),
         ablation=False,
         workload="long-tail",
+        # Three of the four async runs (each ~5 s), those whose rows are asserted below; that
+        # the workload has all four, each in its mode, is in tests/unit/test_bench_modes.py.
+        only=("(a)", "(b)", "(d)"),
     )
     assert list(results) == [
         "colocated sync",
         "(a) on-policy pipeline",
         "(b) stream off-policy",
-        "(c) stale samples",
         "(d) partial rollout",
     ]
     assert results["(a) on-policy pipeline"]["local_updates"] == 2
@@ -221,10 +223,12 @@ def test_tools_bench_measures_both_sandboxes(tmp_path):
 def test_offpolicy_smoke(broker, tmp_path, demo_policy, monkeypatch):
     from asyncrl.bench import offpolicy as bench
 
-    # Two of the four variants (each a whole run, ~25 s): the bare one and the one with both
-    # corrections; the other two are each half of the second's overrides.
+    # One of the four variants (each a whole run, ~6 s after the demo's warm start, which the
+    # first pays): the one with both corrections; the other two corrected ones are each half
+    # of its overrides, and the uncorrected one's row (no KL, no weights, no filtered groups)
+    # is shown broker-free in tests/unit/test_bench_offpolicy.py.
     both = "decoupled PPO + dynamic sampling"
-    variants = {name: bench.VARIANTS[name] for name in ("no correction", both)}
+    variants = {both: bench.VARIANTS[both]}
     monkeypatch.setattr(bench, "VARIANTS", variants)
     out = io.StringIO()
     results = bench.offpolicy(
@@ -242,8 +246,6 @@ def test_offpolicy_smoke(broker, tmp_path, demo_policy, monkeypatch):
     )
     assert list(results) == list(variants)
     assert all(r["steps"] == 2 and r["curve_step"] for r in results.values())
-    assert results["no correction"]["mismatch_kl"] is None
-    assert results["no correction"]["filtered_groups"] is None
     assert results[both]["is_weight_mean"] > 0
     assert results[both]["filtered_groups"] is not None
     assert "off-policy stress ablation" in out.getvalue()

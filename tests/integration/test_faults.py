@@ -579,9 +579,9 @@ def test_a_run_whose_last_worker_is_told_to_stop_says_so_and_fails_once(make_run
     ``trainer.max_restarts`` times (20 minutes by default) before the run failed."""
     from asyncrl.launch.launcher import RunFailed
 
-    cfg = make_run_cfg(
-        *SMALL, *quick_policy, "trainer.total_training_steps=40", "sync.timeout_s=10"
-    )
+    # The run fails sync.timeout_s after the stop: the trainer's wait for the next step's
+    # samples. 5 s is also the bound on the first step's (~1.5 s here: worker start and join).
+    cfg = make_run_cfg(*SMALL, *quick_policy, "trainer.total_training_steps=40", "sync.timeout_s=5")
     out = io.StringIO()
     with (
         _fault_beside(cfg, _terminate_when, "rollout-0", 3) as (pids, stopped),
