@@ -49,7 +49,7 @@ def test_the_uncorrected_variants_row_has_no_correction_or_filter_figures(
     both = "decoupled PPO + dynamic sampling"
     variants = {name: bench.VARIANTS[name] for name in ("no correction", both)}
     monkeypatch.setattr(bench, "VARIANTS", variants)
-    monkeypatch.setattr(launcher, "prepare_policy", lambda cfg, console: None)
+    monkeypatch.setattr(setup, "prepare_policy", lambda cfg, console: None)
 
     def run(cfg: RunConfig, console: Console) -> dict[str, Any]:  # the trainer, one step's groups
         broker = MemoryBroker()
