@@ -14,7 +14,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from asyncrl.config import load_config
+from asyncrl.config import RunConfig, load_config
 from asyncrl.config.load import dump_config
 from asyncrl.consumers.checkpoint import TrainerState, save_checkpoint
 from asyncrl.consumers.schedule import set_step_lr
@@ -51,22 +51,7 @@ def test_a_data_override_replays_a_checkpointed_step_without_a_warm_start(
     # the run's policy after step 1, as the trainer checkpointed it
     vocab = len(task_tokenizer(cfg.data))
     model = build_model(cfg.actor_rollout_ref.model, vocab, seed=7, positions=arithmetic.POSITIONS)
-    settings = cfg.actor_rollout_ref.actor.optim
-    optim = torch.optim.AdamW(
-        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
-    )
-    save_checkpoint(cfg.run_dir, model, optim, TrainerState(STEP - 1, 1, {}, {}), keep=10)
-    samples = _samples()
-    set_step_lr(optim, settings, STEP, cfg.trainer.total_training_steps)
-    model.train()
-    metrics = grpo_update(model, optim, samples, cfg, torch.device("cpu"))
-    save_checkpoint(cfg.run_dir, model, optim, TrainerState(STEP, 2, {}, {}), keep=10)
-    ids = [s.sample_id for s in samples]
-    record = decode_step(
-        encode_step(StepRecord("r", STEP, 1, 0.0, ids, [0] * 4, [0, 1, 2, 3], metrics))
-    )
-    monkeypatch.setattr(replay, "find_step", lambda *_: record)
-    monkeypatch.setattr(replay, "fetch_samples", lambda *_: samples)
+    _train_and_record(cfg, model, STEP, monkeypatch)
 
     other_data = load_config(overrides=[*run, "data.train_size=500"])  # another cache key
     result = replay.replay_step(other_data, "127.0.0.1:1", STEP, Console(file=io.StringIO()))
@@ -111,6 +96,34 @@ def _recorded(
     return decode_step(encode_step(record))
 
 
+def _train_and_record(
+    cfg: RunConfig,
+    model: torch.nn.Module,
+    step: int,
+    monkeypatch: pytest.MonkeyPatch,
+    ref: torch.nn.Module | None = None,
+    checksum: str = "",
+) -> None:
+    """Step ``step`` of the run as its trainer takes it: the checkpoint it starts from (none
+    for step 1, which starts from the warm start), the update, the checkpoint after it; replay
+    is handed the step's record and samples in place of the broker."""
+    settings = cfg.actor_rollout_ref.actor.optim
+    optim = torch.optim.AdamW(
+        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+    )
+    if step > 1:
+        state = TrainerState(step - 1, step - 1, {}, {})
+        save_checkpoint(cfg.run_dir, model, optim, state, keep=10)
+    samples = _samples()
+    set_step_lr(optim, settings, step, cfg.trainer.total_training_steps)
+    model.train()
+    metrics = grpo_update(model, optim, samples, cfg, torch.device("cpu"), ref_model=ref)
+    save_checkpoint(cfg.run_dir, model, optim, TrainerState(step, step, {}, {}), keep=10)
+    record = _recorded(samples, metrics, step, checksum)
+    monkeypatch.setattr(replay, "find_step", lambda *_: record)
+    monkeypatch.setattr(replay, "fetch_samples", lambda *_: samples)
+
+
 def test_a_data_override_replays_with_the_runs_own_reference_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,19 +134,7 @@ def test_a_data_override_replays_with_the_runs_own_reference_policy(
     cfg = load_config(overrides=list(run))
     start, _ = load_policy(cfg)  # the run's warm start, as its trainer loaded it
     ref = reference_policy(cfg, torch.device("cpu"), start=start)
-    settings = cfg.actor_rollout_ref.actor.optim
-    optim = torch.optim.AdamW(
-        start.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
-    )
-    save_checkpoint(cfg.run_dir, start, optim, TrainerState(STEP - 1, 1, {}, {}), keep=10)
-    samples = _samples()
-    set_step_lr(optim, settings, STEP, cfg.trainer.total_training_steps)
-    start.train()
-    metrics = grpo_update(start, optim, samples, cfg, torch.device("cpu"), ref_model=ref)
-    save_checkpoint(cfg.run_dir, start, optim, TrainerState(STEP, 2, {}, {}), keep=10)
-    record = _recorded(samples, metrics, STEP)
-    monkeypatch.setattr(replay, "find_step", lambda *_: record)
-    monkeypatch.setattr(replay, "fetch_samples", lambda *_: samples)
+    _train_and_record(cfg, start, STEP, monkeypatch, ref=ref)
 
     other_data = load_config(overrides=[*run, "data.train_size=500"])  # another warm start
     result = replay.replay_step(other_data, "127.0.0.1:1", STEP, Console(file=io.StringIO()))
@@ -150,18 +151,7 @@ def test_a_data_override_replays_step_one_from_the_runs_warm_start(
     start, _ = load_policy(cfg)
     checksum = weights_checksum(start)
     ref = reference_policy(cfg, torch.device("cpu"), start=start)
-    settings = cfg.actor_rollout_ref.actor.optim
-    optim = torch.optim.AdamW(
-        start.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
-    )
-    samples = _samples()
-    set_step_lr(optim, settings, 1, cfg.trainer.total_training_steps)
-    start.train()
-    metrics = grpo_update(start, optim, samples, cfg, torch.device("cpu"), ref_model=ref)
-    save_checkpoint(cfg.run_dir, start, optim, TrainerState(1, 1, {}, {}), keep=10)
-    record = _recorded(samples, metrics, 1, checksum)
-    monkeypatch.setattr(replay, "find_step", lambda *_: record)
-    monkeypatch.setattr(replay, "fetch_samples", lambda *_: samples)
+    _train_and_record(cfg, start, 1, monkeypatch, ref=ref, checksum=checksum)
 
     other_data = load_config(overrides=[*run, "data.train_size=500"])
     result = replay.replay_step(other_data, "127.0.0.1:1", 1, Console(file=io.StringIO()))
