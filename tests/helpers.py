@@ -20,6 +20,15 @@ SMALL = [
 """A run small enough for protocol tests: groups of 4, 4 samples a step, no evaluation, a
 sync after every step."""
 
+SMALL_MODEL = [
+    "actor_rollout_ref.model.hidden_size=16",
+    "actor_rollout_ref.model.num_hidden_layers=1",
+    "actor_rollout_ref.model.num_attention_heads=2",
+    "actor_rollout_ref.model.intermediate_size=32",
+]
+"""The demo policy's shape cut to one layer of width 16, for tests that need a real model
+but not its size (eight test files spelled the four keys out)."""
+
 DECODERS = {
     "samples": sample.decode_sample,
     "control": control.decode_event,

@@ -17,13 +17,7 @@ from asyncrl.models.policy import TINY_CHAT_TEMPLATE, encode_prompt, load_policy
 from asyncrl.models.tiny import build_model, build_tokenizer
 from asyncrl.producers.feed import train_prompts
 from asyncrl.tasks.files import export_task, filter_overlong, load_split, read_rows
-
-SMALL_MODEL = [
-    "actor_rollout_ref.model.hidden_size=16",
-    "actor_rollout_ref.model.num_hidden_layers=1",
-    "actor_rollout_ref.model.num_attention_heads=2",
-    "actor_rollout_ref.model.intermediate_size=32",
-]
+from tests.helpers import SMALL_MODEL
 
 
 @pytest.fixture

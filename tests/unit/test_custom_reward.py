@@ -25,6 +25,7 @@ from asyncrl.producers.reward import (
 )
 from asyncrl.producers.reward_pool import make_pool
 from asyncrl.schemas.sample import Sample, Trajectory
+from tests.helpers import SMALL_MODEL
 
 REWARD_FILE = """
 import time
@@ -284,10 +285,7 @@ def test_the_update_leaves_failed_trajectories_out_and_counts_them() -> None:
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=1",
         "async_training.require_batches=2",
-        "actor_rollout_ref.model.hidden_size=16",
-        "actor_rollout_ref.model.num_hidden_layers=1",
-        "actor_rollout_ref.model.num_attention_heads=2",
-        "actor_rollout_ref.model.intermediate_size=32",
+        *SMALL_MODEL,
     )
     ok = Sample("a@0", "a", 0, [1, 4], "1", [_traj(1.0, extra={"acc": 1.0}), _traj(0.0)])
     failed = Sample("b@0", "b", 0, [1, 5], "1", [_traj(0.0, "TimeoutError"), _traj(0.0, "x")])

@@ -14,13 +14,7 @@ from asyncrl.cli import main
 from asyncrl.config import dump_config, load_config
 from asyncrl.models.policy import TINY_CHAT_TEMPLATE
 from asyncrl.models.tiny import build_model, build_tokenizer
-
-SMALL_MODEL = [
-    "actor_rollout_ref.model.hidden_size=16",
-    "actor_rollout_ref.model.num_hidden_layers=1",
-    "actor_rollout_ref.model.num_attention_heads=2",
-    "actor_rollout_ref.model.intermediate_size=32",
-]
+from tests.helpers import SMALL_MODEL
 
 
 def test_a_checkpoint_step_exports_as_a_hugging_face_checkpoint(

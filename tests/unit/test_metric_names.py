@@ -23,6 +23,7 @@ from asyncrl.consumers.step_stats import (
 from asyncrl.consumers.update import grpo_update, simulated_update
 from asyncrl.schemas.sample import Sample, Trajectory
 from asyncrl.telemetry.metrics import stale_in_step
+from tests.helpers import SMALL_MODEL
 
 VERL_COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"
 
@@ -143,10 +144,7 @@ def _cfg(*overrides: str):
             "async_training.require_batches=1",
             "data.max_prompt_length=5",
             "data.max_response_length=6",
-            "actor_rollout_ref.model.hidden_size=16",
-            "actor_rollout_ref.model.num_hidden_layers=1",
-            "actor_rollout_ref.model.num_attention_heads=2",
-            "actor_rollout_ref.model.intermediate_size=32",
+            *SMALL_MODEL,
             *overrides,
         ]
     )

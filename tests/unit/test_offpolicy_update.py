@@ -13,6 +13,7 @@ from asyncrl.config import load_config
 from asyncrl.consumers.grpo import build_batch, token_logprobs
 from asyncrl.consumers.update import grpo_update
 from asyncrl.schemas.sample import Sample, Trajectory
+from tests.helpers import SMALL_MODEL
 
 VOCAB = 16
 
@@ -23,10 +24,7 @@ def _cfg(*overrides: str):
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "async_training.require_batches=2",
-            "actor_rollout_ref.model.hidden_size=16",
-            "actor_rollout_ref.model.num_hidden_layers=1",
-            "actor_rollout_ref.model.num_attention_heads=2",
-            "actor_rollout_ref.model.intermediate_size=32",
+            *SMALL_MODEL,
             *overrides,
         ]
     )

@@ -13,6 +13,7 @@ from asyncrl.config import ConfigError, load_config
 from asyncrl.launch.launcher import run
 from asyncrl.launch.preflight import check_startable, dry_run, startup_checks
 from asyncrl.tasks.files import check_file, export_task
+from tests.helpers import SMALL_MODEL
 
 
 @pytest.fixture
@@ -144,10 +145,7 @@ def test_the_dry_run_puts_the_prompts_through_the_tokenizer(
     tok = build_tokenizer()  # the tiny model's: no chat template of its own
     small = load_config(
         overrides=[
-            "actor_rollout_ref.model.hidden_size=16",
-            "actor_rollout_ref.model.num_hidden_layers=1",
-            "actor_rollout_ref.model.num_attention_heads=2",
-            "actor_rollout_ref.model.intermediate_size=32",
+            *SMALL_MODEL,
         ]
     )
     build_model(small.actor_rollout_ref.model, len(tok), seed=0).save_pretrained(ckpt)

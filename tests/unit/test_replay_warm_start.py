@@ -26,6 +26,7 @@ from asyncrl.schemas.sample import Sample
 from asyncrl.schemas.step import StepRecord, decode_step, encode_step
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.tasks import arithmetic
+from tests.helpers import SMALL_MODEL
 from tests.unit.test_offpolicy_update import _samples
 
 STEP = 2
@@ -42,10 +43,7 @@ def test_a_data_override_replays_a_checkpointed_step_without_a_warm_start(
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "async_training.require_batches=2",
-        "actor_rollout_ref.model.hidden_size=16",
-        "actor_rollout_ref.model.num_hidden_layers=1",
-        "actor_rollout_ref.model.num_attention_heads=2",
-        "actor_rollout_ref.model.intermediate_size=32",
+        *SMALL_MODEL,
     )
     cfg = load_config(overrides=list(run))
     # the run's policy after step 1, as the trainer checkpointed it
@@ -74,10 +72,7 @@ def _run_with_kl_loss(tmp_path: Path) -> tuple[str, ...]:
         "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.kl_loss_coef=1.0",
         "async_training.require_batches=2",
-        "actor_rollout_ref.model.hidden_size=16",
-        "actor_rollout_ref.model.num_hidden_layers=1",
-        "actor_rollout_ref.model.num_attention_heads=2",
-        "actor_rollout_ref.model.intermediate_size=32",
+        *SMALL_MODEL,
         "data.val_size=4",
     )
     cfg = load_config(overrides=list(run))

@@ -10,13 +10,7 @@ from tokenizers import Regex, pre_tokenizers
 from asyncrl.config import load_config
 from asyncrl.models import tiny
 from asyncrl.models.tiny import build_model, build_tokenizer, task_tokenizer
-
-SMALL_MODEL = [
-    "actor_rollout_ref.model.hidden_size=16",
-    "actor_rollout_ref.model.num_hidden_layers=1",
-    "actor_rollout_ref.model.num_attention_heads=2",
-    "actor_rollout_ref.model.intermediate_size=32",
-]
+from tests.helpers import SMALL_MODEL
 
 
 def test_each_newline_is_its_own_token_and_decodes_back():
