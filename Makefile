@@ -27,6 +27,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/typecheck.py
+	$(BIN)/python tools/house_checks.py
 	$(BIN)/hadolint docker/Dockerfile
 
 format: install

@@ -152,6 +152,24 @@ def test_every_module_is_in_a_layer():
         layer_of(name)
 
 
+NOT_PACKAGES = {"tests", "tools", "docs", "docker", "build"}
+"""Top-level folders that are not part of the package: the suite, scripts, docs, images."""
+
+
+def test_every_top_level_folder_with_python_is_a_mapped_package_with_a_layer():
+    """A new top-level folder must be in pyproject.toml's package-dir (so its modules are
+    checked here) and its package must have a layer of its own in LAYERS."""
+    folders = {
+        p.name
+        for p in ROOT.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and next(p.rglob("*.py"), None)
+    }
+    unmapped = folders - NOT_PACKAGES - set(FOLDERS.values())
+    assert not unmapped, f"top-level folders not in pyproject.toml's package-dir: {unmapped}"
+    prefixes = {prefix for _title, group in LAYERS for prefix in group}
+    assert not set(FOLDERS) - prefixes, f"packages with no layer: {set(FOLDERS) - prefixes}"
+
+
 def test_no_module_imports_a_layer_above_its_own():
     assert upward_imports(graph()) == []
 
