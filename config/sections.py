@@ -776,7 +776,7 @@ class RunConfig(Strict):
             )
         return self
 
-    # --- derived quantities (DESIGN.md section 3) ---------------------------------------------
+    # --- derived quantities (docs/design.md, "Versions and the budget") -----------------------
     @property
     def required_samples(self) -> int:
         """Samples per local update: ppo_mini_batch_size x require_batches."""

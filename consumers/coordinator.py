@@ -1,6 +1,6 @@
 """The trainer's side of the weight collective: who is a member, and the sync hand-shake.
 
-A sync, in this order (DESIGN.md section 4):
+A sync, in this order (docs/design.md, "A sync, as events on control"):
 1. Publish SyncRequested(v+1) with what the trainer has consumed of each worker.
 2. Wait until every member has published RolloutPaused(v+1). A worker that (re)joins meanwhile
    has nothing in flight: it counts as paused and gets this sync's weights. One that does not

@@ -458,7 +458,7 @@ def check_startable(cfg: RunConfig, role: str) -> list[Check]:
 def idle_workers_note(cfg: RunConfig) -> str | None:
     """A warning when some workers can never generate: a version's sample budget is split among
     the workers a sample at a time, so past ``max_samples_per_version`` workers the rest get a
-    share of 0 every version (docs/tuning.md's "more rollout workers" stops paying there)."""
+    share of 0 every version (docs/tuning.md, "Resource split": more workers stop paying there)."""
     workers = cfg.actor_rollout_ref.rollout.num_workers
     per_version = cfg.max_samples_per_version
     if workers <= per_version:

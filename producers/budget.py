@@ -1,4 +1,4 @@
-"""The per-version rollout budget (DESIGN.md section 3, verl's semantics).
+"""The per-version rollout budget (docs/design.md, "Versions and the budget").
 
 Per weight version the rollout may start at most
 

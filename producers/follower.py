@@ -1,5 +1,5 @@
-"""The rollout worker's half of the sync hand-shake (DESIGN.md section 4): it follows the
-trainer's weight versions.
+"""The rollout worker's half of the sync hand-shake: it follows the trainer's weight versions
+(docs/design.md, "A sync, as events on control").
 
 It reads the control events meant for a worker (a sync requested, budget refunded or granted,
 a restarted trainer, the run finished), joins the trainer's weight transport, receives each

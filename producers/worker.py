@@ -14,7 +14,7 @@ then). What must see every finished trajectory scored waits for the pending scor
 a sample logged to ``partials`` (its record carries the rewards), a hand-back, a new trainer
 and leaving.
 
-A sync, on this side (DESIGN.md section 4):
+A sync, on this side (docs/design.md, "A sync, as events on control"):
 1. SyncRequested(v+1) arrives: stop admitting prompts.
 2. Mode (c): in-flight samples finish decoding, and are published as their scores come back
    (before, during or after the transfer). Mode (d, ``partial_rollout``): they are interrupted

@@ -1,4 +1,4 @@
-"""Metrics: verl's names (DESIGN.md section 5), a local JSONL file, and window clocks.
+"""Metrics: verl's names (docs/observability.md, "Metrics"), a local JSONL file, and window clocks.
 
 Names and meanings follow verl (docs/observability.md lists each with the verl file it comes
 from); :func:`timing_metrics` and :func:`throughput_metrics` are verl's

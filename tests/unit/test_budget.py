@@ -1,4 +1,4 @@
-"""The per-version rollout budget (DESIGN.md section 3)."""
+"""The per-version rollout budget (docs/design.md, "Versions and the budget")."""
 
 import pytest
 
