@@ -3,7 +3,8 @@ device offers, chosen by timing it there.
 
 Why: on an H100 a worker's one multi-tensor copy (``torch._foreach_copy_``) of a 0.5B model's
 290 bf16 tensors moved about 650 GB/s, half of what one plain device-to-device copy moves
-(docs/benchmarks.md, "One H100", second run). Which way is fastest depends on the GPU, the
+(docs/benchmarks-archive.md, "One H100 (2026-11-24, second run)"). Which way is fastest
+depends on the GPU, the
 torch build and the model's shapes, so a worker on a GPU tries each way twice, on the first
 copy of a plan (every way copies the same bytes: each try is a real copy), timed with CUDA
 events, keeps the fastest and copies once more with it. On a CPU there is one way.

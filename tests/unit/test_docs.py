@@ -78,6 +78,8 @@ def test_observability_quotes_the_span_event_a_sync_leaves():
 # how its tables were made, so they are checked too (its figures are history, not checked).
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BENCHMARKS = {"benchmarks.md", "benchmarks-archive.md"}
+"""The benchmark pages: their tables record settings measured once (a scratch key, a variable)."""
 
 
 def _doc_commands() -> list[tuple[str, str, bool]]:
@@ -234,7 +236,7 @@ def test_every_config_key_the_docs_name_exists():
         if doc.name == "configuration.md":  # generated from the keys themselves
             continue
         text = doc.read_text()
-        if doc.name == "benchmarks.md":  # its tables are history: a scratch key measured once
+        if doc.name in BENCHMARKS:  # their tables are history: a scratch key measured once
             text = "\n".join(line for line in text.splitlines() if not line.startswith("|"))
         for span in re.findall(r"`([^`\n]+)`", text):
             for m in re.finditer(r"(?<![\w/.])\+{0,2}([a-z_]+(?:\.[a-z_0-9]+)+)(?![\w/(])", span):
@@ -286,7 +288,7 @@ def test_every_environment_variable_the_docs_name_is_read():
     bad = [
         f"{doc.name}: {name}"
         for doc in DOCS
-        if doc.name != "benchmarks.md"
+        if doc.name not in BENCHMARKS
         for name in set(re.findall(r"\b(?:ASYNCRL|OTEL|KAFKA)_[A-Z0-9_]+\b", doc.read_text()))
         if name not in code
     ]
@@ -497,10 +499,10 @@ def test_every_section_a_doc_refers_to_is_there():
     for doc in DOCS:
         text = " ".join(doc.read_text().split())
         for file, title in re.findall(
-            r"\b((?:docs/)?[a-z]+\.md)(?:\]\([^)]*\))?, \"([^\"]+)\"", text
+            r"\b((?:docs/)?[a-z-]+\.md)(?:\]\([^)]*\))?, \"([^\"]+)\"", text
         ):
             refs.append((doc.name, file, title))
-        for title, file in re.findall(r"\"([^\"]+)\" in \[?((?:docs/)?[a-z]+\.md)", text):
+        for title, file in re.findall(r"\"([^\"]+)\" in \[?((?:docs/)?[a-z-]+\.md)", text):
             refs.append((doc.name, file, title))
         for title in re.findall(r"\(\"([^\"]+)\" (?:below|above)\)", text):  # in the same doc
             refs.append((doc.name, str(doc.relative_to(ROOT)), title))
@@ -574,7 +576,7 @@ def test_every_short_config_key_the_docs_name_exists():
     bad = []
     for doc in DOCS:
         text = doc.read_text()
-        if doc.name == "benchmarks.md":  # its tables are history
+        if doc.name in BENCHMARKS:  # their tables are history
             text = "\n".join(line for line in text.splitlines() if not line.startswith("|"))
         for span in re.findall(r"`([^`\n]+)`", text):
             for name in re.findall(r"(?<![\w/.])([a-z_]+(?:\.[a-z_0-9]+)+)(?![\w/(])", span):
