@@ -134,7 +134,7 @@ class _LibrdkafkaLog:
     same kind as ``_BrokerHealth``'s all-brokers-down line, so a client says one of them;
     MAXPOLL is debug, as ``Reader`` says it naming the config key. ``verbose``: the user
     asked for librdkafka's debug lines (``kafka.extra.debug``, e.g. ``cgrp``): every line is
-    logged, at INFO at least (rate-limited at DEBUG, they were invisible).
+    logged, at INFO at least, so that they show at the default log level.
     """
 
     def __init__(self, limiter: _RateLimitedLog, verbose: bool = False) -> None:

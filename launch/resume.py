@@ -14,7 +14,8 @@ with the embedded broker the archived log) and changes nothing. Its outcome is o
   the earlier run's log is still on the cluster.
 
 The launcher acts on it (``launcher.resume_or_set_aside``) and ``asyncrl run --dry-run``
-prints it (``preflight``): each used to decide on its own, and their rules drifted apart.
+prints it (``preflight``): one decision in one place, so what the dry run says is what the
+launcher does.
 """
 
 from __future__ import annotations

@@ -147,9 +147,9 @@ def prepare(cfg: RunConfig, bootstrap: str, console: Console) -> tuple[RunConfig
     ahead, topic = resolved.data.feed_ahead_steps, resolved.topic("prompts")
     # A resumed run whose trainer feeds and has trained: before its first step the trainer
     # reads the topic for the prompts on it (FeedAhead, through a later step than the set-up's
-    # feed), so the set-up does not read it too (a long run's prompts were read twice at every
-    # resume). A run with no samples yet is checked and fed here, and its trainer reads nothing
-    # back (FeedAhead._only_the_set_ups).
+    # feed), so the set-up does not read it too (that would read a long run's prompts twice at
+    # every resume). A run with no samples yet is checked and fed here, and its trainer reads
+    # nothing back (FeedAhead._only_the_set_ups).
     trained = feeds_ahead(resolved) and count_records(
         resolved.kafka, bootstrap, resolved.topic("samples")
     )

@@ -321,8 +321,8 @@ JSON_ONLY = ("weights_checksum", "metrics", "samples_trained")
 
 def _step_details(s: StepRecord) -> dict[str, Any]:
     """What a step's JSON row adds to its table row: every metric the trainer logged and the
-    samples it trained on, where they were on the log. A script had the table's eight
-    columns, and had to read metrics.jsonl (not on the log) or the raw topic for the rest."""
+    samples it trained on, where they are on the log, so that a script needs neither
+    metrics.jsonl (not on the log) nor the raw topic."""
     where = zip(s.sample_ids, s.partitions, s.offsets, strict=True)
     return {
         "weights_checksum": s.weights_checksum,

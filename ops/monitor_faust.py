@@ -152,10 +152,10 @@ LEFTOVER_GRACE_S = 2.0
 
 def _end_leftover_threads() -> bool:
     """End the service threads a stopped faust worker left running. Its consumer's thread,
-    stopping while the broker is gone, can wait on it for ever; being no daemon, it then held
-    the process open after the monitor had returned. Stopping the thread's event loop ends it
+    stopping while the broker is gone, can wait on it for ever, and, being no daemon, would
+    hold the process open after the monitor returns. Stopping the thread's event loop ends it
     (``run_until_complete`` raises, silenced with the rest of faust's noise). Returns whether
-    it had to."""
+    any thread needed ending."""
     from mode.threads import WorkerThread
 
     ended = False

@@ -83,9 +83,9 @@ def stacked_bars(
 
 
 MAX_BARS = 200
-"""Bars one plot draws: a long run has tens of thousands of syncs, and a bar each took
-matplotlib minutes (ten thousand syncs: 80 s of a 90 s report) to draw what no one can
-tell apart."""
+"""Bars one plot draws at most: a long run has tens of thousands of syncs, and a bar each
+would cost matplotlib minutes (ten thousand syncs: ~80 s) to draw what no one can tell
+apart."""
 
 
 def bin_bars(

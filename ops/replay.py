@@ -281,7 +281,7 @@ def replay_topic(
             published += 1
     console.print(f"replayed {published} records of {cfg.topic(name)} into {target.topic(name)}")
     missing = sorted((sample_ids or set()) - found)
-    if missing:  # they were skipped without a word
+    if missing:  # named, so that a typo in --sample-ids is not a silent partial copy
         narrowed = (
             start
             or versions is not None

@@ -13,9 +13,9 @@ written again. So ``asyncrl run`` started again with the same run id, or a set-u
 half-way and run again, feeds each prompt once and never creates a second sample of it.
 
 The set-up feeds ``data.feed_ahead_steps`` steps' worth; the trainer (:class:`FeedAhead`)
-writes the rest of the same sequence as it trains, that many steps ahead of its step. Fed all
-at once, a long run's prompts were millions of records written before its first step (a
-minute of start-up at 20K steps) and held by the broker, and restored at every resume.
+writes the rest of the same sequence as it trains, that many steps ahead of its step, rather
+than all at once: a long run's prompts are millions of records, which would take a minute of
+start-up at 20K steps, be held by the broker, and be restored at every resume.
 """
 
 from __future__ import annotations
@@ -232,8 +232,8 @@ class FeedAhead:
 
     def _only_the_set_ups(self, on_topic: int) -> bool:
         """Whether the topic holds the set-up's feed and nothing else, so the check need not
-        read it (a fresh run's trainer read back the 16K prompts the set-up had just written,
-        1.3-2.5 s on two cores; a million at a verl-sized batch). True when it holds
+        read it (reading back the 16K prompts the set-up has just written costs a fresh run's
+        trainer 1.3-2.5 s on two cores; a million at a verl-sized batch). True when it holds
         :func:`first_feed` records and the samples topic none: no trainer has trained a step,
         so none topped the feed up (a top-up follows a step), and the set-up fed all of it
         with this config (it leaves the check to the trainer only once samples exist)."""

@@ -2,17 +2,17 @@
 
 Reading ``data.train_files`` means checking every row and putting it through the chat
 template and the tokenizer (the length filter): 10-30 s at 100K rows on two cores. The set-up
-does it, and the trainer's feed (``FeedAhead``) did it again before its first step while the
-workers waited. The set-up now writes what it read (the prompts' records, parquet, not
+does it once, so that the trainer's feed (``FeedAhead``) need not do it again before its first
+step while the workers wait: it writes what it read (the prompts' records, parquet, not
 pickled) to ``<run_dir>/prepared/train.parquet`` with a key of everything that shaped them:
 the files' bytes, the tokenizer's files, the run's ``data`` settings the read uses
 (:data:`UNREAD_DATA_KEYS` are not), model, reward, tool and interaction settings. The trainer loads that; a missing, unreadable or stale file (another
-key) is read again from the data files, as before.
+key) is read again from the data files.
 
 A resumed run's set-up loads it too (:func:`asyncrl.producers.feed.set_up_prompts`), with the
 counts of the read that wrote it, and the counts of its check of ``data.val_files`` (``val.json``,
-keyed alike): it read and checked every row again at every resume (10-11 s of a resumed run's
-16 s to its first step at 100K rows on two cores, 2026-11-27). The keys still hash the files'
+keyed alike), rather than reading and checking every row again (10-11 s of a resumed run's
+16 s to its first step at 100K rows on two cores). The keys still hash the files'
 bytes, so files changed since are read and checked again.
 """
 

@@ -5,11 +5,11 @@ not taking prompts (budget spent, or all slots busy) must keep polling to stay i
 tops up a local buffer of ``prefetch`` prompts, pauses its partitions once the buffer is full
 and resumes them only when it is down to half. Pausing is not free: librdkafka drops its
 fetched queue on pause, and on Tansu the first records after a resume take 0.4-1 s to arrive.
-Pausing at every busy moment (the first version did) starved the worker of prompts for ~40% of
-its time; resuming as soon as one prompt was taken (the second) made every resume wait out that
-delay with the buffer nearly empty: the demo's worker, taking ~40 prompts/s from a buffer of
-32, starved for ~0.5 s every 5 steps. Resuming at half a buffer of at least ``MIN_PREFETCH``
-prompts lets the refetch overlap with the half still buffered.
+So a worker must neither pause at every busy moment (it would wait out that delay most of the
+time) nor resume as soon as one prompt is taken (every resume would wait it out with the buffer
+nearly empty: the demo's worker takes ~40 prompts/s from a buffer of 32). Resuming at half a
+buffer of at least ``MIN_PREFETCH`` prompts lets the refetch overlap with the half still
+buffered.
 
 Offsets are committed only up to the first prompt not yet turned into a published sample
 (``done`` must be called after the sample is acknowledged by the broker), so a crash loses

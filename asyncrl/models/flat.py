@@ -5,8 +5,8 @@ Why: a weight handoff on one GPU copies every trainer tensor into the worker's. 
 model's 290 tensors cost one multi-tensor copy at about half of what one device-to-device copy
 moves (docs/benchmarks-archive.md, "One H100 (2026-11-27)"). When both roles hold their weights
 this way, the worker's copy plan (:func:`asyncrl.sync.copy_plan.coalesce`) merges them into one
-copy of the whole buffer, at the copy's own speed. The roles do it on a GPU only: on a CPU the weights read in
-place move into a shared file of their own, tensor by tensor (``sync.direct``).
+copy of the whole buffer, at the copy's own speed. The roles do it on a GPU only: on a CPU the
+weights read in place move into a shared file of their own, tensor by tensor (``sync.direct``).
 """
 
 from __future__ import annotations

@@ -295,8 +295,8 @@ def prompt_text(
 def encode_texts(tokenizer: Any, texts: list[tuple[str, bool]]) -> list[list[int]]:
     """:func:`prompt_text`'s texts as :func:`encode_prompt` tokenizes them, in one batch call
     of the ``tokenizers`` library where that is the same call (a fast tokenizer with no
-    truncation, padding or split special tokens set): row by row through transformers, 100K
-    prompts took 2-5 s more on two cores (the batch also runs on every core)."""
+    truncation, padding or split special tokens set), since the batch call runs on every core
+    and skips transformers' per-row work: at 100K prompts it saves 2-5 s on two cores."""
     backend = _batch_backend(tokenizer)
     if backend is None:
         return [list(tokenizer(t, add_special_tokens=s)["input_ids"]) for t, s in texts]

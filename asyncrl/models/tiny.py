@@ -40,9 +40,9 @@ Builder = Callable[
 
 
 def split_characters() -> pre_tokenizers.PreTokenizer:
-    """One piece per character, line breaks included: a split on ``.`` left each run of
-    newlines one piece, so ``"a\n\nb"`` read as one ``<unk>`` even with ``\n`` in the
-    alphabet (the start-up check had passed it), and decoded to ``"ab"``."""
+    """One piece per character, line breaks included (``[\s\S]``, not ``.``), so that a run of
+    newlines is that many ``\n`` tokens, as the start-up check assumes, and decodes back to
+    itself."""
     return pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
 
 

@@ -52,9 +52,9 @@ def load_policy(
     """(model in eval mode, on the CPU, float32 or ``dtype``; its tokenizer) for this run's
     config: the checkpoint at ``model.path``, or the demo policy, warm-started here the first
     time (in float32, and cached so). ``warm=False``, for a caller that loads a checkpoint's
-    weights over it (``replay step``): the demo policy's model untrained, not warm-started:
-    an override in the cache key (``data.*``) had warm-started another policy, minutes for
-    the countdown task, for the checkpoint to overwrite."""
+    weights over it (``replay step``): the demo policy's model untrained, not warm-started,
+    since the checkpoint overwrites its weights and a warm start (minutes for the countdown
+    task, another one for each ``data.*`` override in its cache key) would be wasted."""
     if not warm and cfg.actor_rollout_ref.model.path is None:
         tiny, tokenizer = untrained(cfg)
         model: torch.nn.Module = tiny

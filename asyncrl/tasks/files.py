@@ -103,8 +103,8 @@ def _json_typed(type_: Any) -> bool:
     """Whether every value of the Arrow type ``type_`` reads (``to_pylist``) as JSON already:
     strings, integers, bools, 32/64-bit floats (NaN and infinities too, which ``json.dumps``
     writes and :func:`_check_json` lets through), nulls, and lists and structs of those. Such a
-    column needs no :func:`_plain` nor :func:`_check_json` per value, which took a third of
-    :func:`read_rows` (0.6 of 1.8 s per 100K gsm8k rows, 1 of 3.3 s with a 12-key
+    column needs no :func:`_plain` nor :func:`_check_json` per value, which would cost a third
+    of :func:`read_rows` (0.6 of 1.8 s per 100K gsm8k rows, 1 of 3.3 s with a 12-key
     ``extra_info``); any other type (binary, timestamp, decimal, map, dictionary, a view, an
     extension) keeps the per-value check and its error."""
     import pyarrow.types as t

@@ -79,8 +79,8 @@ def shared_contexts(contexts: list[list[int]]) -> tuple[list[list[int]], list[in
 
     Why: the ``rollout.n`` trajectories of a sample join together with one prompt, so a
     prefill of each distinct context, its cache rows then copied, computes ``n`` times fewer
-    token-forwards than one row per request (the prefill was ~30% of the demo worker's
-    engine thread's CPU)."""
+    token-forwards than one row per request (a prefill per row would be ~30% of the demo
+    worker's engine thread's CPU)."""
     first: dict[tuple[int, ...], int] = {}
     row_of = [first.setdefault(tuple(c), len(first)) for c in contexts]
     distinct = [list(c) for c in first]

@@ -3,8 +3,8 @@ decoding step has the same shapes and a GPU replays it as a CUDA graph.
 
 Why: hf_cached grows its cache by concatenation and launches each of the model's kernels from
 Python at every token. On a GPU a small model's decoding step is then bound by the host, not
-the device (issue 14: transformers' eager ``generate`` made 1.2K tokens/s at batch 64 on an
-H100, its static cache compiled 24K). The layout here is vLLM's and SGLang's idea in
+the device (transformers' eager ``generate`` makes 1.2K tokens/s at batch 64 on an H100, its
+static cache compiled 24K). The layout here is vLLM's and SGLang's idea in
 miniature: preallocated cache rows, a fixed-shape step per batch size, captured once.
 
 1. Each layer's keys and values live in one tensor ``[slots, kv heads, max_len, head dim]``.
