@@ -60,9 +60,9 @@ ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 
 def check_arguments(fn: Any, name: str, kwarg_names: list[str]) -> None:
-    """LookupError(key, why) unless ``fn`` takes every call's arguments and the reward_kwargs:
-    one it does not take failed every call, each trajectory a reward failure, while the run
-    went on to its last step training on nothing."""
+    """LookupError(key, why) unless ``fn`` takes every call's arguments and the reward_kwargs,
+    checked at start-up: an argument it does not take would fail every call, each trajectory
+    a reward failure, and the run would train on nothing to its last step."""
     import inspect
 
     try:
