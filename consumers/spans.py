@@ -58,8 +58,8 @@ def _mark_samples(
 ) -> None:
     """In each sample's own trace, a ``process <run>.samples`` span (child of the sample's send
     span, linked to ``train.step``) naming the step that trained it. A link points one way:
-    with the step's links alone, a viewer showing a sample's trace (Jaeger, by trace id)
-    showed no sign of the trainer, and no viewer searches spans by the links they carry."""
+    with the step's links alone, a viewer showing a sample's trace (Jaeger, by trace id) would
+    show no sign of the trainer, and no viewer searches spans by the links they carry."""
     step_link = [Link(step_span.get_span_context())]
     for r in batch:
         ctx = tracing.context_from_headers(r.headers)

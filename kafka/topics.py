@@ -24,7 +24,7 @@ READ_ORDER = ("steps", "partials", "samples", "prompts", "control", "dead-letter
 """The order a live run's topics are read in: a step names the samples it trained, a sample
 its partial segments and its prompt, and a sample's version is within a budget the control
 topic granted before it. Read the other way, topic by topic while the run writes, the log
-showed a sample whose version's budget was not there yet: a violation that is not one."""
+would show a sample whose version's budget was not there yet: a violation that is not one."""
 
 _VISIBLE_TIMEOUT_S = 15.0
 _REQUEST_TIMEOUT_S = 15.0

@@ -55,8 +55,8 @@ def records_shown(console: Console, start: str, prefix: str) -> Iterator[None]:
 
 
 def counts_text(counts: dict) -> str:
-    """``{"stale": 3}`` as "stale 3", and an empty one as "none": the run summary and the
-    report showed the raw dict ("dropped {}")."""
+    """``{"stale": 3}`` as "stale 3", and an empty one as "none" (not "dropped {}"), for the
+    run summary and the report."""
     return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
 
 

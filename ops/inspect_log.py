@@ -83,8 +83,8 @@ def _consumed_at(cfg: RunConfig, bootstrap: str) -> dict[str, tuple[int, int]]:
 
 def _dropped(cfg: RunConfig, bootstrap: str) -> dict[str, str]:
     """sample_id -> the reason of the SamplesDropped naming it (the last, where several do): a
-    sample the trainer filtered, found too stale or invalid, which the samples view showed as
-    merely not trained ('-'), the reason on the control topic only."""
+    sample the trainer filtered, found too stale or invalid, so that the samples view shows why
+    it was not trained, a reason otherwise on the control topic only."""
     from asyncrl.ops.audit import read_control
 
     return {
