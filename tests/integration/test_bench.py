@@ -56,7 +56,7 @@ def test_modes_smoke(tmp_path, smoke):
         ablation=False,
         workload="long-tail",
         # Three of the four async runs (each ~5 s), those whose rows are asserted below; that
-        # the workload has all four, each in its mode, is in tests/unit/test_bench_modes.py.
+        # the workload has all four, each in its mode, is in tests/unit/bench/test_bench_modes.py.
         only=("(a)", "(b)", "(d)"),
     )
     assert list(results) == [
@@ -226,7 +226,7 @@ def test_offpolicy_smoke(broker, tmp_path, demo_policy, monkeypatch):
     # One of the four variants (each a whole run, ~6 s after the demo's warm start, which the
     # first pays): the one with both corrections; the other two corrected ones are each half
     # of its overrides, and the uncorrected one's row (no KL, no weights, no filtered groups)
-    # is shown broker-free in tests/unit/test_bench_offpolicy.py.
+    # is shown broker-free in tests/unit/bench/test_bench_offpolicy.py.
     both = "decoupled PPO + dynamic sampling"
     variants = {both: bench.VARIANTS[both]}
     monkeypatch.setattr(bench, "VARIANTS", variants)

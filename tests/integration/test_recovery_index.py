@@ -1,6 +1,6 @@
 """What a restarting worker reads from the log: the samples already on ``samples`` and the
 newest partial of each unfinished one. (What it does with a redelivered prompt, skip or
-continue it, is tests/unit/test_worker_loop.py's.)"""
+continue it, is tests/unit/producers/test_worker_loop.py's.)"""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def _replay_ids(
     from asyncrl.schemas import SCHEMA_HEADER
     from asyncrl.schemas.sample import TAG, decode_sample, encode_sample
     from asyncrl.testing import MemoryBroker
-    from tests.unit.test_audit import sample
+    from tests.unit.ops.test_audit import sample
 
     cfg = load_config(overrides=["run_id=r"])
     broker = MemoryBroker()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("house_checks", ROOT / "tools" / "house_checks.py")
 assert _spec and _spec.loader
 checks = importlib.util.module_from_spec(_spec)

@@ -21,7 +21,7 @@ from asyncrl.consumers.schedule import set_step_lr
 from asyncrl.consumers.update import grpo_update
 from asyncrl.ops import replay
 from asyncrl.schemas.step import StepRecord, decode_step, encode_step
-from tests.unit.test_offpolicy_update import _cfg, _model, _samples
+from tests.unit.consumers.test_offpolicy_update import _cfg, _model, _samples
 
 STEP = 5
 

@@ -8,7 +8,7 @@ from typing import NoReturn
 
 from asyncrl.ops.config_docs import config_reference
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_configuration_reference_is_up_to_date():

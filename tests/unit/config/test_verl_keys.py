@@ -19,7 +19,7 @@ from asyncrl.config import ConfigError, dump_config, load_config, verl_keys
 from asyncrl.config.load import load, our_key
 from asyncrl.launch.preflight import check_startable, startup_checks
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verl"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "verl"
 DAPO = FIXTURES / "dapo_7b_math_fsdp2_8_8.overrides"
 FULLY_ASYNC_YAML = FIXTURES / "fully_async_ppo_trainer.yaml"
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DOCKERFILE = Path(__file__).parents[2] / "docker" / "Dockerfile"
+DOCKERFILE = Path(__file__).parents[3] / "docker" / "Dockerfile"
 
 
 def test_dockerfile_is_lint_clean():

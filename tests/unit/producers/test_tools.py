@@ -15,7 +15,7 @@ from asyncrl.producers.tools.calculator import CalculatorTool
 from asyncrl.producers.tools.registry import ToolConfigError, ToolExecutor, load_tools
 from asyncrl.producers.tools.sandbox import SAFE_BUILTINS, run_python
 
-SHIPPED = Path(__file__).parents[2] / "asyncrl" / "configs" / "tools" / "calculator.yaml"
+SHIPPED = Path(__file__).parents[3] / "asyncrl" / "configs" / "tools" / "calculator.yaml"
 
 
 def _call(tool: Tool, **arguments):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 LAYERS: list[tuple[str, list[str]]] = [
     ("wire formats", ["asyncrl.schemas"]),

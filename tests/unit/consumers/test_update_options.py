@@ -10,7 +10,7 @@ import torch
 from asyncrl.consumers.grpo import build_batch, token_logprobs_and_entropy
 from asyncrl.consumers.update import grpo_update
 from asyncrl.schemas.sample import Sample, Trajectory
-from tests.unit.test_offpolicy_update import _cfg, _model, _samples
+from tests.unit.consumers.test_offpolicy_update import _cfg, _model, _samples
 
 
 def _step(cfg, model, samples, steps: int = 1):

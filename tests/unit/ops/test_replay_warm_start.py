@@ -27,7 +27,7 @@ from asyncrl.schemas.step import StepRecord, decode_step, encode_step
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.tasks import arithmetic
 from tests.helpers import SMALL_MODEL
-from tests.unit.test_offpolicy_update import _samples
+from tests.unit.consumers.test_offpolicy_update import _samples
 
 STEP = 2
 

@@ -11,7 +11,7 @@ import torch
 
 from asyncrl.consumers.grpo import kl_penalty
 from asyncrl.consumers.update import grpo_update
-from tests.unit.test_offpolicy_update import _cfg, _model, _samples
+from tests.unit.consumers.test_offpolicy_update import _cfg, _model, _samples
 
 LOGP = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
 REF = torch.tensor([[-1.5, -2.0]], dtype=torch.float64)  # logp - ref = [0.5, 0]
