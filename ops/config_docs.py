@@ -92,9 +92,10 @@ def verl_reference() -> str:
         "`data.tokenizer`, `actor_rollout_ref.model.custom_chat_template`, ...). Hydra's syntax is read: `+key=value` and `++key=value` set a key like "
         "`key=value`, `~key` removes one; a file's top-level `defaults:` list and `hydra:` "
         "section are ignored (keys the file does not set take asyncrl's defaults, not verl's "
-        "`ppo_trainer.yaml`). `${other.key}` interpolations resolve against the merged keys, "
-        "then asyncrl's defaults, as do `${oc.select:key,default}`, `${oc.env:VAR}` and "
-        "relative `${..key}`; any other resolver is refused naming the key.",
+        "`ppo_trainer.yaml`). `${...}` interpolations are OmegaConf's, as in verl: `${other.key}`, "
+        "relative `${..key}` and OmegaConf's `oc.*` resolvers (`${oc.select:key,default}`, "
+        "`${oc.env:VAR}`, ...) resolve against the merged keys over asyncrl's defaults; any "
+        "other resolver is refused naming the key.",
     ]
     rules = by_kind.get
     lines += _table(
@@ -131,7 +132,8 @@ def _demo_settings(quote: str) -> str:
 
     from asyncrl.config.base import DEFAULT_CONFIG
     from asyncrl.config.keys import default_of
-    from asyncrl.config.load import Entry, _flatten
+    from asyncrl.config.read import _flatten
+    from asyncrl.config.report import Entry
 
     entries: list[Entry] = []
     _flatten("", yaml.safe_load(DEFAULT_CONFIG.read_text()), str(DEFAULT_CONFIG), entries)
