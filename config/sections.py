@@ -87,8 +87,8 @@ class RunConfig(Strict):
     @field_validator("output_dir")
     @classmethod
     def _expand_home(cls, path: str) -> str:
-        """``~`` expanded, as in model.path and the data files: ``output_dir=~/runs`` (which the
-        shell leaves alone after ``=``) made a directory named ``~`` in the current one."""
+        """``~`` expanded, as in model.path and the data files (the shell leaves it alone in
+        ``output_dir=~/runs``, after the ``=``)."""
         return os.path.expanduser(path)
 
     @model_validator(mode="after")
