@@ -1,6 +1,7 @@
 """Generates docs/configuration.md from the config models, so the reference never drifts.
 
-Each field's docstring (the string under it in config/sections.py) is its description.
+Each field's docstring (the string under it in its section's module, config/<section>.py) is its
+description.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def config_reference() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `config/sections.py` by `python -m asyncrl.ops.config_docs > docs/configuration.md`;",
+        "Generated from the config models (`config/`) by `python -m asyncrl.ops.config_docs > docs/configuration.md`;",
         "a test fails when this file is out of date. Set any key in the run's YAML file or as a dotted",
         "override on the command line (`asyncrl run async_training.staleness_threshold=0.3`).",
         "Unknown keys and bad values stop the run at start-up with the key named; verl's own",
