@@ -23,7 +23,6 @@ from asyncrl.config.report import Entry, show
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
-    from omegaconf.errors import OmegaConfBaseException
 
 _FLAGS = {"allow_objects": True}
 """Values OmegaConf does not type (a date YAML read) are kept as they are."""
@@ -68,7 +67,7 @@ def _defaults() -> dict[str, Any]:
     return tree
 
 
-def _why(err: OmegaConfBaseException) -> str:
+def _why(err: Exception) -> str:
     """OmegaConf's error as one line, in the words of the key the user wrote."""
     from omegaconf.errors import InterpolationKeyError, UnsupportedInterpolationType
 
@@ -127,7 +126,10 @@ def resolve(entries: list[Entry], problems: list[str]) -> list[Entry]:
                     )
                 continue
         _put(tree, e.key, e.value)
-    root = OmegaConf.create(tree, flags=_FLAGS)
+    try:
+        root = OmegaConf.create(tree, flags=_FLAGS)
+    except OmegaConfBaseException as err:  # a value OmegaConf cannot hold, outside the checks
+        root, why = None, _why(err)
     out: list[Entry] = []
     for e in entries:
         if e.key in bad:
@@ -136,8 +138,10 @@ def resolve(entries: list[Entry], problems: list[str]) -> list[Entry]:
             out.append(e)  # as written (a dropped section's ${now:...} too), with its text
             continue
         try:
+            if root is None:
+                raise ValueError(why)
             value = _resolved(root, e.key)
-        except OmegaConfBaseException as err:
+        except (OmegaConfBaseException, ValueError) as err:
             problems.append(f"{e.key} ({e.source}): interpolation {show(e.value)}: {_why(err)}")
             continue
         _flatten(e.key, value, e.source, out)
