@@ -23,8 +23,8 @@ rendezvous and Python's waits overflow on the likes of 1e300 s, late in a run's 
 
 class Strict(BaseModel):
     """Base for every config section: unknown keys are errors, not silently ignored, and a
-    float key refuses inf and nan (``optim.lr=.inf`` passed ``gt=0`` and crash-looped the
-    trainer; ``staleness_threshold=inf`` overflowed the sample budget)."""
+    float key refuses inf and nan (``gt=0`` lets ``inf`` through, which no key means: an
+    infinite lr, or a sample budget that overflows)."""
 
     model_config = ConfigDict(
         extra="forbid",

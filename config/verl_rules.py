@@ -74,9 +74,9 @@ the value it has (the user's, else the default)."""
 
 
 def _whole(value: Any, least: int | None = None) -> int:
-    """A count as verl's YAML or an override gives it. ``int()`` took ``true`` as 1 and ``2.5``
-    as 2, so ``rollout.test_freq=2.5`` validated every 8 steps without a word; now a boolean, a
-    fraction or text is refused, and so is a count below ``least``."""
+    """A count as verl's YAML or an override gives it: a whole number. A boolean, a fraction
+    or text is refused (``int()`` would read ``true`` as 1 and ``2.5`` as 2), and so is a count
+    below ``least``."""
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
@@ -118,8 +118,7 @@ def _total_steps(_value: Any, get: Get) -> Any:
 
 def _epoch_size(get: Get) -> int:
     """Prompts in one epoch: the rows of data.train_files (their parquet footers; the ones
-    over data.max_prompt_length are not known here, so counted too), else data.train_size.
-    An epoch of your own files was data.train_size (2000, the built-in task's) prompts."""
+    over data.max_prompt_length are not known here, so counted too), else data.train_size."""
     files = get("data.train_files")
     if not files:
         return int(get("data.train_size"))

@@ -26,7 +26,8 @@ a metadata request confirms it), a flush, a poll or a metadata call raises
 ``BrokerUnavailable``, naming ``kafka.bootstrap_servers``, instead of retrying for minutes.
 
 Modules: ``settings`` (config -> librdkafka keys), ``health`` (logging, broker down),
-``record``, ``publisher``, ``reader``, ``watermarks`` (exact log ends), ``topics`` (the run's
+``record``, ``publisher``, ``reader``, ``dead_letters`` (a reader's decoding and dead-letter
+copies, the commit order numbered), ``watermarks`` (exact log ends), ``topics`` (the run's
 topics), ``records`` (a topic read back, start to end).
 """
 

@@ -1,5 +1,6 @@
-"""Reading: a typed consumer that dead-letters what it cannot decode and never commits past a
-dead letter whose copy is not acknowledged (the order is in ``asyncrl.kafka``'s docstring)."""
+"""Reading: a typed consumer with explicit commits, which dead-letters what it cannot decode and
+never commits past a dead letter whose copy is not acknowledged (the order is numbered in
+``asyncrl.kafka.dead_letters``)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
-    Message,
     TopicPartition,
 )
 
+from asyncrl.kafka.dead_letters import DeadLetters
 from asyncrl.kafka.group_watch import GroupWatch
 from asyncrl.kafka.health import (
     _CONNECTION_ERRORS,
@@ -35,19 +36,13 @@ from asyncrl.kafka.health import (
 )
 from asyncrl.kafka.publisher import Publisher
 from asyncrl.kafka.record import (
-    HEADER_ERROR,
-    HEADER_SOURCE_OFFSET,
-    HEADER_SOURCE_PARTITION,
-    HEADER_SOURCE_TOPIC,
     Decoder,
     PartitionsCallback,
     Record,
     T,
-    _headers_dict,
 )
 from asyncrl.kafka.settings import consumer_config
 from asyncrl.kafka.watermarks import _topic_partitions, read_watermarks
-from asyncrl.schemas.codec import DecodeError
 
 if TYPE_CHECKING:
     from asyncrl.config import KafkaConfig
@@ -70,21 +65,13 @@ def topics_read_here() -> set[str]:
     return {topic for reader in list(_OPEN) for topic in reader.topics}
 
 
-def _coordinates(msg: Message) -> tuple[str, int, int]:
-    """A fetched message's topic, partition and offset (the stubs type them optional: an error
-    event may lack them, a message never does)."""
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-    assert topic is not None and partition is not None and offset is not None
-    return topic, partition, offset
-
-
 class Reader(Generic[T]):
     """Wraps ``confluent_kafka.Consumer``: decoded records, dead-lettering, explicit commits.
 
     ``decode(value, headers)`` must raise ``DecodeError`` for bad input; such a message is
-    copied to the dead-letter topic (original key, value, headers plus error/source headers)
-    and skipped; commits stay below it until the copy is acknowledged (see the module doc).
-    Any other exception from ``decode`` is a bug and propagates.
+    copied to the dead-letter topic and skipped, and commits stay below it until the copy is
+    acknowledged (``asyncrl.kafka.dead_letters``). Any other exception from ``decode`` is a
+    bug and propagates.
     """
 
     def __init__(
@@ -103,28 +90,26 @@ class Reader(Generic[T]):
         reader's latency (``consumer_config``). ``skipped_because``: why an undecodable
         message is skipped here when no ``dead_letter`` is given (another reader copies it)."""
         self.group_id = group_id
-        self._decode = decode
-        self._dead_letter = dead_letter
-        self._skipped_because = skipped_because
         self._conf = consumer_config(kafka_cfg, bootstrap, group_id, background)
         self._health = _BrokerHealth.of(kafka_cfg, bootstrap)
         self._max_poll_interval_ms = kafka_cfg.max_poll_interval_ms
         self.group = GroupWatch() if watch_group else None
         watch = self.group.settings() if self.group is not None else {}
         self._consumer = Consumer({**self._conf, **self._health.callbacks(), **watch})
-        self._closed = False
         self.topics: set[str] = set()
         """Topics subscribed to or assigned (until ``close``)."""
         _OPEN.add(self)
-        self._dl_lock = threading.Lock()
-        self._dl_pending: dict[tuple[str, int], set[int]] = {}
-        """Offsets whose dead-letter copy is published but not acknowledged yet."""
-        self._capped: dict[tuple[str, int], int] = {}
-        """Commits held below a pending copy: the offset asked for, redone on its ack."""
-        self.dead_lettered = 0
+        self.dead_letters = DeadLetters(decode, dead_letter, skipped_because, self._commit_later)
+
+    @property
+    def dead_lettered(self) -> int:
         """Undecodable messages copied to the dead-letter topic."""
-        self.dropped = 0
+        return self.dead_letters.copied
+
+    @property
+    def dropped(self) -> int:
         """Undecodable messages skipped because no dead-letter topic was given."""
+        return self.dead_letters.dropped
 
     # --- assignment ---------------------------------------------------------------------------
     def subscribe(
@@ -140,10 +125,8 @@ class Reader(Generic[T]):
         move, and ``on_revoke`` runs before they are released, so it may still commit them.
         ``on_lost`` (default: ``on_revoke``): they were taken away already (session expired).
 
-        A partition assigned starts unpaused, as with Kafka's Java client: librdkafka keeps a
-        partition's pause across its loss and a later re-assignment to the same consumer, so
-        a worker paused when it missed max.poll.interval.ms got its prompts back paused, and
-        never resumed them (it had resumed what it then owned: nothing).
+        A partition assigned starts unpaused, as with Kafka's Java client (librdkafka keeps a
+        partition's pause across its loss and a later re-assignment to the same consumer).
         """
         if self.group_id is None:
             log.warning("subscribe() without group_id: using a throwaway consumer group")
@@ -157,10 +140,8 @@ class Reader(Generic[T]):
                 moving = [(tp.topic, tp.partition) for tp in parts]
                 if cb is not None:
                     cb(moving)
-                if leaving:  # a capped commit must not be redone for partitions now elsewhere
-                    with self._dl_lock:
-                        for tp in moving:
-                            self._capped.pop(tp, None)
+                if leaving:
+                    self.dead_letters.forget(moving)
 
             return handler
 
@@ -264,7 +245,7 @@ class Reader(Generic[T]):
                 self._consumer_error(err, msg.topic())
                 continue
             alive = True
-            rec = self._decode_message(msg)
+            rec = self.dead_letters.record(msg)
             if rec is not None:
                 records.append(rec)
         if self._health.lost_topic is not None:
@@ -305,107 +286,6 @@ class Reader(Generic[T]):
                 err.name(), logging.WARNING, "consumer error, retried: %s", err.str()
             )
 
-    def _decode_message(self, msg: Message) -> Record[T] | None:
-        headers = _headers_dict(msg)
-        raw_key = msg.key()
-        try:
-            key = raw_key.decode() if raw_key is not None else None
-        except UnicodeDecodeError:
-            assert raw_key is not None
-            self._reject(msg, headers, DecodeError(f"key is not UTF-8: {raw_key[:32]!r}"))
-            return None
-        try:
-            value = self._decode(msg.value(), headers)
-        except DecodeError as err:
-            self._reject(msg, headers, err)
-            return None
-        topic, partition, offset = _coordinates(msg)
-        return Record(
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            key=key,
-            timestamp_ms=msg.timestamp()[1],
-            headers=headers,
-            value=value,
-        )
-
-    def _reject(self, msg: Message, headers: dict[str, bytes], err: DecodeError) -> None:
-        topic, partition, offset = _coordinates(msg)
-        where = f"{topic}[{partition}]@{offset}"
-        if self._dead_letter is None:
-            self.dropped += 1
-            log.warning(
-                "skipping undecodable message %s (%s): %s", where, self._skipped_because, err
-            )
-            return
-        publisher, dlq_topic = self._dead_letter
-        dl_headers: dict[str, str | bytes] = dict(headers)
-        dl_headers.update(
-            {
-                HEADER_ERROR: str(err),
-                HEADER_SOURCE_TOPIC: topic,
-                HEADER_SOURCE_PARTITION: str(partition),
-                HEADER_SOURCE_OFFSET: str(offset),
-            }
-        )
-        raw_key = msg.key()
-        key = raw_key.decode(errors="replace") if raw_key is not None else None
-        tp = (topic, partition)
-        with self._dl_lock:
-            self._dl_pending.setdefault(tp, set()).add(offset)
-        try:
-            publisher.publish(
-                dlq_topic,
-                key,
-                msg.value(),
-                headers=dl_headers,
-                on_acked=functools.partial(self._dead_letter_acked, tp, offset),
-            )
-        except BaseException:
-            with self._dl_lock:
-                self._dl_pending[tp].discard(offset)
-            raise
-        self.dead_lettered += 1
-        log.warning("dead-lettered undecodable message %s -> %s: %s", where, dlq_topic, err)
-
-    def _dead_letter_acked(self, tp: tuple[str, int], offset: int) -> None:
-        """``on_acked`` of a dead-letter copy (runs inside the publisher's poll/flush): the
-        bad record is safe; redo a commit that was held below it, asynchronously."""
-        with self._dl_lock:
-            pending = self._dl_pending.get(tp, set())
-            pending.discard(offset)
-            if not pending:
-                self._dl_pending.pop(tp, None)
-            wanted = self._capped.get(tp)
-            if wanted is None or self._closed:
-                return
-            if pending and min(pending) < wanted:
-                target = min(pending)
-            else:
-                target = wanted
-                del self._capped[tp]
-            # under the lock: close() cannot slip in between
-            self._consumer.commit(offsets=[TopicPartition(*tp, target)], asynchronous=True)
-
-    def _cap_at_dead_letters(
-        self, offsets: Mapping[tuple[str, int], int]
-    ) -> dict[tuple[str, int], int]:
-        """``offsets`` lowered to the first record whose dead-letter copy is unacknowledged;
-        what was asked is kept in ``_capped`` for the acknowledgement to commit."""
-        out = {}
-        with self._dl_lock:
-            for tp, offset in offsets.items():
-                pending = self._dl_pending.get(tp)
-                cap = min(pending) if pending else None
-                if cap is not None and cap < offset:
-                    self._capped[tp] = offset
-                    out[tp] = cap
-                else:
-                    self._capped.pop(tp, None)
-                    out[tp] = offset
-        return out
-
     # --- offsets ------------------------------------------------------------------------------
     def commit(self, offsets: Mapping[tuple[str, int], int], asynchronous: bool = False) -> None:
         """Commit next-offsets (``record.offset + 1``) for the group; synchronously (errors
@@ -418,14 +298,15 @@ class Reader(Generic[T]):
         """
         if not offsets:
             return
+        target = self.dead_letters.target
         if (
             not asynchronous
-            and self._dead_letter is not None
-            and self._dl_pending
-            and not self._dead_letter[0].in_delivery_callback
+            and target is not None
+            and self.dead_letters.pending
+            and not target[0].in_delivery_callback
         ):
-            self._dead_letter[0].flush()
-        tps = [TopicPartition(t, p, o) for (t, p), o in self._cap_at_dead_letters(offsets).items()]
+            target[0].flush()
+        tps = [TopicPartition(t, p, o) for (t, p), o in self.dead_letters.cap(offsets).items()]
         if asynchronous:
             self._consumer.commit(offsets=tps, asynchronous=True)
             return
@@ -438,6 +319,10 @@ class Reader(Generic[T]):
         if failed:
             self._raise_if_lost(failed[0][1], [failed[0][0]])
             raise KafkaException(failed[0][1])
+
+    def _commit_later(self, tp: tuple[str, int], offset: int) -> None:
+        """An asynchronous commit of one partition (a dead-letter acknowledgement's)."""
+        self._consumer.commit(offsets=[TopicPartition(*tp, offset)], asynchronous=True)
 
     def _raise_if_lost(self, err: KafkaError, tps: list[TopicPartition]) -> None:
         """A commit the broker refused because it no longer has the topic: UnknownTopic, one
@@ -484,9 +369,7 @@ class Reader(Generic[T]):
         times out never does (``prompt_source``'s module doc). Commit first: nothing is.
         Only while the member's own join is quiet (``GroupWatch.quiet``), or the release
         may never return (``kafka.group_watch``)."""
-        with self._dl_lock:  # no commit from a late dead-letter acknowledgement after this
-            closing, self._closed = not self._closed, True
-        if not closing:
+        if not self.dead_letters.close():
             return
         _OPEN.discard(self)
         if leave_group:

@@ -40,6 +40,14 @@ def _headers_dict(msg: Message) -> dict[str, bytes]:
     return {k: (v if v is not None else b"") for k, v in pairs}
 
 
+def coordinates(msg: Message) -> tuple[str, int, int]:
+    """A fetched message's topic, partition and offset (the stubs type them optional: an error
+    event may lack them, a message never does)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
 Decoder = Callable[[bytes | None, dict[str, bytes]], T]
 PartitionsCallback = Callable[[list[tuple[str, int]]], None]
 

@@ -15,64 +15,68 @@ position). ``restore`` puts an archive back into a fresh broker, offset for offs
 The archive trails the broker by one fetch (tens of milliseconds); ``Archiver.stop`` drains
 it to the broker's end, so a run that ends normally is archived whole.
 
-File format (no pickle: records are read back by a fixed layout): a magic line, then per
-record ``u32 length, u32 crc32`` of the body, and the body ``i64 offset, i64 timestamp_ms,
-i32 key length (-1: none), key, i32 value length (-1: none), value, u16 header count`` and
-per header ``u16 name length, name, u32 value length, value``. A body whose checksum does
-not match (a write cut by a crash) ends the file: it is truncated there when reopened.
+The archive's files and their format are ``launch/archive_file.py``; putting an archive back
+into a broker is ``launch/archive_restore.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
-import struct
 import threading
 import time
-import zlib
-from collections.abc import Collection, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
+
+from asyncrl.launch.archive_file import (
+    GROUPS_FILE,
+    ArchivedRecord,
+    ArchiveError,
+    PartitionFile,
+    _groups,
+    archived_partitions,
+    has_archive,
+    log_dir,
+    read_partition,
+    write_group_offsets,
+)
+from asyncrl.launch.archive_restore import (
+    _in_read_order,
+    offline_broker,
+    restore,
+    restore_group_offsets,
+)
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
 
+__all__ = [
+    "GROUPS_FILE",
+    "ArchiveError",
+    "ArchivedRecord",
+    "Archiver",
+    "GroupOffsets",
+    "PartitionFile",
+    "_in_read_order",
+    "archived_partitions",
+    "has_archive",
+    "log_dir",
+    "offline_broker",
+    "read_partition",
+    "restore",
+    "restore_group_offsets",
+    "run_ref",
+]
+
 log = logging.getLogger(__name__)
 
-MAGIC = b"asyncrl-log/1\n"
-GROUPS_FILE = "groups.json"
-_FRAME = struct.Struct("<II")
-_FIXED = struct.Struct("<qq")
-_I32 = struct.Struct("<i")
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
 _SYNC_EVERY_S = 1.0
-
-
-class ArchiveError(RuntimeError):
-    """An archive that cannot be read back or restored as it was written."""
-
-
-@dataclass
-class ArchivedRecord:
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-
-
-def log_dir(cfg: RunConfig) -> Path:
-    return cfg.run_dir / "log"
+"""How often the archive is synced to disk and the groups' offsets read."""
 
 
 def run_ref(cfg: RunConfig) -> str:
     """How a reading command (inspect, audit, report, monitor) is to name this run: its
-    run_id, with ``--output-dir`` where that is not the default ``runs``. The commands the
-    launcher and the monitor suggested named the run_id alone, which looks in runs/."""
+    run_id, with ``--output-dir`` where that is not the default ``runs`` (the run_id alone
+    looks in runs/)."""
     import shlex
 
     from asyncrl.config import RunConfig
@@ -80,118 +84,6 @@ def run_ref(cfg: RunConfig) -> str:
     if Path(cfg.output_dir) == Path(RunConfig.model_fields["output_dir"].default):
         return shlex.quote(cfg.run_id)
     return f"{shlex.quote(cfg.run_id)} --output-dir {shlex.quote(str(cfg.output_dir))}"
-
-
-def has_archive(cfg: RunConfig) -> bool:
-    return any(log_dir(cfg).glob("*/*.log"))
-
-
-# --- records ------------------------------------------------------------------------------------
-def _encode(rec: ArchivedRecord) -> bytes:
-    parts = [_FIXED.pack(rec.offset, rec.timestamp_ms)]
-    for blob in (rec.key, rec.value):
-        parts.append(_I32.pack(-1 if blob is None else len(blob)))
-        if blob is not None:
-            parts.append(blob)
-    parts.append(_U16.pack(len(rec.headers)))
-    for name, value in rec.headers:
-        raw = name.encode()
-        parts += [_U16.pack(len(raw)), raw, _U32.pack(len(value)), value]
-    body = b"".join(parts)
-    return _FRAME.pack(len(body), zlib.crc32(body)) + body
-
-
-def _decode(body: bytes) -> ArchivedRecord:
-    offset, ts = _FIXED.unpack_from(body, 0)
-    pos = _FIXED.size
-    blobs: list[bytes | None] = []
-    for _ in range(2):
-        (n,) = _I32.unpack_from(body, pos)
-        pos += _I32.size
-        if n < 0:
-            blobs.append(None)
-        else:
-            blobs.append(body[pos : pos + n])
-            pos += n
-    (count,) = _U16.unpack_from(body, pos)
-    pos += _U16.size
-    headers = []
-    for _ in range(count):
-        (n,) = _U16.unpack_from(body, pos)
-        pos += _U16.size
-        name = body[pos : pos + n].decode()
-        pos += n
-        (m,) = _U32.unpack_from(body, pos)
-        pos += _U32.size
-        headers.append((name, body[pos : pos + m]))
-        pos += m
-    return ArchivedRecord(offset, ts, blobs[0], blobs[1], headers)
-
-
-def _scan(path: Path) -> Iterator[tuple[int, ArchivedRecord]]:
-    """(end position, record) of every intact record of one partition file."""
-    with open(path, "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
-            raise ArchiveError(f"{path} is not an asyncrl log archive file")
-        while True:
-            frame = f.read(_FRAME.size)
-            if len(frame) < _FRAME.size:
-                return
-            length, crc = _FRAME.unpack(frame)
-            body = f.read(length)
-            if len(body) < length or zlib.crc32(body) != crc:
-                return  # a write cut short by a crash: the file ends before it
-            yield f.tell(), _decode(body)
-
-
-def read_partition(path: Path) -> Iterator[ArchivedRecord]:
-    for _end, rec in _scan(path):
-        yield rec
-
-
-def archived_partitions(directory: Path) -> dict[tuple[str, int], Path]:
-    """``{(topic, partition): file}`` of an archive directory."""
-    return {
-        (p.parent.name, int(p.stem)): p
-        for p in sorted(directory.glob("*/*.log"))
-        if p.stem.isdigit()
-    }
-
-
-class PartitionFile:
-    """One partition's append-only file; reopening truncates a torn last record."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.next_offset = 0
-        end = len(MAGIC)
-        if path.exists():
-            for pos, rec in _scan(path):
-                end, self.next_offset = pos, rec.offset + 1
-            with open(path, "r+b") as f:
-                f.truncate(end)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(MAGIC)
-        self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 (closed in close())
-
-    def append(self, rec: ArchivedRecord) -> None:
-        self._file.write(_encode(rec))
-        self.next_offset = rec.offset + 1
-
-    def flush(self) -> None:
-        """Hand what was appended to the OS: it then outlives a killed process (not a
-        crashed machine: ``sync``)."""
-        self._file.flush()
-
-    def sync(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self.sync()
-            self._file.close()
 
 
 # --- writing while the run goes -----------------------------------------------------------------
@@ -271,9 +163,9 @@ class Archiver:
                         log.warning("log archive: %s", err)
                     elif err is None:
                         written.add(self._write(msg))
-                # Each batch reaches the OS before the next is read: a SIGKILLed launcher left
-                # a large sample flushed (past the buffer) and the small control records
-                # before it in the buffer, an archive no run ever wrote (audit: over budget).
+                # Each batch reaches the OS before the next is read, so a killed launcher
+                # leaves a prefix of the log (not a large sample without the control records
+                # before it, which stayed in the buffer).
                 for f in written:
                     f.flush()
                 if time.monotonic() - last_sync > _SYNC_EVERY_S:
@@ -354,14 +246,6 @@ class Archiver:
             raise ArchiveError(f"archiving the log failed: {self._error}") from self._error
 
 
-def _groups(cfg: RunConfig) -> dict[str, str]:
-    """Consumer group -> the topic whose offsets it commits."""
-    return {
-        f"{cfg.run_id}.rollout": cfg.topic("prompts"),
-        f"{cfg.run_id}.trainer": cfg.topic("samples"),
-    }
-
-
 class GroupOffsets:
     """Reads the committed offsets of the run's consumer groups, with one client per group
     kept for its lifetime (committed() joins no group, so nobody is disturbed): the archiver
@@ -389,133 +273,3 @@ class GroupOffsets:
     def close(self) -> None:
         for reader in self.readers.values():
             reader.close()
-
-
-def write_group_offsets(directory: Path, saved: dict[str, dict[str, int]]) -> None:
-    tmp = directory / f".{GROUPS_FILE}.tmp"
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(json.dumps(saved, indent=1))
-    tmp.replace(directory / GROUPS_FILE)
-
-
-# --- putting it back ----------------------------------------------------------------------------
-def restore(
-    cfg: RunConfig,
-    bootstrap: str,
-    directory: Path | None = None,
-    topics: Collection[str] | None = None,
-) -> int:
-    """Write an archive into a broker whose run topics are empty; returns the records written.
-
-    Each partition is produced in offset order by one idempotent producer, so the broker
-    gives every record its archived offset (checked); then the groups' offsets are committed.
-    ``topics``: only these run topics (names as in ``kafka.topics.partitions``, e.g. "steps");
-    None: all of them.
-    """
-    from confluent_kafka import Producer
-
-    from asyncrl.kafka import client_callbacks, count_records, producer_config
-    from asyncrl.kafka.records import progress_counter
-    from asyncrl.kafka.topics import create_run_topics
-
-    directory = directory or log_dir(cfg)
-    create_run_topics(cfg, bootstrap)
-    written = 0
-    failures: list[str] = []
-
-    def on_delivery(err, msg) -> None:
-        if err is not None:
-            failures.append(f"{msg.topic()}[{msg.partition()}]: {err}")
-
-    producer = Producer(
-        {**producer_config(cfg.kafka, bootstrap), **client_callbacks(cfg.kafka, bootstrap)}
-    )
-    expected: dict[str, int] = {}
-    partitions = archived_partitions(directory)
-    if topics is not None:
-        wanted = {cfg.topic(name) for name in topics}
-        partitions = {k: path for k, path in partitions.items() if k[0] in wanted}
-    for (topic, partition), path in _in_read_order(cfg, partitions):
-        if topic not in expected and count_records(cfg.kafka, bootstrap, topic):
-            raise ArchiveError(f"{topic} is not empty: an archive is restored into a new broker")
-        if topic not in expected:
-            expected[topic], counted = 0, progress_counter(f"restoring {topic}")
-        for i, rec in enumerate(read_partition(path)):
-            if rec.offset != i:
-                raise ArchiveError(f"{path}: record {i} has offset {rec.offset} (gap in the log)")
-            while True:
-                try:
-                    producer.produce(
-                        topic,
-                        value=rec.value,
-                        key=rec.key,
-                        partition=partition,
-                        headers=rec.headers,  # type: ignore[arg-type]  # the stubs' list is invariant
-                        timestamp=rec.timestamp_ms,
-                        on_delivery=on_delivery,
-                    )
-                    break
-                except BufferError:  # local queue full: let deliveries drain
-                    producer.poll(0.1)
-            producer.poll(0)
-            expected[topic] += 1
-            written += 1
-            counted(expected[topic])
-    remaining = producer.flush(60)
-    if failures or remaining:
-        raise ArchiveError(f"restoring {directory} failed: {failures[:3] or remaining}")
-    for topic, n in expected.items():
-        got = count_records(cfg.kafka, bootstrap, topic)
-        if got != n:
-            raise ArchiveError(f"{topic}: restored {got} records, the archive holds {n}")
-    restore_group_offsets(cfg, bootstrap, directory, topics)
-    return written
-
-
-def _in_read_order(
-    cfg: RunConfig, partitions: dict[tuple[str, int], Path]
-) -> list[tuple[tuple[str, int], Path]]:
-    """The archive's files in the audit's READ_ORDER (a live run's archive grows while it is
-    restored: what refers to a record is copied before it), other topics last."""
-    from asyncrl.kafka.topics import READ_ORDER
-
-    rank = {cfg.topic(name): i for i, name in enumerate(READ_ORDER)}
-    return sorted(partitions.items(), key=lambda kv: (rank.get(kv[0][0], len(rank)), kv[0]))
-
-
-def restore_group_offsets(
-    cfg: RunConfig, bootstrap: str, directory: Path, only: Collection[str] | None = None
-) -> None:
-    """Commit the archived groups' offsets (``only``: of the groups on these run topics)."""
-    from asyncrl.kafka import Reader, raw_decode
-
-    path = directory / GROUPS_FILE
-    if not path.exists():
-        return
-    topics = _groups(cfg)
-    restored = None if only is None else {cfg.topic(name) for name in only}
-    for group, offsets in json.loads(path.read_text()).items():
-        topic = topics.get(group)
-        if topic is None or not offsets or (restored is not None and topic not in restored):
-            continue
-        with Reader(cfg.kafka, bootstrap, raw_decode, group_id=group) as reader:
-            reader.commit({(topic, int(p)): o for p, o in offsets.items()})
-
-
-@contextlib.contextmanager
-def offline_broker(cfg: RunConfig, topics: Collection[str] | None = None) -> Iterator[str]:
-    """A broker holding the run's archived log, for tools run after the run (no broker up).
-    ``topics``: only the run topics the tool reads; the prompts topic of a long run holds
-    millions of records (every step's, fed at the start), and restoring it took minutes
-    before ``asyncrl inspect steps`` could read a record."""
-    from asyncrl.launch.broker import EmbeddedBroker
-
-    if not has_archive(cfg):
-        raise ArchiveError(
-            f"no broker is set (kafka.bootstrap_servers) and {log_dir(cfg)} holds no archived "
-            "log of this run"
-        )
-    with EmbeddedBroker() as broker:
-        bootstrap = broker.bootstrap
-        restore(cfg, bootstrap, topics=topics)
-        yield bootstrap

@@ -1,6 +1,7 @@
 """Generates docs/configuration.md from the config models, so the reference never drifts.
 
-Each field's docstring (the string under it in config/sections.py) is its description.
+Each field's docstring (the string under it in its section's module, config/<section>.py) is its
+description.
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ def verl_reference() -> str:
         "`data.tokenizer`, `actor_rollout_ref.model.custom_chat_template`, ...). Hydra's syntax is read: `+key=value` and `++key=value` set a key like "
         "`key=value`, `~key` removes one; a file's top-level `defaults:` list and `hydra:` "
         "section are ignored (keys the file does not set take asyncrl's defaults, not verl's "
-        "`ppo_trainer.yaml`). `${other.key}` interpolations resolve against the merged keys, "
-        "then asyncrl's defaults, as do `${oc.select:key,default}`, `${oc.env:VAR}` and "
-        "relative `${..key}`; any other resolver is refused naming the key.",
+        "`ppo_trainer.yaml`). `${...}` interpolations are OmegaConf's, as in verl: `${other.key}`, "
+        "relative `${..key}` and OmegaConf's `oc.*` resolvers (`${oc.select:key,default}`, "
+        "`${oc.env:VAR}`, ...) resolve against the merged keys over asyncrl's defaults; any "
+        "other resolver is refused naming the key.",
     ]
     rules = by_kind.get
     lines += _table(
@@ -131,7 +133,8 @@ def _demo_settings(quote: str) -> str:
 
     from asyncrl.config.base import DEFAULT_CONFIG
     from asyncrl.config.keys import default_of
-    from asyncrl.config.load import Entry, _flatten
+    from asyncrl.config.read import _flatten
+    from asyncrl.config.report import Entry
 
     entries: list[Entry] = []
     _flatten("", yaml.safe_load(DEFAULT_CONFIG.read_text()), str(DEFAULT_CONFIG), entries)
@@ -143,7 +146,7 @@ def config_reference() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `config/sections.py` by `python -m asyncrl.ops.config_docs > docs/configuration.md`;",
+        "Generated from the config models (`config/`) by `python -m asyncrl.ops.config_docs > docs/configuration.md`;",
         "a test fails when this file is out of date. Set any key in the run's YAML file or as a dotted",
         "override on the command line (`asyncrl run async_training.staleness_threshold=0.3`).",
         "Unknown keys and bad values stop the run at start-up with the key named; verl's own",

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from asyncrl.config import ConfigError, dump_config, load_config, verl_keys
-from asyncrl.config.load import load, our_key
+from asyncrl.config.keys import our_key
+from asyncrl.config.load import load
 from asyncrl.launch.preflight import check_startable, startup_checks
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "verl"
@@ -603,3 +604,26 @@ def test_verls_resume_path_is_refused_saying_how_asyncrl_resumes_a_run():
     # verl's other values, as its YAML writes them, load
     assert load_config(overrides=["trainer.resume_from_path=null"]).trainer.resume_mode == "auto"
     assert load_config(overrides=["trainer.resume_mode=disable"]).trainer.resume_mode == "disable"
+
+
+def test_interpolations_are_read_as_omegaconf_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's configs are resolved by OmegaConf: its environment resolver, a circle through two
+    keys and a malformed ``${`` each fail naming the key; a sibling ``${.key}`` is the section's."""
+    monkeypatch.setenv("ASYNCRL_TEST_STEPS", "7")
+    path = tmp_path / "interp.yaml"
+    path.write_text(
+        "trainer:\n  total_training_steps: ${oc.env:ASYNCRL_TEST_STEPS}\n"
+        "  save_freq: ${.test_freq}\n  test_freq: 3\n"
+    )
+    cfg = load_config(path)
+    assert (cfg.trainer.total_training_steps, cfg.trainer.save_freq) == (7, 3)
+    path.write_text("trainer:\n  seed: ${trainer.test_freq}\n  test_freq: ${trainer.seed}\n")
+    with pytest.raises(
+        ConfigError, match=r"trainer\.seed \(.*\): interpolation .*refers to itself"
+    ):
+        load_config(path)
+    path.write_text("trainer:\n  seed: ${trainer.test_freq\n")
+    with pytest.raises(ConfigError, match=r"trainer\.seed \(.*\): interpolation \$\{trainer"):
+        load_config(path)
