@@ -7,6 +7,8 @@ sample (group-relative over its ``rollout.n`` trajectories) before the split.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -27,6 +29,8 @@ from asyncrl.consumers.grpo import (
 )
 from asyncrl.consumers.precision import autocast
 from asyncrl.schemas.sample import Sample
+
+log = logging.getLogger(__name__)
 
 
 def policy_step(
@@ -342,14 +346,17 @@ def agent_metrics(samples: list[Sample]) -> dict[str, float]:
     }
 
 
-def simulated_update(samples: list[Sample], cfg: RunConfig) -> dict[str, float]:
-    """The ``sim`` engine's counterpart on the trainer: no gradient, only the modelled time
-    (``sim.train_s_per_sample`` per sample) and the batch statistics a real step reports."""
-    import time
-
-    time.sleep(cfg.sim.train_s_per_sample * len(samples))
-    rewards = torch.tensor([s.rewards for s in samples], dtype=torch.float32)
-    advantages = group_advantages(
-        rewards, cfg.algorithm.norm_adv_by_std_in_grpo, valid=reward_valid(samples)
-    )
-    return {**data_metrics(samples, advantages, cfg), **reward_metrics(samples)}
+def warn_if_no_reward(samples: list[Sample], metrics: dict[str, float], step: int) -> None:
+    """Say so when the reward failed for every trajectory of ``step``: it learned nothing,
+    and the progress bar's failure count alone does not tell why."""
+    trajectories = sum(len(s.trajectories) for s in samples)
+    failed = int(metrics.get("reward/failures", 0))
+    if trajectories and failed >= trajectories:
+        first = next(
+            (t.reward_error for s in samples for t in s.trajectories if t.reward_error), ""
+        )
+        log.warning(
+            "step %d: the reward failed for all %d trajectories, so the step learned "
+            "nothing (custom_reward_function; the rollout workers' logs have each failure): %s",
+            *(step, trajectories, first),
+        )

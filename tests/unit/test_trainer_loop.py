@@ -506,7 +506,7 @@ def test_a_step_whose_every_reward_failed_says_so(tmp_path, caplog):
             cfg.topic("samples"), sample.sample_id, encode_sample(sample),
             headers={SCHEMA_HEADER: SAMPLE_TAG},
         )  # fmt: skip
-    with caplog.at_level("WARNING", logger="asyncrl.consumers.trainer"):
+    with caplog.at_level("WARNING", logger="asyncrl.consumers.update"):
         trainer.run()
     trainer.close()
     assert "step 1: the reward failed for all 4 trajectories" in caplog.text
