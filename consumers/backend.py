@@ -8,9 +8,10 @@ sync; a backend holds the policy and does the rest, behind one small interface:
 * ``model``: the module whose full weights the sync publishes, the checksum hashes and the
   held-out evaluation runs.
 
-:func:`make_backend` picks one from the config: :class:`~asyncrl.consumers.local_update.LocalUpdate`
-(one process, one device) for ``trainer.nnodes x trainer.n_gpus_per_node == 1``. Benchmarks
-pass their own (``bench/sim_update.py``) to the trainer.
+:func:`make_backend` picks :class:`~asyncrl.consumers.local_update.LocalUpdate` (one process,
+one device). :class:`~asyncrl.consumers.fsdp_update.FsdpUpdate` shards the policy over the
+ranks of a ``torch.distributed`` group (docs/design.md, "The trainer's update backend").
+Benchmarks pass their own (``bench/sim_update.py``) to the trainer.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class UpdateBackend(Protocol):
 
 
 def make_backend(cfg: RunConfig) -> UpdateBackend:
-    """The backend ``cfg`` asks for."""
+    """The one-process backend for ``cfg``."""
     from asyncrl.consumers.local_update import LocalUpdate
 
     return LocalUpdate(cfg)

@@ -8,6 +8,7 @@ compute in ``fsdp_config.dtype`` (``consumers/precision.py``). A step is ``grpo_
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,7 +21,8 @@ from asyncrl.schemas.sample import Sample
 class LocalUpdate:
     learns = True
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, policy: tuple[torch.nn.Module, Any] | None = None):
+        """``policy``: (model, tokenizer) to train; None: the run's (``load_policy``)."""
         from asyncrl.consumers.update import reference_policy
         from asyncrl.models.flat import flatten_parameters
         from asyncrl.models.warm_start import load_policy
@@ -28,7 +30,7 @@ class LocalUpdate:
         self.cfg = cfg
         self.device = resolve_device(cfg.trainer.device)
         torch.manual_seed(cfg.trainer.seed)
-        self.model, self.tokenizer = load_policy(cfg)
+        self.model, self.tokenizer = policy or load_policy(cfg)
         self.model.to(self.device).train()
         # actor.use_kl_loss: the first policy, copied before a checkpoint is loaded over it
         self.ref_model = reference_policy(cfg, self.device, start=self.model)
