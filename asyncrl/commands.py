@@ -391,7 +391,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from asyncrl.consumers.trainer import Trainer, TrainerStopped
 
-    trainer = Trainer(cfg, bootstrap)
+    backend = None
+    if cfg.actor_rollout_ref.rollout.name == "sim":  # benchmarks: the update's time modelled
+        from asyncrl.bench.sim_update import SimulatedUpdate
+
+        backend = SimulatedUpdate(cfg)
+    trainer = Trainer(cfg, bootstrap, backend=backend)
     # SIGTERM (docker compose stop, kill) and a first Ctrl-C: stop between two steps with a
     # checkpoint of the last one; a second Ctrl-C stops at once.
     signal.signal(signal.SIGTERM, lambda *_: trainer.stop("SIGTERM"))

@@ -43,6 +43,7 @@ from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
 from asyncrl.consumers.dynamic_sampling import no_signal
 from asyncrl.consumers.settled import SettledIds
 from asyncrl.kafka import HEADER_REPLAYED_FROM, Record
+from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample
 
 
@@ -53,6 +54,21 @@ class Dropped:
     kind: str = "max_version_lag"
     """"max_version_lag" or "invalid" (the trainer refunds the worker's budget), "filter_groups"
     (the worker took the slot back itself) or "duplicate" (it cost no budget)."""
+
+    def event(self, run_id: str, version: int) -> ev.SamplesDropped:
+        """The SamplesDropped the trainer publishes: addressed to the sample's worker where it
+        refunds that worker's budget, to the trainer where it does not (a duplicate cost no
+        budget; a filtered group's worker took its slot back as it published it)."""
+        sample = self.record.value
+        refunds = self.kind not in ("duplicate", FILTERED)
+        return ev.SamplesDropped(
+            run_id=run_id,
+            version=version,
+            target_worker=sample.worker_id if refunds else ev.TRAINER,
+            count=1,
+            reason=self.reason,
+            sample_ids=[sample.sample_id],
+        )
 
 
 @dataclass

@@ -289,3 +289,47 @@ def load_checkpoint(
     return TrainerState(
         step=raw["step"], version=raw["version"], batcher=raw["batcher"], metrics=raw["metrics"]
     )
+
+
+class TrainerCheckpoints:
+    """The run's checkpoints as its one trainer holds them (step 4 of ``consumers/trainer.py``):
+    the run's lock, leftovers of cut writes removed, the checkpoint to resume from, snapshots
+    written on a thread, and their samples offsets committed once they are on disk (for lag
+    monitoring only: the checkpoint is the source of truth)."""
+
+    def __init__(self, run_dir: Path, keep: int) -> None:
+        import logging
+
+        self._lock = trainer_lock(run_dir)  # the run's one trainer, from here
+        for left in remove_leftovers(run_dir):
+            logging.getLogger(__name__).info(
+                "removed %s, left by a checkpoint write that did not finish", left.name
+            )
+        self.latest = latest_checkpoint(run_dir)
+        """The checkpoint a start resumes from (None: a fresh run)."""
+        self.writer = CheckpointWriter(run_dir, keep)
+        self._uncommitted: tuple[Any, dict[tuple[str, int], int]] | None = None
+
+    def save(self, snap: Snapshot, commit: Any, offsets: dict[tuple[str, int], int]) -> None:
+        """Write ``snap`` on the writer's thread (the one before it first on disk); once it is
+        on disk, ``commit(offsets)``."""
+        self.writer.wait()  # the write before (it had save_freq steps): one at a time
+        self.commit_written()
+        self.writer.submit(snap)
+        self._uncommitted = (commit, offsets)
+
+    def commit_written(self) -> None:
+        """Commit the offsets of the last checkpoint if it is on disk."""
+        if self._uncommitted is not None and self.writer.idle():
+            commit, offsets = self._uncommitted
+            commit(offsets)
+            self._uncommitted = None
+
+    def wait(self) -> None:
+        """Until the last write is on disk, its offsets committed."""
+        self.writer.wait()
+        self.commit_written()
+
+    def close(self) -> None:
+        """Let go of the run's trainer lock."""
+        self._lock.close()

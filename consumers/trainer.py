@@ -34,24 +34,17 @@ from opentelemetry import trace
 
 from asyncrl.config import RunConfig
 from asyncrl.consumers import spans
+from asyncrl.consumers.backend import UpdateBackend, make_backend
 from asyncrl.consumers.batcher import Dropped, SampleBatcher
-from asyncrl.consumers.checkpoint import (
-    CheckpointWriter,
-    TrainerState,
-    latest_checkpoint,
-    load_checkpoint,
-    remove_leftovers,
-    snapshot,
-    trainer_lock,
-)
+from asyncrl.consumers.checkpoint import TrainerCheckpoints, TrainerState
 from asyncrl.consumers.coordinator import SyncCoordinator
 from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
 from asyncrl.consumers.dynamic_sampling import check_gen_batches, filter_metrics
 from asyncrl.consumers.evaluation import TrainerEvaluation
 from asyncrl.consumers.io import TrainerIO, kafka_io
 from asyncrl.consumers.step_stats import StepStats
+from asyncrl.consumers.update import warn_if_no_reward
 from asyncrl.kafka import Record
-from asyncrl.models.policy import resolve_device
 from asyncrl.producers.feed import FeedAhead, feeds_ahead
 from asyncrl.schemas import SCHEMA_HEADER
 from asyncrl.schemas import control as ev
@@ -80,29 +73,14 @@ class Trainer:
         bootstrap: str | None = None,
         on_step: Callable[[dict], None] | None = None,
         io: TrainerIO | None = None,
+        backend: UpdateBackend | None = None,
     ):
-        from asyncrl.models.flat import flatten_parameters
-        from asyncrl.models.warm_start import load_policy
-
         self.cfg = cfg
         tracing.init_tracing(cfg, "asyncrl-trainer")
         self.on_step = on_step or (lambda m: None)
-        self.device = resolve_device(cfg.trainer.device)
-        torch.manual_seed(cfg.trainer.seed)
-        self.model, self.tokenizer = load_policy(cfg)
-        self.model.to(self.device).train()
-        from asyncrl.consumers.update import reference_policy
-
-        # actor.use_kl_loss: the first policy, copied before a checkpoint is loaded over it
-        self.ref_model = reference_policy(cfg, self.device, start=self.model)
-        if self.device.type == "cuda":  # a worker on this GPU copies them in one piece
-            flatten_parameters(self.model)
-        optim = cfg.actor_rollout_ref.actor.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay
-        )
-        self.simulated = cfg.actor_rollout_ref.rollout.name == "sim"
-        """The sim engine's runs model the update's time instead of training (benchmarks)."""
+        self.backend = backend or make_backend(cfg)
+        """Holds the policy and its optimizer and takes the updates (``consumers/backend.py``)."""
+        self.model = self.backend.model
         self.step, version = 0, 0
         self.batcher = SampleBatcher(
             max_version_lag=cfg.async_training.max_version_lag,
@@ -110,13 +88,11 @@ class Trainer:
             vocab_size=self.model.get_input_embeddings().num_embeddings,  # type: ignore[operator]
         )
         history: dict[str, Any] = {}
-        self._lock = trainer_lock(cfg.run_dir)  # the run's one trainer, from here
-        for left in remove_leftovers(cfg.run_dir):
-            log.info("removed %s, left by a checkpoint write that did not finish", left.name)
-        ckpt = latest_checkpoint(cfg.run_dir)
+        self.checkpoints = TrainerCheckpoints(cfg.run_dir, cfg.trainer.keep_checkpoints)
+        ckpt = self.checkpoints.latest
         offsets = None
         if ckpt is not None:
-            state = load_checkpoint(ckpt, self.model, self.optimizer)
+            state = self.backend.load(ckpt)
             self.step, version, history = state.step, state.version, state.metrics
             offsets = self.batcher.restore(state.batcher)
             log.info("resumed from %s: step %d, version %d", ckpt, self.step, version)
@@ -133,19 +109,14 @@ class Trainer:
         self.io.samples.assign(cfg.topic("samples"), offsets)
         self.io.control.start()
         self.stats = StepStats(history, n_devices=1 + cfg.actor_rollout_ref.rollout.num_workers)
-        self.evaluation = TrainerEvaluation(cfg, self.tokenizer, self.history, self.simulated)
+        learns = self.backend.learns
+        self.evaluation = TrainerEvaluation(cfg, self.backend.tokenizer, self.history, not learns)
         self.metrics_file = JsonlWriter(cfg.run_dir / "metrics.jsonl")
-        self.tensorboard = (
-            TensorBoardWriter(cfg.run_dir / "tensorboard")
-            if "tensorboard" in cfg.trainer.logger
-            else None
-        )
+        tb = cfg.run_dir / "tensorboard"
+        self.tensorboard = TensorBoardWriter(tb) if "tensorboard" in cfg.trainer.logger else None
         self.wait_clock = WaitClock()
         self.stopping: str | None = None
         """Why the trainer was told to stop (``stop``): it does at the next step boundary."""
-        self.checkpoints = CheckpointWriter(cfg.run_dir, cfg.trainer.keep_checkpoints)
-        self._uncommitted: dict[tuple[str, int], int] | None = None
-        """The offsets of the checkpoint being written, committed once it is on disk."""
         self._checksums: dict[torch.dtype | None, str] = {}
         """Checksums of the current weights, as they are (None) and cast to a workers' dtype."""
         self.coordinator = SyncCoordinator(
@@ -164,9 +135,8 @@ class Trainer:
 
     def stop(self, why: str) -> None:
         """Stop at the next step boundary, or now if waiting for samples, with a checkpoint
-        of the last step (safe to call from a signal handler). Without it a stopped trainer
-        (``docker compose stop``, Ctrl-C) lost the steps since its last ``save_freq``
-        checkpoint, which its restart voided and trained again."""
+        of the last step (safe to call from a signal handler), so a restart trains no step
+        again."""
         self.stopping = why
 
     @property
@@ -190,8 +160,8 @@ class Trainer:
         replay step`` to check what it loaded: where a replay can start (the initial weights,
         or a step that was checkpointed: every ``save_freq``), or where a sync after the last
         step already computed it; "" elsewhere (a replay needs the checkpoint of the step before:
-        there is none to check). Hashing every byte of a real model costs ~1 s per GB on one
-        core (sync/checksum.py), which every step paid."""
+        there is none to check). Hashing a real model costs ~1 s per GB on one core
+        (sync/checksum.py), so steps in between do not."""
         save_freq = self.cfg.trainer.save_freq
         if self.step == 0 or (save_freq and self.step % save_freq == 0):
             return self._checksum()
@@ -209,22 +179,9 @@ class Trainer:
 
     def _report_dropped(self, dropped: Dropped) -> None:
         """Log a dropped sample and publish its SamplesDropped."""
-        sample = dropped.record.value
-        # A duplicate cost its worker no budget, and a filtered group's worker took its
-        # slot back as it published it: neither refunds anyone.
-        refunds = dropped.kind not in ("duplicate", FILTERED)
         level = logging.INFO if dropped.kind == FILTERED else logging.WARNING
-        log.log(level, "dropped sample %s: %s", sample.sample_id, dropped.reason)
-        self.io.control.publish(
-            ev.SamplesDropped(
-                run_id=self.cfg.run_id,
-                version=self.version,
-                target_worker=sample.worker_id if refunds else ev.TRAINER,
-                count=1,
-                reason=dropped.reason,
-                sample_ids=[sample.sample_id],
-            )
-        )
+        log.log(level, "dropped sample %s: %s", dropped.record.value.sample_id, dropped.reason)
+        self.io.control.publish(dropped.event(self.cfg.run_id, self.version))
 
     def _wait_for_batch(self, n: int) -> list[Record[Sample]]:
         deadline = time.monotonic() + self.cfg.sync.timeout_s
@@ -278,41 +235,7 @@ class Trainer:
 
     # --- one update -----------------------------------------------------------------------------
     def train_step(self, batch: list[Record[Sample]]) -> dict[str, float]:
-        from asyncrl.consumers.schedule import set_step_lr
-        from asyncrl.consumers.update import grpo_update, simulated_update
-
-        samples = [r.value for r in batch]
-        if self.simulated:
-            return simulated_update(samples, self.cfg)
-        pad = self.tokenizer.pad_token_id
-        optim, total = self.cfg.actor_rollout_ref.actor.optim, self.cfg.trainer.total_training_steps
-        set_step_lr(self.optimizer, optim, self.step + 1, total)  # verl's warm-up and schedule
-        return grpo_update(
-            self.model,
-            self.optimizer,
-            samples,
-            self.cfg,
-            self.device,
-            pad_token_id=pad,
-            version=self.version,
-            ref_model=self.ref_model,
-        )
-
-    def _warn_if_no_reward(self, batch: list[Record[Sample]], metrics: dict[str, float]) -> None:
-        """Say so when the reward failed for every trajectory of the step: it learned nothing,
-        and the progress bar's failure count alone did not tell why (a reward function
-        failing at every call ran a whole run training on nothing)."""
-        trajectories = sum(len(r.value.trajectories) for r in batch)
-        failed = int(metrics.get("reward/failures", 0))
-        if trajectories and failed >= trajectories:
-            first = next(
-                (t.reward_error for r in batch for t in r.value.trajectories if t.reward_error), ""
-            )
-            log.warning(
-                "step %d: the reward failed for all %d trajectories, so the step learned "
-                "nothing (custom_reward_function; the rollout workers' logs have each failure): %s",
-                *(self.step + 1, trajectories, first),
-            )
+        return self.backend.step([r.value for r in batch], self.step + 1, self.version)
 
     def _record_step(
         self, batch: list[Record[Sample]], metrics: dict[str, float], checksum_before: str
@@ -340,28 +263,20 @@ class Trainer:
     def checkpoint(self, wait: bool = False) -> None:
         """Step 4: a snapshot of the state now, written on the writer's thread (``wait``: and
         on disk before this returns)."""
-        self.checkpoints.wait()  # the write before (it had save_freq steps): one at a time
-        self._commit_written()
+        self.checkpoints.writer.wait()  # before the snapshot: the write before holds host copies
         state = TrainerState(
             step=self.step, version=self.version, batcher=self.batcher.state(), metrics=self.history
         )
-        self.checkpoints.submit(snapshot(self.model, self.optimizer, state))
         topic = self.cfg.topic("samples")
-        self._uncommitted = {(topic, p): o for p, o in self.batcher.settled_offsets().items()}
+        offsets = {(topic, p): o for p, o in self.batcher.settled_offsets().items()}
+        self.checkpoints.save(self.backend.snapshot(state), self.io.samples.commit, offsets)
         if wait:
             self.checkpoints.wait()
-            self._commit_written()
-
-    def _commit_written(self) -> None:
-        """Commit the offsets of the last checkpoint if it is on disk."""
-        if self._uncommitted is not None and self.checkpoints.idle():
-            self.io.samples.commit(self._uncommitted)
-            self._uncommitted = None
 
     # --- the loop (steps 1-5 of the module docstring) --------------------------------------------
     def run(self) -> dict[str, Any]:
         tc, at = self.cfg.trainer, self.cfg.async_training
-        self.coordinator.sender = self.io.weights(self.device)
+        self.coordinator.sender = self.io.weights(self.backend.device)
         if self.resumed is not None:
             self.io.control.publish(self.resumed)
         evaluation = self.evaluation
@@ -383,7 +298,7 @@ class Trainer:
             checksum_before = self._start_checksum()  # lets a replay check its start
             t_update = time.monotonic()
             metrics = self.train_step(batch)  # 2
-            self._warn_if_no_reward(batch, metrics)
+            warn_if_no_reward([r.value for r in batch], metrics, self.step + 1)
             t_end = time.monotonic()
             self._checksums.clear()  # the update changed the weights
             self.step += 1
@@ -433,10 +348,10 @@ class Trainer:
                 break
             if tc.save_freq and self.step % tc.save_freq == 0:
                 self.checkpoint()  # 4
-            self._commit_written()
+            self.checkpoints.commit_written()
             if synced and self.step < tc.total_training_steps:
                 self.stats.last_sync = self.coordinator.sync(trigger=step_span)  # 5
-        if not self.simulated and (accuracy is None or "val/accuracy" not in metrics):
+        if self.backend.learns and (accuracy is None or "val/accuracy" not in metrics):
             accuracy = evaluation.measure(self.model)
         self.checkpoint(wait=True)
         # Only a run that ended publishes RunFinished: a trainer that dies (an exception, a
@@ -473,7 +388,7 @@ class Trainer:
 
     def close(self) -> None:
         try:
-            self.checkpoints.wait()
+            self.checkpoints.writer.wait()
         except RuntimeError as err:  # the run failed already, or its end raised this
             log.error("%s", err)
         self.metrics_file.close()
@@ -481,4 +396,4 @@ class Trainer:
             self.tensorboard.close()
         self.io.close()
         self.coordinator.close()
-        self._lock.close()  # lets go of the run's trainer lock
+        self.checkpoints.close()

@@ -7,6 +7,9 @@ sample (group-relative over its ``rollout.n`` trajectories) before the split.
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -28,6 +31,11 @@ from asyncrl.consumers.grpo import (
 from asyncrl.consumers.precision import autocast
 from asyncrl.schemas.sample import Sample
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+log = logging.getLogger(__name__)
+
 
 def policy_step(
     model: torch.nn.Module,
@@ -37,6 +45,7 @@ def policy_step(
     prox: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
     ref_model: torch.nn.Module | None = None,
+    group: ProcessGroup | None = None,
 ) -> dict[str, float]:
     """One optimizer step on one mini-batch: clipped policy loss, backward, clip, step.
 
@@ -55,6 +64,11 @@ def policy_step(
     optimizer step: each micro-batch's loss is its share of the mini-batch's (divided by the
     mini-batch's token or sequence count, not its own), so the update is the whole
     mini-batch's, to float rounding, in the memory of one micro-batch.
+
+    With ``group`` (sharded ranks, ``consumers/fsdp_update.py``) this is one rank's share of
+    the mini-batch: its loss divides by the whole mini-batch's norms, the ranks' gradients sum
+    (the backward runs on N x the loss, FSDP averaging over N ranks), and the loss metrics sum
+    over the ranks, so the step is the whole one's.
     """
     actor = cfg.actor_rollout_ref.actor
     temperature = cfg.actor_rollout_ref.rollout.temperature
@@ -69,6 +83,8 @@ def policy_step(
     mask = batch.response_mask
     scale = actor.loss_scale_factor or cfg.data.max_response_length
     norms = (aggregate_norm(mask, actor.loss_agg_mode, scale), mask.sum().clamp(min=1))
+    if group is not None:
+        norms = _group_norms(norms, actor.loss_agg_mode, group)
     bonus = actor.entropy_coeff != 0  # the entropy then carries its gradient
     optimizer.zero_grad(set_to_none=True)
     metrics: dict[str, float] = {}
@@ -97,16 +113,54 @@ def policy_step(
             if bonus:  # verl: pg_loss - entropy_coeff * entropy
                 loss = loss - actor.entropy_coeff * entropy_loss
         part["entropy"] = float(entropy_loss.detach())
-        loss.backward()
+        (loss if group is None else loss * group.size()).backward()  # FSDP averages: a sum
         for k, v in part.items():
             metrics[k] = metrics.get(k, 0.0) + v
+    if group is not None:
+        metrics = _group_sum(metrics, group)
     if ref is not None:
         metrics["kl_coef"] = actor.kl_loss_coef
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), actor.optim.grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor: the norm over every rank's shard
+        grad_norm = grad_norm.full_tensor()
     metrics["lr"] = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
     metrics["grad_norm"] = float(grad_norm)
     return metrics
+
+
+def _group_norms(
+    norms: tuple[torch.Tensor, torch.Tensor], mode: str, group: ProcessGroup
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole mini-batch's norms from each rank's: counts sum; a constant
+    (``seq-mean-token-sum-norm``) stays."""
+    import torch.distributed as dist
+
+    both = torch.stack([n.to(torch.float64) for n in norms])
+    dist.all_reduce(both, group=group)
+    loss_norm = norms[0] if mode == "seq-mean-token-sum-norm" else both[0].to(norms[0].dtype)
+    return loss_norm, both[1].to(norms[1].dtype)
+
+
+def _group_sum(metrics: dict[str, float], group: ProcessGroup) -> dict[str, float]:
+    """``metrics`` summed over the ranks (every rank has the same keys)."""
+    import torch.distributed as dist
+
+    keys = sorted(metrics)
+    values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(values, group=group)
+    return dict(zip(keys, values.tolist(), strict=True))
+
+
+def _group_any(x: bool, group: ProcessGroup | None) -> bool:
+    """``x`` on any rank of ``group`` (None: this rank's)."""
+    if group is None:
+        return x
+    import torch.distributed as dist
+
+    flag = torch.tensor([float(x)])
+    dist.all_reduce(flag, group=group)
+    return bool(flag.item())
 
 
 def old_logprobs(
@@ -136,6 +190,7 @@ def grpo_update(
     pad_token_id: int = 0,
     version: int | None = None,
     ref_model: torch.nn.Module | None = None,
+    group: ProcessGroup | None = None,
 ) -> dict[str, float]:
     """One step on ``samples``: GRPO advantages per group, then one optimizer step per
     mini-batch. ``version`` is the trainer's weight version at this step (what
@@ -144,7 +199,8 @@ def grpo_update(
     (:func:`reference_policy`). The off-policy options (``consumers/decoupled.py``) apply in this order:
     reward failures and tool tokens leave the mask, then tokens too stale; the proximal
     log-probs of every mini-batch are computed before the first update; the rollout
-    correction is computed over the whole step (verl: once per batch)."""
+    correction is computed over the whole step (verl: once per batch). ``group``: the ranks
+    this rank's share of every mini-batch is trained with (:func:`policy_step`)."""
     actor = cfg.actor_rollout_ref.actor
     at = cfg.async_training
     rewards = torch.tensor([s.rewards for s in samples], dtype=torch.float32)
@@ -187,14 +243,16 @@ def grpo_update(
             if correction is not None:
                 prox, weights = correction.prox[i], correction.weights[i]
                 batch.response_mask = correction.masks[i]
-            if (valid is not None or masked_more) and not bool(batch.response_mask.any()):
+            maybe_empty = valid is not None or masked_more
+            if maybe_empty and not _group_any(bool(batch.response_mask.any()), group):
                 continue  # nothing left to learn from in this mini-batch (failed, stale, rejected)
             if prox is None and actor.ppo_epochs > 1:
                 if epoch == 0:
                     olds[i] = old_logprobs(model, batch, cfg)
                 prox = olds[i]
             stats = policy_step(
-                model, optimizer, batch, cfg, prox=prox, is_weights=weights, ref_model=ref_model
+                *(model, optimizer, batch, cfg, prox),
+                *(weights, ref_model, group),
             )
             for k, v in stats.items():
                 totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
@@ -342,14 +400,17 @@ def agent_metrics(samples: list[Sample]) -> dict[str, float]:
     }
 
 
-def simulated_update(samples: list[Sample], cfg: RunConfig) -> dict[str, float]:
-    """The ``sim`` engine's counterpart on the trainer: no gradient, only the modelled time
-    (``sim.train_s_per_sample`` per sample) and the batch statistics a real step reports."""
-    import time
-
-    time.sleep(cfg.sim.train_s_per_sample * len(samples))
-    rewards = torch.tensor([s.rewards for s in samples], dtype=torch.float32)
-    advantages = group_advantages(
-        rewards, cfg.algorithm.norm_adv_by_std_in_grpo, valid=reward_valid(samples)
-    )
-    return {**data_metrics(samples, advantages, cfg), **reward_metrics(samples)}
+def warn_if_no_reward(samples: list[Sample], metrics: dict[str, float], step: int) -> None:
+    """Say so when the reward failed for every trajectory of ``step``: it learned nothing,
+    and the progress bar's failure count alone does not tell why."""
+    trajectories = sum(len(s.trajectories) for s in samples)
+    failed = int(metrics.get("reward/failures", 0))
+    if trajectories and failed >= trajectories:
+        first = next(
+            (t.reward_error for s in samples for t in s.trajectories if t.reward_error), ""
+        )
+        log.warning(
+            "step %d: the reward failed for all %d trajectories, so the step learned "
+            "nothing (custom_reward_function; the rollout workers' logs have each failure): %s",
+            *(step, trajectories, first),
+        )

@@ -8,7 +8,8 @@
 4. Progress read back from the ``steps`` topic until the trainer exits; a rollout worker that
    dies is restarted (``rollout.max_restarts``) and recovers its work from the log; a trainer
    that dies is restarted (``trainer.max_restarts``) and resumes from its last checkpoint,
-   the workers joining it. Then the workers stop on RunFinished, and the broker is stopped.
+   the workers joining it (``launch/supervise.py``). Then the workers stop on RunFinished,
+   and the broker is stopped.
 """
 
 from __future__ import annotations
@@ -18,41 +19,31 @@ import fcntl
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from asyncrl.config import EMBEDDED_SESSION_TIMEOUT_MS, ConfigError, RunConfig
-from asyncrl.consumers.checkpoint import CheckpointWriteError
-from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted
-from asyncrl.launch.broker import EmbeddedBroker, ensure_broker
+from asyncrl.launch.broker import ensure_broker
 from asyncrl.launch.log_archive import ArchiveError, run_ref
 from asyncrl.launch.preflight import check_startable, idle_workers_note
-from asyncrl.launch.process import preloaded_available, spawn, spawn_role, start_role_server
-from asyncrl.launch.progress import StepProgress, counts_text, records_shown, wide_console
-from asyncrl.launch.resume import Decision, decide, finished_at, read_summary
-from asyncrl.launch.setup import LAUNCHER_LOG, prepare
-
-
-class RunFailed(RuntimeError):
-    pass
-
-
-class _Process(Protocol):
-    """What the launcher uses of a role's process: a ``subprocess.Popen``, or a ``RayProcess``."""
-
-    def poll(self) -> int | None: ...
-
-    def wait(self, timeout: float | None = None) -> int: ...
-
-    def kill(self) -> None: ...
-
-    def terminate(self) -> None: ...
+from asyncrl.launch.process import start_role_server
+from asyncrl.launch.progress import records_shown, wide_console
+from asyncrl.launch.resume import Decision, decide, finished_at
+from asyncrl.launch.setup import prepare
+from asyncrl.launch.supervise import (
+    RoleProcess,
+    RunFailed,
+    follow,
+    pid_of,
+    spawn_local,
+    trainer_command,
+    wait_workers,
+    worker_command,
+)
 
 
 class Terminated(KeyboardInterrupt):
@@ -61,12 +52,10 @@ class Terminated(KeyboardInterrupt):
 
 
 def stop_on_signals() -> None:
-    """Make SIGTERM and SIGINT stop ``run`` as Ctrl-C does. SIGTERM by default ended the
-    launcher at once, and its trainer with it, mid-step (the next launch trained those steps
-    again). SIGINT is taken back where the launcher started with it ignored: bash ignores it
-    in a script's background jobs (``asyncrl run &``), so ``kill -INT PID`` did nothing and
-    a SIGINT to the group stopped nothing either; the roles it starts take it too
-    (``spawn_role`` passes on what the launcher does)."""
+    """Make SIGTERM and SIGINT stop ``run`` as Ctrl-C does: in order, the trainer's last step
+    checkpointed. SIGINT is taken back where the launcher started with it ignored (bash
+    ignores it in a script's background jobs, ``asyncrl run &``); the roles it starts take it
+    too (``spawn_role`` passes on what the launcher does)."""
 
     def terminated(*_: object) -> None:
         raise Terminated()
@@ -80,12 +69,13 @@ STOP_GRACE_S = 120.0
 """How long a stopped run waits for its trainer to end its step and checkpoint it."""
 
 
-def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console: Console) -> None:
+def _stop_roles(
+    cfg: RunConfig, procs: dict[str, tuple[RoleProcess, Path]], console: Console
+) -> None:
     """Stop the roles as their own SIGTERM asks: the trainer between two steps, with a
     checkpoint of the last one (the next launch trains no step twice), the workers handing
-    back what they hold. They were SIGKILLed at once: the trainer's checkpoint was cut short,
-    and a run stopped at step 16 with ``save_freq=10`` trained steps 11-16 again. A second
-    Ctrl-C (or SIGTERM) during the wait kills them at once (the caller's ``finally``)."""
+    back what they hold. A second Ctrl-C (or SIGTERM) during the wait kills them at once (the
+    caller's ``finally``)."""
     from asyncrl.consumers.checkpoint import checkpoint_step, latest_checkpoint
 
     alive = {name: proc for name, (proc, _) in procs.items() if proc.poll() is None}
@@ -106,44 +96,6 @@ def _stop_roles(cfg: RunConfig, procs: dict[str, tuple[_Process, Path]], console
     latest = latest_checkpoint(cfg.run_dir)
     where = f"from step {checkpoint_step(latest)}" if latest else "from its start"
     console.log(f"stopped: run the same command again to resume the run {where}")
-
-
-def trainer_not_restarted(rc: int) -> str | None:
-    """Why a trainer that exited with ``rc`` is not restarted: it stopped on a condition a
-    restart meets again (None: a crash, restarted up to ``trainer.max_restarts``)."""
-    if rc == GenBatchesExhausted.EXIT_CODE:
-        return "the trainer gave up (a limit the config sets, not a crash: it is not restarted)"
-    if rc == CheckpointWriteError.EXIT_CODE:
-        return (
-            "the trainer could not write a checkpoint (not a crash: a restart would train the "
-            "same steps again and fail on the same disk, so it is not restarted)"
-        )
-    return None
-
-
-class BrokerDied(RunFailed):
-    """The embedded broker stopped under a run."""
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _failure_report(name: str, rc: int, log_path: Path) -> str:
-    """What a process that failed the run said last, and, when it is the trainer, what the
-    other processes of the run said last (a trainer that waited for samples in vain fails
-    because of a worker, whose log says why)."""
-    report = f"{name} exited with code {rc}; last lines of {log_path}:\n{_tail(log_path)}"
-    if name != "trainer":
-        return report
-    skip = {log_path, log_path.parent / LAUNCHER_LOG}  # the launcher's holds spans only
-    for other in sorted(log_path.parent.glob("*.log")):
-        if other not in skip and (lines := _tail(other, lines=12)):
-            report += f"\n--- last lines of {other}:\n{lines}"
-    return report
 
 
 def resume_or_set_aside(cfg: RunConfig, console: Console, decision: Decision | None = None) -> bool:
@@ -204,12 +156,11 @@ LOCK_NAME = ".{run_id}.lock"
 
 @contextlib.contextmanager
 def run_lock(cfg: RunConfig) -> Iterator[None]:
-    """One launcher per run. A second ``asyncrl run`` of the same run while the first runs
-    took the first's directory for an unfinished run: it restored the half-written archive into
-    a broker of its own, and a second trainer wrote into the same checkpoints and archive. The
-    lock is an ``flock`` on ``output_dir/.<run_id>.lock``, outside the run's directory (which a
-    new run may move aside); the system lets go of it when its holder dies, however it dies, so
-    a killed run is resumed at once."""
+    """One launcher per run, so no second one takes the run's directory for an unfinished run
+    and writes into its checkpoints and archive. The lock is an ``flock`` on
+    ``output_dir/.<run_id>.lock``, outside the run's directory (which a new run may move
+    aside); the system lets go of it when its holder dies, however it dies, so a killed run is
+    resumed at once."""
     path = Path(cfg.output_dir) / LOCK_NAME.format(run_id=cfg.run_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as lock:
@@ -250,7 +201,7 @@ def _launch(
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     bootstrap, broker = ensure_broker(cfg.kafka)
-    procs: dict[str, tuple[_Process, Path]] = {}
+    procs: dict[str, tuple[RoleProcess, Path]] = {}
     ray_launcher = None
     archiver = None
     try:
@@ -281,7 +232,7 @@ def _launch(
                 f"for workers started elsewhere (`asyncrl rollout --config {config_path} "
                 "--worker-id 0`, docs/cluster.md)[/]"
             )
-        start: Callable[[str, list[str], Path], tuple[_Process, Path]]
+        start: Callable[[str, list[str], Path], tuple[RoleProcess, Path]]
         if resolved.launcher == "ray":
             from asyncrl.launch.ray_launcher import RayLauncher
 
@@ -289,18 +240,20 @@ def _launch(
             start = ray_launcher.spawn
             console.log("launcher: Ray actors")
         else:
-            start = _spawn_local
+            start = spawn_local
         if on_spawn is not None:
             start = _announcing(start, on_spawn)
         procs["trainer"] = start("trainer", trainer_command(config_path), logs / "trainer.log")
         for i in range(resolved.actor_rollout_ref.rollout.num_workers):
             name = f"rollout-{i}"
             procs[name] = start(name, worker_command(config_path, i), logs / f"{name}.log")
-        pids = [f"{name} pid {_pid(proc)}" for name, (proc, _) in procs.items() if _pid(proc) > 0]
+        pids = [
+            f"{name} pid {pid_of(proc)}" for name, (proc, _) in procs.items() if pid_of(proc) > 0
+        ]
         if pids:  # forked roles all show as the fork server's command line in ps: which is which
             console.log(f"{', '.join(pids)}; their logs: {logs}/")
-        summary = _follow(resolved, bootstrap, procs, console, config_path, start, broker)
-        _wait_workers(procs, timeout_s=30)
+        summary = follow(resolved, bootstrap, procs, console, config_path, start, broker)
+        wait_workers(procs, timeout_s=30)
         return summary
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`Terminated`): stop in order, then go
         _stop_roles(cfg, procs, console)
@@ -338,181 +291,21 @@ def _restore_log(cfg: RunConfig, bootstrap: str, console: Console) -> None:
     console.log(f"restored {n} records of {log_dir(cfg)} in {time.monotonic() - t0:.1f} s")
 
 
-def _spawn_local(name: str, cmd: list[str], log_path: Path) -> tuple[_Process, Path]:
-    """A role's command (``python -m asyncrl ...``) forked from the preloaded server where
-    there is one (``launch/process.py``), any other command as a fresh process."""
-    if cmd[:3] == [sys.executable, "-m", "asyncrl"] and preloaded_available():
-        return spawn_role(cmd[3:], log_path)
-    return spawn(cmd, log_path)
-
-
-def _pid(proc: Any) -> int:
-    """A local role's pid; -1 for a Ray actor's child, which runs on another node's terms."""
-    return getattr(proc, "pid", -1)
-
-
 def _announcing(
     start: Callable[[str, list[str], Path], tuple[Any, Path]],
     on_spawn: Callable[[str, int], None],
 ) -> Callable[[str, list[str], Path], tuple[Any, Path]]:
     def started(name: str, cmd: list[str], log_path: Path) -> tuple[Any, Path]:
         proc, path = start(name, cmd, log_path)
-        on_spawn(name, _pid(proc))
+        on_spawn(name, pid_of(proc))
         return proc, path
 
     return started
 
 
-def trainer_command(config_path: Path) -> list[str]:
-    return [sys.executable, "-m", "asyncrl", "train", "--config", str(config_path)]
-
-
-def worker_command(config_path: Path, worker_id: int) -> list[str]:
-    return [
-        *[sys.executable, "-m", "asyncrl", "rollout"],
-        *["--config", str(config_path), "--worker-id", str(worker_id)],
-    ]
-
-
-def _follow(
-    cfg: RunConfig,
-    bootstrap: str,
-    procs: dict[str, tuple[_Process, Path]],
-    console: Console,
-    config_path: Path,
-    start: Callable[[str, list[str], Path], tuple[Any, Path]] = _spawn_local,
-    broker: EmbeddedBroker | None = None,
-) -> dict[str, Any]:
-    """Show progress from the steps topic until the trainer exits with 0. A process that dies
-    is restarted (a worker up to ``rollout.max_restarts`` times, the trainer up to
-    ``trainer.max_restarts``); a death beyond that fails the run, and so does the death of
-    the embedded broker (the run is resumed by starting it again: its log is archived)."""
-    from asyncrl.kafka import Reader
-    from asyncrl.schemas.step import decode_step
-
-    restarts: dict[str, int] = {}
-    left: set[str] = set()
-    """Workers told to stop (exit 143 or 130): they left the run, and are not restarted."""
-    trainer_log = procs["trainer"][1]
-    reader = Reader(cfg.kafka, bootstrap, decode_step, background=True)
-    reader.assign(cfg.topic("steps"))
-    # Steps already on the log (a resumed run's earlier launches) move the bar silently.
-    earlier = {p: high for p, (_low, high) in reader.watermarks(cfg.topic("steps")).items()}
-    try:
-        with StepProgress(cfg, console) as progress:
-            while True:
-                for rec in reader.poll(0.05):
-                    if rec.offset < earlier.get(rec.partition, 0):
-                        progress.update(rec.value, earlier=True)
-                        if rec.offset == earlier[rec.partition] - 1:
-                            progress.resumed()
-                    else:
-                        progress.update(rec.value)
-                if broker is not None and not broker.running:
-                    raise BrokerDied(
-                        f"the embedded broker (pid {broker.pid}) died; the run's log is archived "
-                        f"in {cfg.run_dir / 'log'}: run the same command again to resume the run"
-                    )
-                for name, (proc, log_path) in procs.items():
-                    # A worker exits 0 only after the trainer's RunFinished, which the trainer
-                    # publishes before it writes its summary and exits: not a failure.
-                    rc = proc.poll()
-                    if rc in (None, 0) or name in left:
-                        continue
-                    is_trainer = name == "trainer"
-                    if not is_trainer and rc in _TOLD_TO_STOP:  # `kill PID`: scaled down
-                        left.add(name)
-                        _say_left(name, rc, procs, cfg, config_path, console)
-                        continue
-                    if is_trainer and _workers_left(procs) == [] and left:
-                        raise RunFailed(
-                            "no rollout worker is left to generate (stopped: "
-                            f"{', '.join(sorted(left))}), so the trainer was not restarted; "
-                            + _failure_report(name, rc, log_path)
-                        )
-                    if is_trainer and (why := trainer_not_restarted(rc)) is not None:
-                        raise RunFailed(f"{why}; " + _failure_report(name, rc, log_path))
-                    max_restarts = (
-                        cfg.trainer.max_restarts
-                        if is_trainer
-                        else cfg.actor_rollout_ref.rollout.max_restarts
-                    )
-                    if restarts.get(name, 0) < max_restarts:
-                        restarts[name] = restarts.get(name, 0) + 1
-                        cmd = (
-                            trainer_command(config_path)
-                            if is_trainer
-                            else worker_command(config_path, int(name.removeprefix("rollout-")))
-                        )
-                        procs[name] = start(name, cmd, log_path)
-                        pid = _pid(procs[name][0])
-                        console.log(
-                            f"[yellow]{name} exited with code {rc}; restarting it "
-                            f"({restarts[name]}/{max_restarts}"
-                            + (f", pid {pid}" if pid > 0 else "")
-                            + "); "
-                            + (
-                                "it resumes from its last checkpoint"
-                                if is_trainer
-                                else "it recovers its work from the log"
-                            )
-                        )
-                        break
-                    raise RunFailed(_failure_report(name, rc, log_path))
-                if procs["trainer"][0].poll() == 0:
-                    break
-            # The steps the trainer recorded before it exited, up to its last (the summary
-            # names it), instead of a fixed wait: it only wrote the summary once they were on
-            # the log.
-            summary = read_summary(cfg)
-            deadline = time.monotonic() + 2.0
-            while progress.last_step < summary.get("step", 0) and time.monotonic() < deadline:
-                for rec in reader.poll(0.05):
-                    progress.update(rec.value)
-    finally:
-        reader.close()
-    if summary and restarts:
-        # The trainer's summary counts from its last start; what it does not know is here.
-        summary["restarts"] = dict(restarts)
-    resumed = any(earlier.values()) or bool(restarts.get("trainer"))
-    _print_summary(summary, console, trainer_log, resumed=resumed)
-    return summary
-
-
-_TOLD_TO_STOP = {143: "SIGTERM", 130: "Ctrl-C"}
-"""A worker's exit codes when a signal stopped it with the run still open (0: it finished)."""
-
-
-def _workers_left(procs: dict[str, tuple[_Process, Path]]) -> list[str]:
-    return [n for n, (p, _) in procs.items() if n != "trainer" and p.poll() is None]
-
-
-def _say_left(
-    name: str,
-    rc: int,
-    procs: dict[str, tuple[_Process, Path]],
-    cfg: RunConfig,
-    config_path: Path,
-    console: Console,
-) -> None:
-    """A worker stopped by a signal left the run as docs/cluster.md says; with none left,
-    the trainer can only wait for one started by hand."""
-    said = f"[yellow]{name} was stopped ({_TOLD_TO_STOP[rc]}) and left the run; not restarted"
-    remaining = _workers_left(procs)
-    if remaining:
-        console.log(f"{said}; {len(remaining)} rollout worker(s) go on")
-        return
-    console.log(
-        f"{said}. No rollout worker is left: the trainer waits up to sync.timeout_s="
-        f"{cfg.sync.timeout_s:g} s for one started by hand (`asyncrl rollout --config "
-        f"{config_path} --worker-id {name.removeprefix('rollout-')}`), then the run fails[/]"
-    )
-
-
 def _say_finished(cfg: RunConfig, summary: dict[str, Any], console: Console) -> None:
-    """A finished run on a Kafka cluster, launched again: it said "resumed ... the trainer goes
-    on from its last checkpoint", started every role (~10 s) and printed the old summary, the
-    trainer having found RunFinished on the log. Now said so, starting nothing."""
+    """A finished run launched again: say so, and how to go on from its policy, starting
+    nothing."""
     acc = summary.get("val/accuracy")
     console.log(
         f"run {cfg.run_id!r} has finished ({finished_at(summary)}"
@@ -521,39 +314,3 @@ def _say_finished(cfg: RunConfig, summary: dict[str, Any], console: Console) -> 
         f"export-model {cfg.run_id} --out DIR`; a new run needs a run_id= of its own (this "
         "run's log stays on the broker)"
     )
-
-
-def _wait_workers(procs: dict[str, tuple[_Process, Path]], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for name, (proc, _) in procs.items():
-        if name == "trainer":
-            continue
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-
-
-def _print_summary(
-    summary: dict[str, Any], console: Console, trainer_log: Path, resumed: bool = False
-) -> None:
-    """The trainer's summary; of a resumed run or a restarted trainer, its times and counts
-    are from the trainer's last start (``asyncrl report`` joins the launches)."""
-    if not summary:
-        console.print(f"[yellow]no summary written; see {trainer_log}[/]")
-        return
-    title = "run summary" + (
-        " (since the trainer's last start: `asyncrl report` counts the whole run)"
-        if resumed
-        else ""
-    )
-    table = Table(title=title, show_header=False)
-    for key, value in summary.items():
-        if isinstance(value, float):
-            value = f"{value:.3f}"
-        elif value is None:  # a figure the run had nothing for (no sync: no resume time)
-            value = "-"
-        elif isinstance(value, dict):
-            value = counts_text(value)
-        table.add_row(str(key), str(value))
-    console.print(table)

@@ -197,8 +197,8 @@ def _kill_broker_at(cfg, pids: dict[str, int], at_step: int, out: dict) -> None:
 def test_a_killed_embedded_broker_loses_nothing_and_the_run_resumes(
     make_run_cfg, quick_policy, capsys
 ):
-    from asyncrl.launch.launcher import BrokerDied
     from asyncrl.launch.log_archive import offline_broker
+    from asyncrl.launch.supervise import BrokerDied
 
     steps = 8
     cfg = make_run_cfg(

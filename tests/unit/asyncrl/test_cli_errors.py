@@ -432,7 +432,7 @@ def test_a_trainer_that_cannot_write_its_checkpoint_exits_4_and_is_not_restarted
     cycle with the checkpoints on a 64 KiB tmpfs: the trainer now exits 4 in one line, and the
     launcher does not restart it."""
     from asyncrl.consumers.checkpoint import CheckpointWriteError
-    from asyncrl.launch.launcher import trainer_not_restarted
+    from asyncrl.launch.supervise import trainer_not_restarted
 
     def train(args: object) -> int:
         raise CheckpointWriteError(f"writing a checkpoint failed: the disk of {tmp_path} is full")

@@ -506,8 +506,33 @@ def test_a_step_whose_every_reward_failed_says_so(tmp_path, caplog):
             cfg.topic("samples"), sample.sample_id, encode_sample(sample),
             headers={SCHEMA_HEADER: SAMPLE_TAG},
         )  # fmt: skip
-    with caplog.at_level("WARNING", logger="asyncrl.consumers.trainer"):
+    with caplog.at_level("WARNING", logger="asyncrl.consumers.update"):
         trainer.run()
     trainer.close()
     assert "step 1: the reward failed for all 4 trajectories" in caplog.text
     assert "NameError: name 'sympy' is not defined" in caplog.text
+
+
+def test_an_injected_backend_takes_the_step_the_trainers_own_weights_untouched(tmp_path):
+    """The update backend is a seam: the benchmarks' SimulatedUpdate, passed in, takes the
+    steps (no gradient: the weights stay), and the step's record carries its batch figures."""
+    from asyncrl.bench.sim_update import SimulatedUpdate
+
+    cfg = _cfg(
+        tmp_path,
+        "trainer.total_training_steps=1",
+        "actor_rollout_ref.rollout.num_workers=0",
+        "sim.train_s_per_sample=0",
+    )
+    broker = MemoryBroker()
+    backend = SimulatedUpdate(cfg)
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    trainer = Trainer(cfg, io=trainer_io(cfg, broker, weights=None), backend=backend)
+    _publish_group(broker, cfg, prompt=0, version=0)
+    summary = trainer.run()
+    trainer.close()
+    assert summary["step"] == 1
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    (step,) = broker.read(cfg, "steps", decode_step)
+    assert step.metrics["critic/score/mean"] == 0.5 and "actor/pg_loss" not in step.metrics

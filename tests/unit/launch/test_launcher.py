@@ -10,8 +10,9 @@ from rich.console import Console
 from asyncrl.config import load_config
 from asyncrl.consumers.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
 from asyncrl.kafka.settings import BACKGROUND_FETCH_WAIT_MS, consumer_config
-from asyncrl.launch.launcher import _failure_report, for_embedded_broker, resume_or_set_aside
+from asyncrl.launch.launcher import for_embedded_broker, resume_or_set_aside
 from asyncrl.launch.log_archive import ArchivedRecord, PartitionFile, log_dir
+from asyncrl.launch.supervise import failure_report
 
 
 def _cfg(tmp_path):
@@ -127,14 +128,14 @@ def test_a_failed_trainer_reports_what_the_workers_said_last(tmp_path):
     (logs / "rollout-2.log").write_text("waiting for prompts\n")
     (logs / "empty.log").write_text("")
 
-    report = _failure_report("trainer", 1, logs / "trainer.log")
+    report = failure_report("trainer", 1, logs / "trainer.log")
     assert report.startswith("trainer exited with code 1; last lines of")
     assert "only 3 of 4 samples" in report
     assert "line 39" in report and "line 28" in report and "line 27" not in report
     assert f"last lines of {logs / 'rollout-2.log'}:\nwaiting for prompts" in report
     assert "empty.log" not in report
 
-    worker = _failure_report("rollout-0", 1, logs / "rollout-0.log")
+    worker = failure_report("rollout-0", 1, logs / "rollout-0.log")
     assert "line 39" in worker and "trainer.log" not in worker and "rollout-2" not in worker
 
 
@@ -230,7 +231,7 @@ def test_a_restarted_role_is_named_with_its_new_pid(tmp_path, monkeypatch):
     server's command line: the launcher's console is where a user finds which pid is the
     trainer (to py-spy it, to SIGTERM a worker); a restart named no pid."""
     import asyncrl.kafka
-    from asyncrl.launch import launcher
+    from asyncrl.launch import supervise
 
     class NoSteps:
         def __init__(self, *_args, **_kw) -> None: ...
@@ -257,7 +258,7 @@ def test_a_restarted_role_is_named_with_its_new_pid(tmp_path, monkeypatch):
     cfg.run_dir.mkdir(parents=True)
     (cfg.run_dir / "summary.json").write_text('{"step": 0}')
     out = io.StringIO()
-    launcher._follow(
+    supervise.follow(
         cfg,
         "127.0.0.1:1",
         {"trainer": (Proc(7, -9), tmp_path / "trainer.log")},
@@ -371,10 +372,10 @@ def test_the_dry_run_shows_a_resume_that_changes_a_key_fixed_for_the_run(tmp_pat
 
 def test_the_run_summary_shows_a_figure_the_run_had_nothing_for_as_a_dash(tmp_path):
     """A run without syncs printed `sync_resumed_s_mean  None` in its summary table."""
-    from asyncrl.launch.launcher import _print_summary
+    from asyncrl.launch.supervise import print_summary
 
     out = io.StringIO()
     summary = {"step": 4, "sync_resumed_s_mean": None, "wait_s_mean": 0.25}
-    _print_summary(summary, Console(file=out, width=120), tmp_path / "trainer.log")
+    print_summary(summary, Console(file=out, width=120), tmp_path / "trainer.log")
     rows = {line.split()[1]: line.split()[3] for line in out.getvalue().splitlines() if "│" in line}
     assert rows == {"step": "4", "sync_resumed_s_mean": "-", "wait_s_mean": "0.250"}

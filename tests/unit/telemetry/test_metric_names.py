@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from asyncrl.bench.sim_update import simulated_update
 from asyncrl.config import load_config
 from asyncrl.consumers.step_stats import (
     STALE_SAMPLES,
@@ -20,7 +21,7 @@ from asyncrl.consumers.step_stats import (
     param_sync_metrics,
     step_metrics,
 )
-from asyncrl.consumers.update import grpo_update, simulated_update
+from asyncrl.consumers.update import grpo_update
 from asyncrl.schemas.sample import Sample, Trajectory
 from asyncrl.telemetry.metrics import stale_in_step
 from tests.helpers import SMALL_MODEL
