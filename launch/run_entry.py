@@ -1,0 +1,22 @@
+"""``asyncrl run`` as a process: the launcher with its signals and exit code.
+
+SIGTERM and Ctrl-C stop the run in order (``launcher.stop_on_signals``): the trainer ends its
+step and checkpoints it, the workers hand back their work; the launcher then exits 143
+(SIGTERM) or 130 (Ctrl-C), and the same command resumes the run.
+"""
+
+from __future__ import annotations
+
+from asyncrl.config import RunConfig
+
+
+def run_until_stopped(cfg: RunConfig) -> int:
+    """Run ``cfg``'s run to its end or until a signal stops it; the process's exit code."""
+    from asyncrl.launch.launcher import Terminated, run, stop_on_signals
+
+    stop_on_signals()
+    try:
+        summary = run(cfg)
+    except KeyboardInterrupt as stopped:
+        return 143 if isinstance(stopped, Terminated) else 130  # the shell's codes for both
+    return 0 if summary else 1
