@@ -13,11 +13,12 @@ import logging
 import signal
 
 from asyncrl.config import RunConfig
+from asyncrl.consumers.exit_codes import ExitCode, stopped_by
 
 log = logging.getLogger("asyncrl.train")
 
 
-def train(cfg: RunConfig, bootstrap: str) -> int:
+def train(cfg: RunConfig, bootstrap: str) -> ExitCode:
     """Run the trainer of ``cfg``'s run on ``bootstrap`` until its run ends or a signal stops
     it; the process's exit code."""
     import torch
@@ -38,7 +39,7 @@ def train(cfg: RunConfig, bootstrap: str) -> int:
         summary = trainer.run()
     except TrainerStopped as stopped:
         log.warning("%s", stopped)
-        return 130 if trainer.stopping == "Ctrl-C" else 143  # the shell's codes for both
+        return stopped_by(trainer.stopping or "SIGTERM")
     finally:
         trainer.close()
     tmp = cfg.run_dir / "summary.json.tmp"
@@ -49,4 +50,4 @@ def train(cfg: RunConfig, bootstrap: str) -> int:
         *(summary.get("step"), summary.get("version"), summary.get("reason")),
         cfg.run_dir / "summary.json",
     )
-    return 0
+    return ExitCode.OK

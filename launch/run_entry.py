@@ -8,9 +8,10 @@ step and checkpoints it, the workers hand back their work; the launcher then exi
 from __future__ import annotations
 
 from asyncrl.config import RunConfig
+from asyncrl.consumers.exit_codes import ExitCode
 
 
-def run_until_stopped(cfg: RunConfig) -> int:
+def run_until_stopped(cfg: RunConfig) -> ExitCode:
     """Run ``cfg``'s run to its end or until a signal stops it; the process's exit code."""
     from asyncrl.launch.launcher import Terminated, run, stop_on_signals
 
@@ -18,5 +19,5 @@ def run_until_stopped(cfg: RunConfig) -> int:
     try:
         summary = run(cfg)
     except KeyboardInterrupt as stopped:
-        return 143 if isinstance(stopped, Terminated) else 130  # the shell's codes for both
-    return 0 if summary else 1
+        return ExitCode.TERMINATED if isinstance(stopped, Terminated) else ExitCode.INTERRUPTED
+    return ExitCode.OK if summary else ExitCode.FAILED

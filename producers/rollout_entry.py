@@ -14,11 +14,12 @@ import signal
 import sys
 
 from asyncrl.config import RunConfig
+from asyncrl.consumers.exit_codes import ExitCode, stopped_by
 
 log = logging.getLogger("asyncrl.rollout")
 
 
-def rollout(cfg: RunConfig, worker_id: int, bootstrap: str) -> int:
+def rollout(cfg: RunConfig, worker_id: int, bootstrap: str) -> ExitCode:
     """Run worker ``worker_id`` of ``cfg``'s run on ``bootstrap`` until its run ends or a
     signal stops it; the process's exit code."""
     import torch
@@ -27,10 +28,10 @@ def rollout(cfg: RunConfig, worker_id: int, bootstrap: str) -> int:
 
     torch.set_num_threads(cfg.actor_rollout_ref.rollout.torch_threads)
     worker = RolloutWorker(cfg, worker_id, bootstrap)
-    stopped_by: list[str] = []
+    told: list[str] = []
 
     def stop(how: str) -> None:
-        stopped_by.append(how)
+        told.append(how)
         worker.stop()
 
     signal.signal(signal.SIGTERM, lambda *_: stop("SIGTERM"))
@@ -44,19 +45,19 @@ def rollout(cfg: RunConfig, worker_id: int, bootstrap: str) -> int:
     produced = worker.run()
     if worker.displaced:
         print(f"asyncrl rollout: worker {worker_id}: {worker.displaced}", file=sys.stderr)
-        return 1
-    if stopped_by and not worker.follower.finished:
+        return ExitCode.FAILED
+    if told and not worker.follower.finished:
         log.warning(
             "worker %d stopped (%s) with the run still open; its unfinished prompts went back "
             "to the group",
             worker_id,
-            stopped_by[0],
+            told[0],
         )
-        return 130 if stopped_by[0] == "Ctrl-C" else 143  # the shell's codes for both
+        return stopped_by(told[0])
     before = worker.produced_before
     log.info(
         "worker %d produced %d samples%s",
         *(worker_id, produced - before),
         f" ({produced} under its id, with the {before} of earlier processes)" if before else "",
     )
-    return 0
+    return ExitCode.OK

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from asyncrl.cli import bench, exports, replay, roles, run_log
 from asyncrl.cli.parser import EPILOG, build_parser
+from asyncrl.consumers.exit_codes import ExitCode
 
 __all__ = ["COMMANDS", "EPILOG", "build_parser", "main"]
 
@@ -69,19 +70,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"asyncrl {args.command}: {err}", file=sys.stderr)
         if isinstance(err, _usage_errors()):
-            return 2
-        return int(getattr(err, "EXIT_CODE", 1))  # 3, 4: a trainer that gave up, not crashed
+            return ExitCode.USAGE
+        return ExitCode(getattr(err, "EXIT_CODE", ExitCode.FAILED))  # GAVE_UP: no crash
     except BrokenPipeError:  # `asyncrl inspect ... --json | head`: the reader has had enough
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit would fail again
-        return 141  # 128 + SIGPIPE, as a shell reports it
+        return ExitCode.BROKEN_PIPE
 
 
 def _stopped(command: str | None, started: bool) -> int:
-    """A Ctrl-C the command did not take itself: one line, the shell's exit code 130."""
+    """A Ctrl-C the command did not take itself: one line, the shell's exit code for it."""
     name = f"asyncrl {command}" if command else "asyncrl"
     print(f"{name}: stopped" + ("" if started else " before it started anything"), file=sys.stderr)
-    return 130
+    return ExitCode.INTERRUPTED
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:

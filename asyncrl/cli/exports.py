@@ -9,6 +9,7 @@ from typing import Any
 
 from asyncrl.cli.args import config_args, output_dir_arg
 from asyncrl.cli.find_run import load, no_such_run, output_dir_of, run_config
+from asyncrl.consumers.exit_codes import ExitCode
 
 
 def add_report(sub: Any) -> None:
@@ -74,10 +75,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         path = write_report(run_dir, Path(args.out) if args.out else None)
     except ReportError as err:
         print(f"asyncrl report: {err}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     pngs = sorted(p.name for p in path.parent.glob("*.png"))
     Console().print(f"report: {path} ({len(pngs)} plots: {', '.join(pngs)})")
-    return 0
+    return ExitCode.OK
 
 
 def _report_output_dir(args: argparse.Namespace) -> str:
@@ -108,14 +109,14 @@ def cmd_export_model(args: argparse.Namespace) -> int:
     cfg = run_config(args)
     if not cfg.run_dir.exists():  # no run, rather than a run without checkpoints
         print(f"asyncrl export-model: {no_such_run(cfg, on_a_cluster=False)}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     try:
         path = export_model(cfg, Path(args.out), args.step)
     except ExportError as err:
         print(f"asyncrl export-model: {err}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     print(f"{args.out}: {path.name} of run {cfg.run_id} as a Hugging Face checkpoint")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_export_data(args: argparse.Namespace) -> int:
@@ -129,4 +130,4 @@ def cmd_export_data(args: argparse.Namespace) -> int:
     for name, path in export_task(cfg.data, Path(args.out)).items():
         rows = pq.read_metadata(path).num_rows
         print(f"{name}: {path} ({rows} rows of data.task={cfg.data.task})")
-    return 0
+    return ExitCode.OK

@@ -12,6 +12,7 @@ from typing import Any
 from asyncrl.cli.args import config_args, offset, output_dir_arg
 from asyncrl.cli.find_run import closed_loopback, load_run, log_broker
 from asyncrl.cli.run_log import time_range
+from asyncrl.consumers.exit_codes import ExitCode
 
 
 def add_replay(sub: Any) -> None:
@@ -108,8 +109,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 )  # fmt: skip
     except ReplayError as err:
         print(f"asyncrl replay: {err}", file=sys.stderr)
-        return 1
-    return 0
+        return ExitCode.FAILED
+    return ExitCode.OK
 
 
 def _replay_step_number(text: str) -> int:

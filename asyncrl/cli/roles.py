@@ -11,6 +11,7 @@ from typing import Any
 
 from asyncrl.cli.args import config_args
 from asyncrl.cli.find_run import load, need_bootstrap
+from asyncrl.consumers.exit_codes import ExitCode
 
 
 def add_run(sub: Any) -> None:
@@ -110,7 +111,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if (decision := decide(cfg)).outcome == "refused":
         raise ConfigError(f"{decision.key}: {decision.line}")
     prepare(cfg, bootstrap, Console())
-    return 0
+    return ExitCode.OK
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -118,7 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load(args)
     bootstrap = _role_startable(cfg, "train", "nothing to train")
-    return 0 if bootstrap is None else train(cfg, bootstrap)
+    return ExitCode.OK if bootstrap is None else train(cfg, bootstrap)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -126,7 +127,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     cfg = load(args)
     bootstrap = _role_startable(cfg, "rollout", "nothing to generate")
-    return 0 if bootstrap is None else rollout(cfg, args.worker_id, bootstrap)
+    return ExitCode.OK if bootstrap is None else rollout(cfg, args.worker_id, bootstrap)
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -134,7 +135,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     cfg = load(args)
     serve(args.port, cfg if args.create_topics else None)
-    return 0
+    return ExitCode.OK
 
 
 def _role_startable(cfg, role: str, nothing: str) -> str | None:

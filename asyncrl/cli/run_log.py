@@ -17,6 +17,7 @@ from asyncrl.cli.find_run import (
     run_config,
     table_console,
 )
+from asyncrl.consumers.exit_codes import ExitCode
 
 
 def add_inspect(sub: Any) -> None:
@@ -119,7 +120,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         since, until = time_range(args)
     except ValueError as err:
         print(f"asyncrl inspect: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     with (
         log_broker(cfg, args, "inspect", READS[args.topic]) as bootstrap,
         reading_shown("inspect"),
@@ -129,7 +130,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         )
     ranged = bool(args.start or args.end or since or until)
     print_rows(cfg, args.topic, rows, table_console(), args.json, ranged)
-    return 0
+    return ExitCode.OK
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -144,12 +145,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
             report = audit_run(cfg, bootstrap)
     except (AuditError, ArchiveError) as err:
         print(f"asyncrl audit: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
         print_report(report, table_console())
-    return 0 if report.ok else 1
+    return ExitCode.OK if report.ok else ExitCode.FAILED
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
@@ -159,4 +160,4 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     bootstrap = reading_bootstrap(cfg, "monitor", named_bootstrap(args))
     with contextlib.suppress(KeyboardInterrupt):
         monitor(cfg, bootstrap, table_console(), follow=not args.once, engine=args.engine)
-    return 0
+    return ExitCode.OK
