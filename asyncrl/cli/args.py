@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import Any
 
+Subcommands = argparse._SubParsersAction  # what add_subparsers returns: add_parser(name, ...)
+
 
 def offset(text: str) -> int:
     """An offset on the command line: a whole number, 0 or more."""

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from asyncrl.bench import BENCHMARKS
-from asyncrl.cli.args import config_args
+from asyncrl.cli.args import Subcommands, config_args
 from asyncrl.cli.find_run import table_console
 from asyncrl.consumers.exit_codes import ExitCode
 
@@ -46,7 +46,7 @@ class _Benchmarks(argparse._SubParsersAction):
             self.declared.add(name)
 
 
-def add_bench(sub: Any) -> None:
+def add_bench(sub: Subcommands) -> None:
     p = sub.add_parser(
         "bench",
         help="measurements printed side by side from one invocation",

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from asyncrl.cli.args import config_args, output_dir_arg
+from asyncrl.cli.args import Subcommands, config_args, output_dir_arg
 from asyncrl.cli.find_run import load, no_such_run, output_dir_of, run_config
 from asyncrl.consumers.exit_codes import ExitCode
 
 
-def add_report(sub: Any) -> None:
+def add_report(sub: Subcommands) -> None:
     p = sub.add_parser(
         "report",
         help="PNG plots and a Markdown summary of a run (from its run directory)",
@@ -32,7 +31,7 @@ def add_report(sub: Any) -> None:
     )
 
 
-def add_export_model(sub: Any) -> None:
+def add_export_model(sub: Subcommands) -> None:
     p = sub.add_parser(
         "export-model",
         help="a run's trained policy (a checkpoint step) as a Hugging Face checkpoint directory",
@@ -49,7 +48,7 @@ def add_export_model(sub: Any) -> None:
     config_args(p, reads_run=True)
 
 
-def add_export_data(sub: Any) -> None:
+def add_export_data(sub: Subcommands) -> None:
     p = sub.add_parser(
         "export-data",
         help="write data.task's prompts as verl-format parquet (train.parquet, val.parquet)",

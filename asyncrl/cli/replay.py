@@ -7,15 +7,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any
 
-from asyncrl.cli.args import config_args, offset, output_dir_arg
+from asyncrl.cli.args import Subcommands, config_args, offset, output_dir_arg
 from asyncrl.cli.find_run import closed_loopback, load_run, log_broker
 from asyncrl.cli.run_log import time_range
 from asyncrl.consumers.exit_codes import ExitCode
 
 
-def add_replay(sub: Any) -> None:
+def add_replay(sub: Subcommands) -> None:
     p = sub.add_parser(
         "replay",
         help="re-run a training step from the log and its checkpoint, or re-publish a run's "

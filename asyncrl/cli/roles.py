@@ -9,12 +9,12 @@ import argparse
 import sys
 from typing import Any
 
-from asyncrl.cli.args import config_args
+from asyncrl.cli.args import Subcommands, config_args
 from asyncrl.cli.find_run import load, need_bootstrap
 from asyncrl.consumers.exit_codes import ExitCode
 
 
-def add_run(sub: Any) -> None:
+def add_run(sub: Subcommands) -> None:
     p = sub.add_parser(
         "run", help="a whole run: broker (embedded if none), trainer, rollout workers"
     )
@@ -33,7 +33,7 @@ def add_run(sub: Any) -> None:
     config_args(p)
 
 
-def add_prepare(sub: Any) -> None:
+def add_prepare(sub: Subcommands) -> None:
     p = sub.add_parser(
         "prepare",
         help="set a run up on a Kafka cluster (topics, policy, prompts, resolved config), no more",
@@ -46,7 +46,7 @@ def add_prepare(sub: Any) -> None:
     config_args(p)
 
 
-def add_train(sub: Any) -> None:
+def add_train(sub: Subcommands) -> None:
     p = sub.add_parser(
         "train",
         help="the trainer process alone (needs kafka.bootstrap_servers and sync.master_port; "
@@ -55,7 +55,7 @@ def add_train(sub: Any) -> None:
     config_args(p)
 
 
-def add_rollout(sub: Any) -> None:
+def add_rollout(sub: Subcommands) -> None:
     p = sub.add_parser(
         "rollout",
         help="one rollout worker process (needs kafka.bootstrap_servers and the trainer's "
@@ -71,7 +71,7 @@ def add_rollout(sub: Any) -> None:
     config_args(p)
 
 
-def add_broker(sub: Any) -> None:
+def add_broker(sub: Subcommands) -> None:
     p = sub.add_parser("broker", help="start an embedded Kafka-protocol broker (Tansu) and wait")
     p.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: a free one)")
     p.add_argument("--create-topics", action="store_true", help="also create the run's topics")

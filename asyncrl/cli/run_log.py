@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Any
 
-from asyncrl.cli.args import config_args, offset, output_dir_arg
+from asyncrl.cli.args import Subcommands, config_args, offset, output_dir_arg
 from asyncrl.cli.find_run import (
     load_run,
     log_broker,
@@ -20,7 +19,7 @@ from asyncrl.cli.find_run import (
 from asyncrl.consumers.exit_codes import ExitCode
 
 
-def add_inspect(sub: Any) -> None:
+def add_inspect(sub: Subcommands) -> None:
     p = sub.add_parser(
         "inspect",
         help="read a run's topics back: samples, partials, control, steps, dead-letter",
@@ -50,7 +49,7 @@ def add_inspect(sub: Any) -> None:
     config_args(p, reads_run=True)
 
 
-def add_audit(sub: Any) -> None:
+def add_audit(sub: Subcommands) -> None:
     p = sub.add_parser(
         "audit",
         help="check a run's log: every sample trained once, every prompt accounted, syncs, budget",
@@ -73,7 +72,7 @@ def add_audit(sub: Any) -> None:
     config_args(p, reads_run=True)
 
 
-def add_monitor(sub: Any) -> None:
+def add_monitor(sub: Subcommands) -> None:
     p = sub.add_parser(
         "monitor",
         help="a run's health, live, per weight version (reads its topics)",
