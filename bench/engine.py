@@ -22,6 +22,7 @@ a CPU, ``rollout.torch_threads`` threads, as a rollout worker has; on a GPU, bf1
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -31,6 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.bench import flags
 from asyncrl.bench.sync import qwen2_config
 from asyncrl.config import ConfigError, RunConfig, load_config
 
@@ -267,3 +269,63 @@ def _table(results: dict[str, dict[str, Any]], console: Console) -> None:
             for name, x in r["ratios"].items()
         ]
         console.print(f"{shape}: " + ", ".join(shown))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench engine``: its description and flags (unset: each shape's smoke
+    default)."""
+    p.description = (
+        "Tokens/s of the hf engine (no KV cache), hf_cached and hf_static (slotted cache, CUDA "
+        "graphs on a GPU) on the same requests, at the demo model's shape and Qwen2 shapes "
+        "(random weights), each one's ratio over hf, and each one's largest logprob "
+        "difference from the trainer's recomputation."
+    )
+    p.add_argument(
+        "--shapes",
+        help="comma-separated model shapes, random weights: among demo (the config's policy), "
+        "5M, 50M, 500M (Qwen2.5-0.5B's) (default demo,500M)",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        help="requests generated at once (default: the demo's rollout.n x "
+        "max_concurrent_samples, 2-8 for the other shapes)",
+    )
+    p.add_argument("--prompt-len", type=int, help="the longest prompt, in tokens")
+    p.add_argument("--new-tokens", type=int, help="tokens generated per request")
+    flags.add_device(p)
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed runs, one more generation of hf_cached and hf_static under "
+        "torch's profiler; prints their costliest ops (GPU time on a GPU)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="the model's dtype (default: bfloat16 on a GPU, float32 on a CPU)",
+    )
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    """``asyncrl bench engine``: its flags checked, then the engines measured."""
+    for flag, value in (
+        ("--batch", args.batch),
+        ("--prompt-len", args.prompt_len),
+        ("--new-tokens", args.new_tokens),
+    ):
+        if value is not None:
+            flags.at_least_one(flag, value)
+    engine(
+        args.config,
+        args.overrides,
+        console,
+        shapes=tuple((args.shapes or "demo,500M").split(",")),
+        batch=args.batch,
+        prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens,
+        device=flags.device(args),
+        dtype=args.dtype,
+        profile=args.profile,
+    )

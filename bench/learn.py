@@ -10,6 +10,7 @@ setups (so a drift in the machine's load touches each alike), and compares media
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.bench import flags
 from asyncrl.bench.sync_pause import step_rows, trainer_restarts
 from asyncrl.config import RunConfig, load_config
 from asyncrl.config.overrides import override_key
@@ -356,3 +358,17 @@ def _share(r: dict[str, Any], key: str, budget_key: str) -> str:
 
 def _seeds_note(n: int) -> str:
     return "one seed" if n == 1 else f"medians of {n} seeds"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench learn``: its description and flags."""
+    p.description = (
+        "Wall time to the target held-out accuracy, colocated sync (with one torch thread and "
+        "with every core: the faster is the baseline) vs async (c) vs (d) vs (d) with "
+        "in-flight weight updates, and the accuracy curves on one plot (PNG)."
+    )
+    flags.add_seeds(p)
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    learn(args.config, args.overrides, console, seeds=flags.seeds(args))

@@ -20,6 +20,7 @@ train_s_per_sample); for colocated sync the two phases add up, since they cannot
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -30,6 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.bench import flags
 from asyncrl.bench.learn import note_overridden
 from asyncrl.bench.sync_pause import one_trainer, partial_totals, step_rows
 from asyncrl.bench.workloads import (
@@ -348,3 +350,44 @@ def _where_table(results: dict[str, dict[str, Any]], w: Workload) -> Table:
 def _ratio(value: float | None) -> str:
     """A ratio to two places; '-' where there is none (not measured, or no budget)."""
     return "-" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench modes``: its description and flags."""
+    p.description = (
+        "verl's mode table on the sim engine (--workload seed, the seed's 128-GPU figures "
+        "time-scaled, or long-tail): colocated sync vs (a) on-policy pipeline, (b) stream "
+        "off-policy, (c) stale samples, (d) partial rollout, and a staleness ablation; time, "
+        "idle ratios, speedup next to the seed's, efficiency."
+    )
+    flags.add_staleness(p, "the mode (d) ablation's (default 0.1,0.3, the seed's)")
+    p.add_argument(
+        "--workload",
+        choices=["seed", "long-tail"],
+        help="the sim workload; seed (default): the seed's 128-GPU Qwen2.5-7B figures, "
+        "time-scaled; long-tail: round numbers (bench/workloads.py)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        help="--workload seed: seconds here per second of the seed (default 0.01)",
+    )
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    """``asyncrl bench modes``: its flags checked, then the benchmark."""
+    if args.time_scale is not None and args.workload == "long-tail":
+        raise flags.FlagError(
+            "--time-scale applies to --workload seed (long-tail is in seconds already)"
+        )
+    if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
+        raise flags.FlagError(f"--time-scale must be above 0 (got {args.time_scale:g})")
+    staleness = flags.staleness(args)
+    modes(
+        args.config,
+        args.overrides,
+        console,
+        workload=args.workload or "seed",
+        time_scale=0.01 if args.time_scale is None else args.time_scale,
+        staleness=staleness,
+    )

@@ -11,6 +11,7 @@ the groups filtered; plotted: the four accuracy curves against step and against 
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -173,3 +174,17 @@ def _table(results: dict[str, dict[str, Any]], console: Console) -> None:
     for name, r in results.items():
         table.add_row(name, *(_fmt(r[key], spec) for _, key, spec in cols[1:] if key))
     console.print(table)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench offpolicy``: its description (it takes no flags of its own)."""
+    p.description = (
+        "The same high-staleness run (staleness 2, trigger 4, partial rollout) without "
+        "correction, with decoupled PPO (proximal log-probs, token importance weights), with "
+        "dynamic sampling (filter_groups) and with both: accuracy curves, staleness, mismatch "
+        "KL, weights and filtered groups side by side."
+    )
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    offpolicy(args.config, args.overrides, console)

@@ -57,6 +57,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.bench import flags
 from asyncrl.config import ConfigError, load_config
 
 # hidden, layers, intermediate, vocab, attention heads, kv heads
@@ -411,6 +412,29 @@ def _receive(argv: list[str]) -> None:
             store.set(f"done/{method}/{r}", repr(done))
         store.set(f"checksum/{method}", weights_checksum(state))
     receiver.close()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench sync``: its description and flags."""
+    p.description = (
+        "Weight transfer time and GB/s between two processes (shared-memory slots, the "
+        "trainer's weights read in place, bucketed, per-tensor, a safetensors file) next to "
+        "an in-memory copy of the same bytes; with --device cuda, the CUDA IPC handoffs and "
+        "gloo next to a device-to-device copy; and the time of each checksum format (sha256, "
+        "on-device) over the same weights."
+    )
+    p.add_argument(
+        "--shapes",
+        help="comma-separated model shapes, random weights: among 5M, 50M, 500M (default 50M,500M)",
+    )
+    flags.add_device(p)
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    """``asyncrl bench sync``: its flags checked, then every way of moving weights timed."""
+    device = flags.device(args)
+    shapes = tuple(args.shapes.split(",")) if args.shapes else DEFAULT_SHAPES
+    sync(args.config, args.overrides, console, shapes, device=device)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ partial rollout exists for: in mode (c) nearly every sync waits for some long re
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from typing import Any
@@ -159,3 +160,17 @@ def _seconds(value: float | None) -> str:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.0f} ms"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench sync-pause``: its description (it takes no flags of its own)."""
+    p.description = (
+        "The sim engine's long-tail workload in mode (c), mode (d, partial rollout) and mode "
+        "(d) with in-flight weight updates; prints how long syncs waited for the workers to "
+        "pause, the throughput of each, and where a sync's time goes, hop by hop (from the "
+        "control events on the log)."
+    )
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    sync_pause(args.config, args.overrides, console)

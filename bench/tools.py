@@ -14,6 +14,7 @@ The limits are the same either way (docs/agent.md); only the cost of making a sa
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -100,3 +101,15 @@ def tools(config: str | None, overrides: list[str], console: Console) -> dict[st
     figures.write_text(json.dumps(results, indent=1))
     console.print(f"figures: {figures}")
     return results
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench tools``: its description (it takes no flags of its own)."""
+    p.description = (
+        "Latency of a calculator call, one at a time and a step's burst, with the sandbox "
+        "server forking a child per call vs a fresh interpreter per call."
+    )
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    tools(args.config, args.overrides, console)

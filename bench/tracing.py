@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
@@ -50,3 +51,12 @@ def tracing_cost(config: str | None, overrides: list[str], console: Console) -> 
         f"({on['spans']} spans): on/off = {ratio:.3f}"
     )
     return {"off": off, "on": on, "ratio_on_over_off": ratio}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench tracing``: its description (it takes no flags of its own)."""
+    p.description = "Samples/s of the sim workload with OpenTelemetry tracing off, then on."
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    tracing_cost(args.config, args.overrides, console)

@@ -26,6 +26,7 @@ id + 4-byte logprob + 1-byte mask = 9 bytes per token).
 
 from __future__ import annotations
 
+import argparse
 import json
 import pickle
 import statistics
@@ -316,3 +317,15 @@ def _print(results: dict[str, dict[str, Any]], console: Console) -> None:
         if "ray queue + pickle" in row:
             line += f", arrow+kafka / ray queue = {arrow / row['ray queue + pickle']['samples_per_s']:.2f}"
         console.print(line)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench transport``: its description (it takes no flags of its own)."""
+    p.description = (
+        "Samples/s, MB/s, encode/decode time and bytes per token of our Arrow samples through "
+        "Kafka, next to raw byte strings and a Ray actor queue of pickled tensors."
+    )
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    transport(args.config, args.overrides, console)

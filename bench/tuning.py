@@ -8,10 +8,12 @@ true`` to sweep mode (d) without pauses. ``require_batches`` stays the config's.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from rich.console import Console
 
+from asyncrl.bench import flags
 from asyncrl.bench.learn import COLOCATED, compare, note_overridden
 
 STALENESS = (0.5, 1.0, 2.0)
@@ -46,3 +48,25 @@ def tuning(
     results, out = compare(config, overrides, console, setups, seeds, "tuning")
     console.print(f"figures: {out}")
     return results
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``asyncrl bench tuning``: its description and flags."""
+    p.description = (
+        "Time to the target accuracy over a grid of staleness_threshold x "
+        "trigger_parameter_sync_step (the config's async setup), next to colocated sync."
+    )
+    flags.add_seeds(p)
+    flags.add_staleness(p, "the grid's (default 0.5,1,2)")
+    p.add_argument(
+        "--trigger",
+        help="comma-separated async_training.trigger_parameter_sync_step values (default 1,2,4)",
+    )
+
+
+def main(args: argparse.Namespace, console: Console) -> None:
+    """``asyncrl bench tuning``: its flags checked, then the grid."""
+    seeds = flags.seeds(args)
+    staleness = flags.staleness(args) or STALENESS
+    trigger = flags.comma_list("--trigger", args.trigger, int, 1, "whole numbers", "1,2,4")
+    tuning(args.config, args.overrides, console, seeds, staleness, trigger or TRIGGER)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from asyncrl.consumers.exit_codes import ExitCode
+
 if TYPE_CHECKING:
     import torch
 
@@ -59,7 +61,7 @@ class CheckpointWriteError(RuntimeError):
     (``trainer.max_restarts`` times, each voiding its steps), so the trainer exits with
     ``EXIT_CODE`` and the launcher does not restart it."""
 
-    EXIT_CODE = 4
+    EXIT_CODE = ExitCode.CHECKPOINT_UNWRITABLE
 
 
 def trainer_lock(run_dir: Path) -> IO[str]:

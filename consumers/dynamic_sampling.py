@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from asyncrl.config.offpolicy import FilterGroupsConfig
+from asyncrl.consumers.exit_codes import ExitCode
 from asyncrl.schemas.sample import Sample
 
 REASON = "filter_groups"
@@ -86,7 +87,7 @@ class GenBatchesExhausted(RuntimeError):
     did, and its run then finished as if the limit held), so the trainer exits with
     ``EXIT_CODE`` and the launcher does not restart it."""
 
-    EXIT_CODE = 3
+    EXIT_CODE = ExitCode.GAVE_UP
 
 
 def check_gen_batches(

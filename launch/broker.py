@@ -23,7 +23,7 @@ from typing import IO, TYPE_CHECKING
 from asyncrl.launch.process import die_with_parent
 
 if TYPE_CHECKING:
-    from asyncrl.config import KafkaConfig
+    from asyncrl.config import KafkaConfig, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -249,3 +249,22 @@ def ensure_broker(kafka_cfg: KafkaConfig) -> tuple[str, EmbeddedBroker | None]:
         return kafka_cfg.bootstrap_servers, None
     broker = EmbeddedBroker()
     return broker.start(), broker
+
+
+def serve(port: int | None, cfg: RunConfig | None = None) -> None:
+    """``asyncrl broker``: an embedded broker on ``port`` (a free one if None) until Ctrl-C or
+    SIGTERM; with ``cfg``, the run's topics created on it first."""
+    import threading
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with EmbeddedBroker(port=port) as broker:
+        print(f"broker ready: kafka.bootstrap_servers={broker.bootstrap}", flush=True)
+        if cfg is not None:
+            from asyncrl.kafka.topics import create_run_topics
+
+            cfg.kafka.bootstrap_servers = broker.bootstrap
+            print("topics:", ", ".join(create_run_topics(cfg, broker.bootstrap)), flush=True)
+        print("Ctrl-C to stop (in-memory storage: topics vanish with the broker)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()

@@ -18,8 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import RunConfig
-from asyncrl.consumers.checkpoint import CheckpointWriteError
-from asyncrl.consumers.dynamic_sampling import GenBatchesExhausted
+from asyncrl.consumers.exit_codes import STOPPED_BY, ExitCode
 from asyncrl.launch.broker import EmbeddedBroker
 from asyncrl.launch.process import preloaded_available, spawn, spawn_role
 from asyncrl.launch.progress import StepProgress, counts_text
@@ -46,9 +45,9 @@ class RoleProcess(Protocol):
 def trainer_not_restarted(rc: int) -> str | None:
     """Why a trainer that exited with ``rc`` is not restarted: it stopped on a condition a
     restart meets again (None: a crash, restarted up to ``trainer.max_restarts``)."""
-    if rc == GenBatchesExhausted.EXIT_CODE:
+    if rc == ExitCode.GAVE_UP:
         return "the trainer gave up (a limit the config sets, not a crash: it is not restarted)"
-    if rc == CheckpointWriteError.EXIT_CODE:
+    if rc == ExitCode.CHECKPOINT_UNWRITABLE:
         return (
             "the trainer could not write a checkpoint (not a crash: a restart would train the "
             "same steps again and fail on the same disk, so it is not restarted)"
@@ -151,7 +150,7 @@ def follow(
                     if rc in (None, 0) or name in left:
                         continue
                     is_trainer = name == "trainer"
-                    if not is_trainer and rc in _TOLD_TO_STOP:  # `kill PID`: scaled down
+                    if not is_trainer and rc in STOPPED_BY:  # `kill PID`: scaled down
                         left.add(name)
                         _say_left(name, rc, procs, cfg, config_path, console)
                         continue
@@ -210,9 +209,6 @@ def follow(
     return summary
 
 
-_TOLD_TO_STOP = {143: "SIGTERM", 130: "Ctrl-C"}
-"""A worker's exit codes when a signal stopped it with the run still open (0: it finished)."""
-
 
 def _workers_left(procs: dict[str, tuple[RoleProcess, Path]]) -> list[str]:
     return [n for n, (p, _) in procs.items() if n != "trainer" and p.poll() is None]
@@ -228,7 +224,7 @@ def _say_left(
 ) -> None:
     """A worker stopped by a signal left the run as docs/cluster.md says; with none left,
     the trainer can only wait for one started by hand."""
-    said = f"[yellow]{name} was stopped ({_TOLD_TO_STOP[rc]}) and left the run; not restarted"
+    said = f"[yellow]{name} was stopped ({STOPPED_BY[rc]}) and left the run; not restarted"
     remaining = _workers_left(procs)
     if remaining:
         console.log(f"{said}; {len(remaining)} rollout worker(s) go on")

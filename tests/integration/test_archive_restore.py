@@ -123,7 +123,7 @@ def test_a_long_restore_and_read_report_their_progress(make_run_cfg, monkeypatch
 
     from rich.console import Console
 
-    from asyncrl.commands import reading_shown
+    from asyncrl.cli.find_run import reading_shown
     from asyncrl.kafka import records
 
     monkeypatch.setattr(records, "REPORT_EVERY", 10)

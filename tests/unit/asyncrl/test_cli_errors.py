@@ -140,21 +140,21 @@ def test_the_commands_suggested_for_a_finished_run_find_it_in_its_output_dir(
     assert [command for command, _ in suggested] == ["inspect", "audit", "report"]
     for command, rest in suggested:
         assert f"done --output-dir {tmp_path}" in rest, command
-    from asyncrl.commands import _run_config
+    from asyncrl.cli.find_run import run_config
 
     audit = next(rest for command, rest in suggested if command == "audit")
     args = cli.build_parser().parse_args(["audit", *audit.split()])
-    assert _run_config(args).run_dir == tmp_path / "done"  # the suggestion finds the run
+    assert run_config(args).run_dir == tmp_path / "done"  # the suggestion finds the run
 
 
 def test_audit_and_monitor_take_a_run_directory_as_report_does(tmp_path: Path) -> None:
     import argparse
 
-    from asyncrl.commands import _run_config
+    from asyncrl.cli.find_run import run_config
 
     run_dir = _saved_run(tmp_path / "elsewhere", "r7", "127.0.0.1:1", archived=False)
     args = argparse.Namespace(run=str(run_dir), output_dir="runs", config=None, overrides=[])
-    cfg = _run_config(args)
+    cfg = run_config(args)
     assert (cfg.run_id, cfg.run_dir) == ("r7", run_dir.resolve())
     assert cfg.kafka.bootstrap_servers == "127.0.0.1:1"
 
@@ -270,8 +270,10 @@ def test_bench_staleness_is_checked_before_any_run(capsys: pytest.CaptureFixture
     assert "asyncrl bench modes: --staleness takes comma-separated numbers of at least 0 " in (
         capsys.readouterr().err
     )
-    assert main(["bench", "learn", "--staleness", "1"]) == 2
-    assert "--staleness applies to modes and tuning, not learn" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "learn", "--staleness", "1"])
+    assert refused.value.code == 2
+    assert "unrecognized arguments: --staleness" in capsys.readouterr().err
 
 
 def test_bench_lists_are_parsed_once_and_a_bad_value_is_one_clear_line(
@@ -299,12 +301,12 @@ def test_bench_lists_are_parsed_once_and_a_bad_value_is_one_clear_line(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["learn", "--trigger", "2"], "--trigger applies to tuning, not learn"),
-        (["modes", "--seeds", "3"], "--seeds applies to learn and tuning, not modes"),
-        (["learn", "--workload", "long-tail"], "--workload applies to modes, not learn"),
-        (["tuning", "--time-scale", "0.1"], "--time-scale applies to modes, not tuning"),
-        (["learn", "--device", "cpu"], "--device applies to engine and sync, not learn"),
-        (["offpolicy", "--new-tokens", "8"], "--new-tokens applies to engine, not offpolicy"),
+        (["learn", "--trigger", "2"], "unrecognized arguments: --trigger"),
+        (["modes", "--seeds", "3"], "unrecognized arguments: --seeds"),
+        (["learn", "--workload", "long-tail"], "unrecognized arguments: --workload"),
+        (["tuning", "--time-scale", "0.1"], "unrecognized arguments: --time-scale"),
+        (["learn", "--device", "cpu"], "unrecognized arguments: --device"),
+        (["offpolicy", "--new-tokens", "8"], "unrecognized arguments: --new-tokens"),
         (["modes", "--workload", "long-tail", "--time-scale", "0.1"], "--workload seed"),
         (["modes", "--time-scale", "0"], "--time-scale must be above 0 (got 0)"),
         (["tuning", "--trigger", "1,0"], "whole numbers of at least 1 (e.g. 1,2,4), not '0'"),
@@ -318,10 +320,10 @@ def test_a_bench_option_the_benchmark_does_not_read_or_cannot_take_is_refused(
     argv: list[str],
     message: str,
 ) -> None:
-    """Each option was read by some benchmarks only: given to another it was ignored without a
-    word (``bench learn --trigger 2`` ran learn's own setups), and a value no run could take
-    (``--trigger 0``) surfaced only after the colocated baseline had run. Found by a tuning
-    walkthrough: both now end at once, in one line, and no benchmark starts."""
+    """Each benchmark takes its own flags: another's is refused by argparse, naming it
+    (``bench learn --trigger 2`` once ran learn's own setups without a word), and a value no
+    run could take (``--trigger 0``, once found only after the colocated baseline had run)
+    is one line naming the flag; either way no benchmark starts."""
     import asyncrl.bench.engine
     import asyncrl.bench.learn
     import asyncrl.bench.modes
@@ -337,9 +339,14 @@ def test_a_bench_option_the_benchmark_does_not_read_or_cannot_take_is_refused(
         (asyncrl.bench.offpolicy, "offpolicy"),
     ):
         monkeypatch.setattr(module, name, lambda *a, _n=name, **k: started.append(_n))
-    assert main(["bench", *argv]) == 2
+    try:
+        code = main(["bench", *argv])
+    except SystemExit as refused:  # argparse: a flag the benchmark does not take
+        code = refused.code
     err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and message in err
+    if "unrecognized" not in message:  # a value: one line, naming the benchmark
+        assert err.startswith(f"asyncrl bench {argv[0]}: ") and len(err.strip().splitlines()) == 1
     assert started == []
 
 
@@ -563,19 +570,19 @@ def test_a_runs_saved_config_finds_its_run_from_another_directory(
     said nothing listened at the finished run's broker instead of reading its archived log."""
     import argparse
 
-    from asyncrl.commands import _load_run
+    from asyncrl.cli.find_run import load_run
 
     run_dir = _saved_run(tmp_path / "project" / "runs", "r8", "127.0.0.1:1", archived=True)
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     args = argparse.Namespace(config=str(run_dir / "config.yaml"), overrides=[], output_dir=None)
-    cfg = _load_run(args)
+    cfg = load_run(args)
     assert (cfg.run_id, cfg.run_dir) == ("r8", run_dir.resolve())
     # an output_dir given on the command line still wins
     args = argparse.Namespace(
         config=str(run_dir / "config.yaml"), overrides=["output_dir=mine"], output_dir=None
     )
-    assert _load_run(args).run_dir == Path("mine").absolute() / "r8"
+    assert load_run(args).run_dir == Path("mine").absolute() / "r8"
 
 
 def test_a_runs_relative_paths_are_found_from_another_directory(
@@ -587,7 +594,7 @@ def test_a_runs_relative_paths_are_found_from_another_directory(
     said there was no model at models/m. They are found where the run was started from."""
     import argparse
 
-    from asyncrl.commands import _load_run, _run_config
+    from asyncrl.cli.find_run import load_run, run_config
 
     project = tmp_path / "proj"
     run_dir = _saved_run(project / "runs", "r", "127.0.0.1:1", archived=True)
@@ -603,8 +610,8 @@ def test_a_runs_relative_paths_are_found_from_another_directory(
 
     args = argparse.Namespace(config=str(run_dir / "config.yaml"), overrides=[], output_dir=None)
     for cfg in (
-        _load_run(args),
-        _run_config(
+        load_run(args),
+        run_config(
             argparse.Namespace(run=str(run_dir), output_dir="runs", config=None, overrides=[])
         ),
     ):
@@ -614,7 +621,7 @@ def test_a_runs_relative_paths_are_found_from_another_directory(
     # Read from where it was started, the paths are the run's files (made absolute at load).
     monkeypatch.chdir(project)
     args = argparse.Namespace(config="runs/r/config.yaml", overrides=[], output_dir=None)
-    assert _load_run(args).actor_rollout_ref.model.path == str(project / "models" / "m")
+    assert load_run(args).actor_rollout_ref.model.path == str(project / "models" / "m")
 
 
 @pytest.mark.parametrize(("role", "started"), [("train", "Trainer"), ("rollout", "RolloutWorker")])
@@ -624,7 +631,7 @@ def test_a_role_started_without_the_collectives_port_says_so_before_starting(
     """The README feeds a replayed stream to `asyncrl train run_id=OTHER
     kafka.bootstrap_servers=...`: the trainer loaded the policy, then died in a traceback,
     "RuntimeError: sync.master_port is not set (the launcher sets it for each run)"."""
-    import asyncrl.commands as commands
+    import asyncrl.cli.roles as roles
     import asyncrl.consumers.trainer as trainer
     import asyncrl.producers.worker as worker
 
@@ -633,7 +640,7 @@ def test_a_role_started_without_the_collectives_port_says_so_before_starting(
 
     monkeypatch.setattr(trainer, "Trainer", never)
     monkeypatch.setattr(worker, "RolloutWorker", never)
-    monkeypatch.setattr(commands, "_finished_on_log", lambda cfg, bootstrap: None)
+    monkeypatch.setattr(roles, "_finished_on_log", lambda cfg, bootstrap: None)
     argv = [role, "run_id=other", "kafka.bootstrap_servers=127.0.0.1:1", f"output_dir={tmp_path}"]
     with pytest.raises(SystemExit) as exc:
         main([*argv, f"actor_rollout_ref.model.cache_dir={tmp_path / 'cache'}"])
@@ -675,12 +682,12 @@ def test_a_bad_replay_argument_is_one_line_before_the_log_is_opened(
 ) -> None:
     """`asyncrl replay step abc` and `--versions 3-7` ended in int()'s ValueError traceback,
     after a throwaway broker had served the run's archive (~5 s) for nothing."""
-    import asyncrl.commands as commands
+    import asyncrl.cli.replay as replay_cli
 
     def opened(*_args: object, **_kw: object) -> None:
         raise AssertionError("the run's log was opened")
 
-    monkeypatch.setattr(commands, "_log_broker", opened)
+    monkeypatch.setattr(replay_cli, "log_broker", opened)
     assert main(["replay", *argv, "--output-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err == f"asyncrl replay: {said}\n"
@@ -692,12 +699,12 @@ def test_replay_topic_into_a_closed_port_says_so_before_the_log_is_opened(
     """`--to-bootstrap` on a loopback port nothing listens on: the source's archive was served
     first, then 15 s of retries ended in "no Kafka broker reachable at ...
     (kafka.bootstrap_servers)", naming a key the user had not set."""
-    import asyncrl.commands as commands
+    import asyncrl.cli.replay as replay_cli
 
     def opened(*_args: object, **_kw: object) -> None:
         raise AssertionError("the run's log was opened")
 
-    monkeypatch.setattr(commands, "_log_broker", opened)
+    monkeypatch.setattr(replay_cli, "log_broker", opened)
     closed = f"127.0.0.1:{free_port()}"
     argv = ["replay", "topic", "samples", "--to-run", "x", "--to-bootstrap", closed]
     assert main([*argv, "--output-dir", str(tmp_path)]) == 1
@@ -714,12 +721,14 @@ def test_replay_topic_strips_the_spaces_around_each_sample_id(
     on the topic (or, alone, failed the command) though b was there."""
     import contextlib
 
-    import asyncrl.commands as commands
+    import asyncrl.cli.replay as replay_cli
     import asyncrl.ops.replay as replay
 
     asked: list[object] = []
     monkeypatch.setattr(
-        commands, "_log_broker", lambda cfg, *_: contextlib.nullcontext(cfg.kafka.bootstrap_servers)
+        replay_cli,
+        "log_broker",
+        lambda cfg, *_: contextlib.nullcontext(cfg.kafka.bootstrap_servers),
     )
     monkeypatch.setattr(replay, "replay_topic", lambda *args: asked.append(args[8]))
     argv = ["replay", "topic", "samples", "--to-run", "x", "--output-dir", str(tmp_path)]
@@ -797,13 +806,26 @@ def _words_for(parser: argparse.ArgumentParser) -> list[str]:
     return words
 
 
+def _command_after(parser: argparse.ArgumentParser) -> list[str]:
+    """What follows the flags of a parser with subcommands (the top level's, bench's): its
+    first subcommand and what that requires."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            name, sub = next(iter(a.choices.items()))
+            return [name, *_words_for(sub), *_command_after(sub)]
+    return []
+
+
 def test_a_shortened_flag_is_refused_by_every_command(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """argparse took `bench learn --stal 1` as --staleness, and a shortened flag in a doc or a
     script passed until a new flag shared its start. Each command's every long flag, less its
     last letter, is refused by name (the command itself never runs)."""
+    from asyncrl.cli.bench import declare_every_benchmark
+
     parser = cli.build_parser()
+    declare_every_benchmark(parser)  # a benchmark's flags are added once its name is parsed
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
     for name in cli.COMMANDS:
         monkeypatch.setitem(cli.COMMANDS, name, lambda args: 0)
@@ -815,9 +837,7 @@ def test_a_shortened_flag_is_refused_by_every_command(
             if any(f.startswith(short) for f in flags if f != flag):
                 continue  # an ambiguous prefix is refused either way
             value = [] if action.nargs in (0, "?") else [str((action.choices or ["1"])[0])]
-            argv = [*words, *_words_for(p), short, *value]
-            if not words:  # the top level's flags, before a command
-                argv += ["report", "x"]
+            argv = [*words, *_words_for(p), short, *value, *_command_after(p)]
             try:
                 code = cli.main(argv)  # the command ran: it took the flag
             except SystemExit as done:
@@ -828,6 +848,7 @@ def test_a_shortened_flag_is_refused_by_every_command(
             )
             tried.append(words)
     assert set(tried) >= {(), *((c,) for c in cli.COMMANDS)} and len(tried) > 50
+    assert ("bench", "engine") in tried and ("bench", "tuning") in tried
 
 
 def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -903,7 +924,7 @@ def test_each_key_fixed_for_a_run_is_warned_refused_or_known_to_change_a_replaye
     resume); kafka.topics.partitions.*, fixed for the run, passed a replay without a word.
     Each fixed key is now exactly one of: warned of, refused, or named above with why; a key
     added to FIXED fails here until it is put in one."""
-    import asyncrl.commands as commands
+    import asyncrl.cli.replay as replay_cli
     from asyncrl.config import load_config
     from asyncrl.launch.resume_check import fixed_why, flat
     from asyncrl.ops.replay import ReplayError
@@ -911,9 +932,9 @@ def test_each_key_fixed_for_a_run_is_warned_refused_or_known_to_change_a_replaye
     fixed = [key for key in flat(load_config().model_dump(mode="json")) if fixed_why(key)]
     unsorted = []
     for key in fixed:
-        warned = commands._no_effect_on_replay([f"{key}=1"]) == [key]
+        warned = replay_cli._no_effect_on_replay([f"{key}=1"]) == [key]
         try:
-            commands._replayable_overrides([f"{key}=1"])
+            replay_cli._replayable_overrides([f"{key}=1"])
             refused = False
         except ReplayError:
             refused = True
@@ -928,13 +949,13 @@ def test_replay_step_warns_of_overrides_the_recorded_samples_fix(
 ) -> None:
     """`replay step 5 actor_rollout_ref.rollout.n=4` was taken and silently did nothing; the
     update's keys, and the rollout's temperature (its log-probs), pass without a word."""
-    import asyncrl.commands as commands
+    import asyncrl.cli.replay as replay_cli
     from asyncrl.ops.replay import ReplayError
 
     def opened(*_args: object, **_kw: object) -> None:
         raise ReplayError("the log was opened")
 
-    monkeypatch.setattr(commands, "_log_broker", opened)
+    monkeypatch.setattr(replay_cli, "log_broker", opened)
     idle = ["actor_rollout_ref.rollout.n=4", "data.train_size=8"]
     used = [
         "actor_rollout_ref.actor.optim.lr=1e-3",

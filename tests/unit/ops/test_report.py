@@ -240,7 +240,7 @@ def test_output_dir_given_as_an_option_expands_home_as_output_dir_does(
 ):
     """``--output-dir=~/runs`` (the shell expands no ``~`` after ``=``) looked in a directory
     named ``~`` under the current one, where ``output_dir=~/runs`` finds the run: both go
-    through ``commands._output_dir``, which expanded only the override's."""
+    through ``cli.find_run.output_dir_of``, which expanded only the override's."""
     _run_dir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "elsewhere").mkdir()
