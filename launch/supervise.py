@@ -209,7 +209,6 @@ def follow(
     return summary
 
 
-
 def _workers_left(procs: dict[str, tuple[RoleProcess, Path]]) -> list[str]:
     return [n for n, (p, _) in procs.items() if n != "trainer" and p.poll() is None]
 
