@@ -81,3 +81,36 @@ def test_refunds_under_the_version_before_raise_a_windows_bound():
     report = audit(log, 3, RUN, samples_per_version=2, max_lag=1)
     assert report.violations["over_stale_windows"] == 0
     assert report.staleness["windows"][1]["bound"] == 2
+
+
+def test_the_trainer_drops_a_dead_branchs_samples_past_the_lag_and_stale_ones_past_the_share(
+    tmp_path,
+):
+    """The demo's arithmetic on SMALL's groups: 4 samples a step, at most 6 per version, so 2
+    stale a window and lag 1. Queued: version 6 (a dead branch, lag 2 at version 8), then three
+    of version 7 (lag 1) and fresh ones: the guard drops the first, keeps two stale, drops the
+    third, and each drop is refunded (counted as consumed)."""
+    from asyncrl.config import load_config
+    from asyncrl.consumers.batcher import SampleBatcher
+    from asyncrl.consumers.staleness_guard import StalenessGuard
+    from asyncrl.kafka import Record
+    from tests.helpers import SMALL
+
+    cfg = load_config(overrides=[*SMALL, f"output_dir={tmp_path}", "run_id=g"])
+    guard = StalenessGuard(cfg)
+    for event in killed_past_its_checkpoint():
+        guard.lineage.feed(event)
+    assert (guard.max_lag, guard.max_stale) == (1, 2)
+    batcher = SampleBatcher()
+    versions = [6, 7, 7, 7, 8, 8, 8]
+    for i, v in enumerate(versions):
+        s = sample(i, v)
+        batcher.offer(Record("x.samples", 0, i, s.sample_id, 0, {}, s), current_version=8)
+    dropped = guard.screen(batcher, 4, version=8)
+    assert [d.record.value.sample_id for d in dropped] == ["p0@0", "p3@0"]
+    assert "lag 2" in dropped[0].reason and "stale" in dropped[1].reason
+    assert batcher.consumed[0] == 2
+    batch = batcher.take(4)
+    guard.trained(batch, 8)
+    assert guard.window == (8, 2)
+    assert guard.screen(batcher, 0, version=8) == []
