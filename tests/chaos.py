@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--output-dir", default="runs/chaos")
     parser.add_argument("--policy-dir", default=None, help="a warm-started policy's cache_dir")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=None, help="a shorter warm start (the suite's: 100)"
+    )
     args = parser.parse_args(argv)
     if args.launch:
         return _launch(*args.launch)
@@ -217,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if args.policy_dir:
             overrides.append(f"actor_rollout_ref.model.cache_dir='{args.policy_dir}'")
+        if args.warmup_steps is not None:
+            overrides.append(f"actor_rollout_ref.model.warmup_steps={args.warmup_steps}")
         cfg = load_config(None, overrides=overrides)
         cfg.kafka.bootstrap_servers = None
         result = chaos_run(cfg, seed, args.faults)
