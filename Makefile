@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint format clean
+.PHONY: install run test lint format clean chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Random faults during mode (d) runs with 2 workers, one line per seed (tests/chaos.py):
+# `make chaos CHAOS_ARGS="--seeds 5 --faults 16 --steps 400"`.
+CHAOS_ARGS ?= --seeds 5 --faults 16 --steps 400
+chaos: install
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

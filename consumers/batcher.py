@@ -52,8 +52,9 @@ class Dropped:
     record: Record[Sample]
     reason: str
     kind: str = "max_version_lag"
-    """"max_version_lag" or "invalid" (the trainer refunds the worker's budget), "filter_groups"
-    (the worker took the slot back itself) or "duplicate" (it cost no budget)."""
+    """"max_version_lag", "staleness" or "invalid" (the trainer refunds the worker's budget),
+    "filter_groups" (the worker took the slot back itself) or "duplicate" (it cost no
+    budget)."""
 
     def event(self, run_id: str, version: int) -> ev.SamplesDropped:
         """The SamplesDropped the trainer publishes: addressed to the sample's worker where it
@@ -180,6 +181,32 @@ class SampleBatcher:
                 self.dropped["max_version_lag"] += 1
                 reason = f"version lag {lag} > max_version_lag {self.max_version_lag} (queued)"
                 out.append(Dropped(rec, reason))
+                continue
+            kept.append(rec)
+            before.append(filtered + carried)
+            carried = 0
+        self.buffer, self._filtered_before = kept, before
+        self._filtered_trailing += carried
+        return out
+
+    def drop_queued(self, reasons: dict[int, tuple[str, str]]) -> list[Dropped]:
+        """Drop the queued samples at these positions of the queue (-> (kind, reason)), as
+        ``expire`` drops those past the lag: settled, counted as consumed (their worker is
+        refunded), their filtered groups carried to the sample after them."""
+        if not reasons:
+            return []
+        kept: deque[Record[Sample]] = deque()
+        before: deque[int] = deque()
+        carried = 0
+        out: list[Dropped] = []
+        for i, (rec, filtered) in enumerate(zip(self.buffer, self._filtered_before, strict=True)):
+            if i in reasons:
+                kind, reason = reasons[i]
+                self._settle(rec.value.sample_id, self.queued_at.pop(rec.value.sample_id))
+                carried += filtered
+                self.consumed[rec.value.worker_id] += 1
+                self.dropped[kind] += 1
+                out.append(Dropped(rec, reason, kind=kind))
                 continue
             kept.append(rec)
             before.append(filtered + carried)

@@ -39,6 +39,7 @@ from opentelemetry.trace import Span
 
 from asyncrl.config import RunConfig
 from asyncrl.consumers import spans
+from asyncrl.consumers.staleness_guard import StalenessGuard
 from asyncrl.consumers.step_stats import ROLLOUTER_RATIOS, param_sync_metrics
 from asyncrl.producers.budget import worker_share
 from asyncrl.schemas import control as ev
@@ -128,15 +129,27 @@ class SyncCoordinator:
         self.deferred: dict[int, str] = {}
         """Workers (-> incarnation) that joined after an update: they get the next version's
         weights, at a sync the trainer starts before its next step."""
+        self.staleness = StalenessGuard(cfg)
+        """The version lineage, and what of it the next step may train (its ``screen``); fed
+        the versions this trainer publishes, after the log's history (``take_version_above``)."""
 
-    def take_version_above(self, last: int, step: int, resumed: bool) -> ev.TrainerResumed | None:
+    def take_version_above(
+        self,
+        last: int,
+        step: int,
+        resumed: bool,
+        history: list[ev.ControlEvent] | None = None,
+    ) -> ev.TrainerResumed | None:
         """A restarted trainer's weights are those of its checkpoint, but an earlier trainer may
         have published later versions before it died (checkpoints are written before a sync,
         and not at every step). Reusing those numbers would give one version two sets of
         weights; the checkpoint's weights get the next free number above ``last`` (the log's
         highest) instead, and the restart is logged (the TrainerResumed returned, published
         once the collective is up: workers join on it), which also marks the earlier trainer's
-        later steps as void. None for a fresh run."""
+        later steps as void. None for a fresh run. ``history``: the control log so far, which
+        places the earlier trainers' versions on the lineage."""
+        for event in history or []:
+            self.staleness.lineage.feed(event)
         if last < 0 and not resumed:
             return None
         checkpoint_version = self.version
@@ -146,6 +159,7 @@ class SyncCoordinator:
             "version %d (the log holds versions up to %d)",
             *(step, checkpoint_version, self.version, last),
         )
+        self.staleness.lineage.resumed(self.version, step, checkpoint_version)
         return ev.TrainerResumed(
             run_id=self.cfg.run_id,
             version=self.version,
@@ -187,6 +201,7 @@ class SyncCoordinator:
         checksum = self.checksum(self.wire_dtype) if self.cfg.sync.verify_checksum else ""
         if workers is None and step > 0:  # a sync: the new version is split among these
             self.shared_among[self.version] = sorted(self.members)
+        self.staleness.lineage.published(self.version, step)
         self.control.publish(
             ev.WeightsPublished(
                 run_id=self.cfg.run_id,

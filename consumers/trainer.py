@@ -130,7 +130,10 @@ class Trainer:
             version=version,
         )
         self.resumed = self.coordinator.take_version_above(
-            self.io.last_logged_version(), step=self.step, resumed=ckpt is not None
+            self.io.last_logged_version(),
+            step=self.step,
+            resumed=ckpt is not None,
+            history=self.io.control_history(),
         )
 
     def stop(self, why: str) -> None:
@@ -189,11 +192,18 @@ class Trainer:
             for dropped in self.batcher.expire(self.version):  # aged past the lag in the queue
                 self._report_dropped(dropped)
             self._wait_for_samples(n, deadline)
-            if not self.coordinator.deferred:
-                return self.batcher.take(n)
-            # A worker joined after an update: a new version now, not the current one's
-            # number on newer weights (coordinator module doc). It may be the only worker.
-            self.stats.last_sync = self.coordinator.sync()
+            if self.coordinator.deferred:
+                # A worker joined after an update: a new version now, not the current one's
+                # number on newer weights (coordinator module doc). It may be the only worker.
+                self.stats.last_sync = self.coordinator.sync()
+                continue
+            refused = self.coordinator.staleness.screen(self.batcher, n, self.version)
+            for dropped in refused:  # past the staleness bound (consumers/staleness_guard.py)
+                self._report_dropped(dropped)
+            if not refused:
+                batch = self.batcher.take(n)
+                self.coordinator.staleness.trained(batch, self.version)
+                return batch
 
     def _wait_for_samples(self, n: int, deadline: float) -> None:
         """Until ``n`` samples are in, or a joined worker waits for a new version. A wait past

@@ -109,7 +109,14 @@ def test_a_sample_that_aged_past_the_lag_in_the_queue_is_dropped_not_trained(tmp
 
 
 def test_a_mode_c_sync_waits_for_the_pause_then_sends_the_weights(tmp_path):
-    cfg = _cfg(tmp_path, "trainer.total_training_steps=2", "sync.master_port=1")
+    # Step 2 trains the 4 samples of version 0 under version 1: a window's whole stale share
+    # at staleness_threshold=1 (consumers/staleness_guard.py drops past it).
+    cfg = _cfg(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "sync.master_port=1",
+        "async_training.staleness_threshold=1",
+    )
     broker = MemoryBroker()
     weights = LocalWeights()
     worker = weights.sink(0)
