@@ -9,7 +9,7 @@ from asyncrl.consumers.lineage import Lineage
 from asyncrl.ops.audit import RunLog, audit
 from asyncrl.ops.audit_staleness import lag_bound
 from asyncrl.schemas import control as ev
-from tests.unit.test_audit import RUN, sample, step
+from tests.unit.ops.test_audit import RUN, sample, step
 
 
 def published(version: int, at_step: int) -> ev.WeightsPublished:
