@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint format clean
+.PHONY: install run test lint format clean images
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The asyncrl image with no image registry (docs/cluster.md): root, Debian. Starts its own
+# dockerd (work dir /var/tmp/asyncrl-docker, where the images stay cached) and stops it.
+images:
+	docker/local.sh images
 
 lint: install
 	$(BIN)/ruff check .
