@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint format clean images
+.PHONY: install run test lint format clean images compose-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,14 @@ run: install
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The asyncrl image with no image registry (docs/cluster.md): root, Debian. Starts its own
-# dockerd (work dir /var/tmp/asyncrl-docker, where the images stay cached) and stops it.
+# The compose cluster under a real engine, with no image registry (docs/cluster.md): root,
+# Debian. `images` builds the images (cached in /var/tmp/asyncrl-docker); `compose-test` also
+# runs docker/compose.local.yaml end to end. Each starts its own dockerd and stops it.
 images:
 	docker/local.sh images
+
+compose-test:
+	docker/local.sh test
 
 lint: install
 	$(BIN)/ruff check .
