@@ -173,6 +173,8 @@ build_image() {
         "${secret[@]}" -f "$REPO/docker/Dockerfile" -t "$IMAGE" "$REPO" \
         > "$WORK/build.log" 2>&1 || die "image build failed: $(tail -n 20 "$WORK/build.log")"
     rm -f "$REPO"/docker/inputs/torch-*.whl "$REPO/docker/inputs/constraints.txt"
+    # The image this build replaced, untagged now: 1.7 GB each time a package file changes.
+    "$DOCKER" image prune -f > /dev/null
 }
 
 report() {
