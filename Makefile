@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint format clean chaos
+.PHONY: install run test lint format clean chaos images compose-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ test: install
 CHAOS_ARGS ?= --seeds 5 --faults 16 --steps 400
 chaos: install
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
+# The compose cluster under a real engine, with no image registry (docs/cluster.md): root,
+# Debian. `images` builds the images (cached in /var/tmp/asyncrl-docker); `compose-test` also
+# runs docker/compose.local.yaml end to end. Each starts its own dockerd and stops it.
+images:
+	docker/local.sh images
+
+compose-test:
+	docker/local.sh test
 
 lint: install
 	$(BIN)/ruff check .

@@ -278,13 +278,13 @@ def test_every_repository_path_the_docs_name_exists():
 
 def test_every_environment_variable_the_docs_name_is_read():
     """``ASYNCRL_SPAWN``, ``OTEL_SDK_DISABLED``, ``KAFKA_SASL_PASSWORD``: each variable the
-    docs tell a user to set is named in the code that reads it (docs/benchmarks.md's figures
+    docs tell a user to set is named in the code that reads it (docker/'s scripts included) (docs/benchmarks.md's figures
     aside: an experiment's setting there is history)."""
     code = "\n".join(
         p.read_text()
         for folder in ("asyncrl", "config", "telemetry", "launch", "producers", "consumers")
         for p in (ROOT / folder).rglob("*.py")
-    )
+    ) + "\n".join(p.read_text() for p in (ROOT / "docker").glob("*.sh"))
     bad = [
         f"{doc.name}: {name}"
         for doc in DOCS
@@ -300,7 +300,7 @@ def test_every_make_target_and_extra_the_docs_name_exists():
     pyproject.toml."""
     import tomllib
 
-    targets = set(re.findall(r"^([a-z]+):", (ROOT / "Makefile").read_text(), re.M))
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.M))
     extras = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     )
@@ -308,8 +308,8 @@ def test_every_make_target_and_extra_the_docs_name_exists():
     for doc in DOCS:
         text = doc.read_text()
         blocks = "\n".join(re.findall(r"```[a-z]*\n(.*?)```", text, re.S))
-        named = re.findall(r"`make ([a-z]+)[`' ]", text) + re.findall(
-            r"^make ([a-z]+)", blocks, re.M
+        named = re.findall(r"`make ([a-z][a-z-]*)[`' ]", text) + re.findall(
+            r"^make ([a-z][a-z-]*)", blocks, re.M
         )
         bad += [f"{doc.name}: make {t}" for t in named if t not in targets]
         bad += [
