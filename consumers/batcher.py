@@ -304,3 +304,18 @@ class SampleBatcher:
         self.read_position = dict(offsets)
         self.buffer.clear()
         return offsets
+
+
+def starved(batcher: SampleBatcher, n: int, topic: str, timeout_s: float) -> TimeoutError:
+    """The error of a step whose ``n`` samples did not arrive within ``sync.timeout_s``,
+    saying the likely why: no worker running, or dynamic sampling that filtered the feed dry."""
+    why = "are the rollout workers running?"
+    if batcher.filtered:
+        why = (
+            f"dynamic sampling has filtered {batcher.filtered} groups so far: the prompt feed "
+            "may have run dry (set algorithm.filter_groups.max_num_gen_batches)"
+        )
+    return TimeoutError(
+        f"only {len(batcher)} of {n} samples arrived on {topic} within {timeout_s:.0f} s "
+        f"(sync.timeout_s): {why}"
+    )

@@ -35,7 +35,7 @@ from opentelemetry import trace
 from asyncrl.config import RunConfig
 from asyncrl.consumers import spans
 from asyncrl.consumers.backend import UpdateBackend, make_backend
-from asyncrl.consumers.batcher import Dropped, SampleBatcher
+from asyncrl.consumers.batcher import Dropped, SampleBatcher, starved
 from asyncrl.consumers.checkpoint import TrainerCheckpoints, TrainerState
 from asyncrl.consumers.coordinator import SyncCoordinator
 from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
@@ -230,18 +230,8 @@ class Trainer:
                     fg = self.cfg.algorithm.filter_groups
                     check_gen_batches(fg, len(self.batcher), filtered, n, self.step + 1)
                 if time.monotonic() > deadline:
-                    why = "are the rollout workers running?"
-                    if self.batcher.filtered:
-                        why = (
-                            f"dynamic sampling has filtered {self.batcher.filtered} groups "
-                            "so far: the prompt feed may have run dry (set "
-                            "algorithm.filter_groups.max_num_gen_batches)"
-                        )
-                    raise TimeoutError(
-                        f"only {len(self.batcher)} of {n} samples arrived on "
-                        f"{self.cfg.topic('samples')} within {self.cfg.sync.timeout_s:.0f} s "
-                        f"(sync.timeout_s): {why}"
-                    )
+                    topic = self.cfg.topic("samples")
+                    raise starved(self.batcher, n, topic, self.cfg.sync.timeout_s)
 
     # --- one update -----------------------------------------------------------------------------
     def train_step(self, batch: list[Record[Sample]]) -> dict[str, float]:
