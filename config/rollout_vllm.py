@@ -19,7 +19,7 @@ class VLLMKeys(Strict):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """verl's key. On a GPU: the share of its memory vLLM takes (weights, activations, KV
     cache). On a CPU vLLM would read it as a share of all RAM; the vllm engine instead sizes
-    its KV cache to hold max_num_seqs sequences of max_model_len tokens (64 MiB at least)."""
+    its KV cache to hold max_num_seqs sequences of max_model_len tokens (64 MiB to 2 GiB)."""
     max_num_seqs: int = Field(1024, ge=1, le=65536)
     """verl's key: requests vLLM decodes at once (more wait for a free slot)."""
     max_num_batched_tokens: int | None = Field(8192, ge=1)

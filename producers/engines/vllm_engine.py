@@ -59,13 +59,18 @@ class VLLMOptions:
     the KV cache is instead sized to hold ``max_num_seqs`` sequences of ``max_model_len``."""
 
 
+KV_CACHE_MAX = 2 << 30
+"""The most KV cache a CPU engine reserves (2 GiB): max_num_seqs x max_model_len of a model
+with a long context (32768 positions) would ask for more RAM than a machine has."""
+
+
 def kv_cache_bytes(config: Any, dtype: torch.dtype, tokens: int) -> int:
     """Bytes of KV cache ``tokens`` tokens take in a model of ``config`` (keys and values of
-    every layer), at least 64 MiB."""
+    every layer), between 64 MiB and ``KV_CACHE_MAX``."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     per_token = 2 * config.num_hidden_layers * heads * head_dim * dtype.itemsize
-    return max(64 << 20, per_token * tokens)
+    return min(KV_CACHE_MAX, max(64 << 20, per_token * tokens))
 
 
 def request_seed(seed: int, request_id: str, prefix_len: int) -> int:
@@ -156,10 +161,13 @@ class VLLMEngine(StepwiseEngine):
             top_p=self.top_p,
             top_k=self.top_k if self.top_k > 0 else 0,
             max_tokens=req.max_new_tokens - len(a.ids),
-            stop_token_ids=sorted(self.eos_token_ids | set(req.stop_token_ids)),
+            stop_token_ids=sorted(
+                t for t in self.eos_token_ids | set(req.stop_token_ids) if t >= 0
+            ),
             logprobs=0,
             seed=request_seed(self.seed, req.request_id, len(a.ids)),
             detokenize=False,
+            ignore_eos=True,  # EOS is in stop_token_ids: the engine's, not the checkpoint's
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
         )
