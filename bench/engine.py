@@ -1,5 +1,5 @@
-"""``asyncrl bench engine``: tokens/s of the hf engine (no cache), hf_cached and hf_static,
-side by side.
+"""``asyncrl bench engine``: tokens/s of the hf engine (no cache), hf_cached, hf_static and
+vllm (where it is installed), side by side.
 
 For each model shape, the engines generate the same requests, one engine after the other in
 this process, from the same weights and seed: ``batch`` prompts of random ids (lengths between
@@ -23,6 +23,7 @@ a CPU, ``rollout.torch_threads`` threads, as a rollout worker has; on a GPU, bf1
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import time
@@ -36,7 +37,9 @@ from asyncrl.bench import flags
 from asyncrl.bench.sync import qwen2_config
 from asyncrl.config import ConfigError, RunConfig, load_config
 
-ENGINES = ("hf", "hf_cached", "hf_static")
+ENGINES: tuple[str, ...] = ("hf", "hf_cached", "hf_static")
+if importlib.util.find_spec("vllm") is not None:  # make install VLLM=none leaves it out
+    ENGINES += ("vllm",)
 LOGPROB_ROWS = 8
 """Trajectories per engine whose logprobs are recomputed (a 0.5B recomputation is slow on CPU)."""
 SMOKE: dict[str, tuple[int | None, int, int]] = {
@@ -84,11 +87,28 @@ def _requests(batch: int, prompt_len: int, new_tokens: int, vocab: int) -> list[
     return [GenRequest(str(i), p, new_tokens) for i, p in enumerate(prompts)]
 
 
-def _engine(cfg: RunConfig, name: str, model: Any) -> Any:
-    """A fresh engine ``name`` over ``model`` (the config's sampling settings)."""
+def _engine(cfg: RunConfig, name: str, model: Any, max_len: int = 0) -> Any:
+    """A fresh engine ``name`` over ``model`` (the config's sampling settings). vllm's prefix
+    cache is off: every repeat sends the same prompts, which it would otherwise not prefill."""
     from asyncrl.producers.engines.factory import hf_engine
 
     rollout = cfg.actor_rollout_ref.rollout
+    if name == "vllm":
+        from asyncrl.producers.engines.vllm_engine import VLLMEngine, VLLMOptions
+
+        return VLLMEngine(
+            model,
+            None,
+            rollout.temperature,
+            eos_token_id=-1,
+            pad_token_id=0,
+            seed=cfg.trainer.seed,
+            options=VLLMOptions(
+                max_model_len=max_len or None,
+                enforce_eager=rollout.enforce_eager,
+                enable_prefix_caching=False,
+            ),
+        )
     return hf_engine(
         name,
         model,
@@ -218,7 +238,7 @@ def _measure(
         "dtype": dtype,
     }
     for name in ENGINES:
-        engine = _engine(cfg, name, model)
+        engine = _engine(cfg, name, model, max_len=p + n)
         _generate(engine, _requests(b, p, 2, vocab))  # warm-up
         runs = [_generate(engine, _requests(b, p, n, vocab)) for _ in range(repeats)]
         out, seconds = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median
@@ -243,7 +263,7 @@ def _measure(
 def _table(results: dict[str, dict[str, Any]], console: Console) -> None:
     first = next(iter(results.values()))
     table = Table(
-        title=f"tokens/s, hf (no cache) vs hf_cached vs hf_static, {first['dtype']} on "
+        title=f"tokens/s, hf (no cache) vs {' vs '.join(ENGINES[1:])}, {first['dtype']} on "
         f"{first['device']}"
     )
     for col in ("shape", "params", "batch", "prompt+new", "engine", "s", "tokens/s"):

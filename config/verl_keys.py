@@ -48,7 +48,7 @@ FSDP_SAME = (
 )
 ENGINE = (
     "vLLM/SGLang engine setting: asyncrl's rollout engine is its own (actor_rollout_ref.rollout."
-    "name: hf, hf_cached, hf_static or sim), with no such knob"
+    "name: vllm, hf, hf_cached, hf_static or sim), with no such knob"
 )
 BATCHING = (
     "how a pass is split for memory or speed, with no effect on the result: asyncrl evaluates "
@@ -318,17 +318,13 @@ VERL_KEYS: dict[str, VerlKey] = {
     "reward_manager.module.*": ignored("used only with reward_manager.source=importlib"),
     # --- rollout -----------------------------------------------------------------------------
     "actor_rollout_ref.rollout.*": refused(ENGINE),
-    # vLLM/SGLang memory and scheduling knobs: how fast, never what is generated
+    # vLLM/SGLang memory and scheduling knobs: how fast, never what is generated (the vllm
+    # engine's own: config/rollout_vllm.py)
     **{
         f"actor_rollout_ref.rollout.{knob}": ignored(ENGINE_SPEED)
         for knob in (
-            "gpu_memory_utilization",
             "cudagraph_capture_sizes",
             "free_cache_engine",
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "enable_chunked_prefill",
-            "enable_prefix_caching",
             "scheduling_policy",
             "load_format",
             "multi_stage_wake_up",

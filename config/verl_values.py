@@ -30,11 +30,11 @@ def _never_is_zero() -> Callable[[Any, Get], Any]:
 
 
 def _engine(value: Any, _get: Get) -> Any:
-    if value in ("vllm", "sglang", "trtllm"):
+    if value in ("sglang", "trtllm"):
         raise Refused(
-            f"{value} engine: asyncrl has no vLLM/SGLang engine yet; its engines are hf_cached "
-            "(transformers with a KV cache), hf_static (the same from fixed cache slots, CUDA "
-            "graphs on a GPU), hf (no cache) and sim (a latency model)"
+            f"{value} engine: asyncrl has no SGLang/TensorRT-LLM engine yet; its engines are "
+            "vllm, hf_cached (transformers with a KV cache), hf_static (the same from fixed "
+            "cache slots, CUDA graphs on a GPU), hf (no cache) and sim (a latency model)"
         )
     return value
 
@@ -110,7 +110,7 @@ OUR_KEYS: dict[str, tuple[str, Callable[[Any, Get], Any]]] = {
         ),
     ),
     "actor_rollout_ref.rollout.name": (
-        "vllm, sglang, trtllm refused (no such engine yet)",
+        "sglang, trtllm refused (no such engine yet)",
         _engine,
     ),
     "algorithm.adv_estimator": (

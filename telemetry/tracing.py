@@ -254,10 +254,12 @@ def _exporter(cfg: RunConfig, kind: str, service: str, console_log: Path | None 
         raise ValueError(f"tracing.exporter / OTEL_TRACES_EXPORTER: unknown exporter {kind!r}")
     if _otlp_protocol() == "grpc":
         try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
         except ImportError as err:
             raise RuntimeError(GRPC_MISSING) from err
-        return OTLPSpanExporter()
+        return GrpcSpanExporter()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()

@@ -42,6 +42,26 @@ def _stepwise_engine(
             emulated_decode_latency_s=rollout.emulated_decode_latency_s,
             cuda_graphs=not rollout.enforce_eager,
         )
+    if name == "vllm":
+        from asyncrl.producers.engines.vllm_engine import VLLMEngine, VLLMOptions
+
+        return VLLMEngine(
+            model,
+            tokenizer,
+            temperature=rollout.temperature,
+            eos_token_id=eos_token_ids(model, tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            seed=seed,
+            options=VLLMOptions(
+                max_num_seqs=rollout.max_num_seqs,
+                max_num_batched_tokens=rollout.max_num_batched_tokens,
+                max_model_len=rollout.max_model_len,
+                enforce_eager=rollout.enforce_eager,
+                enable_prefix_caching=rollout.enable_prefix_caching,
+                enable_chunked_prefill=rollout.enable_chunked_prefill,
+                gpu_memory_utilization=rollout.gpu_memory_utilization,
+            ),
+        )
     if rollout.name == "sim":
         from asyncrl.producers.engines.sim import SimEngine
 

@@ -1,5 +1,10 @@
-"""The hf engines' contract: interruptible between tokens, continuable from a prefix (the hf
-engine, hf_cached, its KV-cached twin, and hf_static, its slotted-cache twin, alike)."""
+"""The engines' contract: interruptible between tokens, continuable from a prefix (the hf
+engine, hf_cached, its KV-cached twin, hf_static, its slotted-cache twin, and vllm alike).
+
+The model's heads are 32 wide, a width vLLM's CPU attention runs. vLLM takes ~15 s to start,
+so its case shares one engine, given the weights and seed each test asks for."""
+
+import importlib.util
 
 import pytest
 import torch
@@ -19,16 +24,42 @@ def tok():
     return build_tokenizer()
 
 
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+VLLM = "vllm"
+SHAPE = ModelConfig(hidden_size=64, num_attention_heads=2, intermediate_size=64)
+_shared: dict = {}
+
+
 @pytest.fixture(
-    params=[HFEngine, CachedHFEngine, StaticHFEngine], ids=["hf", "hf_cached", "hf_static"]
+    params=[
+        HFEngine,
+        CachedHFEngine,
+        StaticHFEngine,
+        pytest.param(
+            VLLM, marks=pytest.mark.skipif(not HAS_VLLM, reason="vllm not installed (VLLM=none)")
+        ),
+    ],
+    ids=["hf", "hf_cached", "hf_static", "vllm"],
 )
 def engine_cls(request):
     return request.param
 
 
-def _engine(tok, cls=HFEngine, seed: int = 0, model_seed: int = 0) -> HFEngine:
-    model = build_model(ModelConfig(hidden_size=32, intermediate_size=64), len(tok), model_seed)
-    return cls(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=seed)
+def _engine(tok, cls=HFEngine, seed: int = 0, model_seed: int = 0):
+    model = build_model(SHAPE, len(tok), model_seed)
+    if cls != VLLM:
+        return cls(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=seed)
+    from asyncrl.producers.engines.vllm_engine import VLLMEngine
+
+    engine = _shared.get(VLLM)
+    if engine is None:
+        engine = _shared[VLLM] = VLLMEngine(
+            model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=seed
+        )
+    engine.abort()
+    engine.seed = seed
+    engine.update_weights(lambda m: m.load_state_dict(model.state_dict()))
+    return engine
 
 
 def _requests(tok, greedy: bool) -> list[GenRequest]:
@@ -75,7 +106,7 @@ def test_a_continuation_scores_new_tokens_with_the_new_weights(tok, engine_cls):
     cut = engine.abort_all()
     before = {r.request_id: r.response_logprobs[0] for r in cut}
     other = _engine(tok, model_seed=1).model
-    engine.model.load_state_dict(other.state_dict())  # a "sync": new weights in place
+    engine.update_weights(lambda m: m.load_state_dict(other.state_dict()))  # a sync, in place
     resumed = engine.generate(
         [
             GenRequest(

