@@ -139,8 +139,11 @@ stage_inputs() {
     local inputs="$REPO/docker/inputs" dirs wheel=""
     rm -f "$inputs/constraints.txt"
     if [ -x "$VENV/bin/python" ]; then
+        # The image has no vLLM: click and huggingface_hub are left to pip under faust's
+        # click<8.4 (the venv's vLLM moved them past it, and the image would not resolve).
         "$VENV/bin/python" -m pip freeze --exclude-editable 2> /dev/null | grep -v ' @ ' \
-            > "$inputs/constraints.txt"
+            | grep -v -i -e '^click==' -e '^huggingface.hub==' > "$inputs/constraints.txt"
+        echo 'click<8.4' >> "$inputs/constraints.txt"
         log "pip constraints: the $(wc -l < "$inputs/constraints.txt") versions in $VENV"
     else
         log "no $VENV: pip resolves the image's dependencies on its own"
