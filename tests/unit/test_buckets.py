@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from asyncrl.bench.snapshot import load_snapshot, save_snapshot
 from asyncrl.sync.buckets import (
     manifest_digest,
     named_tensors,
@@ -15,7 +16,6 @@ from asyncrl.sync.buckets import (
     weight_manifest,
 )
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.snapshot import load_snapshot, save_snapshot
 
 
 class Tied(nn.Module):
