@@ -1,4 +1,4 @@
-"""Weight-version events on the ``control`` topic (DESIGN.md section 4).
+"""Weight-version events on the ``control`` topic (docs/design.md, "A sync, as events on `control`").
 
 Each event is a typed dataclass; on the wire it is a one-row Arrow batch whose schema is
 derived from the dataclass fields (tag ``control.<EventName>/<VERSION>``). Every event carries
