@@ -131,6 +131,8 @@ class WeightSender(Endpoint):
         manifest mismatch is a configuration error and raises.
         """
         start = time.perf_counter()
+        self.memory.usable = self.shared_memory and self.backend != "nccl"  # settable per call
+        self.memory.in_place = self.in_place
         prep = self._prepared.prepare(model, bucket_bytes, dtype)  # step 1
         self._settle_unacked()
         targets = (
