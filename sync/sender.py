@@ -205,8 +205,8 @@ class WeightSender(Endpoint):
                 raise
             except Exception as err:
                 failed[w] = f"{type(err).__name__}: {err}"
-        ways: list[Transfer] = [*slots.values(), collective]
-        return ([in_place] if in_place is not None else []) + ways, bool(full)
+        ways: list[Transfer] = [in_place] if in_place is not None else []
+        return [*ways, *slots.values(), collective], bool(full)
 
     def _fast_listener(self) -> str:
         """The name of the socket local workers connect their fast channel to, listening

@@ -27,7 +27,7 @@ class InPlace:
 
     def __init__(self, exposed: ExposedWeights) -> None:
         self.exposed = exposed
-        self.kind = exposed.offer.kind
+        self.kind: str = exposed.offer.kind
         self.workers: dict[int, Pair] = {}
         self._acks: dict[int, tuple[Pair, Callable[[], None]]] = {}
 
