@@ -34,7 +34,7 @@ from asyncrl.schemas.prompt import PromptRecord, decode_prompt, encode_prompt
 from asyncrl.sync.buckets import cast_dtype
 from asyncrl.sync.channel import ControlChannel, highest_version
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.collective import BroadcastResult, TransferStats
+from asyncrl.sync.results import BroadcastResult, TransferStats
 
 T = TypeVar("T")
 

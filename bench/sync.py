@@ -18,8 +18,8 @@ timed rounds, median reported:
   (``sync.bucket_size_mb`` buckets, two buffers each side, packing overlapped with the wire).
 - ``per-tensor``: the same collective with one tensor per message (bucket_bytes=1), what a
   naive loop over ``named_parameters`` costs.
-- ``safetensors``: the fallback path: the trainer writes a snapshot file (fsync'd, atomic
-  rename), the worker loads it into its tensors.
+- ``safetensors``: through shared disk (``bench.snapshot``): the trainer writes a snapshot
+  file (fsync'd, atomic rename), the worker loads it into its tensors.
 - ``memcpy``: one in-memory copy of the same number of bytes in one process, the machine's
   limit for any of the above.
 
@@ -198,12 +198,12 @@ def sync(
     import torch
     import torch.distributed as dist
 
+    from asyncrl.bench.snapshot import save_snapshot
     from asyncrl.launch.broker import free_port
     from asyncrl.launch.process import spawn
     from asyncrl.models.policy import resolve_device
     from asyncrl.sync.checksum import weights_checksum
-    from asyncrl.sync.collective import WeightSender
-    from asyncrl.sync.snapshot import save_snapshot
+    from asyncrl.sync.sender import WeightSender
 
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:  # before any process starts, as bench engine's --shapes
@@ -376,9 +376,9 @@ def _receive(argv: list[str]) -> None:
     import torch
     import torch.distributed as dist
 
+    from asyncrl.bench.snapshot import load_snapshot
     from asyncrl.sync.checksum import weights_checksum
-    from asyncrl.sync.collective import WeightReceiver
-    from asyncrl.sync.snapshot import load_snapshot
+    from asyncrl.sync.receiver import WeightReceiver
 
     p = argparse.ArgumentParser(allow_abbrev=False)
     for name in ("--store-port", "--weights-port", "--rounds", "--bucket-bytes"):

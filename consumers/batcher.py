@@ -295,11 +295,6 @@ class SampleBatcher:
         offsets = {int(p): o for p, o in state.get("offsets", {}).items()}
         self.settled = SettledIds.from_state(state.get("settled_ids", {}))
         self.settled_at = {sid: (p, o) for sid, (p, o) in state.get("settled_at", {}).items()}
-        # A checkpoint of the code before 2026-11-27: every settled id with its place.
-        for sid, (p, o) in state.get("settled", {}).items():
-            self.settled.add(sid)
-            if o >= offsets.get(int(p), 0):
-                self.settled_at[sid] = (int(p), o)
         self.queued_at.clear()
         self.read_position = dict(offsets)
         self.buffer.clear()

@@ -24,7 +24,7 @@ from asyncrl.producers.engines.base import Engine
 from asyncrl.schemas import control as ev
 from asyncrl.sync.channel import ControlChannel, SyncTimeout
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.collective import ManifestMismatchError
+from asyncrl.sync.results import ManifestMismatchError
 from asyncrl.sync.transport import WeightSink
 from asyncrl.telemetry.metrics import LevelClock, WaitClock
 

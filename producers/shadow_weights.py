@@ -24,8 +24,8 @@ from asyncrl.models.flat import copy_model
 from asyncrl.producers.engines.base import Engine
 from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.collective import ManifestMismatchError
 from asyncrl.sync.copy_plan import CopyPlan
+from asyncrl.sync.results import ManifestMismatchError
 from asyncrl.sync.transport import WeightSink
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ then). What must see every finished trajectory scored waits for the pending scor
 a sample logged to ``partials`` (its record carries the rewards), a hand-back, a new trainer
 and leaving.
 
-A sync, on this side (docs/design.md, "A sync, as events on control"):
+A sync, on this side (docs/design.md, "A sync, as events on control"; the steps are
+``producers.worker_sync``):
 1. SyncRequested(v+1) arrives: stop admitting prompts.
 2. Mode (c): in-flight samples finish decoding, and are published as their scores come back
    (before, during or after the transfer). Mode (d, ``partial_rollout``): they are interrupted
@@ -61,7 +62,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -69,22 +69,21 @@ from asyncrl.config import RunConfig
 from asyncrl.producers.admission import PromptAdmission
 from asyncrl.producers.agent.factory import make_runner
 from asyncrl.producers.agent.state import AgentState
-from asyncrl.producers.budget import RolloutBudget, num_stale_at_sync
+from asyncrl.producers.budget import RolloutBudget
+from asyncrl.producers.completion import Completion
 from asyncrl.producers.follower import (
     JoinCancelled,
     SyncFollower,
     TrainerGone,
     WorkerDisplaced,
 )
-from asyncrl.producers.in_flight import InFlight, InFlightSamples, Unscored, with_score
+from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.producers.io import PromptFeed, WorkerIO, kafka_io
 from asyncrl.producers.reward_pool import make_pool
 from asyncrl.producers.scoring import TrajectoryScorer
 from asyncrl.producers.shadow_weights import ShadowWeights
-from asyncrl.producers.spans import sync_span
 from asyncrl.producers.validation import RolloutValidator
-from asyncrl.schemas import control as ev
-from asyncrl.sync.checksum import same_format, weights_checksum
+from asyncrl.producers.worker_sync import WorkerSync
 from asyncrl.telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ COLLECT_S = 0.005
 reads control events and admits prompts again."""
 
 
-class RolloutWorker:
+class RolloutWorker(WorkerSync):
     def __init__(
         self,
         cfg: RunConfig,
@@ -160,25 +159,29 @@ class RolloutWorker:
             cfg, worker_id, self.in_flight, self.tokenizer, io.scan_log
         )
         """Which prompt starts next: new, continued from the log, or already published."""
-        self.produced = 0
+        self.filters = cfg.filters_groups
+        self.done = Completion(
+            worker_id, self.rollout.n, self.score, self.in_flight, lambda: self.budget, self.filters
+        )
+        """Scores finished trajectories, publishes whole samples, counts them."""
         self.produced_before = 0
         """Of ``produced``, the samples earlier incarnations of this worker id published."""
-        self.no_signal = 0
-        """Of ``produced``, the groups dynamic sampling leaves out (``cfg.filters_groups``):
-        their slots came back as they were published, so they are not stale at a sync."""
-        self.filters = cfg.filters_groups
         self.stopping = False
         """Set by stop() (SIGTERM): leave the run, handing unfinished work back to the log."""
         self.displaced: str | None = None
         """Why this worker stopped for another process with its id (``WorkerDisplaced``)."""
         self.shadow: ShadowWeights | None = None
         """The in-flight update's second buffer (async_training.in_flight_update), once joined."""
-        self.prompts: PromptFeed | None = None
-        """The prompts feed (set by run): a sample's prompt is done once the broker has it."""
 
     @property
-    def version(self) -> int:
-        return self.follower.version
+    def produced(self) -> int:
+        """Samples this worker id published (earlier incarnations' included)."""
+        return self.done.produced
+
+    @property
+    def no_signal(self) -> int:
+        """Of ``produced``, the groups dynamic sampling leaves out."""
+        return self.done.no_signal
 
     @property
     def budget(self) -> RolloutBudget:
@@ -199,14 +202,14 @@ class RolloutWorker:
         f = self.follower
         # Subscribe first: the prompts group's join (~3 s on Tansu) then overlaps reading the
         # log, joining the collective and receiving the weights, instead of following them.
-        prompts = self.prompts = self.io.prompts(
+        prompts = self.done.prompts = self.io.prompts(
             self.admission.on_assigned, self._on_prompts_revoked
         )
         # A trajectory a sync's abort finds ended is scored and published as any other; a
         # hand-back that logs partials waits for those scores first (every trajectory of a
         # logged sample is then done or interrupted).
         self.in_flight.on_finished = self._on_finished
-        self.in_flight.wait_scored = functools.partial(self._drain, keep_alive=False)
+        self.in_flight.wait_scored = functools.partial(self.done.drain, keep_alive=False)
         f.keep_alive = prompts.keep_alive
         f.cancelled = lambda: self.stopping
         try:
@@ -226,7 +229,7 @@ class RolloutWorker:
         self._start()
         while not f.finished and not self.stopping:
             f.poll(0.0)
-            self._collect()
+            self.done.collect()
             if self.shadow is not None:  # in-flight update: swap, between two tokens
                 why = self.shadow.failed()
                 if why and f.trainer_gone is None:
@@ -255,13 +258,13 @@ class RolloutWorker:
             else:
                 prompts.keep_alive()
                 if self.score.pending:  # only rewards under way
-                    self._collect(timeout=0.05)
+                    self.done.collect(timeout=0.05)
                 else:
                     f.poll(0.05)
         if self.stopping and self.partial_rollout and self.in_flight:
             self._interrupt()
         elif self.stopping:
-            self._drain()  # publish what is scored; the rest is handed back
+            self.done.drain()  # publish what is scored; the rest is handed back
 
     def _start(self) -> None:
         """Read the log (what a previous incarnation left), join the collective, receive the
@@ -279,8 +282,8 @@ class RolloutWorker:
         self.io.control.start()
         # What a previous incarnation left on the partials log counts as stale, like work in
         # flight at a sync; continuing it takes no budget (producers.admission).
-        self.produced = self.produced_before = self.admission.read_log()
-        self.no_signal = self.admission.recovery.no_signal[self.worker_id]
+        self.done.produced = self.produced_before = self.admission.read_log()
+        self.done.no_signal = self.admission.recovery.no_signal[self.worker_id]
         self._open_budget(self.follower.join())
         self._start_shadow()
 
@@ -308,120 +311,6 @@ class RolloutWorker:
         f.occupancy.set(fill)
         f.budget_unfilled.set(1.0 - fill if spent else 0.0)
 
-    # --- a sync, steps 2-5 of the module docstring ----------------------------------------------
-    def _sync(self, request: ev.SyncRequested) -> None:
-        f = self.follower
-        attrs = {"asyncrl.version": request.version, "asyncrl.worker": self.worker_id}
-        with sync_span("sync.pause", request.headers, f.sync_seen_ns, **attrs):
-            if self.partial_rollout:  # 2.
-                n_partial = self._interrupt(hold_scored=True)
-            else:  # (c): all finished decoding
-                n_partial = 0
-                self._drain(only=self._scored_before_pause)
-            self._gauge(syncing=True)  # nothing decodes until the new weights are in
-            f.paused(request, n_partial, self.produced, self.in_flight.num_finished())
-        with sync_span("weights.load", request.headers, **attrs):
-            try:
-                published = f.receive(request.version)  # 3.
-            except TrainerGone as gone:
-                f.trainer_gone = str(gone)
-                self._rejoin()
-                return
-        self.in_flight.continue_all(f.version)  # 4.
-        self._open_budget(published, consumed=request.consumed)  # 5.
-        f.sync_done()
-
-    def _rejoin(self) -> None:
-        """Join the restarted trainer (see the module docstring): in mode (d) in-flight work
-        was interrupted and logged first; in mode (c) it has finished."""
-        log.warning(
-            "worker %d: %s; joining the new trainer's weight collective",
-            self.worker_id,
-            self.follower.trainer_gone,
-        )
-        if self.partial_rollout and (self.runner.busy or self.score.pending):
-            self._interrupt()
-        else:  # mode (c): all finished decoding; published before the new trainer's weights
-            self._drain()
-        if self.shadow is not None:
-            self.shadow.close()
-            self.shadow = None
-        welcome = self.follower.rejoin()
-        if welcome is None:  # the run finished first
-            return
-        self.in_flight.continue_all(self.follower.version)
-        self._open_budget(welcome)
-        self._start_shadow()
-
-    # --- the in-flight update (async_training.in_flight_update) ---------------------------------
-    def _start_shadow(self) -> None:
-        """After a join: receive the next versions in the background (``shadow_weights``)."""
-        self.shadow = ShadowWeights.after_join(self.cfg, self.follower.sink, self.engine.model)
-
-    def _swap(self, request: ev.SyncRequested, published: ev.WeightsPublished) -> None:
-        """A sync without a pause: nothing is logged to partials, nothing waits for the broker.
-
-        Its ``weights.load`` span (the swap, checksum, RolloutPaused and WeightsLoaded) joins
-        the trainer's sync trace, as mode (c)'s and (d)'s do: without it the worker's part of
-        an in-flight sync was missing from the trace, its events sent as roots of their own."""
-        assert self.shadow is not None
-        attrs = {"asyncrl.version": request.version, "asyncrl.worker": self.worker_id}
-        with sync_span("weights.load", request.headers, **attrs):
-            checksum, pause_s = self.shadow.swap(self.engine, self.in_flight, published.version)
-            if checksum and published.checksum and not same_format(checksum, published.checksum):
-                # Hashed ahead in another format than the trainer chose (its first sync, or a
-                # trainer restarted on another kind of device): again in the trainer's.
-                checksum = weights_checksum(self.engine.model, like=published.checksum)
-            self.shadow.like = published.checksum or None
-            receive_s = self.shadow.receive_s
-            finished = self.in_flight.num_finished()  # published after the swap
-            self.follower.swapped(
-                request, published, checksum, pause_s, receive_s, self.produced, finished
-            )
-        self._open_budget(published, consumed=request.consumed, flush=False)
-
-    def _open_budget(
-        self,
-        published: ev.WeightsPublished,
-        consumed: dict[str, int] | None = None,
-        flush: bool = True,
-    ) -> None:
-        """This version's budget, minus this worker's stale samples: produced and not consumed
-        by the trainer (``consumed``, or at a join the WeightsPublished's), in flight, or
-        logged partials of its previous incarnation. Groups dynamic sampling leaves out count
-        on neither side: their slots came back as they were published."""
-        consumed = published.consumed if consumed is None else consumed
-        stale = num_stale_at_sync(
-            self.produced - self.no_signal,
-            consumed.get(str(self.worker_id), 0),
-            in_flight=len(self.in_flight),
-            partial=self.admission.num_stale_partials(),
-        )
-        self.follower.resume(stale, published, flush=flush)
-        self.validator.after_load(published, self.engine.model)
-
-    def _interrupt(self, hold_scored: bool = False) -> int:
-        """Mode (d): cut every in-flight trajectory short, wait for the finished ones' scores
-        (a sample they complete is published whole) and log each other sample to ``partials``
-        with its finished trajectories and their rewards (acknowledged before the worker
-        pauses); returns the number of samples logged. ``hold_scored`` (a sync): wait only
-        for the scores of the samples logged (and those held over from the last sync), not
-        for those of samples with every trajectory finished: they are published after."""
-        self.in_flight.interrupt()
-        self._drain(only=self._scored_before_pause if hold_scored else None)
-        return self.in_flight.log_partials(list(self.in_flight), self.worker_id, self.version)
-
-    def _scored_before_pause(self, fl: InFlight) -> bool:
-        """Must a sync's pause wait for this sample's pending scores? Yes if a trajectory of it
-        was cut short (it is logged to ``partials`` with its finished trajectories' rewards).
-        With dynamic sampling, also if it was being scored at the last sync already (a backlog
-        outliving a whole version): a group with no signal takes its slot back under the
-        version it is published at, which must be the one its last trajectory finished under
-        or the next, as ``asyncrl audit`` allows. Otherwise the version a sample is published
-        at changes nothing: it counts in flight (stale) at every sync until then."""
-        held_over = self.filters is not None and fl.finished_under < self.version
-        return bool(fl.interrupted) or held_over
-
     # --- admission -----------------------------------------------------------------------------
     def _on_prompts_revoked(self, partitions: set[int], lost: bool) -> None:
         """Partitions move to another worker (producers.admission.hand_back), then the
@@ -431,7 +320,7 @@ class RolloutWorker:
             return  # run() is ending; its clean-up hands everything back
         log_as = (self.worker_id, self.version) if self.partial_rollout and not lost else None
         if not lost:  # scored, a sample is published rather than handed back (or logged)
-            self._drain(keep_alive=False)
+            self.done.drain(keep_alive=False)
         self.admission.hand_back(partitions, self.budget, log_as)
         self.publisher.flush()
 
@@ -444,66 +333,8 @@ class RolloutWorker:
         return self.admission.admit(prompts, self.budget, self.version)
 
     def _on_finished(self, request_id: str, state: AgentState) -> None:
-        """Score a finished trajectory (inline, or submitted to the reward pool); its sample
-        is published once all ``n`` are scored (``_collect``)."""
-        sample_id, _, index = request_id.rpartition("#")
-        fl, i = self.in_flight[sample_id], int(index)
-        # Built now: its segments' versions are those it finished under, whatever happens
-        # (a sync, an in-flight swap) while it is scored.
-        unscored = Unscored(
-            sample_id,
-            fl,
-            i,
-            fl.trajectory(i, state, time.time()),
-            fl.trace.start_child("reward", **{"asyncrl.traj_index": i}),
-        )
-        fl.scoring += 1
-        fl.finished_under = max(fl.finished_under, unscored.trajectory.param_version)
-        self.score.submit(unscored, fl.prompt.value, state, request_id)
-        self._collect()
-
-    def _collect(self, timeout: float = 0.0) -> None:
-        """Take the scores computed by now (waiting up to ``timeout`` for one); publish each
-        sample whose ``n`` trajectories are all scored."""
-        for key, result, seconds in self.score.results(timeout):
-            u: Unscored = key
-            if u.span is not None:
-                u.span.end()
-            sample_id, fl = u.sample_id, u.sample
-            fl.scoring -= 1
-            if self.in_flight.samples.get(sample_id) is not fl:
-                continue  # handed back (its partition lost) or dropped while it was scored
-            fl.done[u.traj_index] = with_score(u.trajectory, result, seconds, t_end=time.time())
-            if len(fl.done) == self.rollout.n:
-                self._publish(sample_id, fl)
-
-    def _drain(
-        self, keep_alive: bool = True, only: Callable[[InFlight], bool] | None = None
-    ) -> None:
-        """Wait for every pending score (each call is bounded by its timeout), or ``only`` for
-        those of the samples it picks, and publish the samples they complete."""
-
-        def waiting() -> bool:
-            if only is None:
-                return self.score.pending > 0
-            return any(fl.scoring and only(fl) for fl in self.in_flight.samples.values())
-
-        while waiting():
-            self._collect(timeout=0.05)
-            if keep_alive and self.prompts is not None:
-                self.prompts.keep_alive()
-
-    def _publish(self, sample_id: str, fl: InFlight) -> None:
-        assert self.prompts is not None
-        # The prompt's offset may be committed only once the broker has the sample.
-        acked = functools.partial(self.prompts.done, fl.prompt)
-        flat = self.in_flight.publish(sample_id, self.worker_id, acked, self.filters)
-        self.produced += 1
-        if flat:
-            # The trainer will leave this group out (no signal): its slot is ours again
-            # now, not after the trainer has read it and said so on the control topic.
-            self.no_signal += 1
-            self.budget.refund(1)
+        """A trajectory finished: scored, its sample published once whole (``completion``)."""
+        self.done.on_finished(request_id, state)
 
     # --- the end ---------------------------------------------------------------------------------
     def _leave(self, prompts: PromptFeed) -> None:
@@ -532,14 +363,6 @@ class RolloutWorker:
         if self.shadow is not None:
             self.shadow.close()
         self.follower.close()
-        stepwise = getattr(self.engine, "engine", self.engine)  # BackgroundEngine's
-        steps = getattr(stepwise, "steps", 0)
-        if steps:  # the sim engine: how full its modelled batches were
-            log.info(
-                "worker %d: %d decoding steps, %.1f sequences per step (capacity %d)",
-                *(self.worker_id, steps, getattr(stepwise, "tokens", 0) / steps),
-                self.cfg.sim.capacity,
-            )
         log.info(
             "worker %d: %s, %d reward failures",
             *(self.worker_id, self.admission.summary(), self.score.failures),

@@ -41,12 +41,9 @@ def decode_batch(
     data: bytes | None,
     expected: pa.Schema,
     tag: str,
-    older: dict[str, pa.Schema] | None = None,
     headers: dict[str, bytes] | None = None,
 ) -> pa.RecordBatch:
-    """Decode one IPC stream and check it is exactly ``expected`` (fields and schema tag), or
-    exactly one of the ``older`` versions still read (``{tag: schema}``): the caller fills
-    the columns those lack, so logs written before a schema change still replay.
+    """Decode one IPC stream and check it is exactly ``expected`` (fields and schema tag).
 
     The Kafka ``asyncrl-schema`` header, when the message has one, must name the same tag as
     the Arrow metadata: readers route by the header, so a message whose header claims another
@@ -63,8 +60,6 @@ def decode_batch(
         raise DecodeError(f"{tag}: expected 1 record batch, got {len(batches)}")
     batch = batches[0]
     got_tag = (batch.schema.metadata or {}).get(METADATA_KEY, b"").decode(errors="replace")
-    if older and got_tag in older:
-        expected, tag = older[got_tag], got_tag
     if got_tag != tag:
         raise DecodeError(f"expected schema {tag}, message says {got_tag or 'nothing'}")
     header = (headers or {}).get(SCHEMA_HEADER)

@@ -34,7 +34,7 @@ from asyncrl.schemas.codec import (
     with_tag,
 )
 
-VERSION = 3  # 2: incarnation on every event; WeightsPublished names its receivers; 3: members
+VERSION = 3
 TRAINER = -1
 
 _ARROW_TYPES: dict[Any, pa.DataType] = {
@@ -114,8 +114,7 @@ class RolloutPaused(ControlEvent):
     finish decoding (not for their rewards: samples only being scored are published after)."""
     in_flight_finished: int = 0
     """Samples in flight at the pause with every trajectory finished decoding, only being
-    scored: published after the weight transfer, under the versions they were generated with
-    (0 on logs written before 2026-11-27, which never set it)."""
+    scored: published after the weight transfer, under the versions they were generated with."""
     n_partial: int = 0
     produced: int = 0
     """Samples this worker has published in total (for num_stale)."""

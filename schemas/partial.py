@@ -17,14 +17,10 @@ import pyarrow as pa
 
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 from asyncrl.schemas.sample import SCHEMA as SAMPLE_SCHEMA
-from asyncrl.schemas.sample import SCHEMA_V2 as SAMPLE_SCHEMA_V2
-from asyncrl.schemas.sample import SCHEMA_V3 as SAMPLE_SCHEMA_V3
-from asyncrl.schemas.sample import SCHEMA_V4 as SAMPLE_SCHEMA_V4
 from asyncrl.schemas.sample import Sample, sample_columns, sample_from_batch, validate
 
 NAME = "partial"
-VERSION = 4  # 2: the sample's agent columns (sample/3); 3: its reward columns (sample/4);
-# 4: its turn_scores (sample/5)
+VERSION = 4
 TAG = schema_tag(NAME, VERSION)
 
 _EXTRA = [
@@ -35,16 +31,6 @@ _EXTRA = [
     pa.field("epoch", pa.int32(), nullable=False),
 ]
 SCHEMA = with_tag(pa.schema([*SAMPLE_SCHEMA.remove_metadata(), *_EXTRA]), NAME, VERSION)
-OLDER = {
-    schema_tag(NAME, version): with_tag(
-        pa.schema([*sample_schema.remove_metadata(), *_EXTRA]), NAME, version
-    )
-    for version, sample_schema in (
-        (1, SAMPLE_SCHEMA_V2),
-        (2, SAMPLE_SCHEMA_V3),
-        (3, SAMPLE_SCHEMA_V4),
-    )
-}
 
 
 @dataclass
@@ -86,7 +72,7 @@ def encode_partial(p: PartialSample) -> bytes:
 
 
 def decode_partial(data: bytes | None, headers: dict[str, bytes] | None = None) -> PartialSample:
-    batch = decode_batch(data, SCHEMA, TAG, OLDER, headers)
+    batch = decode_batch(data, SCHEMA, TAG, headers)
     sample = sample_from_batch(batch, TAG)
     cols = batch.select([f.name for f in _EXTRA]).to_pydict()
     return PartialSample(

@@ -18,10 +18,10 @@ import pyarrow as pa
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 
 NAME = "prompt"
-VERSION = 2  # 2: messages, extra_info, ground_truth_json (datasets in verl's format)
+VERSION = 2
 TAG = schema_tag(NAME, VERSION)
 
-SCHEMA_V1 = with_tag(
+SCHEMA = with_tag(
     pa.schema(
         [
             pa.field("prompt_id", pa.string(), nullable=False),
@@ -29,20 +29,14 @@ SCHEMA_V1 = with_tag(
             pa.field("ground_truth", pa.string(), nullable=False),
             pa.field("epoch", pa.int32(), nullable=False),
             pa.field("data_source", pa.string(), nullable=False),
+            pa.field("messages", pa.string(), nullable=False),
+            pa.field("extra_info", pa.string(), nullable=False),
+            pa.field("ground_truth_json", pa.bool_(), nullable=False),
         ]
     ),
     NAME,
-    1,
+    VERSION,
 )
-_V2_FIELDS = [
-    pa.field("messages", pa.string(), nullable=False),
-    pa.field("extra_info", pa.string(), nullable=False),
-    pa.field("ground_truth_json", pa.bool_(), nullable=False),
-]
-V2_DEFAULTS = {"messages": "", "extra_info": "", "ground_truth_json": False}
-"""Values of the prompt/2 columns for messages written before they existed (prompt/1)."""
-SCHEMA = with_tag(pa.schema([*SCHEMA_V1.remove_metadata(), *_V2_FIELDS]), NAME, VERSION)
-OLDER = {schema_tag(NAME, 1): SCHEMA_V1}
 
 
 @dataclass(frozen=True)
@@ -83,10 +77,10 @@ def encode_prompt(p: PromptRecord) -> bytes:
 
 
 def decode_prompt(data: bytes | None, headers: dict[str, bytes] | None = None) -> PromptRecord:
-    batch = decode_batch(data, SCHEMA, TAG, OLDER, headers)
+    batch = decode_batch(data, SCHEMA, TAG, headers)
     if batch.num_rows != 1:
         raise DecodeError(f"{TAG}: expected 1 row, got {batch.num_rows}")
-    row = {**V2_DEFAULTS, **batch.to_pylist()[0]}
+    row = batch.to_pylist()[0]
     for key in ("messages", "extra_info", "ground_truth"):
         if row[key] and (key != "ground_truth" or row["ground_truth_json"]):
             try:

@@ -31,8 +31,7 @@ import pyarrow as pa
 from asyncrl.schemas.codec import DecodeError, decode_batch, encode_batch, schema_tag, with_tag
 
 NAME = "sample"
-VERSION = 5  # 3: the agent loop's num_turns, tool_calls, tool_errors, tool_s; 4: reward_error,
-# reward_extra; 5: turn_scores
+VERSION = 5
 TAG = schema_tag(NAME, VERSION)
 WORKER_HEADER = "asyncrl-worker"
 """On every ``samples`` message: the producing worker id (read without decoding the sample)."""
@@ -41,24 +40,7 @@ NO_SIGNAL_HEADER = "asyncrl-no-signal"
 the same): its worker took the group's budget slot back as it published it, and a restarted
 incarnation counts these without decoding them."""
 
-_AGENT_FIELDS = [
-    pa.field("num_turns", pa.int32(), nullable=False),
-    pa.field("tool_calls", pa.int32(), nullable=False),
-    pa.field("tool_errors", pa.int32(), nullable=False),
-    pa.field("tool_s", pa.float64(), nullable=False),
-]
-AGENT_DEFAULTS = {"num_turns": 0, "tool_calls": 0, "tool_errors": 0, "tool_s": 0.0}
-"""Values of the agent columns for messages written before they existed (sample/2)."""
-_REWARD_FIELDS = [
-    pa.field("reward_error", pa.string(), nullable=False),
-    pa.field("reward_extra", pa.string(), nullable=False),
-]
-REWARD_DEFAULTS = {"reward_error": "", "reward_extra": ""}
-"""Values of the reward columns for messages written before they existed (sample/2, /3)."""
-_INTERACTION_FIELDS = [pa.field("turn_scores", pa.list_(pa.float64()), nullable=False)]
-"""What the interaction said of each turn; older messages (sample/2 to /4) read as none."""
-
-SCHEMA_V2 = with_tag(
+SCHEMA = with_tag(
     pa.schema(
         [
             pa.field("sample_id", pa.string(), nullable=False),
@@ -79,19 +61,18 @@ SCHEMA_V2 = with_tag(
             pa.field("t_start", pa.float64(), nullable=False),
             pa.field("t_end", pa.float64(), nullable=False),
             pa.field("reward_s", pa.float64(), nullable=False),
+            pa.field("num_turns", pa.int32(), nullable=False),
+            pa.field("tool_calls", pa.int32(), nullable=False),
+            pa.field("tool_errors", pa.int32(), nullable=False),
+            pa.field("tool_s", pa.float64(), nullable=False),
+            pa.field("reward_error", pa.string(), nullable=False),
+            pa.field("reward_extra", pa.string(), nullable=False),
+            pa.field("turn_scores", pa.list_(pa.float64()), nullable=False),
         ]
     ),
     NAME,
-    2,
+    VERSION,
 )
-SCHEMA_V3 = with_tag(pa.schema([*SCHEMA_V2.remove_metadata(), *_AGENT_FIELDS]), NAME, 3)
-SCHEMA_V4 = with_tag(pa.schema([*SCHEMA_V3.remove_metadata(), *_REWARD_FIELDS]), NAME, 4)
-SCHEMA = with_tag(pa.schema([*SCHEMA_V4.remove_metadata(), *_INTERACTION_FIELDS]), NAME, VERSION)
-OLDER = {
-    schema_tag(NAME, 2): SCHEMA_V2,
-    schema_tag(NAME, 3): SCHEMA_V3,
-    schema_tag(NAME, 4): SCHEMA_V4,
-}
 
 TokenIds = npt.NDArray[np.int32]
 Logprobs = npt.NDArray[np.float32]
@@ -358,9 +339,6 @@ def sample_from_batch(batch: pa.RecordBatch, tag: str) -> Sample:
         raise DecodeError(f"{tag}: rows of one message must share a sample_id")
     if cols["traj_index"] != list(range(n)):
         raise DecodeError(f"{tag}: traj_index must be 0..n-1, got {cols['traj_index']}")
-    for key, default in {**AGENT_DEFAULTS, **REWARD_DEFAULTS}.items():  # older versions
-        cols.setdefault(key, [default] * n)
-    cols.setdefault("turn_scores", [[] for _ in range(n)])
     trajs = [
         Trajectory(
             response_ids=tokens["response_ids"][i],
@@ -398,4 +376,4 @@ def sample_from_batch(batch: pa.RecordBatch, tag: str) -> Sample:
 
 
 def decode_sample(data: bytes | None, headers: dict[str, bytes] | None = None) -> Sample:
-    return sample_from_batch(decode_batch(data, SCHEMA, TAG, OLDER, headers), TAG)
+    return sample_from_batch(decode_batch(data, SCHEMA, TAG, headers), TAG)

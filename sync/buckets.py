@@ -1,8 +1,8 @@
 """Plan, pack and unpack weight buckets for the trainer -> worker broadcast.
 
 Sending one collective per tensor costs a round trip per tensor, which dominates for models
-with many small tensors (see KAFKA-NOTES "Weight transfer probe": 5,000 x 40 KB tensors go
-2.2x faster bucketed). So both sides derive the same *manifest* (which tensors, in which order)
+with many small tensors (``asyncrl bench sync``'s per-tensor row against its bucketed one:
+docs/benchmarks.md). So both sides derive the same *manifest* (which tensors, in which order)
 and the same *bucket plan* from it, and only flat buffers cross the wire: no names, shapes or
 offsets are sent, just a digest of the manifest so the two sides can check they agree.
 """

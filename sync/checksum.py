@@ -37,7 +37,7 @@ from .buckets import TensorSpec, named_tensors, weight_manifest
 __all__ = ["same_format", "weights_checksum"]
 
 TREE = "sha256-tree:"
-"""The prefix of the CPU format (module doc); a plain hex digest is the earlier one."""
+"""The prefix of the CPU format (module doc)."""
 WSUM = "wsum64:"
 """The prefix of the on-device format (module doc)."""
 CHUNK = 32 << 20
@@ -70,9 +70,8 @@ def weights_checksum(
 
     Tied tensors are hashed once (under all their names), so a model and its state dict, or
     the trainer's and a worker's copy, hash equal exactly when their bytes are equal. ``like``:
-    a checksum recorded earlier (a step record a replay checks): computed in its format. The
-    format of logs before 2026-11-24 is a plain hex digest, sha256 over the same header lines
-    and the raw bytes in one stream (one core). ``dtype``: of the floating-point weights cast
+    a checksum recorded earlier (a step record a replay checks): computed in its format
+    (ValueError for another). ``dtype``: of the floating-point weights cast
     to it, as a sync casting to the rollout's dtype delivers them (a bf16 worker's copy of
     float32 weights hashes equal to this).
     """
@@ -84,7 +83,7 @@ def weights_checksum(
     if like.startswith(WSUM):
         return _word_sum_checksum(tensors, specs)
     if not like.startswith(TREE):
-        return _stream_checksum(tensors, specs)
+        raise ValueError(f"checksum {like[:24]!r}... is in no known format ({TREE}, {WSUM})")
     workers = os.cpu_count() or 1
     small = sum(spec.nbytes for spec in specs) <= INLINE_BYTES
     with _InlineExecutor() if small else ThreadPoolExecutor(max_workers=workers) as pool:
@@ -285,12 +284,3 @@ def _raw(t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
 
 def _digest(raw: Tensor) -> bytes:
     return hashlib.sha256(memoryview(raw.numpy())).digest()  # type: ignore[arg-type]
-
-
-def _stream_checksum(tensors: Mapping[str, Tensor], specs: list[TensorSpec]) -> str:
-    h = hashlib.sha256()
-    for spec in specs:
-        h.update(f"{_header(spec)}\n".encode())
-        if spec.numel:
-            h.update(memoryview(_raw(tensors[spec.name]).numpy()))  # type: ignore[arg-type]
-    return h.hexdigest()

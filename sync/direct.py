@@ -159,7 +159,7 @@ class ExposedWeights:
         self, manifest: list[TensorSpec], tensors: Mapping[str, Tensor], nonce: str, epoch: int
     ) -> DirectOffer:
         """Move each tensor into a page of its own of one shared file. Each keeps a storage
-        of its own (its own mapping), as before: ``torch.save`` refuses tensors of several
+        of its own (its own mapping): ``torch.save`` refuses tensors of several
         dtypes in one storage, safetensors tensors sharing one."""
         if not hasattr(os, "memfd_create"):
             raise OSError("weights read in place need Linux (os.memfd_create)")

@@ -15,9 +15,8 @@ Two kinds of memory:
 - ``cuda`` (GPU memory): a buffer on the trainer's GPU that a worker on a GPU of the same host
   opens by its CUDA IPC handle (torch's ``_share_cuda_`` / ``_new_shared_cuda``, what
   ``torch.multiprocessing`` uses, with the handle sent as JSON instead of a pickle), so a
-  bucket goes GPU to GPU without touching host memory. Not yet run on a GPU (no device was
-  lent to the session that wrote it); every failure to create or open it falls back to the
-  collective.
+  bucket goes GPU to GPU without touching host memory; every failure to create or open it
+  falls back to the collective.
 
 Either way the first bytes hold a random nonce the trainer also sends in its offer, so a
 worker that opened something else (another PID namespace) sees the mismatch and the pair

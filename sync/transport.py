@@ -1,10 +1,11 @@
 """The weight transport: how a version's weights get from the trainer into each rollout worker.
 
 Two ends, each a small interface, and a factory choosing the backend from the config. Today's
-backend is the collective (``sync.collective``: a torch.distributed pair per worker
-incarnation, gloo or NCCL); ``asyncrl.testing.LocalWeights`` moves them between objects of
-one process (tests). Workers on the trainer's host read the packed buckets from shared memory
-(``sync.shared_slots``), negotiated per transfer inside the collective's pair.
+backend is the collective (``sync.sender`` and ``sync.receiver``: a torch.distributed pair per
+worker incarnation, gloo or NCCL); ``asyncrl.testing.LocalWeights`` moves them between objects
+of one process (tests). Workers on the trainer's host read the weights from shared memory,
+negotiated per transfer inside the collective's pair (``sync.negotiation``); each way of
+moving the bytes is a file in ``sync.transfers``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Protocol
 import torch
 
 from asyncrl.config import RunConfig
-from asyncrl.sync.collective import BroadcastResult, TransferStats, WeightReceiver, WeightSender
+from asyncrl.sync.receiver import WeightReceiver
+from asyncrl.sync.results import BroadcastResult, TransferStats
+from asyncrl.sync.sender import WeightSender
 
 log = logging.getLogger(__name__)
 

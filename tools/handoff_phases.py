@@ -2,7 +2,7 @@
 for issue 14's bar: the handoff within twice a device-to-device copy).
 
 Runs a trainer end here and a worker end in a child process over the real pair, as
-``asyncrl bench sync`` does, wraps the phases of ``sync.collective`` with wall-clock stamps
+``asyncrl bench sync`` does, wraps the phases of ``sync.sender`` and ``sync.receiver`` with wall-clock stamps
 (one host, one clock) and prints each phase's median offset from the trainer's call, over
 ``--rounds`` transfers after three warm-ups. Used by tools/gpu_check.sh.
 
@@ -55,17 +55,18 @@ def trainer(a: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from asyncrl.launch.broker import free_port
-    from asyncrl.sync import collective as c
+    from asyncrl.sync import manifest, negotiation, pair
+    from asyncrl.sync.sender import WeightSender
 
-    _wrap(c.WeightSender, "_prepare", "prepare")
-    _wrap(c.WeightSender, "_expose", "expose")
-    _wrap(c._Pair, "signal", "signal")
-    _wrap(c._Pair, "open", "opening sent")
-    _wrap(c, "_check_ack", "acknowledgement checked")
+    _wrap(manifest.PreparedCache, "prepare", "prepare")
+    _wrap(negotiation.TrainerMemory, "expose", "expose")
+    _wrap(pair.Pair, "signal", "signal")
+    _wrap(pair.Pair, "open", "opening sent")
+    _wrap(pair, "check_ack", "acknowledgement checked")
     state = _state(a, fill=True)
     store_port, weights_port = free_port(), free_port()
     store = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
-    sender = c.WeightSender("127.0.0.1", weights_port, device=a.device, timeout_s=120)
+    sender = WeightSender("127.0.0.1", weights_port, device=a.device, timeout_s=120)
     sender.start()
     child = subprocess.Popen(
         [sys.executable, __file__, "--worker", str(store_port), str(weights_port), *sys.argv[1:]]
@@ -104,17 +105,17 @@ def trainer(a: argparse.Namespace) -> None:
 def worker(store_port: int, weights_port: int, a: argparse.Namespace) -> None:
     import torch.distributed as dist
 
-    from asyncrl.sync import collective as c
-    from asyncrl.sync import direct
+    from asyncrl.sync import direct, pair
+    from asyncrl.sync.receiver import WeightReceiver
 
-    _wrap(c._Pair, "take", "opening")
+    _wrap(pair.Pair, "take", "opening")
     _wrap(direct.DirectView, "copy_into", "copy launched")
     _wrap(direct.DirectView, "synchronize", "copy finished")
-    _wrap(c._Pair, "acknowledge", "acknowledgement sent")
-    _wrap(c._Pair, "signal", "signal")
+    _wrap(pair.Pair, "acknowledge", "acknowledgement sent")
+    _wrap(pair.Pair, "signal", "signal")
     state = _state(a, fill=False)
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=WAIT)
-    receiver = c.WeightReceiver("127.0.0.1", weights_port, device=a.device)
+    receiver = WeightReceiver("127.0.0.1", weights_port, device=a.device)
     receiver.join(0, "phases", lambda: store.set("announce", "1"))
     for r in range(WARM + a.rounds):
         STAMPS.clear()
@@ -123,7 +124,7 @@ def worker(store_port: int, weights_port: int, a: argparse.Namespace) -> None:
         STAMPS.append(("receive returned", time.time()))
         if r == WARM - 1:
             print(f"worker: {got.medium}, copy way {got.copy_way or '-'}", flush=True)
-            view = getattr(receiver, "_weights_view", None)
+            view = receiver.memory.weights
             if view is not None and view._plan is not None:
                 print(f"worker: {view._plan.tensors} tensors in {len(view._plan.pairs)} copies")
         store.set(f"done/{r}", json.dumps(STAMPS))

@@ -24,7 +24,7 @@ from asyncrl.consumers.coordinator import SyncCoordinator
 from asyncrl.kafka import Record
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample, Trajectory
-from asyncrl.sync.collective import BroadcastResult, TransferStats
+from asyncrl.sync.results import BroadcastResult, TransferStats
 from asyncrl.telemetry.metrics import WaitClock
 from asyncrl.testing import MemoryBroker
 

@@ -113,6 +113,7 @@ class BackgroundEngine:
             self._closed = True
             self._cv.notify_all()
         self._thread.join(timeout=10)
+        self.engine.close()
 
     def _check(self) -> None:
         if self.error is not None:

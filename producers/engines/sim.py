@@ -28,6 +28,7 @@ Tokens are random ids (never EOS before the target) with a fixed logprob.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import zlib
@@ -79,6 +80,16 @@ class SimEngine(StepwiseEngine):
         """Work arrived in an empty engine: its clock starts again at the next step."""
         self.steps = 0
         self.tokens = 0
+
+    def close(self) -> None:
+        """Log how full the modelled batches were."""
+        if self.steps:
+            logging.getLogger(__name__).info(
+                "%d decoding steps, %.1f sequences per step (capacity %d)",
+                self.steps,
+                self.tokens / self.steps,
+                self.sim.capacity,
+            )
 
     def _start(self, req: GenRequest) -> _SimActive:
         if not self._active:  # idle until now (a sync, a pause): that time decoded nothing

@@ -24,12 +24,9 @@ import torch
 from torch import nn
 
 from asyncrl.sync.checksum import weights_checksum
-from asyncrl.sync.collective import (
-    ManifestMismatchError,
-    TransferStats,
-    WeightReceiver,
-    WeightSender,
-)
+from asyncrl.sync.receiver import WeightReceiver
+from asyncrl.sync.results import ManifestMismatchError, TransferStats
+from asyncrl.sync.sender import WeightSender
 
 LATE_S = 1.0  # the "late" scenario: the trainer starts each transfer this long after
 PROCESS_DEADLINE_S = 30.0  # hang guard only: a normal run takes 2-7 s, even on a busy box

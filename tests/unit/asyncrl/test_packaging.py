@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CHECK = """
 from asyncrl.config import DEFAULT_CONFIG, load_config
 from asyncrl.producers.tools.registry import load_tools, shipped_tools_path
-import asyncrl.consumers.trainer, asyncrl.producers.worker, asyncrl.sync.collective
+import asyncrl.consumers.trainer, asyncrl.producers.worker, asyncrl.sync.sender
 assert load_config().run_id == "demo" and load_config("calculator").data.task == "calculator"
 assert list(load_tools(shipped_tools_path())) == ["calculator"]
 print(DEFAULT_CONFIG)

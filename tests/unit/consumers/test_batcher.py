@@ -255,28 +255,6 @@ def test_the_settled_ids_stay_bounded_over_a_long_run_and_a_late_copy_is_still_d
     assert restarted.offer(fresh, 1000) is None
 
 
-def test_a_checkpoint_of_the_old_format_resumes_with_its_settled_ids():
-    """A checkpoint written before 2026-11-27 holds every settled id with its place
-    (``settled``): it restores, a re-read of a drop settled behind the resume offset is
-    skipped, and a copy of any settled id is a duplicate."""
-    old = {
-        "offsets": {"0": 5},
-        "consumed": {"0": 5},
-        "dropped": {"max_version_lag": 1},
-        "settled": {"p0@0": [0, 0], "p1@0": [0, 1], "p2@0": [0, 2], "s9": [0, 7]},
-    }
-    b = SampleBatcher(max_version_lag=1)
-    assert b.restore(old) == {0: 5}
-    assert all(sid in b.settled for sid in ("p0@0", "p1@0", "p2@0", "s9"))
-    assert b.settled_at == {"s9": (0, 7)}  # past the offset: a restart reads it again
-    assert b.offer(prompt_rec(5, prompt=3, epoch=0), 0) is None  # queued
-    reread = rec(7)
-    reread.value.sample_id = "s9"
-    assert b.offer(reread, 0) is None and len(b) == 1  # the same record: no count
-    copy = prompt_rec(8, prompt=1, epoch=0)
-    assert b.offer(copy, 0).kind == "duplicate" and b.dropped["duplicate"] == 1
-
-
 def test_a_sample_above_the_trainers_version_is_dropped_as_never_granted():
     """A sample with param_version 10**9 (a forged or corrupted record) was queued and
     trained (its lag negative, never past max_version_lag); only ``audit`` flagged it. No

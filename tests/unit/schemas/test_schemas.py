@@ -43,46 +43,11 @@ def test_sample_metadata_carries_schema_tag():
     assert reader.schema.metadata[b"asyncrl.schema"] == b"sample/5"
 
 
-def test_a_sample_written_before_the_agent_columns_still_decodes():
-    """Logs from before sample/3 replay: the agent columns read as zero."""
-    from asyncrl.schemas.codec import encode_batch
-    from asyncrl.schemas.sample import SCHEMA_V2, sample_columns
-
-    s = make_sample()
-    s.trajectories[0].num_turns = 3  # not in a sample/2 message
-    cols = {k: v for k, v in sample_columns(s).items() if k in SCHEMA_V2.names}
-    old = encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA_V2))
-    back = decode_sample(old)
-    assert back.trajectories[0].num_turns == 0 and back.trajectories[0].tool_s == 0.0
-    assert back.trajectories[1].response_ids.tolist() == [6, 6, 2]
-
-
-def test_a_sample_written_before_the_reward_columns_still_decodes():
-    """Logs from before sample/4 replay: no reward failure, no extra numbers."""
-    from asyncrl.schemas.codec import encode_batch
-    from asyncrl.schemas.sample import SCHEMA_V3, sample_columns
-
-    s = make_sample()
-    s.trajectories[0].num_turns = 3
-    cols = {k: v for k, v in sample_columns(s).items() if k in SCHEMA_V3.names}
-    back = decode_sample(encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA_V3)))
-    assert back.trajectories[0].num_turns == 3
-    assert not any(t.reward_failed for t in back.trajectories)
-    assert all(t.reward_extra == "" for t in back.trajectories)
-
-
-def test_turn_scores_travel_and_a_sample_written_before_them_still_decodes():
-    """An interaction's turn_scores (sample/5) survive the wire; sample/4 logs read as none."""
-    from asyncrl.schemas.codec import encode_batch
-    from asyncrl.schemas.sample import SCHEMA_V4, sample_columns
-
+def test_turn_scores_travel_with_their_trajectory():
+    """An interaction's turn_scores survive the wire."""
     s = make_sample()
     s.trajectories[1].turn_scores = [0.0, 0.5, 1.0]
     assert decode_sample(encode_sample(s)) == s
-    cols = {k: v for k, v in sample_columns(s).items() if k in SCHEMA_V4.names}
-    back = decode_sample(encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA_V4)))
-    assert [t.turn_scores for t in back.trajectories] == [[], [], []]
-    assert back.trajectories[1].response_ids.tolist() == s.trajectories[1].response_ids.tolist()
 
 
 def test_a_reward_failure_travels_with_its_trajectory():
@@ -252,27 +217,6 @@ def test_a_chat_prompt_carries_what_its_reward_needs():
     assert back.chat() == [{"role": "user", "content": "3+4="}]
     assert back.reward_ground_truth() == ["7"]
     assert back.reward_extra_info() == {"index": 3, "split": "train"}
-
-
-def test_a_prompt_written_before_prompt_2_still_decodes():
-    from asyncrl.schemas.prompt import SCHEMA_V1
-
-    cols = {"prompt_id": ["p"], "prompt": ["1+1="], "ground_truth": ["2"], "epoch": [0]}
-    cols["data_source"] = ["arithmetic"]
-    old = encode_batch(pa.RecordBatch.from_pydict(cols, schema=SCHEMA_V1))
-    assert decode_prompt(old, {"asyncrl-schema": b"prompt/1"}) == PromptRecord("p", "1+1=", "2")
-
-
-@pytest.mark.parametrize("older", ["partial/2", "partial/3"])
-def test_a_partial_written_before_partial_4_still_decodes(older):
-    from asyncrl.schemas.partial import OLDER, PartialSample, decode_partial, encode_partial
-
-    s = make_sample(n=2, version=4)
-    p = PartialSample(s, interrupted_at_version=4, prompt_partition=1, prompt_offset=9)
-    new = pa.ipc.open_stream(pa.py_buffer(encode_partial(p))).read_next_batch()
-    old_schema = OLDER[older]
-    old = encode_batch(new.select(old_schema.names).cast(old_schema))
-    assert decode_partial(old) == p
 
 
 def test_a_sample_an_update_would_fail_on_is_refused_as_it_is_read():

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from asyncrl.launch.broker import free_port
-from asyncrl.sync.collective import _ANNOUNCE_EVERY_S, WeightReceiver
+from asyncrl.sync.receiver import WeightReceiver
+from asyncrl.sync.rendezvous import ANNOUNCE_EVERY_S as _ANNOUNCE_EVERY_S
 
 
 def test_a_worker_waiting_for_the_store_announces_every_couple_of_seconds() -> None:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
+from asyncrl.bench.snapshot import load_snapshot, save_snapshot
 from asyncrl.sync.buckets import named_tensors, weight_manifest
 from asyncrl.sync.direct import DirectOffer, DirectView, ExposedWeights
-from asyncrl.sync.snapshot import load_snapshot, save_snapshot
 
 
 class Tied(nn.Module):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from asyncrl.config import SyncConfig
-from asyncrl.sync.collective import _resolve_backend
+from asyncrl.sync.rendezvous import resolve_backend as _resolve_backend
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

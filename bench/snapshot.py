@@ -1,8 +1,9 @@
-"""The fallback weight path: a safetensors file on shared disk, written atomically.
+"""Weights through a safetensors file, written atomically: ``asyncrl bench sync``'s
+``safetensors`` row, what moving the weights through shared disk would cost next to the
+collective.
 
-Used when the collective is unavailable (a worker that joins late, a crashed group, a replay):
-the trainer writes ``weights-v{version}.safetensors`` and a worker loads it into its model in
-place. The file is written to a temporary name and renamed, so a reader never sees a partial
+The sender writes ``weights-v{version}.safetensors`` and the receiver loads it into its model
+in place. The file is written to a temporary name and renamed, so a reader never sees a partial
 file. Tied tensors are stored once, under their manifest name; the other names are recorded
 in the metadata and filled from it on load.
 """
@@ -20,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .buckets import manifest_digest, named_tensors, weight_manifest
+from asyncrl.sync.buckets import manifest_digest, named_tensors, weight_manifest
 
 __all__ = ["load_snapshot", "save_snapshot", "snapshot_path"]
 
