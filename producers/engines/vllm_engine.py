@@ -104,6 +104,9 @@ class VLLMEngine(StepwiseEngine):
         self._by_vllm_id: dict[str, ActiveRequest] = {}
         self._count = 0
         self.llm = self._launch()
+        self._threads = torch.get_num_threads()
+        """The intra-op threads vLLM's CPU attention was planned for, at launch: the thread that
+        steps the engine runs with as many (a new thread starts at OpenMP's default)."""
 
     def _launch(self) -> Any:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -193,6 +196,9 @@ class VLLMEngine(StepwiseEngine):
         if not self._active:
             return finished
         self._submit()
+        if torch.get_num_threads() != self._threads:
+            # vLLM's CPU worker replaces torch.set_num_threads with a no-op; the binding's own
+            torch._C.set_num_threads(self._threads)
         for out in self.llm.step():
             a = self._by_vllm_id.get(out.request_id)
             if a is None:

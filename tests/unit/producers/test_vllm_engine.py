@@ -178,3 +178,36 @@ def test_the_config_builds_the_engine_with_verls_keys(tok, monkeypatch):
         enable_prefix_caching=False,
     )
     assert seen["seed"] == 3
+
+
+LAUNCHED_ON_ONE_THREAD = """
+import torch
+torch.set_num_threads(1)
+from asyncrl.config import ModelConfig
+from asyncrl.models.tiny import build_model, build_tokenizer
+from asyncrl.producers.engines.background import BackgroundEngine
+from asyncrl.producers.engines.base import GenRequest
+from asyncrl.producers.engines.vllm_engine import VLLMEngine
+tok = build_tokenizer()
+shape = ModelConfig(hidden_size=64, num_attention_heads=2, intermediate_size=64)
+engine = VLLMEngine(build_model(shape, len(tok), 0), tok, 1.0, tok.eos_token_id, 0)
+served = BackgroundEngine(engine)
+reqs = [GenRequest(str(i), tok.encode(p), 8) for i, p in enumerate(["07+35=", "1+2="])]
+print(sum(len(r.response_ids) > 0 for r in served.generate(reqs)))
+served.close()
+"""
+
+
+def test_an_engine_launched_with_one_thread_steps_on_the_engine_thread():
+    """A process that set one intra-op thread before launching vLLM (a worker with
+    rollout.torch_threads=1) steps it on the engine thread: vLLM's CPU attention refused the
+    step ("thread_num == thread_num (2 vs. 1)") until the engine thread took the launch's
+    count."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LAUNCHED_ON_ONE_THREAD], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "2"
