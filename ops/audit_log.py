@@ -72,16 +72,9 @@ def finishing_event(control: Iterable[ev.ControlEvent]) -> ev.RunFinished | None
 def read_control(cfg: RunConfig, bootstrap: str) -> list[ev.ControlEvent]:
     """The run's control events in log order, those that do not decode left out (a reader
     that needs only what the trainer and workers said: a restart, the run's end)."""
-    from asyncrl.kafka.records import read_records
-    from asyncrl.schemas import DecodeError
+    from asyncrl.consumers.io import control_history
 
-    events = []
-    for rec in read_records(cfg, bootstrap, "control"):
-        try:
-            events.append(ev.decode_event(rec.value, rec.headers))
-        except DecodeError:
-            continue
-    return events
+    return control_history(cfg, bootstrap)
 
 
 class AuditError(RuntimeError):
