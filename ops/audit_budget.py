@@ -26,7 +26,8 @@ def budget_allowance(
     ``max_samples_per_version`` minus its stale samples (a restarted worker opens it again,
     so each opening counts). Beyond that a worker starts only what it gets back:
     BudgetGranted(v); the trainer's SamplesDropped with a target worker, which reaches it
-    under the version the trainer was at or the one before; and, unlogged, the refund of the
+    under the version the trainer was at or the one before, or the one it has requested since;
+    and, unlogged, the refund of the
     samples in flight whose prompt partition moved to another worker. That one is bounded
     from the log. In mode (c) (no partial on the log) a moved sample restarts elsewhere as a
     new sample, so its slot is spent once. In mode (d) the refund may be of a sample in flight
@@ -48,12 +49,18 @@ def budget_allowance(
     for e in _of(control, ev.BudgetGranted):
         allowed[e.version] += e.count
     allowed.update(taken_back or Counter())
-    for e in _of(control, ev.SamplesDropped):
+    requested = -1
+    for e in control:
+        if isinstance(e, ev.SyncRequested):
+            requested = max(requested, e.version)
         # The trainer's drops refund their worker (a duplicate's refunds nobody); a worker's
-        # own, at the run's end, refund nothing.
-        if e.worker == ev.TRAINER and e.target_worker >= 0:
+        # own, at the run's end, refund nothing. One logged after the trainer requested its
+        # next version is that version's (producers/follower.py, ``_refund``).
+        elif isinstance(e, ev.SamplesDropped) and e.worker == ev.TRAINER and e.target_worker >= 0:
             allowed[e.version] += e.count
             allowed[e.version - 1] += e.count
+            if requested > e.version:
+                allowed[requested] += e.count
     if partials:
         logged = Counter((p.sample.worker_id, p.interrupted_at_version) for p in partials)
         at_sync: Counter[tuple[int, int]] = Counter()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 import torch
@@ -79,6 +79,10 @@ class SyncFollower:
         fall behind by a version or two; the hand-shake with pauses holds at most one)."""
         self.published: dict[int, ev.WeightsPublished] = {}
         """WeightsPublished naming this incarnation, read before their version was taken."""
+        self.refund_at: Counter[int] = Counter()
+        """Refunds logged after a version's SyncRequested, for that version's budget."""
+        self.counted_at_join: list[ev.ControlEvent] = []
+        """Drops logged before the last join's welcome, not read yet: its ``consumed`` has them."""
         self.sync_seen_at = 0.0
         self.sync_seen_ns: int | None = None
         self.trainer_gone: str | None = None
@@ -131,7 +135,7 @@ class SyncFollower:
         ):
             self.published[event.version] = event
         elif isinstance(event, (ev.SamplesDropped, ev.BudgetGranted)) and self._ours(event):
-            self.budget.refund(event.count)
+            self._refund(event)
         elif isinstance(event, ev.RunFinished):
             self.finished = True
         else:
@@ -153,6 +157,24 @@ class SyncFollower:
                 f"{event.incarnation}; this one is {self.incarnation}) and takes its place: "
                 "give each rollout worker its own --worker-id"
             )
+
+    def _refund(self, event: ev.SamplesDropped | ev.BudgetGranted) -> None:
+        """Give back the slots of samples of ours the trainer will not train, to the budget
+        that counted them as stale (docs/design.md, "Versions and the budget").
+
+        A version's budget opens with ``consumed`` as of its SyncRequested: a drop logged
+        before that request is counted there as consumed, one logged after it as stale. So a
+        drop logged after the newest request waits for that version's budget (the in-flight
+        swap or the pause may come later than the event is read), and a drop logged before
+        the welcome of a join refunds nothing (the welcome's ``consumed`` holds it)."""
+        for i, counted in enumerate(self.counted_at_join):
+            if counted is event:
+                del self.counted_at_join[i]
+                return
+        if isinstance(event, ev.SamplesDropped) and self.requests:
+            self.refund_at[self.requests[-1].version] += event.count
+        else:
+            self.budget.refund(event.count)
 
     def _last_requested(self) -> int:
         return self.requests[-1].version if self.requests else self.version
@@ -238,20 +260,25 @@ class SyncFollower:
             raise
         except RuntimeError as err:  # the pair failed: the trainer died mid-transfer
             raise TrainerGone(f"the weight transfer failed ({err})") from err
-        published = self.control.wait_for(
-            ev.ControlEvent,
-            idle=self.keep_alive,
-            where=lambda e: (
-                (
-                    isinstance(e, ev.WeightsPublished)
-                    and (version is None or e.version == version)
-                    and self.incarnation in e.incarnations
-                )
+        before: list[ev.ControlEvent] = []
+
+        def ours(e: ev.ControlEvent) -> bool:
+            hit = (
+                isinstance(e, ev.WeightsPublished)
+                and (version is None or e.version == version)
+                and self.incarnation in e.incarnations
+            ) or (
                 # During a sync, a trainer restarted after the transfer never publishes it. (At
                 # a join, the new pair's transfer fails instead if this trainer died since.)
-                or (version is not None and self._new_trainer(e))
-            ),
-        )
+                version is not None and self._new_trainer(e)
+            )
+            if not hit:
+                before.append(e)
+            return hit
+
+        published = self.control.wait_for(ev.ControlEvent, idle=self.keep_alive, where=ours)
+        if version is None:  # a join: what the welcome's ``consumed`` counts refunds nothing
+            self.counted_at_join = [e for e in before if isinstance(e, ev.SamplesDropped)]
         if not isinstance(published, ev.WeightsPublished):
             self.trainer_back = True
             raise TrainerGone(f"a new trainer started (version {published.version})")
@@ -287,6 +314,9 @@ class SyncFollower:
         engine's figures of the window before this process's first budget (its start-up,
         nothing admitted) are not measured (-1): they would read as an empty engine."""
         allowed = self.budget.reset(self.version, stale, self._members(published))
+        self.budget.refund(self.refund_at.pop(self.version, 0))  # logged after its request
+        for version in [v for v in self.refund_at if v < self.version]:
+            del self.refund_at[version]
         occupancy, unfilled = (
             self.occupancy.close_window()[0],
             self.budget_unfilled.close_window()[0],
@@ -383,6 +413,7 @@ class SyncFollower:
         self.trainer_gone, self.trainer_back = None, False
         self.requests.clear()
         self.published.clear()
+        self.refund_at.clear()
         return welcome
 
     def _await_new_trainer(self) -> None:
