@@ -35,8 +35,8 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Random faults during mode (d) runs with 2 workers, one line per seed (tests/chaos.py):
-# `make chaos CHAOS_ARGS="--seeds 5 --faults 16 --steps 400"`.
-CHAOS_ARGS ?= --seeds 5 --faults 16 --steps 400
+# `make chaos CHAOS_ARGS="--seeds 5 --faults 16 --steps 400 --gap-s 2 8"`.
+CHAOS_ARGS ?= --seeds 5 --faults 16 --steps 400 --gap-s 2 8
 chaos: install
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 

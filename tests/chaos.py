@@ -2,7 +2,8 @@
 SIGKILL of the trainer or a worker, the embedded broker SIGSTOPped for 2-6 s, and SIGKILL of
 ``asyncrl run`` itself followed by the same command again. After the run: it finished (at
 most one more start of the same command once the faults are over), and ``asyncrl audit`` is
-clean, its staleness checks included.
+clean, its staleness checks included. Each fault waits for its target (and the trainer) to
+run: one thrown while a restart has not brought them back would hit nothing.
 
 ``python -m tests.chaos --seeds 5 --faults 16 --steps 400`` (``make chaos``) prints one line
 per seed; the suite runs one short seed (tests/integration/test_chaos.py). A run is replayed
@@ -13,7 +14,6 @@ kill: ``asyncrl run``'s job, writing each process it starts to the file PIDS.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
@@ -52,6 +52,8 @@ def chaos_overrides(steps: int) -> list[str]:
 class ChaosResult:
     seed: int
     faults: list[str] = field(default_factory=list)
+    landed: int = 0
+    """Faults that hit a running process."""
     finished: bool = False
     starts: int = 0
     audit: dict[str, Any] = field(default_factory=dict)
@@ -64,11 +66,14 @@ class ChaosResult:
     def line(self) -> str:
         bad = {k: n for k, n in self.audit.get("violations", {}).items() if n}
         info = self.audit.get("info", {})
+        windows = self.audit.get("staleness", {}).get("windows", [])
         return (
             f"CHAOS seed {self.seed}: {'ok' if self.ok else 'FAILED'}; finished={self.finished} "
-            f"starts={self.starts} faults={len(self.faults)} ({', '.join(self.faults)}); "
+            f"starts={self.starts} faults={len(self.faults)} landed={self.landed} "
+            f"({', '.join(self.faults)}); "
             f"trainer_restarts={info.get('trainer_restarts')} "
-            f"max_stale_per_window={info.get('max_stale_per_window')} "
+            f"windows={len(windows)} max_stale_per_window={info.get('max_stale_per_window')} "
+            f"(bound {min((w['bound'] for w in windows), default=None)}) "
             f"max_lag={info.get('max_lag')} dropped={info.get('dropped_samples')} "
             f"violations={bad or 0}; {self.seconds:.0f} s"
         )
@@ -93,6 +98,25 @@ def _signal(pid: int | None, sig: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def _alive(pid: int | None) -> bool:
+    return pid is not None and _signal(pid, 0)
+
+
+def _wait_for_target(
+    pids: Path, names: tuple[str, ...], launcher: subprocess.Popen, timeout_s: float = 300
+) -> dict[str, int] | None:
+    """The launcher's newest pids once every process in ``names`` runs (a fault thrown at a
+    process that a restart has not brought back yet would hit nothing); None if the launcher
+    ended first or they never came up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and launcher.poll() is None:
+        now = _pids(pids)
+        if all(_alive(now.get(name)) for name in names):
+            return now
+        time.sleep(0.2)
+    return None
 
 
 def _wait_for_first_step(cfg: Any, launcher: subprocess.Popen, timeout_s: float = 600) -> None:
@@ -127,13 +151,16 @@ def chaos_run(
         for i in range(faults):
             time.sleep(rng.uniform(*gap_s))
             kind = rng.choice(FAULTS)
-            if launcher.poll() is not None:
-                break  # finished (or failed) before every fault was thrown
-            now = _pids(pids)
-            if kind == "trainer":
-                hit = _signal(now.get("trainer"), signal.SIGKILL)
-            elif kind == "worker":
+            if kind == "worker":
                 kind = f"rollout-{rng.randrange(2)}"
+            # Every fault lands while the run trains: its target, and the trainer, running.
+            waited = time.monotonic()
+            workers = (kind,) if kind.startswith("rollout") else ()
+            now = _wait_for_target(pids, ("trainer", "broker", *workers), launcher)
+            if now is None:
+                break  # finished (or failed) before every fault was thrown
+            waited = time.monotonic() - waited
+            if kind in ("trainer", "rollout-0", "rollout-1"):
                 hit = _signal(now.get(kind), signal.SIGKILL)
             elif kind == "broker":
                 stall = rng.uniform(2.0, 6.0)
@@ -149,6 +176,9 @@ def chaos_run(
                 launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
                 result.starts += 1
                 hit = True
+            if waited >= 1:
+                kind += f" (after {waited:.0f} s for it to run)"
+            result.landed += hit
             missed = "" if hit else " (not running)"
             result.faults.append(f"{i}:{kind}@{time.monotonic() - t0:.0f}s{missed}")
             print(f"CHAOS seed {seed} fault {result.faults[-1]}", file=sys.__stderr__)
@@ -189,7 +219,7 @@ def _launch(config: str, pids: str) -> int:
         with open(pids, "a") as f:
             f.write(f"{name} {pid}\n")
 
-    summary = run(cfg, Console(file=io.StringIO(), width=200), on_spawn=spawned)
+    summary = run(cfg, Console(file=sys.stdout, width=200), on_spawn=spawned)
     return 0 if summary.get("step") == cfg.trainer.total_training_steps else 1
 
 
@@ -200,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--faults", type=int, default=16)
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument(
+        "--gap-s",
+        type=float,
+        nargs=2,
+        default=(2.0, 8.0),
+        metavar=("MIN", "MAX"),
+        help="seconds between two faults, drawn from [MIN, MAX]",
+    )
     parser.add_argument("--output-dir", default="runs/chaos")
     parser.add_argument("--policy-dir", default=None, help="a warm-started policy's cache_dir")
     parser.add_argument(
@@ -224,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(f"actor_rollout_ref.model.warmup_steps={args.warmup_steps}")
         cfg = load_config(None, overrides=overrides)
         cfg.kafka.bootstrap_servers = None
-        result = chaos_run(cfg, seed, args.faults)
+        result = chaos_run(cfg, seed, args.faults, gap_s=tuple(args.gap_s))
         print(result.line(), flush=True)
         if not result.ok:
             failed += 1
