@@ -10,6 +10,7 @@ model (``LocalUpdate``'s resume, ``asyncrl replay``, ``asyncrl export-model``).
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,9 @@ def load_shards(
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optimizer": optim_sd}
     reader = dcp.FileSystemReader(path / SHARDS)
-    dcp.load(state, storage_reader=reader, process_group=group, no_dist=alone)
+    with warnings.catch_warnings():  # alone: DCP warns that it assumes so, which is the intent
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, storage_reader=reader, process_group=group, no_dist=alone)
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:
