@@ -140,3 +140,22 @@ def test_checkpoints_reshard_between_one_process_and_two_ranks(tmp_path: Path) -
     pairs = zip(ref_exp_avg, got_exp_avg, strict=True)
     assert max(float((a - b).abs().max()) for a, b in pairs) < 1e-5
     assert latest_checkpoint(cfg.run_dir) == checkpoint_dir(cfg.run_dir, 2)
+
+
+def test_a_sharded_checkpoint_without_its_index_or_state_is_not_resumed_from(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 writes ``shards/.metadata`` once every rank's shards are written, and
+    ``state.json`` after it: a directory lacking either is a write cut short."""
+    from asyncrl.consumers.checkpoint import checkpoint_dir
+
+    for step, files in (
+        (1, ("shards/.metadata", "shards/__0_0.distcp", "state.json")),
+        (2, ("shards/__0_0.distcp", "shards/__1_0.distcp", "state.json")),  # no index
+        (3, ("shards/.metadata", "shards/__0_0.distcp")),  # no state
+    ):
+        for name in files:
+            (checkpoint_dir(tmp_path, step) / name).parent.mkdir(parents=True, exist_ok=True)
+            (checkpoint_dir(tmp_path, step) / name).write_text("{}")
+    (tmp_path / "checkpoints" / "latest").write_text("step_000003")
+    assert latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 1)
