@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.consumers.checkpoint import (
+    CheckpointWriteError,
     TrainerState,
     checkpoint_dir,
     is_sharded,
@@ -110,11 +111,21 @@ class ShardedCheckpointer:
         if self._upload is not None:
             self._upload.result()  # the write before: one at a time, its copies let go
         pid = torch.tensor([os.getpid()], dtype=torch.int64)
+        failed: OSError | None = None
         if self.rank == 0:
             tmp = temporary_dir(self.run_dir, state.step, os.getpid())
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            try:
+                tmp.mkdir(parents=True)
+            except OSError as err:  # -1: every rank stops, none waits for the others
+                failed, pid[0] = err, -1
         dist.broadcast(pid, group=self.write_group, group_src=0)  # after rank 0 made it
+        if int(pid) < 0:
+            why = failed.strerror if failed is not None else "see rank 0"
+            raise CheckpointWriteError(
+                f"cannot write the checkpoint of step {state.step} in "
+                f"{temporary_dir(self.run_dir, state.step, 0).parent}: {why}"
+            ) from failed
         tmp = temporary_dir(self.run_dir, state.step, int(pid))
         torch.save({"torch": torch.get_rng_state()}, tmp / f"rng_{self.rank}.pt")
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)

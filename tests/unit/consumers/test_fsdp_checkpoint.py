@@ -3,7 +3,7 @@
 
 A resume on the same two ranks continues bit for bit; a checkpoint of two ranks loads into one
 process and one process's into two ranks (DCP reshards), their next steps agreeing within the
-float32 rounding of a 2-rank step."""
+float32 rounding of a 2-rank step. A checkpoint rank 0 cannot start stops every rank."""
 
 from __future__ import annotations
 
@@ -74,6 +74,8 @@ def test_a_resume_on_the_same_ranks_continues_bit_for_bit(tmp_path: Path) -> Non
     assert files == ["rng_0.pt", "rng_1.pt", "shards", "state.json"]
     shards = sorted(p.name for p in (ckpt / "shards").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each rank its own
+    sizes = [(ckpt / "shards" / f"__{r}_0.distcp").stat().st_size for r in (0, 1)]
+    assert max(sizes) < 0.6 * sum(sizes), sizes  # each about half: its shards, not the whole
     assert json.loads((ckpt / "state.json").read_text())["world_size"] == 2
     assert not list(ckpt.parent.glob(".tmp_*"))
     state = json.loads((tmp_path / "state.json").read_text())
@@ -92,7 +94,8 @@ def _reshard_rank(rank: int, world: int, out: str) -> None:
     sharded checkpoint of it."""
     import torch.distributed as dist
 
-    from asyncrl.consumers.checkpoint import checkpoint_dir, write_checkpoint
+    from asyncrl.consumers.checkpoint import CheckpointWriteError, checkpoint_dir, write_checkpoint
+    from asyncrl.consumers.fsdp_checkpoint import ShardedCheckpointer
     from asyncrl.consumers.fsdp_update import FsdpUpdate, broadcast_samples
 
     dist.init_process_group("gloo", init_method=f"file://{out}/rdv", rank=rank, world_size=world)
@@ -107,6 +110,12 @@ def _reshard_rank(rank: int, world: int, out: str) -> None:
         after = backend.full_state_dict()
         if rank == 0:
             torch.save({"loaded": loaded, "after": after}, f"{out}/weights.pt")
+        # rank 0 cannot make the checkpoint's directory: every rank stops, none waits
+        blocked = ShardedCheckpointer(backend.model, backend.optimizer, None, Path(out, "blocked"))
+        try:
+            blocked.snapshot(_state(3))
+        except CheckpointWriteError as err:
+            Path(out, f"refused_{rank}").write_text(str(err))
     finally:
         dist.destroy_process_group()
 
@@ -119,7 +128,11 @@ def test_checkpoints_reshard_between_one_process_and_two_ranks(tmp_path: Path) -
     one = LocalUpdate(cfg, policy=_policy(cfg))
     one.step(_samples(), 1, version=0)
     save_checkpoint(cfg.run_dir, one.model, one.optimizer, _state(1))
+    (tmp_path / "blocked").mkdir()
+    (tmp_path / "blocked" / "checkpoints").write_text("a file where a directory goes")
     _spawn(_reshard_rank, tmp_path)  # one process's step 1 -> two ranks -> step 2, sharded
+    for rank in (0, 1):
+        assert "cannot write the checkpoint of step 3" in (tmp_path / f"refused_{rank}").read_text()
     weights = torch.load(tmp_path / "weights.pt", weights_only=True)
     ref = one.model.state_dict()
     assert all(torch.equal(weights["loaded"][k], ref[k]) for k in ref)  # 1 -> 2: the same
