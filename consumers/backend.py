@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from asyncrl.config import RunConfig
-    from asyncrl.consumers.checkpoint import Snapshot, TrainerState
+    from asyncrl.consumers.checkpoint import ShardedWrite, Snapshot, TrainerState
     from asyncrl.schemas.sample import Sample
 
 
@@ -39,8 +39,9 @@ class UpdateBackend(Protocol):
         """Local update number ``step`` (1-based) on ``samples``, at weight ``version``."""
         ...
 
-    def snapshot(self, state: TrainerState) -> Snapshot:
-        """The checkpoint of now: tensors copied to host memory, for a writer's thread."""
+    def snapshot(self, state: TrainerState) -> Snapshot | ShardedWrite:
+        """The checkpoint of now: tensors copied to host memory, for a writer's thread (a sharded
+        backend's: this rank's shards, being written)."""
         ...
 
     def load(self, path: Path) -> TrainerState:

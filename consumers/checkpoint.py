@@ -20,7 +20,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from asyncrl.consumers.exit_codes import ExitCode
 
@@ -111,6 +111,16 @@ class Snapshot:
     seconds per save in a long run."""
 
 
+class ShardedWrite(Protocol):
+    """A snapshot each rank of a sharded trainer is writing on its own
+    (``consumers/fsdp_checkpoint.py``); ``finish`` waits for the shards and, on rank 0,
+    publishes the checkpoint."""
+
+    step: int
+
+    def finish(self, run_dir: Path, keep: int) -> Path: ...
+
+
 def snapshot(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState
 ) -> Snapshot:
@@ -130,7 +140,18 @@ def snapshot(
             return type(x)(host(v) for v in x)
         return x
 
-    raw = {
+    return Snapshot(
+        step=state.step,
+        model=host(model.state_dict()),
+        optimizer=host(optimizer.state_dict()),
+        rng=torch.get_rng_state(),
+        state=state_json(state),
+    )
+
+
+def state_json(state: TrainerState) -> dict[str, Any]:
+    """``state`` as ``state.json`` holds it, encoded later by the writer's thread."""
+    return {
         "step": state.step,
         "version": state.version,
         # Copies: the trainer goes on changing its own while the writer encodes these
@@ -138,13 +159,6 @@ def snapshot(
         "batcher": dict(state.batcher),
         "metrics": dict(state.metrics),
     }
-    return Snapshot(
-        step=state.step,
-        model=host(model.state_dict()),
-        optimizer=host(optimizer.state_dict()),
-        rng=torch.get_rng_state(),
-        state=raw,
-    )
 
 
 def save_checkpoint(
@@ -157,13 +171,14 @@ def save_checkpoint(
     return write_checkpoint(run_dir, snapshot(model, optimizer, state), keep)
 
 
-def write_checkpoint(run_dir: Path, snap: Snapshot, keep: int = 3) -> Path:
+def write_checkpoint(run_dir: Path, snap: Snapshot | ShardedWrite, keep: int = 3) -> Path:
     import torch
 
+    if not isinstance(snap, Snapshot):  # a sharded one: each rank wrote its shards
+        return snap.finish(run_dir, keep)
     root = _ckpt_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = checkpoint_dir(run_dir, snap.step)
-    tmp = root / f".tmp_step_{snap.step:06d}_{os.getpid()}"
+    tmp = temporary_dir(run_dir, snap.step, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -174,10 +189,24 @@ def write_checkpoint(run_dir: Path, snap: Snapshot, keep: int = 3) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its room back
         raise
+    return publish_checkpoint(run_dir, tmp, snap.step, keep)
+
+
+def temporary_dir(run_dir: Path, step: int, pid: int) -> Path:
+    """Where the writer with process id ``pid`` writes the checkpoint of ``step`` before
+    ``publish_checkpoint`` renames it (``remove_leftovers`` clears one a kill left)."""
+    return _ckpt_root(run_dir) / f".tmp_step_{step:06d}_{pid}"
+
+
+def publish_checkpoint(run_dir: Path, tmp: Path, step: int, keep: int) -> Path:
+    """Make the complete checkpoint written in ``tmp`` the checkpoint of ``step`` (a rename)
+    and ``latest``; keep the newest ``keep``."""
+    root = _ckpt_root(run_dir)
+    final = checkpoint_dir(run_dir, step)
     # The same step again (the run's last, written in the loop and at the end): the complete
     # one moves aside, not away, until the new one is in place (deleting it first, a kill
     # left ``latest`` naming a half-deleted directory, and the restart trained from step 0).
-    old = root / f".old_step_{snap.step:06d}_{os.getpid()}"
+    old = root / f".old_step_{step:06d}_{os.getpid()}"
     if final.exists():
         final.rename(old)
     tmp.rename(final)
@@ -190,10 +219,18 @@ def write_checkpoint(run_dir: Path, snap: Snapshot, keep: int = 3) -> Path:
 
 
 CHECKPOINT_FILES = ("model.pt", "optimizer.pt", "rng.pt", "state.json")
+SHARDED_FILES = ("shards/.metadata", "state.json")
+"""A sharded checkpoint's (``consumers/fsdp_checkpoint.py``): the shards' index and the state."""
+
+
+def is_sharded(path: Path) -> bool:
+    """``path`` holds a sharded checkpoint (its ``shards/`` directory) rather than model.pt."""
+    return (path / "shards").is_dir()
 
 
 def _complete(path: Path) -> bool:
-    return all((path / name).is_file() for name in CHECKPOINT_FILES)
+    files = SHARDED_FILES if is_sharded(path) else CHECKPOINT_FILES
+    return all((path / name).is_file() for name in files)
 
 
 def remove_leftovers(run_dir: Path) -> list[Path]:
@@ -220,14 +257,14 @@ class CheckpointWriter:
         self.written: Path | None = None
         """The checkpoint written last."""
 
-    def submit(self, snap: Snapshot) -> None:
+    def submit(self, snap: Snapshot | ShardedWrite) -> None:
         self.wait()
         self._thread = threading.Thread(
             target=self._write, args=(snap,), name=f"checkpoint-{snap.step}", daemon=True
         )
         self._thread.start()
 
-    def _write(self, snap: Snapshot) -> None:
+    def _write(self, snap: Snapshot | ShardedWrite) -> None:
         try:
             self.written = write_checkpoint(self.run_dir, snap, self.keep)
         except BaseException as err:  # raised again in the trainer's thread
@@ -282,11 +319,21 @@ def load_checkpoint(
 ) -> TrainerState:
     import torch
 
+    if is_sharded(path):  # written by N ranks: DCP reads it into this one process
+        from asyncrl.consumers.dcp_read import read_whole
+
+        read_whole(path, model, optimizer)
+        return read_trainer_state(path)
     model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["torch"])
+    return read_trainer_state(path)
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    """The trainer state (step, version, batcher, metrics) of the checkpoint at ``path``."""
     raw = json.loads((path / "state.json").read_text())
     return TrainerState(
         step=raw["step"], version=raw["version"], batcher=raw["batcher"], metrics=raw["metrics"]
@@ -312,7 +359,9 @@ class TrainerCheckpoints:
         self.writer = CheckpointWriter(run_dir, keep)
         self._uncommitted: tuple[Any, dict[tuple[str, int], int]] | None = None
 
-    def save(self, snap: Snapshot, commit: Any, offsets: dict[tuple[str, int], int]) -> None:
+    def save(
+        self, snap: Snapshot | ShardedWrite, commit: Any, offsets: dict[tuple[str, int], int]
+    ) -> None:
         """Write ``snap`` on the writer's thread (the one before it first on disk); once it is
         on disk, ``commit(offsets)``."""
         self.writer.wait()  # the write before (it had save_freq steps): one at a time

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.config import RunConfig
-from asyncrl.consumers.checkpoint import Snapshot, TrainerState
+from asyncrl.consumers.checkpoint import TrainerState
+from asyncrl.consumers.fsdp_checkpoint import ShardedCheckpointer, ShardedSnapshot
 from asyncrl.models.policy import resolve_device
 from asyncrl.schemas.sample import Sample
 
@@ -75,6 +76,7 @@ class FsdpUpdate:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay
         )
+        self.checkpointer = ShardedCheckpointer(self.model, self.optimizer, self.group, cfg.run_dir)
 
     def share(self, samples: list[Sample]) -> list[Sample]:
         """This rank's samples: its share of each mini-batch, mini-batch after mini-batch."""
@@ -115,11 +117,15 @@ class FsdpUpdate:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
-    def snapshot(self, state: TrainerState) -> Snapshot:
-        raise NotImplementedError("sharded checkpoints: not yet (issue 48)")
+    def snapshot(self, state: TrainerState) -> ShardedSnapshot:
+        """This rank's shards of the checkpoint of ``state.step`` (``consumers/fsdp_checkpoint.py``);
+        every rank calls it at the same step."""
+        return self.checkpointer.snapshot(state)
 
     def load(self, path: Path) -> TrainerState:
-        raise NotImplementedError("sharded checkpoints: not yet (issue 48)")
+        """The checkpoint at ``path`` (sharded by any rank count, or one process's) into this
+        rank's shards; every rank calls it."""
+        return self.checkpointer.load(path)
 
 
 def broadcast_samples(

@@ -127,8 +127,11 @@ def _run_policy(cfg: RunConfig, run: RunConfig | None) -> RunConfig:
     return cfg.model_copy(update={"actor_rollout_ref": actor_rollout_ref, "data": data})
 
 
-def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> dict[str, Any]:
-    """Re-run ``step`` with ``cfg``'s settings; print and return recorded vs replayed."""
+def replay_step(
+    cfg: RunConfig, bootstrap: str, step: int, console: Console, ranks: int | None = None
+) -> dict[str, Any]:
+    """Re-run ``step`` with ``cfg``'s settings on ``ranks`` trainer ranks (None: as many as
+    ran it, which its checkpoint records); print and return recorded vs replayed."""
     from asyncrl.consumers.checkpoint import load_checkpoint
     from asyncrl.consumers.schedule import set_step_lr
     from asyncrl.consumers.update import grpo_update, reference_policy
@@ -178,19 +181,35 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
             f"the weights loaded for step {step} differ from those it started from (checksum "
             f"recorded on {cfg.topic('steps')}): is this the run's own config and run_dir?"
         )
-    model.train()
-    replayed = grpo_update(
-        model,
-        optimizer,
-        samples,
-        cfg,
-        torch.device("cpu"),
-        tokenizer.pad_token_id,
-        version=record.version,  # the token ages of max_token_version_lag
-        ref_model=ref_model,
-    )
+    ran_on = _ranks_of(cfg, step)
+    ranks = ranks or ran_on
+    if ranks > 1:  # spawned ranks, each its shard (the weights above: the checksum's)
+        from asyncrl.ops.replay_sharded import replay_on_ranks
 
-    result: dict[str, Any] = {"step": step, "version": record.version, "metrics": {}}
+        replayed, current = replay_on_ranks(
+            cfg, policy_cfg, step, record.version, samples, ranks, recorded_lr
+        )
+    else:
+        model.train()
+        replayed = grpo_update(
+            model,
+            optimizer,
+            samples,
+            cfg,
+            torch.device("cpu"),
+            tokenizer.pad_token_id,
+            version=record.version,  # the token ages of max_token_version_lag
+            ref_model=ref_model,
+        )
+        current = model.state_dict()
+
+    result: dict[str, Any] = {
+        "step": step,
+        "version": record.version,
+        "metrics": {},
+        "ranks": ranks,
+        "ran_on": ran_on,
+    }
     table = Table(title=f"replay of step {step} (version {record.version}, {len(samples)} samples)")
     for col in ("metric", "recorded", "replayed", "difference"):
         table.add_column(col, justify="right")
@@ -206,11 +225,10 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
         )
     after = _ckpt(cfg, step)
     if after.exists():
-        recorded = torch.load(after / "model.pt", weights_only=True)
-        current = model.state_dict()
-        max_diff = max((current[k] - v).abs().max().item() for k, v in recorded.items())
+        saved = _weights_of(after, model)
+        max_diff = max((current[k] - v).abs().max().item() for k, v in saved.items())
         result["weights_max_abs_diff"] = max_diff
-        result["weights_equal"] = all(torch.equal(current[k], v) for k, v in recorded.items())
+        result["weights_equal"] = all(torch.equal(current[k], v) for k, v in saved.items())
         table.add_row(
             "weights after the step",
             "checkpoint",
@@ -218,7 +236,41 @@ def replay_step(cfg: RunConfig, bootstrap: str, step: int, console: Console) -> 
             f"max |Δ| {max_diff:.3g}",
         )
     console.print(table)
+    if ranks != ran_on and "weights_max_abs_diff" in result:
+        console.print(
+            f"step {step} ran on {ran_on} trainer rank(s) and is replayed on {ranks}: the "
+            "ranks' gradients add up in another order, so the replay cannot be bit-identical "
+            f"(max |Δ| of the weights {result['weights_max_abs_diff']:.3g}); replay it with "
+            f"--ranks {ran_on} for a bit-identical one"
+        )
     return result
+
+
+def _ranks_of(cfg: RunConfig, step: int) -> int:
+    """The trainer ranks that ran ``step``: those that wrote its checkpoint (else the one it
+    started from); 1 without either."""
+    from asyncrl.consumers.dcp_read import world_size_of
+
+    for path in (_ckpt(cfg, step), _ckpt(cfg, step - 1)):
+        if (path / "state.json").is_file():
+            return world_size_of(path)
+    return 1
+
+
+def _weights_of(path: Path, like: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of the checkpoint at ``path``, one process's or sharded (read whole into a
+    copy of ``like``)."""
+    import copy
+
+    from asyncrl.consumers.checkpoint import is_sharded
+    from asyncrl.consumers.dcp_read import read_weights
+
+    if not is_sharded(path):
+        weights: dict[str, torch.Tensor] = torch.load(path / "model.pt", weights_only=True)
+        return weights
+    model = copy.deepcopy(like)
+    read_weights(path, model)
+    return model.state_dict()
 
 
 def replay_topic(

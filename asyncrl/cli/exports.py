@@ -39,7 +39,8 @@ def add_export_model(sub: Subcommands) -> None:
         "into the run's model (actor_rollout_ref.model.path, or the built-in tiny model) and "
         "saves it to OUT with save_pretrained, its tokenizer and chat template beside it: "
         "what transformers, vLLM or actor_rollout_ref.model.path load. The trainer's own "
-        "checkpoints (checkpoints/step_N/model.pt) are torch state dicts for resuming.",
+        "checkpoints (checkpoints/step_N/model.pt, or shards/ of a sharded trainer's ranks, read "
+        "whole here) are for resuming.",
     )
     p.add_argument("run", help="a run_id under --output-dir, or a run directory")
     p.add_argument("--out", required=True, help="a new (or empty) directory to write")

@@ -32,6 +32,12 @@ def add_replay(sub: Subcommands) -> None:
     )
     p.add_argument("what", choices=["step", "topic"], help="what to replay")
     p.add_argument("target", help="step: the step number (1-based); topic: samples or partials")
+    p.add_argument(
+        "--ranks",
+        type=_ranks,
+        help="step: trainer ranks to re-run it on (default: as many as ran it, the one count "
+        "that reproduces its weights bit for bit; another says by how much they differ)",
+    )
     p.add_argument("--to-run", help="topic: the run_id whose topic receives the records")
     p.add_argument(
         "--to-bootstrap",
@@ -74,7 +80,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             with log_broker(cfg, args, "replay", STEP_READS) as bootstrap:
-                replay_step(cfg, bootstrap, step, Console())
+                replay_step(cfg, bootstrap, step, Console(), ranks=args.ranks)
         else:
             if args.target not in ("samples", "partials"):
                 raise ReplayError(f"replay topic takes samples or partials, not {args.target!r}")
@@ -119,6 +125,13 @@ def _replay_step_number(text: str) -> int:
 
     if not text.isdigit() or int(text) < 1:
         raise ReplayError(f"replay step takes a step number (1, 2, ...), not {text!r}")
+    return int(text)
+
+
+def _ranks(text: str) -> int:
+    """``--ranks N``: a whole number, 1 or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"takes a number of ranks (1, 2, ...), not {text!r}")
     return int(text)
 
 
