@@ -238,7 +238,7 @@ def _launch(
 
             ray_launcher = RayLauncher(resolved)
             start = ray_launcher.spawn
-            console.log("launcher: Ray actors")
+            console.log(f"launcher: Ray actors; {ray_launcher.describe()}")
         else:
             start = spawn_local
         if on_spawn is not None:

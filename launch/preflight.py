@@ -33,6 +33,7 @@ from asyncrl.launch.preflight_machine import (
     package_check,
     tracing_check,
 )
+from asyncrl.launch.ray_placement import placement_checks
 
 __all__ = ["ROLES", "Check", "check_startable", "dry_run", "idle_workers_note", "startup_checks"]
 
@@ -83,6 +84,7 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
         checks.append(package_check("trainer.logger", "tensorboard", "tensorboard"))
     if role == "run" and cfg.launcher == "ray":
         checks.append(package_check("launcher", "ray", "ray"))
+        checks += placement_checks(cfg)
     checks.append(tracing_check(cfg))
     checks += kafka_security_checks(cfg)
     checks.append(kafka_clients_check(cfg))

@@ -22,15 +22,20 @@ from asyncrl.consumers.exit_codes import ExitCode
 def add_inspect(sub: Subcommands) -> None:
     p = sub.add_parser(
         "inspect",
-        help="read a run's topics back: samples, partials, control, steps, dead-letter",
+        help="read a run's topics back: samples, partials, control, steps, dead-letter; or "
+        "where its roles ran (placement)",
         description="Reads the run's topic and prints one row per record (the run: run_id=RUN "
         "or a first word RUN; its saved config OUTPUT_DIR/RUN/config.yaml names its broker, "
         "unless --config or kafka.bootstrap_servers is given; an `asyncrl run` with its embedded "
         "broker, finished or running, is read from its archived log): samples with versions, reward, lengths and staleness "
         "at consumption; partial samples with each trajectory's segments; the control history "
-        "(every sync's pause/transfer/load times); steps; dead-letter records with their errors.",
+        "(every sync's pause/transfer/load times); steps; dead-letter records with their errors. "
+        "placement: where each role ran (a launcher=ray run's node, IP, host and bundle at each "
+        "process start, from the run's directory, no broker).",
     )
-    p.add_argument("topic", choices=["samples", "partials", "control", "steps", "dead-letter"])
+    p.add_argument(
+        "topic", choices=["samples", "partials", "control", "steps", "dead-letter", "placement"]
+    )
     p.add_argument("--from", dest="start", type=offset, default=0, help="first offset (default 0)")
     p.add_argument("--to", dest="end", type=offset, default=None, help="stop before this offset")
     p.add_argument(
@@ -115,6 +120,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from asyncrl.ops.inspect_log import READS, print_rows, topic_rows
 
     cfg = load_run(args)
+    if args.topic == "placement":  # the run's directory, not its log: no broker
+        from asyncrl.ops.inspect_placement import print_placement
+
+        print_placement(cfg.run_dir, table_console(), args.json)
+        return ExitCode.OK
     try:
         since, until = time_range(args)
     except ValueError as err:

@@ -42,7 +42,13 @@ def test_a_ray_role_is_told_to_stop_not_killed(make_run_cfg, tmp_path):
 
     from asyncrl.launch.ray_launcher import RayLauncher
 
-    cfg = make_run_cfg("launcher=ray", "ray.num_cpus=2", create_topics=False)
+    # No worker: the trainer's bundle holds one CPU of two, the broker's actor the other.
+    cfg = make_run_cfg(
+        "launcher=ray",
+        "ray.num_cpus=2",
+        "actor_rollout_ref.rollout.num_workers=0",
+        create_topics=False,
+    )
     launcher = RayLauncher(cfg)
     try:
         proc, log = launcher.spawn(
