@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # faust runs with click 8.5. `none` skips it (the vLLM tests then skip). GPU: README.
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),none,cpu)
 
-.PHONY: install run test lint format clean chaos images compose-test
+.PHONY: install run test test-cluster lint format clean chaos images compose-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests on a simulated three-node Ray cluster (minutes; not in `make test`).
+test-cluster: install
+	$(BIN)/python -m pytest -m cluster tests/integration/test_ray_placement.py
 
 # Random faults during mode (d) runs with 2 workers, one line per seed (tests/chaos.py):
 # `make chaos CHAOS_ARGS="--seeds 5 --faults 16 --steps 400 --gap-s 2 8"`.

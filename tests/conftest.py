@@ -17,6 +17,18 @@ if TYPE_CHECKING:
     from asyncrl.config import KafkaConfig, RunConfig
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cluster`` (a simulated multi-node Ray cluster: each node's agents take
+    most of a minute to start on two cores) run only when asked for by ``-m cluster``
+    (``make test-cluster``), so ``make test`` stays within its time."""
+    if "cluster" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="a simulated Ray cluster: opt in with `make test-cluster`")
+    for item in items:
+        if "cluster" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap string of one EmbeddedBroker shared by the session (log kept in a tmp dir)."""

@@ -19,7 +19,7 @@ from rich.console import Console
 from asyncrl.launch.launcher import run
 from asyncrl.launch.ray_node import read_placements
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.cluster]
 
 STORE = 80 * 1024 * 1024
 """Each node's object store (Ray's least is 75 MiB): the roles put nothing in it."""
