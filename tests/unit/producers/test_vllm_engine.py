@@ -82,6 +82,45 @@ def test_sampled_logprobs_equal_the_trainers_float32_recomputation(fresh, tok, t
     assert max(gaps) < 1e-4
 
 
+def test_a_trainer_step_on_vllms_samples_reports_a_float_noise_gap(fresh, tok):
+    """verl's training/rollout_probs_diff_* of a step trained on vLLM's samples, from the
+    weights that sampled them (one mini-batch, old log-probs recomputed, fp32 on the CPU)."""
+    import copy
+
+    from asyncrl.consumers.probs_diff import NAMES
+    from asyncrl.consumers.update import grpo_update
+    from asyncrl.schemas.sample import Sample, Trajectory
+
+    results = fresh.generate(_reqs(tok, PROMPTS * 2, max_new=16))
+    samples = [
+        Sample(
+            f"s{i}",
+            f"p{i}",
+            0,
+            a.prompt_ids,
+            "0",
+            [
+                Trajectory(a.response_ids, a.response_logprobs, 1.0),
+                Trajectory(b.response_ids, b.response_logprobs, 0.0),
+            ],
+        )
+        for i, (a, b) in enumerate(zip(results[:4], results[4:], strict=True))
+    ]
+    cfg = load_config(
+        overrides=[
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "async_training.use_rollout_log_probs=false",
+        ]
+    )
+    model = copy.deepcopy(fresh.model).train()
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    metrics = grpo_update(model, optim, samples, cfg, torch.device("cpu"), pad_token_id=0)
+    top, mean, std = (metrics[k] for k in NAMES)
+    print(f"\nvllm, fp32 CPU: rollout_probs_diff max {top:.1e} mean {mean:.1e} std {std:.1e}")
+    assert top < 1e-4
+
+
 def test_greedy_tokens_are_the_hf_cached_engines(fresh, tok):
     mine = fresh.generate(_reqs(tok, PROMPTS, greedy=True))
     ref = CachedHFEngine(fresh.model, tok, 1.0, tok.eos_token_id, tok.pad_token_id)
