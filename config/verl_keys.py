@@ -324,7 +324,6 @@ VERL_KEYS: dict[str, VerlKey] = {
         f"actor_rollout_ref.rollout.{knob}": ignored(ENGINE_SPEED)
         for knob in (
             "cudagraph_capture_sizes",
-            "free_cache_engine",
             "scheduling_policy",
             "load_format",
             "multi_stage_wake_up",
@@ -332,8 +331,19 @@ VERL_KEYS: dict[str, VerlKey] = {
             "skip_tokenizer_init",
         )
     },
-    "actor_rollout_ref.rollout.mode": ignored(
-        "asyncrl's workers always generate as servers of their own (verl's async mode)"
+    "actor_rollout_ref.rollout.mode": fixed(
+        "asyncrl's rollout workers serve their engine (vllm too) request by request as verl's "
+        "async mode does: requests added, aborted and continued one by one on the engine's "
+        "thread (rollout.engine_thread), never one batch per trainer step with the engine "
+        "idle while the trainer trains (verl's sync mode)",
+        "async",
+    ),
+    "actor_rollout_ref.rollout.free_cache_engine": ignored(
+        "verl frees the engine's KV cache (vLLM's sleep mode) when its hybrid engine hands the "
+        "device to the trainer between rollouts; asyncrl's rollout, like verl's fully async "
+        "one, never hands its device over, so there is no phase to free it in. What matters "
+        "for the results is done at every weight load whatever the value: the vllm engine "
+        "drops every KV block computed under the old weights (reset_prefix_cache)"
     ),
     "actor_rollout_ref.rollout.calculate_log_probs": ignored(
         "asyncrl's workers always record the rollout's log-probs"

@@ -29,6 +29,7 @@ from asyncrl.consumers.grpo import (
     token_logprobs_and_entropy,
 )
 from asyncrl.consumers.precision import autocast
+from asyncrl.consumers.probs_diff import probs_diff, probs_diff_metrics
 from asyncrl.schemas.sample import Sample
 
 if TYPE_CHECKING:
@@ -199,8 +200,10 @@ def grpo_update(
     (:func:`reference_policy`). The off-policy options (``consumers/decoupled.py``) apply in this order:
     reward failures and tool tokens leave the mask, then tokens too stale; the proximal
     log-probs of every mini-batch are computed before the first update; the rollout
-    correction is computed over the whole step (verl: once per batch). ``group``: the ranks
-    this rank's share of every mini-batch is trained with (:func:`policy_step`)."""
+    correction is computed over the whole step (verl: once per batch). Where the step
+    recomputes the old (or proximal) log-probs, the gap to the rollout's is reported under
+    verl's ``training/rollout_probs_diff_*`` (``consumers/probs_diff.py``). ``group``: the
+    ranks this rank's share of every mini-batch is trained with (:func:`policy_step`)."""
     actor = cfg.actor_rollout_ref.actor
     at = cfg.async_training
     rewards = torch.tensor([s.rewards for s in samples], dtype=torch.float32)
@@ -237,18 +240,26 @@ def grpo_update(
     # With ppo_epochs > 1: each mini-batch's old log-probs as its first pass had them, so the
     # later passes clip against the same policy (verl computes them once per step).
     olds: dict[int, torch.Tensor] = {}
+    # The trainer's recomputed log-probs against the rollout's, token by token, where the
+    # step recomputes them: verl's training/rollout_probs_diff_*.
+    recomputes = correction is not None or not at.use_rollout_log_probs
+    gaps: list[torch.Tensor] = []
     for epoch in range(actor.ppo_epochs):
         for i, batch in enumerate(batches):
             prox = weights = None
             if correction is not None:
                 prox, weights = correction.prox[i], correction.weights[i]
+                if epoch == 0:
+                    gaps.append(probs_diff(prox, batch.old_logprobs, batch.response_mask))
                 batch.response_mask = correction.masks[i]
             maybe_empty = valid is not None or masked_more
             if maybe_empty and not _group_any(bool(batch.response_mask.any()), group):
                 continue  # nothing left to learn from in this mini-batch (failed, stale, rejected)
-            if prox is None and actor.ppo_epochs > 1:
+            if prox is None and (actor.ppo_epochs > 1 or recomputes):
                 if epoch == 0:
                     olds[i] = old_logprobs(model, batch, cfg)
+                    if recomputes:
+                        gaps.append(probs_diff(olds[i], batch.old_logprobs, batch.response_mask))
                 prox = olds[i]
             stats = policy_step(
                 *(model, optimizer, batch, cfg, prox),
@@ -258,6 +269,8 @@ def grpo_update(
                 totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + v
             n_mini += 1
     metrics = {k: v / n_mini for k, v in totals.items()}
+    if recomputes:
+        metrics.update(probs_diff_metrics(gaps, group))
     if correction is not None:
         metrics.update(correction.metrics)
     metrics.update(extra)

@@ -564,6 +564,26 @@ def test_vllm_memory_and_scheduling_knobs_are_the_vllm_engines_or_ignored(
         load_config(empty_config, ["actor_rollout_ref.rollout.quantization=fp8"])
 
 
+def test_rollout_mode_is_async_and_free_cache_engine_says_why_it_changes_nothing(
+    empty_config: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """verl's rollout.mode=async is how asyncrl serves every engine (vllm too): accepted;
+    sync (one batch per trainer step) is refused naming the key. free_cache_engine frees a
+    hybrid engine's KV cache for the trainer: either value loads, with that reason."""
+    cfg = load_config(
+        empty_config,
+        ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async"],
+    )
+    assert cfg.actor_rollout_ref.rollout.name == "vllm"
+    with pytest.raises(ConfigError, match=r"rollout.mode=sync .*verl's sync mode"):
+        load_config(empty_config, ["actor_rollout_ref.rollout.mode=sync"])
+    for value in ("True", "False"):
+        with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
+            load_config(empty_config, [f"actor_rollout_ref.rollout.free_cache_engine={value}"])
+        assert "hands the device to the trainer" in caplog.text
+        caplog.clear()
+
+
 def test_verls_checkpoint_directory_names_the_run_directory(empty_config: Path) -> None:
     """trainer.default_local_dir (checkpoints/<project>/<experiment>) was refused outright; it
     is output_dir, or its parent where its last part is the run_id."""
