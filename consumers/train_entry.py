@@ -68,23 +68,23 @@ def _trainer(cfg: RunConfig, bootstrap: str, backend: UpdateBackend | None) -> E
 
 
 def _rank(cfg: RunConfig, bootstrap: str, env: RankEnv) -> ExitCode:
-    """This process as rank ``env.rank`` of the trainer's group."""
+    """This process as rank ``env.rank`` of the trainer's group. A rank 0 that fails raises
+    and exits at once: its store closes, the others exit on that, and ``asyncrl run``
+    restarts the group."""
     from asyncrl.consumers.rank_follower import follow_rank_zero
     from asyncrl.consumers.rank_zero import RankZeroUpdate
     from asyncrl.consumers.ranks import RankGroup
 
     group = RankGroup(cfg, env)
-    try:
-        if env.rank > 0:
-            try:
-                return follow_rank_zero(cfg, group)
-            except RankZeroGone as gone:
-                log.error("trainer %s: %s", env.name, gone)
-                return ExitCode.FAILED
-        backend = RankZeroUpdate(cfg, group)
+    if env.rank > 0:
         try:
-            return _trainer(cfg, bootstrap, backend)
-        finally:
-            backend.stop()
-    finally:
-        group.close()
+            code = follow_rank_zero(cfg, group)
+        except RankZeroGone as gone:
+            log.error("trainer %s: %s", env.name, gone)
+            return ExitCode.FAILED
+    else:
+        backend = RankZeroUpdate(cfg, group)
+        code = _trainer(cfg, bootstrap, backend)  # finished, or stopped by a signal
+        backend.stop()
+    group.close()
+    return code

@@ -216,11 +216,13 @@ def _role_main(
     os.dup2(log, 2)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)  # type: ignore[union-attr]
-    os.environ.clear()
-    os.environ.update(env)
     from asyncrl.telemetry.process_title import set_title
 
-    set_title(" ".join(["asyncrl", *argv]))  # not the fork server's command line, in ps
+    # Not the fork server's command line, in ps; before the environment is replaced:
+    # setproctitle finds the room it writes in beside the environment's strings.
+    set_title(" ".join(["asyncrl", *argv]))
+    os.environ.clear()
+    os.environ.update(env)
     sys.argv = ["asyncrl", *argv]
     try:  # as `python -m asyncrl <argv>`, which ends in SystemExit(its exit code)
         runpy.run_module("asyncrl", run_name="__main__", alter_sys=True)
