@@ -90,14 +90,12 @@ def test_a_lost_rank_restarts_the_group_from_its_checkpoint(make_run_cfg, quick_
     summary, fault, out = _run_with_fault(cfg, _stop_rank_one, how, 4, join_s=240)
     assert fault, "rank 1 was never stopped"
     assert summary["step"] == steps and summary["restarts"] == {"trainer": 1}
-    said = re.search(r"trainer exited with code (-?\d+)( \((.*?)\))?; restarting it", out)
-    assert said, out
+    assert "restarting it (1/3" in out
     if how == signal.SIGKILL:  # rank 1's death ended the group
-        assert said[1] == "-9" and said[3].startswith(
-            f"trainer-rank-1, pid {fault['pid']}, killed by SIGKILL"
-        )
+        said = f"trainer exited with code -9 (trainer-rank-1, pid {fault['pid']}, killed by SIGKILL"
     else:  # rank 0's collective timed out: rank 0 failed, and rank 1 was killed with it
-        assert said[1] == "1" and said[2] is None
+        said = "trainer exited with code 1; restarting it"
+    assert said in out, out
     events = [r.value for r in read_topic(cfg, "control")]
     resumed = [e for e in events if isinstance(e, ev.TrainerResumed)]
     assert len(resumed) == 1 and resumed[0].step == 3
