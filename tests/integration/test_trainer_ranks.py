@@ -4,6 +4,7 @@ hung in a collective (found within ``actor_rollout_ref.nccl_timeout``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -11,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from asyncrl.schemas import control as ev
 from tests.helpers import check_log_invariants, read_topic, report_recovery
@@ -57,10 +57,15 @@ def test_two_ranks_train_the_demo_with_the_log_exact(make_run_cfg, quick_policy)
     assert "trainer rank 1/2 on " in follower
     assert len(re.findall(r"step \d+, version \d+: its 4 of 8 samples trained", follower)) == steps
     assert "rank 0 has stopped: exiting" in follower
-    # rank 0 wrote the checkpoint in the one-process format: AdamW's state keyed by index
-    latest = (cfg.run_dir / "checkpoints" / "latest").read_text().strip()
-    state = torch.load(cfg.run_dir / "checkpoints" / latest / "optimizer.pt", weights_only=True)
-    assert sorted(state["state"]) == list(range(len(state["param_groups"][0]["params"])))
+    # each rank wrote its shards of the last checkpoint; rank 0 its state, with the group's size
+    latest = (
+        cfg.run_dir / "checkpoints" / (cfg.run_dir / "checkpoints" / "latest").read_text().strip()
+    )
+    assert sorted(p.name for p in (latest / "shards").glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    assert json.loads((latest / "state.json").read_text())["world_size"] == 2
 
 
 def _stop_rank_one(cfg, pids: dict[str, int], how: signal.Signals, at: int, out: dict) -> None:
