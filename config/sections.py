@@ -60,6 +60,10 @@ class ActorRolloutRefConfig(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     actor: ActorConfig = Field(default_factory=ActorConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    nccl_timeout: int = Field(600, ge=1)
+    """verl's key: seconds a trainer rank waits in one collective (NCCL on GPUs, gloo on the
+    CPU) before it fails, with trainer.n_gpus_per_node > 1: a rank that hangs is found within
+    this time and the group restarts (`asyncrl run`, trainer.max_restarts)."""
 
 
 class RunConfig(Strict):

@@ -68,6 +68,21 @@ class TrainerConfig(Strict):
             )
         return mode
 
+    nnodes: int = Field(1, ge=1)
+    """verl's key: machines the trainer's ranks run on. `asyncrl run` starts its ranks on its
+    own machine, so more than 1 is refused there, naming this key; ranks started by hand
+    (torchrun ... -m asyncrl train) may span machines."""
+    n_gpus_per_node: int = Field(1, ge=1)
+    """verl's key: trainer ranks per machine; trainer.nnodes x trainer.n_gpus_per_node ranks
+    shard the policy's weights, gradients and AdamW state with FSDP2 (one GPU each on CUDA,
+    NCCL; processes on the CPU, gloo). 1: one trainer process holding the whole policy.
+    actor.ppo_mini_batch_size is the global mini-batch, split evenly over the ranks."""
+
+    @property
+    def ranks(self) -> int:
+        """The trainer's ranks: nnodes x n_gpus_per_node."""
+        return self.nnodes * self.n_gpus_per_node
+
     seed: int = 0
     """Seed of the trainer's RNG (rollout workers derive theirs from it)."""
     torch_threads: int = Field(1, ge=1)

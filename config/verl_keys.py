@@ -39,12 +39,12 @@ TOTAL_WHY = (
     "(ppo_mini_batch_size x require_batches)"
 )
 FSDP = (
-    "FSDP/Megatron sharding, offload and sequence-parallel internals: asyncrl's trainer is one "
-    "PyTorch process with the whole model"
+    "FSDP/Megatron sharding, offload and sequence-parallel internals: asyncrl's trainer shards "
+    "with FSDP2 over trainer.nnodes x trainer.n_gpus_per_node ranks, with no such knob"
 )
 FSDP_SAME = (
     "how verl's FSDP data parallelism shards and schedules the model over its GPUs: the same "
-    "updates as asyncrl's trainer, one PyTorch process with the whole model"
+    "updates as asyncrl's trainer (FSDP2 over trainer.nnodes x trainer.n_gpus_per_node ranks)"
 )
 ENGINE = (
     "vLLM/SGLang engine setting: asyncrl's rollout engine is its own (actor_rollout_ref.rollout."
@@ -74,8 +74,8 @@ CRITIC = (
     "algorithm.adv_estimator is grpo, where verl's default is gae (PPO with this critic)"
 )
 LAYOUT = (
-    "resource layout: asyncrl runs one trainer and actor_rollout_ref.rollout.num_workers rollout "
-    "workers (placement: ray.* with launcher=ray)"
+    "resource layout: asyncrl runs trainer.nnodes x trainer.n_gpus_per_node trainer ranks and "
+    "actor_rollout_ref.rollout.num_workers rollout workers (placement: ray.* with launcher=ray)"
 )
 NAMES = "experiment naming for verl's trackers: asyncrl names a run by run_id"
 PROFILE = "profiling: asyncrl traces with OpenTelemetry instead (tracing.*)"
@@ -200,7 +200,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.hybrid_engine": fixed(
         "asyncrl's rollout workers are processes apart from the trainer", False
     ),
-    "actor_rollout_ref.nccl_timeout": ignored("asyncrl's weight sync has sync.timeout_s"),
     # --- actor -------------------------------------------------------------------------------
     "actor_rollout_ref.actor.strategy": fixed(FSDP_SAME, "fsdp", "fsdp2"),
     "actor_rollout_ref.actor.fsdp_config.*": refused(FSDP),
@@ -407,8 +406,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     # --- trainer -----------------------------------------------------------------------------
     "trainer.project_name": ignored(NAMES),
     "trainer.experiment_name": ignored(NAMES),
-    "trainer.nnodes": ignored(LAYOUT),
-    "trainer.n_gpus_per_node": ignored(LAYOUT),
     "trainer.balance_batch": ignored("balances sequence lengths across data-parallel ranks"),
     "trainer.log_val_generations": ignored("logging choice"),
     "trainer.rollout_data_dir": ignored("logging choice: asyncrl's samples are on the log"),

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from confluent_kafka import KafkaException
 
+from asyncrl.config import RunConfig
 from asyncrl.kafka.interfaces import Source
 from asyncrl.schemas import control as ev
 from asyncrl.schemas.sample import Sample
@@ -34,6 +35,12 @@ CUMULATIVE = (STALE_SAMPLES, STALE_TRAJECTORIES)
 trainer goes on counting from its checkpoint)."""
 
 
+def run_devices(cfg: RunConfig) -> int:
+    """The run's devices as verl's perf/throughput counts them: one per trainer rank
+    (``trainer.nnodes x trainer.n_gpus_per_node``) and one per rollout worker."""
+    return cfg.trainer.ranks + cfg.actor_rollout_ref.rollout.num_workers
+
+
 class StepStats:
     """What the trainer counts over a run: samples trained, samples generated (the topic's end
     offsets), when it started, and the checkpointed ``history`` (cumulative counters, the last
@@ -43,7 +50,7 @@ class StepStats:
         self.history = history
         self.n_devices = n_devices
         """verl's perf/throughput divides by every GPU of the run, trainer's and rollout's:
-        here the trainer's device and one per rollout worker."""
+        here ``run_devices``."""
         self.t_start = time.monotonic()
         self.samples_trained = 0
         self.generated = 0

@@ -4,6 +4,11 @@ SIGTERM (``docker compose stop``, ``kill``, the launcher) and a first Ctrl-C sto
 between two steps, with a checkpoint of the last one; a second Ctrl-C stops it at once. A
 stopped trainer exits 143 (SIGTERM) or 130 (Ctrl-C), leaving its run open; a finished one
 writes ``summary.json`` (whole or absent: a relaunch reads it) and exits 0.
+
+With ``trainer.nnodes x trainer.n_gpus_per_node`` > 1 this process is one rank of the trainer
+(``consumers/ranks.py``): rank 0 runs the trainer as above on the sharded backend
+(``consumers/rank_zero.py``) and tells the others to stop when it ends; the others follow it
+(``consumers/rank_follower.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import signal
 from asyncrl.config import RunConfig
 from asyncrl.consumers.backend import UpdateBackend
 from asyncrl.consumers.exit_codes import ExitCode, stopped_by
+from asyncrl.consumers.ranks import RankEnv, RankZeroGone, rank_env
 
 log = logging.getLogger("asyncrl.train")
 
@@ -24,9 +30,16 @@ def train(cfg: RunConfig, bootstrap: str, backend: UpdateBackend | None = None) 
     it; the process's exit code. ``backend`` replaces the update (None: the config's)."""
     import torch
 
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    env = rank_env(cfg)
+    if env is not None:
+        return _rank(cfg, bootstrap, env)
+    return _trainer(cfg, bootstrap, backend)
+
+
+def _trainer(cfg: RunConfig, bootstrap: str, backend: UpdateBackend | None) -> ExitCode:
     from asyncrl.consumers.trainer import Trainer, TrainerStopped
 
-    torch.set_num_threads(cfg.trainer.torch_threads)
     trainer = Trainer(cfg, bootstrap, backend=backend)
     signal.signal(signal.SIGTERM, lambda *_: trainer.stop("SIGTERM"))
 
@@ -52,3 +65,26 @@ def train(cfg: RunConfig, bootstrap: str, backend: UpdateBackend | None = None) 
         cfg.run_dir / "summary.json",
     )
     return ExitCode.OK
+
+
+def _rank(cfg: RunConfig, bootstrap: str, env: RankEnv) -> ExitCode:
+    """This process as rank ``env.rank`` of the trainer's group. A rank 0 that fails raises
+    and exits at once: its store closes, the others exit on that, and ``asyncrl run``
+    restarts the group."""
+    from asyncrl.consumers.rank_follower import follow_rank_zero
+    from asyncrl.consumers.rank_zero import RankZeroUpdate
+    from asyncrl.consumers.ranks import RankGroup
+
+    group = RankGroup(cfg, env)
+    if env.rank > 0:
+        try:
+            code = follow_rank_zero(cfg, group)
+        except RankZeroGone as gone:
+            log.error("trainer %s: %s", env.name, gone)
+            return ExitCode.FAILED
+    else:
+        backend = RankZeroUpdate(cfg, group)
+        code = _trainer(cfg, bootstrap, backend)  # finished, or stopped by a signal
+        backend.stop()
+    group.close()
+    return code

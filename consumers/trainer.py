@@ -42,7 +42,7 @@ from asyncrl.consumers.dynamic_sampling import REASON as FILTERED
 from asyncrl.consumers.dynamic_sampling import check_gen_batches, filter_metrics
 from asyncrl.consumers.evaluation import TrainerEvaluation
 from asyncrl.consumers.io import TrainerIO, kafka_io
-from asyncrl.consumers.step_stats import StepStats
+from asyncrl.consumers.step_stats import StepStats, run_devices
 from asyncrl.consumers.update import warn_if_no_reward
 from asyncrl.kafka import Record
 from asyncrl.producers.feed import FeedAhead, feeds_ahead
@@ -108,7 +108,7 @@ class Trainer:
         self.io = io
         self.io.samples.assign(cfg.topic("samples"), offsets)
         self.io.control.start()
-        self.stats = StepStats(history, n_devices=1 + cfg.actor_rollout_ref.rollout.num_workers)
+        self.stats = StepStats(history, n_devices=run_devices(cfg))
         learns = self.backend.learns
         self.evaluation = TrainerEvaluation(cfg, self.backend.tokenizer, self.history, not learns)
         self.metrics_file = JsonlWriter(cfg.run_dir / "metrics.jsonl")

@@ -3,8 +3,10 @@
 1. Broker: the configured cluster, or an embedded Tansu on a free loopback port.
 2. The set-up (``launch/setup.py``'s ``prepare``): the prompts read, the run's topics, the
    policy built and warm-started once (cached), the prompts topic fed, the resolved config.
-3. One trainer and ``rollout.num_workers`` worker processes, each ``python -m asyncrl ...``
-   with the resolved config; they die with the launcher (PDEATHSIG), also on a crash.
+3. One trainer (``trainer.nnodes x trainer.n_gpus_per_node`` ranks of it:
+   ``launch/rank_group.py``) and ``rollout.num_workers`` worker processes, each
+   ``python -m asyncrl ...`` with the resolved config; they die with the launcher
+   (PDEATHSIG), also on a crash.
 4. Progress read back from the ``steps`` topic until the trainer exits; a rollout worker that
    dies is restarted (``rollout.max_restarts``) and recovers its work from the log; a trainer
    that dies is restarted (``trainer.max_restarts``) and resumes from its last checkpoint,
@@ -32,6 +34,7 @@ from asyncrl.launch.log_archive import ArchiveError, run_ref
 from asyncrl.launch.preflight import check_startable, idle_workers_note
 from asyncrl.launch.process import start_role_server
 from asyncrl.launch.progress import records_shown, wide_console
+from asyncrl.launch.rank_group import ranks_starter
 from asyncrl.launch.resume import Decision, decide, finished_at
 from asyncrl.launch.setup import prepare
 from asyncrl.launch.supervise import (
@@ -232,7 +235,7 @@ def _launch(
                 f"for workers started elsewhere (`asyncrl rollout --config {config_path} "
                 "--worker-id 0`, docs/cluster.md)[/]"
             )
-        start: Callable[[str, list[str], Path], tuple[RoleProcess, Path]]
+        start: Callable[..., tuple[RoleProcess, Path]]
         if resolved.launcher == "ray":
             from asyncrl.launch.ray_launcher import RayLauncher
 
@@ -243,12 +246,18 @@ def _launch(
             start = spawn_local
         if on_spawn is not None:
             start = _announcing(start, on_spawn)
+        if resolved.trainer.ranks > 1:  # one machine, local (launch/preflight_ranks.py)
+            start = ranks_starter(start, resolved.trainer.ranks)
+            console.log(f"trainer: {resolved.trainer.ranks} ranks (FSDP2)")
         procs["trainer"] = start("trainer", trainer_command(config_path), logs / "trainer.log")
         for i in range(resolved.actor_rollout_ref.rollout.num_workers):
             name = f"rollout-{i}"
             procs[name] = start(name, worker_command(config_path, i), logs / f"{name}.log")
         pids = [
-            f"{name} pid {pid_of(proc)}" for name, (proc, _) in procs.items() if pid_of(proc) > 0
+            f"{name} pid {pid}"
+            for role, (proc, _) in procs.items()
+            for name, pid in getattr(proc, "pids", {role: pid_of(proc)}).items()
+            if pid > 0
         ]
         if pids:  # forked roles all show as the fork server's command line in ps: which is which
             console.log(f"{', '.join(pids)}; their logs: {logs}/")
@@ -292,11 +301,11 @@ def _restore_log(cfg: RunConfig, bootstrap: str, console: Console) -> None:
 
 
 def _announcing(
-    start: Callable[[str, list[str], Path], tuple[Any, Path]],
+    start: Callable[..., tuple[Any, Path]],
     on_spawn: Callable[[str, int], None],
-) -> Callable[[str, list[str], Path], tuple[Any, Path]]:
-    def started(name: str, cmd: list[str], log_path: Path) -> tuple[Any, Path]:
-        proc, path = start(name, cmd, log_path)
+) -> Callable[..., tuple[Any, Path]]:
+    def started(name: str, cmd: list[str], log_path: Path, **kwargs: Any) -> tuple[Any, Path]:
+        proc, path = start(name, cmd, log_path, **kwargs)
         on_spawn(name, pid_of(proc))
         return proc, path
 

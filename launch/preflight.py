@@ -6,7 +6,8 @@ starting anything, and ``asyncrl run --dry-run`` prints them: a bad value stops 
 at once, naming its key, instead of a role seconds into the run (and again at each restart).
 The checks live by what they look at: ``preflight_agent`` (tools, interactions, the tool-call
 format), ``preflight_files`` (the run's directory, the model, data and reward files) and
-``preflight_machine`` (CUDA, extras, tracing, Kafka client settings, the rendezvous host).
+``preflight_machine`` (CUDA, extras, tracing, Kafka client settings, the rendezvous host) and
+``preflight_ranks`` (a sharded trainer's ranks).
 
 A check of the machine (CUDA, installed packages, files) runs where the process that needs it
 runs: under ``launcher=ray`` the launcher leaves CUDA to the trainer's own ``asyncrl train``.
@@ -33,6 +34,7 @@ from asyncrl.launch.preflight_machine import (
     package_check,
     tracing_check,
 )
+from asyncrl.launch.preflight_ranks import rank_checks
 from asyncrl.launch.ray_placement import placement_checks
 
 __all__ = ["ROLES", "Check", "check_startable", "dry_run", "idle_workers_note", "startup_checks"]
@@ -80,6 +82,8 @@ def startup_checks(cfg: RunConfig, role: str, rows: bool = False) -> list[Check]
         checks.append(_filter_metric(cfg))
         checks += data_files_checks(cfg, rows)
     checks += cuda_checks(cfg, role, here)
+    if role != "rollout":
+        checks += rank_checks(cfg, role, here)
     if role != "rollout" and "tensorboard" in cfg.trainer.logger:
         checks.append(package_check("trainer.logger", "tensorboard", "tensorboard"))
     if role == "run" and cfg.launcher == "ray":

@@ -10,7 +10,8 @@ CPU on those imports on a 2-core machine, at every start and every restart of ev
 server imports nothing that starts a thread (pyarrow's allocator does: it is imported in each
 child). A role still ends with the launcher: a thread of its own waits on the launcher's pidfd,
 and, where there is none, the server exits with the launcher and the role with the server
-(PDEATHSIG).
+(PDEATHSIG). Each forked role names itself in ``ps`` by its command (``asyncrl rollout
+--config ... --worker-id 0``), not the server's.
 """
 
 from __future__ import annotations
@@ -56,17 +57,22 @@ def die_with_parent() -> Callable[[], None]:
     return preexec
 
 
-def child_env() -> dict[str, str]:
-    """The environment for our children: never reach for a model hub."""
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for our children: never reach for a model hub; ``extra`` on top (a
+    trainer rank's RANK, WORLD_SIZE, ...)."""
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
     return env
 
 
-def spawn(cmd: list[str], log_path: Path) -> tuple[subprocess.Popen, Path]:
-    """Start ``cmd`` with stdout and stderr to ``log_path``; it dies with this process."""
+def spawn(
+    cmd: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, Path]:
+    """Start ``cmd`` with stdout and stderr to ``log_path`` and ``env`` added to its
+    environment; it dies with this process."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -74,7 +80,7 @@ def spawn(cmd: list[str], log_path: Path) -> tuple[subprocess.Popen, Path]:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=child_env(),
+            env=child_env(env),
             preexec_fn=die_with_parent(),
             close_fds=True,
         )
@@ -210,6 +216,11 @@ def _role_main(
     os.dup2(log, 2)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)  # type: ignore[union-attr]
+    from asyncrl.telemetry.process_title import set_title
+
+    # Not the fork server's command line, in ps; before the environment is replaced:
+    # setproctitle finds the room it writes in beside the environment's strings.
+    set_title(" ".join(["asyncrl", *argv]))
     os.environ.clear()
     os.environ.update(env)
     sys.argv = ["asyncrl", *argv]
@@ -252,9 +263,11 @@ class RoleProcess:
         self.send_signal(signal.SIGTERM)
 
 
-def spawn_role(argv: list[str], log_path: Path) -> tuple[RoleProcess, Path]:
+def spawn_role(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> tuple[RoleProcess, Path]:
     """Start ``asyncrl <argv>`` forked from the preloaded server, its stdout and stderr to
-    ``log_path``; it dies with this process."""
+    ``log_path`` and ``env`` added to its environment; it dies with this process."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start_role_server()  # SIGINT ignored in the server (a no-op once it runs)
     # A process that ignores SIGINT keeps its roles so: a SIGINT to the group once stopped
@@ -264,7 +277,7 @@ def spawn_role(argv: list[str], log_path: Path) -> tuple[RoleProcess, Path]:
     ctx = _context()
     process = ctx.Process(
         target=_role_main,
-        args=(argv, str(log_path), child_env(), os.getpid(), interrupt),
+        args=(argv, str(log_path), child_env(env), os.getpid(), interrupt),
         name=argv[0] if argv else "asyncrl",
     )
     process.start()

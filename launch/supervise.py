@@ -80,12 +80,15 @@ def failure_report(name: str, rc: int, log_path: Path) -> str:
     return report
 
 
-def spawn_local(name: str, cmd: list[str], log_path: Path) -> tuple[RoleProcess, Path]:
+def spawn_local(
+    name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> tuple[RoleProcess, Path]:
     """A role's command (``python -m asyncrl ...``) forked from the preloaded server where
-    there is one (``launch/process.py``), any other command as a fresh process."""
+    there is one (``launch/process.py``), any other command as a fresh process; ``env``
+    added to its environment."""
     if cmd[:3] == [sys.executable, "-m", "asyncrl"] and preloaded_available():
-        return spawn_role(cmd[3:], log_path)
-    return spawn(cmd, log_path)
+        return spawn_role(cmd[3:], log_path, env)
+    return spawn(cmd, log_path, env)
 
 
 def pid_of(proc: Any) -> int:
@@ -176,8 +179,11 @@ def follow(
                         )
                         procs[name] = start(name, cmd, log_path)
                         pid = pid_of(procs[name][0])
+                        note = getattr(proc, "exit_note", None)  # which rank (rank_group.py)
                         console.log(
-                            f"[yellow]{name} exited with code {rc}; restarting it "
+                            f"[yellow]{name} exited with code {rc}"
+                            + (f" ({note})" if note else "")
+                            + "; restarting it "
                             f"({restarts[name]}/{max_restarts}"
                             + (f", pid {pid}" if pid > 0 else "")
                             + "); "

@@ -34,6 +34,20 @@ def test_a_forked_role_writes_its_log_and_reports_its_exit_code(tmp_path):
     assert "invalid choice: 'no-such-command'" in log.read_text()
 
 
+def test_a_forked_role_shows_its_own_command_in_ps(tmp_path):
+    """Not the fork server's command line: every role showed as that one, and so did the
+    trainer's ranks (the title was written after the environment was replaced, and
+    setproctitle found no room then)."""
+    role, log = spawn_role(["broker"], tmp_path / "broker.log")
+    try:
+        _wait_until_serving(role.pid, log)
+        with open(f"/proc/{role.pid}/cmdline", "rb") as f:
+            assert f.read().startswith(b"asyncrl broker\0")
+    finally:
+        role.kill()
+        role.wait(30)
+
+
 def _wait_until_serving(role: int, log) -> None:
     """Until the broker role logs its address (up to 2 min), failing if it dies first."""
     deadline = time.monotonic() + 120
