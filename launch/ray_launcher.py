@@ -177,6 +177,8 @@ class RayLauncher:
         if (slot := self.placement.slot(name)) is not None:
             options["scheduling_strategy"] = slot.strategy()
             placed = {"bundle": slot.index, "placement_group": slot.group.id.hex()}
+        if rank is not None:  # where this rank (the trainer) meets the others and the workers
+            placed["master_addr"] = role_env.get("MASTER_ADDR", self.cfg.sync.master_addr)
         actor = self._actor.options(**options).remote()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         ref = actor.run.remote(cmd, str(log_path), role_env, str(self.cfg.run_dir), name, placed)

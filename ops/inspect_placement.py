@@ -2,7 +2,8 @@
 
 A Ray run's actors recorded their node at each start (``launch/ray_node.py``:
 ``run_dir/placement/<role>.jsonl``); this reads the records back, one row per process start
-(a restart is a row of its own), and a line per node with the roles last placed there. A
+(a restart is a row of its own; a trainer rank's with the address it met the others and the
+workers at), and a line per node with the roles last placed there. A
 local run records none: every role ran on the launcher's machine. Read from the run's
 directory, with no broker.
 """
@@ -32,6 +33,7 @@ def placement_rows(run_dir: Path) -> list[dict[str, Any]]:
             "resources": r.get("resources", []),
             "bundle": r.get("bundle"),
             "placement_group": r.get("placement_group"),
+            "master_addr": r.get("master_addr"),
         }
         for r in read_placements(run_dir)
     ]
@@ -60,7 +62,7 @@ def print_placement(run_dir: Path, console: Console, as_json: bool = False) -> N
         )
         return
     table = Table(title=f"placement of {run_dir.name}: {len(rows)} process starts")
-    for col in ("time", "role", "node", "ip", "hostname", "resources", "bundle"):
+    for col in ("time", "role", "node", "ip", "hostname", "resources", "bundle", "master_addr"):
         table.add_column(col, overflow="fold")
     for row in rows:
         table.add_row(
@@ -71,6 +73,7 @@ def print_placement(run_dir: Path, console: Console, as_json: bool = False) -> N
             row["hostname"],
             ",".join(row["resources"]) or "-",
             "-" if row["bundle"] is None else str(row["bundle"]),
+            row["master_addr"] or "-",
         )
     console.print(table)
     by_ip = {row["node"]: (row["ip"], row["resources"]) for row in rows}

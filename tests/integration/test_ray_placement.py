@@ -84,6 +84,7 @@ def test_roles_run_on_their_own_nodes_and_inspect_shows_where(
     # The workers found the trainer's rendezvous at its node's address, as config.yaml says.
     saved = yaml.safe_load((cfg.run_dir / "config.yaml").read_text())
     assert saved["sync"]["master_addr"] == trainer["ip"] != "127.0.0.1"
+    assert trainer["master_addr"] == trainer["ip"] and "master_addr" not in worker
     assert f"sync.master_addr={trainer['ip']}" in out.getvalue()
     assert "placed by Ray: node" in (cfg.run_dir / "logs" / "trainer.log").read_text()
 
