@@ -139,6 +139,7 @@ def test_two_trainer_ranks_on_two_nodes_and_the_worker_on_a_third(
     assert all("trainer_node" in r["resources"] for r in ranks)
     nodes = {r["node_id"] for r in ranks} | {starts["rollout-0"]["node_id"]}
     assert len(nodes) == 3  # each process on a node of its own
+    assert ranks[1]["master_addr"] == ranks[0]["ip"]  # rank 1 met rank 0 at its node
     follower = (cfg.run_dir / "logs" / "trainer-rank-1.log").read_text()
     assert "trainer rank 1/2 on " in follower and "placed by Ray: node" in follower
     report = audit_run(cfg, cfg.kafka.bootstrap_servers)
