@@ -17,19 +17,16 @@ def rank_checks(cfg: RunConfig, role: str, here: bool) -> list[Check]:
         return []
     key = "trainer.n_gpus_per_node"
     checks: list[Check] = []
-    if role == "run" and tc.nnodes > 1:
+    if role == "run" and tc.nnodes > 1 and cfg.launcher == "local":
         checks.append(
             Check(
                 "trainer.nnodes",
                 False,
                 f"{tc.nnodes}: asyncrl run starts the trainer's ranks on its own machine; "
-                "ranks on several machines are started there by hand (torchrun --nnodes "
+                "launcher=ray places them on the cluster's nodes (a bundle each), or start "
+                "them there by hand (torchrun --nnodes "
                 f"{tc.nnodes} --nproc-per-node {tc.n_gpus_per_node} -m asyncrl train ...)",
             )
-        )
-    if role == "run" and cfg.launcher == "ray":
-        checks.append(
-            Check(key, False, f"{tc.n_gpus_per_node}: launcher=ray starts one trainer process")
         )
     if cfg.actor_rollout_ref.rollout.name == "sim":
         checks.append(

@@ -25,7 +25,7 @@ STORE = 80 * 1024 * 1024
 """Each node's object store (Ray's least is 75 MiB): the roles put nothing in it."""
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def three_nodes() -> Iterator[Any]:
     """A head node with the rollout workers' mark and two nodes with the trainer's, each
     named by a resource of its own (node_a, node_b, node_c), one CPU each."""
@@ -104,3 +104,43 @@ def test_roles_run_on_their_own_nodes_and_inspect_shows_where(
         "trainer": trainer["node_id"],
         "rollout-0": worker["node_id"],
     }
+
+
+def test_two_trainer_ranks_on_two_nodes_and_the_worker_on_a_third(
+    make_run_cfg, quick_policy, three_nodes
+):
+    """Issue 48's placement: the trainer's two ranks spread over the two trainer nodes
+    (STRICT_SPREAD, a bundle each), the worker on the rollout node, MASTER_ADDR rank 0's node."""
+    from asyncrl.ops.audit import audit_run
+
+    cfg = make_run_cfg(
+        *quick_policy,
+        "launcher=ray",
+        f"ray.address={three_nodes.address}",
+        "ray.placement_strategy=STRICT_SPREAD",
+        "ray.trainer_node_resource=trainer_node",
+        "ray.rollout_node_resource=rollout_node",
+        "trainer.nnodes=2",
+        "trainer.device=cpu",
+        "actor_rollout_ref.nccl_timeout=60",
+        "actor_rollout_ref.rollout.num_workers=1",
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=0",
+        create_topics=False,
+    )
+    out = io.StringIO()
+    summary = run(cfg, Console(file=out, width=200))
+    assert summary["step"] == 3, out.getvalue()
+
+    starts = {r["role"]: r for r in read_placements(cfg.run_dir)}
+    assert set(starts) == {"trainer", "trainer-rank-1", "rollout-0"}
+    ranks = [starts["trainer"], starts["trainer-rank-1"]]
+    assert [r["bundle"] for r in ranks] == [0, 1]
+    assert all("trainer_node" in r["resources"] for r in ranks)
+    nodes = {r["node_id"] for r in ranks} | {starts["rollout-0"]["node_id"]}
+    assert len(nodes) == 3  # each process on a node of its own
+    assert ranks[1]["master_addr"] == ranks[0]["ip"]  # rank 1 met rank 0 at its node
+    follower = (cfg.run_dir / "logs" / "trainer-rank-1.log").read_text()
+    assert "trainer rank 1/2 on " in follower and "placed by Ray: node" in follower
+    report = audit_run(cfg, cfg.kafka.bootstrap_servers)
+    assert report.ok, report.to_dict()

@@ -29,7 +29,6 @@ def test_two_cpu_ranks_that_can_run_pass():
     ("overrides", "key", "detail"),
     [
         (["trainer.nnodes=2"], "trainer.nnodes", "starts the trainer's ranks on its own machine"),
-        (["launcher=ray"], "trainer.n_gpus_per_node", "launcher=ray starts one trainer process"),
         (["actor_rollout_ref.rollout.name=sim"], "trainer.n_gpus_per_node", "one trainer"),
         (
             ["actor_rollout_ref.actor.ppo_mini_batch_size=9"],
@@ -50,6 +49,10 @@ def test_what_cannot_run_is_refused_naming_the_key(overrides, key, detail):
 
 def test_ranks_on_several_machines_may_be_started_by_hand():
     assert _failed("trainer.nnodes=2", role="train") == {}
+
+
+def test_ray_places_ranks_on_several_machines():
+    assert _failed("trainer.nnodes=2", "launcher=ray") == {}
 
 
 def test_the_run_stops_at_start_up_naming_the_key(tmp_path):
