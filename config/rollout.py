@@ -100,7 +100,7 @@ class RolloutConfig(VLLMKeys):
     between two turns of its loop, one token at a time (tests that script a sync at a given
     decoding step)."""
     emulated_decode_latency_s: float = Field(0.0, ge=0, le=60)
-    """Seconds the hf and hf_cached engines sleep after each decoding step, to emulate a bigger
+    """Seconds the hf, hf_cached and vllm engines sleep after each decoding step, to emulate a bigger
     model's decode time on CPU (benchmarks and tests of partial rollout). 0: off."""
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     val_kwargs: ValKwargsConfig = Field(default_factory=ValKwargsConfig)

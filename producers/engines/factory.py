@@ -52,6 +52,7 @@ def _stepwise_engine(
             eos_token_id=eos_token_ids(model, tokenizer),
             pad_token_id=tokenizer.pad_token_id,
             seed=seed,
+            emulated_decode_latency_s=rollout.emulated_decode_latency_s,
             options=VLLMOptions(
                 max_num_seqs=rollout.max_num_seqs,
                 max_num_batched_tokens=rollout.max_num_batched_tokens,

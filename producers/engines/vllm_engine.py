@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ class VLLMEngine(StepwiseEngine):
         top_p: float = 1.0,
         top_k: int = -1,
         options: VLLMOptions | None = None,
+        emulated_decode_latency_s: float = 0.0,
     ) -> None:
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use GenRequest.greedy for argmax)")
@@ -99,6 +101,9 @@ class VLLMEngine(StepwiseEngine):
         self.temperature, self.top_p, self.top_k = float(temperature), top_p, top_k
         self.seed = seed
         self.options = options or VLLMOptions()
+        self.emulated_decode_latency_s = emulated_decode_latency_s
+        """Seconds slept after each vLLM step (``rollout.emulated_decode_latency_s``): a
+        bigger model's decode time, so that syncs find generations in flight."""
         self._vllm_ids: dict[str, str] = {}
         """Request id -> the id vLLM knows it by (unique: an id may be re-added)."""
         self._by_vllm_id: dict[str, ActiveRequest] = {}
@@ -199,7 +204,10 @@ class VLLMEngine(StepwiseEngine):
         if torch.get_num_threads() != self._threads:
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op; the binding's own
             torch._C.set_num_threads(self._threads)
-        for out in self.llm.step():
+        outputs = self.llm.step()
+        if self.emulated_decode_latency_s:
+            time.sleep(self.emulated_decode_latency_s)
+        for out in outputs:
             a = self._by_vllm_id.get(out.request_id)
             if a is None:
                 continue
