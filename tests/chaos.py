@@ -7,7 +7,9 @@ run: one thrown while a restart has not brought them back would hit nothing.
 
 ``python -m tests.chaos --seeds 5 --faults 16 --steps 400`` (``make chaos``) prints one line
 per seed; the suite runs one short seed (tests/integration/test_chaos.py). A run is replayed
-by its seed. ``python -m tests.chaos --launch CONFIG PIDS`` is the launcher process the faults
+by its seed. Overrides after the options change the run: ``actor_rollout_ref.rollout.name=vllm``
+(vLLM workers, killed mid-partial), ``trainer.n_gpus_per_node=2 trainer.device=cpu`` (a
+trainer fault kills any one of the ranks). ``python -m tests.chaos --launch CONFIG PIDS`` is the launcher process the faults
 kill: ``asyncrl run``'s job, writing each process it starts to the file PIDS.
 """
 
@@ -136,6 +138,7 @@ def chaos_run(
     from asyncrl.config import dump_config
 
     rng = random.Random(seed)
+    ranks = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     result = ChaosResult(seed)
     t0 = time.monotonic()
     config = cfg.run_dir.parent / f"{cfg.run_id}.yaml"
@@ -153,14 +156,17 @@ def chaos_run(
             kind = rng.choice(FAULTS)
             if kind == "worker":
                 kind = f"rollout-{rng.randrange(2)}"
+            elif kind == "trainer" and ranks > 1:  # any one rank of a sharded trainer
+                rank = rng.randrange(ranks)
+                kind = f"trainer-rank-{rank}" if rank else "trainer"
             # Every fault lands while the run trains: its target, and the trainer, running.
             waited = time.monotonic()
-            workers = (kind,) if kind.startswith("rollout") else ()
-            now = _wait_for_target(pids, ("trainer", "broker", *workers), launcher)
+            targets = (kind,) if kind.startswith(("rollout", "trainer-rank")) else ()
+            now = _wait_for_target(pids, ("trainer", "broker", *targets), launcher)
             if now is None:
                 break  # finished (or failed) before every fault was thrown
             waited = time.monotonic() - waited
-            if kind in ("trainer", "rollout-0", "rollout-1"):
+            if kind == "trainer" or kind.startswith(("rollout-", "trainer-rank-")):
                 hit = _signal(now.get(kind), signal.SIGKILL)
             elif kind == "broker":
                 stall = rng.uniform(2.0, 6.0)
@@ -243,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warmup-steps", type=int, default=None, help="a shorter warm start (the suite's: 100)"
     )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="more config overrides, e.g. actor_rollout_ref.rollout.name=vllm (a vLLM worker "
+        "killed mid-partial) or trainer.n_gpus_per_node=2 trainer.device=cpu (any one of two "
+        "trainer ranks killed)",
+    )
     args = parser.parse_args(argv)
     if args.launch:
         return _launch(*args.launch)
@@ -260,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(f"actor_rollout_ref.model.cache_dir='{args.policy_dir}'")
         if args.warmup_steps is not None:
             overrides.append(f"actor_rollout_ref.model.warmup_steps={args.warmup_steps}")
+        overrides += args.overrides
         cfg = load_config(None, overrides=overrides)
         cfg.kafka.bootstrap_servers = None
         result = chaos_run(cfg, seed, args.faults, gap_s=tuple(args.gap_s))
