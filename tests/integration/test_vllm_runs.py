@@ -12,7 +12,6 @@ docs/benchmarks.md ("The vLLM engine: whole runs").
 from __future__ import annotations
 
 import io
-import threading
 from collections import defaultdict
 
 import pytest
@@ -22,14 +21,13 @@ from rich.console import Console
 pytest.importorskip("vllm", reason="vllm not installed (make install VLLM=none)")
 
 from asyncrl.config import load_config  # noqa: E402
-from asyncrl.launch.launcher import run  # noqa: E402
 from asyncrl.models.warm_start import load_policy  # noqa: E402
 from asyncrl.ops.replay import replay_step  # noqa: E402
 from asyncrl.schemas import control as ev  # noqa: E402
 from asyncrl.sync.checksum import weights_checksum  # noqa: E402
 from tests.helpers import check_log_invariants, read_topic, token_logprob_errors  # noqa: E402
 from tests.integration.test_faults import _run_killing_the_trainer  # noqa: E402
-from tests.integration.test_worker_recovery import _kill_with_unfinished_partials  # noqa: E402
+from tests.integration.test_worker_recovery import run_killing_the_worker_mid_partial  # noqa: E402
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -101,19 +99,7 @@ def test_a_vllm_worker_killed_mid_partial_is_restarted_and_the_run_replays_exact
     # The demo's warm start: rewards vary within groups, so each step moves the weights and
     # the logprob check can tell versions apart.
     cfg = make_run_cfg(*demo_policy, *VLLM, *MODE_D, *CHECKPOINTS, "trainer.total_training_steps=8")
-    killed: dict = {}
-    stop = threading.Event()
-    pids: dict[str, int] = {}
-    killer = threading.Thread(target=_kill_with_unfinished_partials, args=(cfg, stop, killed, pids))
-    killer.start()
-    out = io.StringIO()
-    try:
-        summary = run(cfg, Console(file=out, width=200), on_spawn=pids.__setitem__)
-    finally:
-        stop.set()
-        killer.join(30)
-    assert killed, "no sync left an unfinished partial sample to kill the worker over"
-    assert "rollout-0 exited with code -9; restarting it" in out.getvalue()
+    summary, killed = run_killing_the_worker_mid_partial(cfg)
     assert summary["step"] == 8 and summary["restarts"] == {"rollout-0": 1}
 
     # The partials unfinished at the kill were continued by the new worker's vLLM from the

@@ -74,8 +74,10 @@ def _raw(cfg, name: str):
     return list(read_records(cfg, cfg.kafka.bootstrap_servers, name))
 
 
-def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg, quick_policy):
-    cfg = make_run_cfg(*quick_policy, *MODE_D)
+def run_killing_the_worker_mid_partial(cfg) -> tuple[dict, dict]:
+    """``asyncrl run``'s job with worker 0 SIGKILLed once a sync leaves it an unfinished
+    logged partial; (its summary, what the kill recorded), once the launcher has said it
+    restarts the worker."""
     killed: dict = {}
     stop = threading.Event()
     pids: dict[str, int] = {}
@@ -89,6 +91,12 @@ def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg,
         killer.join(30)
     assert killed, "no sync left an unfinished partial sample to kill the worker over"
     assert "rollout-0 exited with code -9; restarting it" in out.getvalue()
+    return summary, killed
+
+
+def test_killed_worker_recovers_and_every_prompt_is_accounted_once(make_run_cfg, quick_policy):
+    cfg = make_run_cfg(*quick_policy, *MODE_D)
+    summary, killed = run_killing_the_worker_mid_partial(cfg)
     assert summary["step"] == STEPS and summary["restarts"] == {"rollout-0": 1}
 
     # The restarted worker (a new incarnation) joined and got the weights.
