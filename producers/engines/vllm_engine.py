@@ -201,9 +201,7 @@ class VLLMEngine(StepwiseEngine):
         if not self._active:
             return finished
         self._submit()
-        if torch.get_num_threads() != self._threads:
-            # vLLM's CPU worker replaces torch.set_num_threads with a no-op; the binding's own
-            torch._C.set_num_threads(self._threads)
+        self._pin_threads()
         outputs = self.llm.step()
         if self.emulated_decode_latency_s:
             time.sleep(self.emulated_decode_latency_s)
@@ -251,9 +249,19 @@ class VLLMEngine(StepwiseEngine):
             if tied and head is not None:  # the reload repacks the embedding alone
                 head.quant_method.process_weights_after_loading(head)
 
+        self._pin_threads()
         self.llm.collective_rpc(load)
         if not self.llm.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError("vLLM did not reset its prefix cache after a weight load")
+
+    def _pin_threads(self) -> None:
+        """Give the calling thread the intra-op thread count vLLM was launched with, before it
+        steps or loads weights. A thread other than the launching one (the engine's thread)
+        starts at OpenMP's default: its steps fail the CPU attention's thread check, and the
+        CPU backend's repack after a weight load, run there, scores batches of several
+        requests wrongly under the new weights. vLLM's CPU worker replaces
+        torch.set_num_threads with a no-op; the binding's own sets the count."""
+        torch._C.set_num_threads(self._threads)
 
     def close(self) -> None:
         self.abort()
