@@ -200,6 +200,9 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
             metrics = grpo_update(
                 model, opt, samples, cfg, device, tok.pad_token_id, ref_model=ref_model
             )
+            # the update changed model in place: an engine holding a copy of the weights
+            # (vLLM) loads them, one reading model (hf_cached) drops what it derived from it
+            engine.update_weights(lambda _model: None)
             t2 = time.perf_counter()
             n_traj += len(samples) * arr.rollout.n
             n_gen += generated * arr.rollout.n
