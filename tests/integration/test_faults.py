@@ -292,26 +292,27 @@ def test_a_sigkilled_asyncrl_run_leaves_an_archive_that_audits_clean(make_run_cf
     assert main(["audit", cfg.run_id, *where]) == 0
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_asyncrl_run_stopped_checkpoints_its_last_step_and_resumes_without_training_twice(
-    make_run_cfg, quick_policy, how
+    make_run_cfg, quick_policy
 ):
-    """Ctrl-C at the terminal (SIGINT to the whole group) or ``kill PID`` (SIGTERM to the
-    launcher alone). The launcher SIGKILLed its trainer at once (SIGTERM: it died itself),
-    cutting the trainer's own orderly stop short: the next launch trained every step since the
-    last ``save_freq`` checkpoint again (6 void steps of 16 seen). Now the trainer ends its
-    step and checkpoints it, and the launcher exits 130 or 143."""
-    import subprocess
-
+    """Ctrl-C at the terminal (SIGINT to the whole group), then ``kill PID`` (SIGTERM to the
+    launcher alone) of the same command run again. The launcher SIGKILLed its trainer at once
+    (SIGTERM: it died itself), cutting the trainer's own orderly stop short: the next launch
+    trained every step since the last ``save_freq`` checkpoint again (6 void steps of 16
+    seen). Now the trainer ends its step and checkpoints it, and the launcher exits 130 or
+    143. Both stops are in one run, one after the other (each was a run of its own, resumed
+    to its end: the same resume twice): the second also stops a launch that resumed."""
     from asyncrl.config import dump_config
     from asyncrl.consumers.checkpoint import latest_checkpoint
     from asyncrl.launch.log_archive import offline_broker
 
-    steps = 20  # stopped at step 6 (~0.15 s a step; it stopped within one): 14 to spare
+    # Stopped at step 6, then 3 steps after the resume (~0.15 s a step; each stop lands
+    # within one): 10 to spare.
+    steps = 20
     cfg = make_run_cfg(
         *quick_policy,
         f"trainer.total_training_steps={steps}",
-        "trainer.save_freq=100",  # only the stop's checkpoint
+        "trainer.save_freq=100",  # only the stops' checkpoints
         "trainer.test_freq=0",
         create_topics=False,
     )
@@ -319,6 +320,29 @@ def test_asyncrl_run_stopped_checkpoints_its_last_step_and_resumes_without_train
     config = cfg.run_dir.parent / f"{cfg.run_id}.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, config)
+    at_step = 6
+    for how, code in (("ctrl-c", 130), ("sigterm", 143)):
+        returncode, out = _stop_asyncrl_run_at(config, cfg, at_step, how)
+        assert returncode == code, (how, out[-3000:])
+        assert "Traceback" not in out, (how, out[-3000:])
+        latest = latest_checkpoint(cfg.run_dir)
+        assert latest is not None, f"no checkpoint was written on the stop ({how})"
+        stopped_at = int(latest.name.removeprefix("step_"))
+        assert stopped_at >= at_step and f"resume the run from step {stopped_at}" in out, how
+        at_step = stopped_at + 3
+
+    summary = run(cfg, Console(file=io.StringIO(), width=200))  # the same command again
+    assert summary["step"] == steps
+    with offline_broker(cfg) as bootstrap:  # the run's archived log
+        cfg.kafka.bootstrap_servers = bootstrap
+        info = check_log_invariants(cfg)
+    assert info["steps_void"] == 0  # no step trained twice
+
+
+def _stop_asyncrl_run_at(config, cfg, step: int, how: str) -> tuple[int, str]:
+    """``asyncrl run --config CONFIG`` as a terminal's foreground job, stopped once
+    metrics.jsonl shows ``step``: Ctrl-C (``how="ctrl-c"``: SIGINT to its process group) or
+    ``kill PID`` (SIGTERM to the launcher alone); (its exit code, what it printed)."""
     launcher = subprocess.Popen(
         [sys.executable, "-m", "asyncrl", "run", "--config", str(config)],
         stdout=subprocess.PIPE,
@@ -329,7 +353,7 @@ def test_asyncrl_run_stopped_checkpoints_its_last_step_and_resumes_without_train
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        assert _wait_for_step_in_metrics(cfg, 6, launcher), "the run never reached step 6"
+        assert _wait_for_step_in_metrics(cfg, step, launcher), f"the run never reached {step}"
         if how == "ctrl-c":
             os.killpg(launcher.pid, signal.SIGINT)
         else:
@@ -337,19 +361,7 @@ def test_asyncrl_run_stopped_checkpoints_its_last_step_and_resumes_without_train
         out, _ = launcher.communicate(timeout=120)
     finally:
         launcher.kill()
-    assert launcher.returncode == (130 if how == "ctrl-c" else 143), out[-3000:]
-    assert "Traceback" not in out
-    latest = latest_checkpoint(cfg.run_dir)
-    assert latest is not None, "no checkpoint was written on the stop"
-    stopped_at = int(latest.name.removeprefix("step_"))
-    assert stopped_at >= 6 and f"resume the run from step {stopped_at}" in out
-
-    summary = run(cfg, Console(file=io.StringIO(), width=200))  # the same command again
-    assert summary["step"] == steps
-    with offline_broker(cfg) as bootstrap:  # the run's archived log
-        cfg.kafka.bootstrap_servers = bootstrap
-        info = check_log_invariants(cfg)
-    assert info["steps_void"] == 0  # no step trained twice
+    return launcher.returncode, out
 
 
 def _wait_for_step_in_metrics(cfg, step: int, proc) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import uuid
 from collections import Counter
 
 import pytest
@@ -16,21 +17,37 @@ from tests.helpers import read_topic
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("engine", ["faust", "kafka"])
-def test_monitor_agrees_with_the_log(make_run_cfg, quick_policy, engine, tmp_path, monkeypatch):
-    cfg = make_run_cfg(
-        *quick_policy,
-        "actor_rollout_ref.rollout.name=sim",
-        "data.max_response_length=64",
-        "actor_rollout_ref.rollout.n=4",
-        "async_training.staleness_threshold=0.5",
-        "async_training.partial_rollout=true",
-        "trainer.total_training_steps=4",
-        "trainer.test_freq=0",
-        "trainer.target_accuracy=null",
-        create_topics=False,
+@pytest.fixture(scope="module")
+def finished_run(broker, quick_policy, tmp_path_factory):
+    """One finished 4-step run (mode d) that each engine's monitor reads from the beginning.
+    The monitors only read it (the plain reader has no consumer group, faust a fresh one of
+    its own), so one run serves both: a run each was the same run twice."""
+    from asyncrl.config import load_config
+    from tests.helpers import on_session_broker
+
+    cfg = load_config(
+        overrides=[
+            f"run_id=t{uuid.uuid4().hex[:8]}",
+            *on_session_broker(broker),
+            f"output_dir='{tmp_path_factory.mktemp('monitored') / 'runs'}'",
+            *quick_policy,
+            "actor_rollout_ref.rollout.name=sim",
+            "data.max_response_length=64",
+            "actor_rollout_ref.rollout.n=4",
+            "async_training.staleness_threshold=0.5",
+            "async_training.partial_rollout=true",
+            "trainer.total_training_steps=4",
+            "trainer.test_freq=0",
+            "trainer.target_accuracy=null",
+        ]
     )
     run(cfg, Console(file=io.StringIO()))
+    return cfg
+
+
+@pytest.mark.parametrize("engine", ["faust", "kafka"])
+def test_monitor_agrees_with_the_log(finished_run, engine, tmp_path, monkeypatch):
+    cfg = finished_run
     out = io.StringIO()
     cwd = tmp_path / "cwd"
     cwd.mkdir()

@@ -44,18 +44,39 @@ def _wait_for_step(cfg, step: int, timeout_s: float = 120) -> None:
     raise AssertionError(f"no step {step} within {timeout_s} s")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_a_stopped_trainer_checkpoints_its_last_step_and_its_restart_trains_none_again(
-    make_run_cfg, quick_policy, sig
+    make_run_cfg, quick_policy
 ):
+    """Stopped by SIGTERM after step 3, its restart stopped by Ctrl-C's SIGINT after step 4,
+    then started again to step 5. (Each signal was a run of its own, resumed to its end: the
+    same resume twice.)"""
     cfg = make_run_cfg(
         *quick_policy,
         *TRAINER_ALONE,
-        "trainer.save_freq=0",  # no checkpoint but the stop's
+        "trainer.save_freq=0",  # no checkpoint but the stops'
         "trainer.total_training_steps=5",
     )
     _, config = prepare(cfg, cfg.kafka.bootstrap_servers, Console(file=StringIO()))
     _publish(cfg, range(12))  # three steps of 4, then it waits for samples
+    _stop_the_trainer_after(cfg, config, 3, signal.SIGTERM)
+    _publish(cfg, range(12, 16))  # the restarted trainer's step 4
+    _stop_the_trainer_after(cfg, config, 4, signal.SIGINT)
+
+    _publish(cfg, range(16, 20))
+    again = Trainer(cfg, cfg.kafka.bootstrap_servers)
+    try:
+        assert again.step == 4
+        assert again.run()["step"] == 5
+    finally:
+        again.close()
+    report = audit_run(cfg, cfg.kafka.bootstrap_servers)
+    assert report.ok, report.violations
+    assert report.info["steps"] == 5 and report.info["steps_void"] == 0
+
+
+def _stop_the_trainer_after(cfg, config, step: int, sig: signal.Signals) -> None:
+    """``asyncrl train`` as a process, sent ``sig`` while it waits for the samples of the step
+    after ``step``: it exits 143 (SIGTERM) or 130 (SIGINT) with a checkpoint of ``step``."""
     trainer = subprocess.Popen(
         [sys.executable, "-m", "asyncrl", "train", "--config", str(config)],
         stdout=subprocess.PIPE,
@@ -64,23 +85,12 @@ def test_a_stopped_trainer_checkpoints_its_last_step_and_its_restart_trains_none
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        _wait_for_step(cfg, 3)
-        time.sleep(1.0)  # waiting for step 4's samples
+        _wait_for_step(cfg, step)
+        time.sleep(1.0)  # waiting for the next step's samples
         trainer.send_signal(sig)
         out, _ = trainer.communicate(timeout=60)
     finally:
         trainer.kill()
     assert trainer.returncode == (143 if sig == signal.SIGTERM else 130), out[-3000:]
-    assert "after step 3, version" in out and "Traceback" not in out, out[-3000:]
-    assert latest_checkpoint(cfg.run_dir).name == "step_000003"
-
-    _publish(cfg, range(12, 20))
-    again = Trainer(cfg, cfg.kafka.bootstrap_servers)
-    try:
-        assert again.step == 3
-        assert again.run()["step"] == 5
-    finally:
-        again.close()
-    report = audit_run(cfg, cfg.kafka.bootstrap_servers)
-    assert report.ok, report.violations
-    assert report.info["steps"] == 5 and report.info["steps_void"] == 0
+    assert f"after step {step}, version" in out and "Traceback" not in out, out[-3000:]
+    assert latest_checkpoint(cfg.run_dir).name == f"step_{step:06d}"
