@@ -11,8 +11,11 @@ tool-call format (see ``producers/agent/parser.py``)::
 The warm start imitates a teacher who uses the calculator only sometimes
 (``multi_turn.warmup_tool_prob``) and otherwise guesses (the product rounded to the
 thousand: the right shape, rarely the right number). The warm policy therefore calls the
-tool in a minority of samples; those are the ones rewarded, and RL raises the tool-use rate
-and the accuracy together.
+tool in only some samples; those are the ones rewarded, and RL raises the tool-use rate
+and the accuracy together. A 4-digit product (18% of the problems) puts its digits one
+position nearer the answer than a 5-digit one, so the teacher's calls must include enough of
+them for the warm start to learn that copy too (the shipped config's ``warmup_steps`` and
+``warmup_tool_prob``); a prompt the warm policy never answers right gives RL nothing to learn.
 """
 
 from __future__ import annotations
