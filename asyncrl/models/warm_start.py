@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -205,6 +205,16 @@ def encode_turns(
     return prompt, ids, mask
 
 
+def teacher_draws(
+    problems: list[Problem], tool_prob: float, steps: int, batch_size: int, seed: int
+) -> Iterator[list[tuple[Problem, bool]]]:
+    """Each warm-start step's batch of (problem, whether the teacher calls the tool), from one
+    generator seeded by ``seed``: the same draws on every machine, whatever its kernels."""
+    rng = random.Random(seed)
+    for _ in range(steps):
+        yield [(p, rng.random() < tool_prob) for p in rng.choices(problems, k=batch_size)]
+
+
 def warm_start_turns(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -219,16 +229,13 @@ def warm_start_turns(
 ) -> dict[str, Any]:
     """``steps`` of AdamW on teacher trajectories that use the tool with ``tool_prob``."""
     t0 = time.perf_counter()
-    rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     pad = tokenizer.pad_token_id
     loss_val = float("nan")
     model.train()
-    for step in range(1, steps + 1):
-        rows = [
-            encode_turns(tokenizer, p, turns(p, rng.random() < tool_prob))
-            for p in rng.choices(problems, k=batch_size)
-        ]
+    draws = teacher_draws(problems, tool_prob, steps, batch_size, seed)
+    for step, batch in enumerate(draws, start=1):
+        rows = [encode_turns(tokenizer, p, turns(p, use_tool)) for p, use_tool in batch]
         loss_val = supervised_step(model, opt, rows, pad)
         if on_step is not None:
             on_step(step, steps, loss_val)
