@@ -20,7 +20,9 @@ validates on its rollout engine.
   that very module) and takes the evaluation's sampling settings. Its KV cache holds
   ``EVAL_MAX_SEQS`` sequences of prompt plus response length (data.max_prompt_length +
   data.max_response_length, or rollout.max_model_len): the held-out set is a few hundred short
-  prompts, so the floor of 64 MiB on a CPU.
+  prompts, so the floor of 64 MiB on a CPU. On a CPU it runs eagerly whatever
+  ``rollout.enforce_eager`` says: compiling (~50 s on a loaded 2-core machine) would cost more
+  than it saves on a few hundred short answers.
 """
 
 from __future__ import annotations
@@ -146,7 +148,10 @@ def _vllm_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any) -> VLLM
             options=VLLMOptions(
                 max_num_seqs=min(EVAL_MAX_SEQS, rollout.max_num_seqs),
                 max_model_len=length,
-                enforce_eager=rollout.enforce_eager,
+                # on a CPU, torch.compile's start (~50 s at load) buys nothing for a few
+                # hundred short answers: eager, whatever the rollout's engine does
+                enforce_eager=rollout.enforce_eager
+                or next(model.parameters()).device.type == "cpu",
                 enable_prefix_caching=rollout.enable_prefix_caching,
                 enable_chunked_prefill=rollout.enable_chunked_prefill,
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
