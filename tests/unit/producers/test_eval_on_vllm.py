@@ -116,6 +116,38 @@ def test_a_second_evaluation_reuses_the_engine_and_sees_the_new_weights(policy, 
     assert on_vllm_tokens() == before
 
 
+def test_a_sampled_evaluation_takes_val_kwargs_sampling_and_repeats(policy, quick_policy):
+    """val_kwargs.do_sample: the agent loop's path, on the same engine, at val_kwargs'
+    temperature, seeded by trainer.seed: the same weights score the same."""
+    cfg, _, model, tok, problems = policy
+    sampled = load_config(
+        overrides=[
+            *quick_policy,
+            *VLLM,
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=0.5",
+            "actor_rollout_ref.rollout.val_kwargs.top_k=5",
+        ]
+    )
+    engine = eval_engine._VLLM["engine"]
+    first = held_out_accuracy(sampled, model, tok, problems[:64])
+    assert (engine.temperature, engine.top_k) == (0.5, 5)
+    assert held_out_accuracy(sampled, model, tok, problems[:64]) == first
+    assert eval_engine._VLLM["engine"] is engine
+
+    def draw() -> list[list[int]]:
+        lent = eval_engine.evaluation_engine(sampled, model, tok, greedy=False)
+        reqs = [GenRequest(str(i), tok(p.prompt)["input_ids"], 8) for i, p in enumerate(problems)]
+        try:
+            return [r.response_ids for r in lent.generate(reqs)]
+        finally:
+            lent.close()
+
+    drawn = draw()
+    assert draw() == drawn  # the sampled tokens themselves repeat
+    assert _same(drawn, _hf_greedy(model, tok, problems)) < 0.99  # and are sampled
+
+
 def test_worker_zeros_evaluation_shares_its_running_engine_beside_the_rollout(policy, caplog):
     """The rollout side (worker 0 after a load): the evaluation's requests go into the worker's
     running engine beside the rollout's, and neither takes the other's results."""
