@@ -20,7 +20,8 @@ validates on its rollout engine.
   that very module) and takes the evaluation's sampling settings. Its KV cache holds
   ``EVAL_MAX_SEQS`` sequences of prompt plus response length (data.max_prompt_length +
   data.max_response_length, or rollout.max_model_len): the held-out set is a few hundred short
-  prompts, so the floor of 64 MiB on a CPU. On a CPU it runs eagerly whatever
+  prompts, so the floor of 64 MiB; on a GPU too, where it shares the trainer's device
+  (``VLLMOptions.size_kv_to_seqs``; not run on a GPU yet). On a CPU it runs eagerly whatever
   ``rollout.enforce_eager`` says: compiling (~50 s on a loaded 2-core machine) would cost more
   than it saves on a few hundred short answers.
 """
@@ -155,6 +156,7 @@ def _vllm_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any) -> VLLM
                 enable_prefix_caching=rollout.enable_prefix_caching,
                 enable_chunked_prefill=rollout.enable_chunked_prefill,
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
+                size_kv_to_seqs=True,  # beside the trainer on its device
             ),
         )
     return engine

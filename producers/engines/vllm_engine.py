@@ -58,6 +58,10 @@ class VLLMOptions:
     gpu_memory_utilization: float = 0.5
     """On a GPU, vLLM's own meaning. On a CPU vLLM would reserve this share of all RAM; here
     the KV cache is instead sized to hold ``max_num_seqs`` sequences of ``max_model_len``."""
+    size_kv_to_seqs: bool = False
+    """Size the KV cache to ``max_num_seqs`` sequences of ``max_model_len`` on a GPU too, in
+    place of ``gpu_memory_utilization``: an engine sharing its GPU with a trainer (the
+    held-out evaluation's) takes what it needs, not a share of the device."""
 
 
 KV_CACHE_MAX = 2 << 30
@@ -134,7 +138,8 @@ class VLLMEngine(StepwiseEngine):
             )
         opts = self.options
         max_len = opts.max_model_len or config.max_position_embeddings
-        kv = kv_cache_bytes(config, param.dtype, opts.max_num_seqs * max_len) if on_cpu else None
+        sized = on_cpu or opts.size_kv_to_seqs
+        kv = kv_cache_bytes(config, param.dtype, opts.max_num_seqs * max_len) if sized else None
         with tempfile.TemporaryDirectory(prefix="asyncrl-vllm-") as path:
             cast(Any, self.model).save_pretrained(path)
             args = EngineArgs(

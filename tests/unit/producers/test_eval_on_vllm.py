@@ -38,6 +38,13 @@ def policy(quick_policy):
         engine.close()
 
 
+@pytest.fixture(autouse=True)
+def _logged_afresh(monkeypatch):
+    """The engine line is logged once a process: an earlier evaluation in the suite's process
+    (an in-process run's) has logged it already."""
+    monkeypatch.setattr(eval_engine, "_LOGGED", set())
+
+
 def _greedy(engine, tok, problems) -> list[list[int]]:
     reqs = [
         GenRequest(str(i), tok(p.prompt)["input_ids"], 8, greedy=True)
