@@ -1,29 +1,37 @@
 """The engine a held-out evaluation generates on: the rollout's kind (``rollout.name``), as verl
-validates on its rollout engine.
+validates on its rollout engine, with at most one vLLM engine in a process
+(``vllm_engine._LIVE``: vLLM's parallel groups are per process).
 
 - **hf, hf_cached, hf_static, auto, sim**: a transformers engine over the evaluated model,
   built per evaluation (cheap): hf for hf, hf_cached for the others (the sim engine models no
   weights; hf_static's fixed slots buy nothing for one batch of short prompts).
-- **vllm, on a rollout worker** (``use_trainer_do_validate=false``: worker 0 after a load): the
-  worker's own running engine, which holds the weights just loaded. The evaluation's requests
-  go in under ids of their own (``held-out/<i>``; a rollout request's id ends in ``#<i>``),
-  and only their results are taken (``BackgroundEngine.collect``'s ``request_ids``): the
-  rollout's requests still in flight go on decoding and their results stay for the worker.
-  Two cases go to the process's evaluation engine below instead, each logged once: a sampled
-  evaluation (``val_kwargs.do_sample``), whose temperature/top_p/top_k and seed differ from the
-  rollout's while a VLLMEngine sets them for all its requests, and a worker that steps its
-  engine itself (``rollout.engine_thread=false``), whose results the evaluation's steps would
-  take.
-- **vllm, elsewhere** (the trainer, the colocated baseline): one VLLMEngine per process, built
-  at the first evaluation (vLLM takes ~15 s to start on a CPU) and never closed. Before each
-  evaluation it loads the evaluated model's weights (``update_weights``; it reads them from
-  that very module) and takes the evaluation's sampling settings. Its KV cache holds
-  ``EVAL_MAX_SEQS`` sequences of prompt plus response length (data.max_prompt_length +
-  data.max_response_length, or rollout.max_model_len): the held-out set is a few hundred short
-  prompts, so the floor of 64 MiB; on a GPU too, where it shares the trainer's device
-  (``VLLMOptions.size_kv_to_seqs``; not run on a GPU yet). On a CPU it runs eagerly whatever
-  ``rollout.enforce_eager`` says: compiling (~50 s on a loaded 2-core machine) would cost more
-  than it saves on a few hundred short answers.
+- **vllm, on a rollout worker** (``use_trainer_do_validate=false``: worker 0 after a load),
+  greedy: the worker's own running engine (a ``BackgroundEngine``), which holds the weights
+  just loaded. The evaluation's requests go in under ids of their own (``held-out/<i>``; a
+  rollout request's id ends in ``#<i>``), and only their results are taken
+  (``BackgroundEngine.collect``'s ``request_ids``): the rollout's requests still in flight go
+  on decoding and their results stay for the worker.
+- **vllm, the colocated baseline** (``idle``): its own rollout engine, which holds the current
+  weights and has nothing else in flight, lent whole; a sampled evaluation
+  (``val_kwargs.do_sample``) sets its temperature/top_p/top_k and seed for the evaluation's
+  duration and restores them after.
+- **vllm, a process with no rollout engine** (the trainer, a sharded trainer's rank 0): one
+  evaluation VLLMEngine per process, built at the first evaluation (vLLM takes ~15 s to start
+  on a CPU) and kept; it is *evictable*: an engine launched later in the process closes it
+  first (it is rebuilt at the next evaluation). Before each evaluation it loads the evaluated
+  model's weights (``update_weights``; it reads them from that very module) and takes the
+  evaluation's sampling settings. Its KV cache holds ``EVAL_MAX_SEQS`` sequences of prompt plus
+  response length (data.max_prompt_length + data.max_response_length, or
+  rollout.max_model_len), sized so on a GPU too (``VLLMOptions.size_kv_to_seqs``), where it
+  shares the trainer's device. On a CPU it runs eagerly whatever ``rollout.enforce_eager``
+  says: compiling (~50 s on a loaded 2-core machine) would cost more than it saves on a few
+  hundred short answers.
+- **vllm, anywhere a rollout engine is live and cannot be lent** (a worker's sampled
+  evaluation, whose temperature/top_p/top_k and seed differ from the rollout's while a
+  VLLMEngine sets them for all its requests; a worker that steps its engine itself,
+  ``rollout.engine_thread=false``, whose results the evaluation's steps would take): hf_cached
+  over the same weights (the worker's transformers copy), logged once with the reason. A
+  second vLLM engine would break the first.
 """
 
 from __future__ import annotations
@@ -40,7 +48,14 @@ from asyncrl.producers.engines.base import Engine, GenRequest, GenResult, genera
 if TYPE_CHECKING:
     from asyncrl.producers.engines.vllm_engine import VLLMEngine
 
-__all__ = ["EVAL_MAX_SEQS", "Lent", "SharedEngine", "eval_engine", "evaluation_engine"]
+__all__ = [
+    "EVAL_MAX_SEQS",
+    "Lent",
+    "SharedEngine",
+    "eval_engine",
+    "evaluation_engine",
+    "on_transformers",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,38 +83,43 @@ def eval_engine(name: str) -> type:
     return HFEngine if name == "hf" else CachedHFEngine
 
 
+def on_transformers(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a vllm rollout's evaluation moved to hf_cached (the others unchanged): for
+    a measurement of a model that is not the rollout's (the warm start's), which need not
+    start, nor leave behind, a vLLM engine."""
+    if cfg.actor_rollout_ref.rollout.name != "vllm":
+        return cfg
+    moved = cfg.model_copy(deep=True)
+    moved.actor_rollout_ref.rollout.name = "hf_cached"
+    return moved
+
+
 def evaluation_engine(
     cfg: RunConfig,
     model: torch.nn.Module,
     tokenizer: Any,
     running: Engine | None = None,
     greedy: bool = True,
+    idle: bool = False,
 ) -> Engine:
     """The engine an evaluation of ``model`` under ``cfg`` generates on (see the module doc):
-    ``running``, a rollout worker's engine holding ``model``'s weights, is shared where it can
-    be. ``greedy``: every request of the evaluation is greedy. Closing what this returns never
-    closes a shared or cached engine."""
-    from asyncrl.models.policy import eos_token_ids
+    ``running``, a rollout engine holding ``model``'s weights, is shared where it can be;
+    ``idle``: ``running`` has nothing else in flight and is lent whole. ``greedy``: every
+    request of the evaluation is greedy. Closing what this returns never closes a shared,
+    lent or cached engine."""
+    from asyncrl.producers.engines.background import BackgroundEngine
+    from asyncrl.producers.engines.cached import CachedHFEngine
 
     rollout = cfg.actor_rollout_ref.rollout
-    val = rollout.val_kwargs
-    temperature = val.temperature or rollout.temperature  # greedy requests ignore it
     if rollout.name != "vllm":
         name = eval_engine(rollout.name)
-        _log_once(f"{name.__name__} (transformers, rollout.name={rollout.name})")
-        return name(
-            model,
-            tokenizer,
-            temperature,
-            eos_token_ids(model, tokenizer),
-            tokenizer.pad_token_id,
-            seed=cfg.trainer.seed,
-            top_p=val.top_p,
-            top_k=val.top_k,
+        return _transformers(
+            cfg, model, tokenizer, name, f"{name.__name__} (rollout.name={rollout.name})"
         )
+    if running is not None and idle:
+        _log_once("the loop's own vLLM engine (nothing else in flight)")
+        return Lent(running, _sampling(cfg))
     if running is not None:
-        from asyncrl.producers.engines.background import BackgroundEngine
-
         if isinstance(running, BackgroundEngine) and greedy:
             _log_once("the rollout worker's own vLLM engine (greedy, beside its rollout)")
             return SharedEngine(running)
@@ -108,16 +128,52 @@ def evaluation_engine(
             if not greedy
             else "rollout.engine_thread=false: the worker steps its engine itself"
         )
-        _log_once(f"an evaluation vLLM engine of its own in the worker ({why})")
+        return _transformers(cfg, model, tokenizer, CachedHFEngine, f"{_HF_BESIDE} ({why})")
+    from asyncrl.producers.engines.vllm_engine import live_engine
+
+    live = live_engine()
+    if live is not None and not live.evictable:
+        why = "a rollout vLLM engine is live in this process and not lent to the evaluation"
+        return _transformers(cfg, model, tokenizer, CachedHFEngine, f"{_HF_BESIDE} ({why})")
     engine = _vllm_engine(cfg, model, tokenizer)
-    engine.temperature, engine.top_p, engine.top_k = float(temperature), val.top_p, val.top_k
-    engine.seed = cfg.trainer.seed
     engine.update_weights(lambda _: None)  # loads model's weights into vLLM's copy
     _log_once(
         f"an evaluation vLLM engine (one per process, {engine.options.max_num_seqs} sequences "
         f"of {engine.options.max_model_len} tokens)"
     )
-    return Lent(engine)
+    return Lent(engine, _sampling(cfg))
+
+
+_HF_BESIDE = "hf_cached over the same weights, not a second vLLM engine in the process"
+
+
+def _transformers(
+    cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, name: type, what: str
+) -> Engine:
+    """A fresh transformers engine ``name`` over ``model`` with the evaluation's sampling."""
+    from asyncrl.models.policy import eos_token_ids
+
+    _log_once(what)
+    temperature, top_p, top_k, seed = _sampling(cfg)
+    engine: Engine = name(
+        model,
+        tokenizer,
+        temperature,
+        eos_token_ids(model, tokenizer),
+        tokenizer.pad_token_id,
+        seed=seed,
+        top_p=top_p,
+        top_k=top_k,
+    )
+    return engine
+
+
+def _sampling(cfg: RunConfig) -> tuple[float, float, int, int]:
+    """An evaluation's temperature, top_p, top_k and seed (a greedy request ignores them)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    val = rollout.val_kwargs
+    temperature = val.temperature or rollout.temperature
+    return float(temperature), val.top_p, val.top_k, cfg.trainer.seed
 
 
 def _vllm_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any) -> VLLMEngine:
@@ -127,6 +183,8 @@ def _vllm_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any) -> VLLM
     from asyncrl.producers.engines.vllm_engine import VLLMEngine, VLLMOptions
 
     engine = _VLLM.get("engine")
+    if engine is not None and engine.llm is None:  # evicted by a later engine's launch
+        engine = None
     if engine is not None and engine.model is not model:
         if _shape(engine.model) == _shape(model):
             engine.model = model  # weights_changed reads this module's parameters
@@ -158,6 +216,7 @@ def _vllm_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any) -> VLLM
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
                 size_kv_to_seqs=True,  # beside the trainer on its device
             ),
+            evictable=True,
         )
     return engine
 
@@ -170,11 +229,25 @@ def _shape(model: torch.nn.Module) -> tuple[Any, ...]:
 
 class Lent:
     """An engine lent to one evaluation: it forwards to the engine, and closing it aborts what
-    the evaluation left running and keeps the engine (the process's evaluation VLLMEngine)."""
+    the evaluation left running and keeps the engine (the process's evaluation VLLMEngine, the
+    colocated loop's rollout engine). ``sampling``: the evaluation's temperature, top_p, top_k
+    and seed, set on the VLLMEngine for the loan and restored after."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, sampling: tuple[float, float, int, int] | None = None) -> None:
+        from asyncrl.producers.engines.background import BackgroundEngine
+
         self.engine = engine
         self.model = engine.model
+        self._vllm: Any = engine.engine if isinstance(engine, BackgroundEngine) else engine
+        self._restore: tuple[float, float, int, int] | None = None
+        if sampling is not None:
+            self._restore = self._swap(sampling)
+
+    def _swap(self, sampling: tuple[float, float, int, int]) -> tuple[float, float, int, int]:
+        e = self._vllm
+        before = (e.temperature, e.top_p, e.top_k, e.seed)
+        e.temperature, e.top_p, e.top_k, e.seed = sampling
+        return before
 
     @property
     def num_active(self) -> int:
@@ -204,6 +277,9 @@ class Lent:
 
     def close(self) -> None:
         self.abort()
+        if self._restore is not None:
+            self._swap(self._restore)
+            self._restore = None
 
 
 class SharedEngine(Lent):

@@ -66,7 +66,7 @@ def run_interaction(cfg: RunConfig) -> ConfiguredInteractions | None:
 
 
 def _eval_runner(
-    cfg: RunConfig, model: Any, tokenizer: Any, running: Engine | None
+    cfg: RunConfig, model: Any, tokenizer: Any, running: Engine | None, idle: bool = False
 ) -> tuple[AgentRunner, Engine]:
     """The agent runner of a held-out evaluation and its engine (close both after): the
     policy on the rollout's kind of engine (:func:`evaluation_engine`), greedy or sampled with
@@ -74,7 +74,7 @@ def _eval_runner(
     that the same weights always score the same (``AgentRunner.wait_for_tools``)."""
     val = cfg.actor_rollout_ref.rollout.val_kwargs
     greedy = not val.do_sample or val.temperature == 0
-    engine = evaluation_engine(cfg, model, tokenizer, running, greedy=greedy)
+    engine = evaluation_engine(cfg, model, tokenizer, running, greedy=greedy, idle=idle)
     runner = make_runner(cfg, tokenizer, engine, greedy=greedy, wait_for_tools=True)
     return runner, engine
 
@@ -86,13 +86,14 @@ def evaluate_agent(
     problems: list,
     batch_size: int = 64,
     running: Engine | None = None,
+    idle: bool = False,
 ) -> dict[str, float]:
     """Accuracy and tool-use rate of the multi-turn policy on ``problems``: greedy, or
-    sampled with a fixed seed (``rollout.val_kwargs.do_sample``); ``running``: a rollout
-    worker's engine holding ``model``'s weights, shared where it can be."""
+    sampled with a fixed seed (``rollout.val_kwargs.do_sample``); ``running``, ``idle``: a
+    rollout engine holding ``model``'s weights (see :func:`held_out_accuracy`)."""
     from asyncrl.tasks import calculator, score
 
-    runner, engine = _eval_runner(cfg, model, tokenizer, running)
+    runner, engine = _eval_runner(cfg, model, tokenizer, running, idle)
     correct = used = 0.0
     try:
         for start in range(0, len(problems), batch_size):
@@ -147,6 +148,7 @@ def evaluate_rows(
     rows: list,
     batch_size: int = 64,
     running: Engine | None = None,
+    idle: bool = False,
 ) -> dict[str, float]:
     """Held-out figures on dataset rows (``asyncrl.tasks.files.DataRow``): ``accuracy`` is the
     mean reward (the task's rule or custom_reward_function; a reward failure counts 0 and is
@@ -156,7 +158,7 @@ def evaluate_rows(
     from asyncrl.producers.reward import RewardCall
     from asyncrl.tasks import calculator
 
-    runner, engine = _eval_runner(cfg, model, tokenizer, running)
+    runner, engine = _eval_runner(cfg, model, tokenizer, running, idle)
     reward = _eval_reward(cfg.model_dump_json())
     total = used = 0.0
     failures: list[str] = []
@@ -207,29 +209,34 @@ def evaluate_rows(
 
 
 def held_out_accuracy(
-    cfg: RunConfig, model: Any, tokenizer: Any, problems: list, running: Engine | None = None
+    cfg: RunConfig,
+    model: Any,
+    tokenizer: Any,
+    problems: list,
+    running: Engine | None = None,
+    idle: bool = False,
 ) -> dict[str, float]:
     """What the trainer, the colocated baseline and worker 0 report at each evaluation:
     ``accuracy`` (greedy, or sampled with ``rollout.val_kwargs.do_sample``) and, with the agent
     loop on, ``tool_use``, generated on the rollout's kind of engine (:func:`evaluation_engine`;
-    ``running``: a rollout worker's engine holding ``model``'s weights, shared where it can
-    be). Single-turn greedy takes the batched fast path. With data.val_files, ``problems`` are
+    ``running``: a rollout engine holding ``model``'s weights, shared where it can be;
+    ``idle``: it has nothing else in flight and is lent whole). Single-turn greedy takes the batched fast path. With data.val_files, ``problems`` are
     its rows and accuracy is their mean reward (:func:`evaluate_rows`)."""
     import torch
 
     rollout = cfg.actor_rollout_ref.rollout
     if cfg.data.from_files:
         with torch.no_grad():
-            return evaluate_rows(cfg, model, tokenizer, problems, running=running)
+            return evaluate_rows(cfg, model, tokenizer, problems, running=running, idle=idle)
     with torch.no_grad():
         if rollout.multi_turn.enable or rollout.val_kwargs.do_sample:
-            measured = evaluate_agent(cfg, model, tokenizer, problems, running=running)
+            measured = evaluate_agent(cfg, model, tokenizer, problems, running=running, idle=idle)
             if not rollout.multi_turn.enable:
                 del measured["tool_use"]
             return measured
         engine: str | Engine = rollout.name
         if rollout.name == "vllm":
-            engine = evaluation_engine(cfg, model, tokenizer, running)
+            engine = evaluation_engine(cfg, model, tokenizer, running, idle=idle)
         try:
             acc = greedy_accuracy(
                 model,
