@@ -26,8 +26,9 @@ class AsyncTrainingConfig(Strict):
     verl's default: the trainer never stops for it; each result reaches it as a Validated event
     and lands in the metrics row of the step it is at then). The final evaluation is the
     trainer's either way. It generates on the rollout's kind of engine: with rollout.name=vllm,
-    worker 0's own vLLM engine (greedy), or one evaluation vLLM engine per process (the
-    trainer's, started at its first evaluation, its weights loaded before each)."""
+    worker 0's own vLLM engine (greedy; a sampled one on hf_cached, beside it), or the
+    trainer's evaluation vLLM engine (started at its first evaluation, its weights loaded
+    before each)."""
     in_flight_update: bool = False
     """With partial_rollout: workers receive each version's weights in the background while they
     keep generating, and swap them in between two tokens (PipelineRL's in-flight weight update):
