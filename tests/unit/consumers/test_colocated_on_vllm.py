@@ -34,7 +34,6 @@ def test_each_step_samples_from_the_weights_the_last_step_trained(
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
             "actor_rollout_ref.actor.optim.lr=0.003",  # steps that move the logprobs far
             "async_training.use_rollout_log_probs=false",  # the trainer recomputes them
-            "data.val_size=8",
             "trainer.total_training_steps=3",
             "trainer.test_freq=0",
             "trainer.target_accuracy=null",
