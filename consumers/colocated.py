@@ -170,10 +170,18 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
 
     def evaluate() -> dict[str, float]:
         model.eval()
-        measured = held_out_accuracy(cfg, model, tok, val)
+        # on the rollout engine itself (holding the current weights, nothing else in flight):
+        # vLLM allows one engine per process
+        measured = held_out_accuracy(cfg, model, tok, val, running=engine, idle=True)
         return {f"val_{k if k == 'tool_use' else 'acc'}": v for k, v in measured.items()}
 
-    history: list[dict[str, Any]] = [{"step": 0, **evaluate(), "time_s": 0.0}]
+    try:
+        history: list[dict[str, Any]] = [{"step": 0, **evaluate(), "time_s": 0.0}]
+    except BaseException:
+        runner.close()
+        scorer.close()
+        engine.close()
+        raise
     ws = warm_start_metrics(cfg) if cfg.actor_rollout_ref.model.path is None else None
     policy = (
         f"warm start (cached; it took {ws.get('warmup_steps_run')} steps, "
@@ -242,6 +250,7 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
     finally:
         runner.close()
         scorer.close()
+        engine.close()  # the process's one vLLM engine, where it is one
     return history
 
 

@@ -142,7 +142,7 @@ class WorkerSync:
             partial=self.admission.num_stale_partials(),
         )
         self.follower.resume(stale, published, flush=flush)
-        self.validator.after_load(published, self.engine.model)
+        self.validator.after_load(published, self.engine)
 
     def _interrupt(self, hold_scored: bool = False) -> int:
         """Mode (d): cut every in-flight trajectory short, wait for the finished ones' scores

@@ -8,7 +8,9 @@ The calculator task: multi-turn teacher trajectories that call the tool with
 context, mask 0), so the policy learns to write calls and read results.
 
 Its held-out accuracy is measured as the trainer measures it before its first step
-(``held_out_accuracy``), so the launcher's warm-start line and ``val/accuracy_initial`` agree.
+(``held_out_accuracy``), so the launcher's warm-start line and ``val/accuracy_initial`` agree;
+with rollout.name=vllm on hf_cached (greedy answers equal vLLM's up to float noise), so that
+building it starts no vLLM engine.
 :func:`load_policy` is what processes call: a checkpoint (``model.path``), or the demo policy,
 built here on first use and cached (``asyncrl.models.tiny``).
 """
@@ -31,6 +33,7 @@ from asyncrl.models.tiny import (
     supervised_step,
     task_tokenizer,
 )
+from asyncrl.producers.agent.eval_engine import on_transformers
 from asyncrl.producers.agent.factory import greedy_accuracy, held_out_accuracy, held_out_set
 from asyncrl.tasks.arithmetic import EOS_TEXT, Problem, teacher_answer
 
@@ -88,7 +91,10 @@ def build(
     finally:
         torch.set_num_threads(threads)
     tokenizer = policy.with_tiny_template(tokenizer)  # the held-out prompts may be chat
-    measured = held_out_accuracy(cfg, model, tokenizer, held_out_set(cfg, tokenizer))
+    # on transformers whatever rollout.name says: this measures the warm start, and a vLLM
+    # engine started here would stay in the process that builds it
+    on_hf = on_transformers(cfg)
+    measured = held_out_accuracy(on_hf, model, tokenizer, held_out_set(cfg, tokenizer))
     metrics["warmup_val_accuracy"] = measured["accuracy"]
     if "tool_use" in measured:
         metrics["warmup_val_tool_use"] = measured["tool_use"]

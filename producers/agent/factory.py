@@ -7,15 +7,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncrl.config import RunConfig
+from asyncrl.producers.agent.eval_engine import eval_engine, evaluation_engine
 from asyncrl.producers.agent.interaction import ConfiguredInteractions, load_interactions
 from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
 from asyncrl.producers.agent.parser import SingleTurn, ToolParser, make_parser
-
-if TYPE_CHECKING:
-    from asyncrl.producers.engines.hf import HFEngine
 from asyncrl.producers.engines.base import Engine
 from asyncrl.producers.tools.registry import ToolExecutor, run_tools
 from asyncrl.tasks.arithmetic import Problem, score
@@ -67,36 +65,35 @@ def run_interaction(cfg: RunConfig) -> ConfiguredInteractions | None:
     return ConfiguredInteractions(load_interactions(mt.interaction_config_path))
 
 
-def _eval_runner(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
-    """The agent runner of a held-out evaluation: the policy on an hf engine, greedy or
-    sampled with a fixed seed (``rollout.val_kwargs.do_sample``), waiting for each step's tool
-    calls so that the same weights always score the same (``AgentRunner.wait_for_tools``)."""
-    from asyncrl.models.policy import eos_token_ids
-
-    rollout = cfg.actor_rollout_ref.rollout
-    val = rollout.val_kwargs
-    engine = eval_engine(rollout.name)(
-        model,
-        tokenizer,
-        val.temperature or rollout.temperature,  # 0: greedy (below)
-        eos_token_ids(model, tokenizer),
-        tokenizer.pad_token_id,
-        seed=cfg.trainer.seed,
-        top_p=val.top_p,
-        top_k=val.top_k,
-    )
+def _eval_runner(
+    cfg: RunConfig, model: Any, tokenizer: Any, running: Engine | None, idle: bool = False
+) -> tuple[AgentRunner, Engine]:
+    """The agent runner of a held-out evaluation and its engine (close both after): the
+    policy on the rollout's kind of engine (:func:`evaluation_engine`), greedy or sampled with
+    a fixed seed (``rollout.val_kwargs.do_sample``), waiting for each step's tool calls so
+    that the same weights always score the same (``AgentRunner.wait_for_tools``)."""
+    val = cfg.actor_rollout_ref.rollout.val_kwargs
     greedy = not val.do_sample or val.temperature == 0
-    return make_runner(cfg, tokenizer, engine, greedy=greedy, wait_for_tools=True)
+    engine = evaluation_engine(cfg, model, tokenizer, running, greedy=greedy, idle=idle)
+    runner = make_runner(cfg, tokenizer, engine, greedy=greedy, wait_for_tools=True)
+    return runner, engine
 
 
 def evaluate_agent(
-    cfg: RunConfig, model: Any, tokenizer: Any, problems: list, batch_size: int = 64
+    cfg: RunConfig,
+    model: Any,
+    tokenizer: Any,
+    problems: list,
+    batch_size: int = 64,
+    running: Engine | None = None,
+    idle: bool = False,
 ) -> dict[str, float]:
     """Accuracy and tool-use rate of the multi-turn policy on ``problems``: greedy, or
-    sampled with a fixed seed (``rollout.val_kwargs.do_sample``)."""
+    sampled with a fixed seed (``rollout.val_kwargs.do_sample``); ``running``, ``idle``: a
+    rollout engine holding ``model``'s weights (see :func:`held_out_accuracy`)."""
     from asyncrl.tasks import calculator, score
 
-    runner = _eval_runner(cfg, model, tokenizer)
+    runner, engine = _eval_runner(cfg, model, tokenizer, running, idle)
     correct = used = 0.0
     try:
         for start in range(0, len(problems), batch_size):
@@ -110,6 +107,7 @@ def evaluate_agent(
                     used += calculator.used_tool(state.messages)
     finally:
         runner.close()
+        engine.close()
     n = max(len(problems), 1)
     return {"accuracy": correct / n, "tool_use": used / n}
 
@@ -144,7 +142,13 @@ def _eval_reward(cfg_json: str) -> Any:
 
 
 def evaluate_rows(
-    cfg: RunConfig, model: Any, tokenizer: Any, rows: list, batch_size: int = 64
+    cfg: RunConfig,
+    model: Any,
+    tokenizer: Any,
+    rows: list,
+    batch_size: int = 64,
+    running: Engine | None = None,
+    idle: bool = False,
 ) -> dict[str, float]:
     """Held-out figures on dataset rows (``asyncrl.tasks.files.DataRow``): ``accuracy`` is the
     mean reward (the task's rule or custom_reward_function; a reward failure counts 0 and is
@@ -154,7 +158,7 @@ def evaluate_rows(
     from asyncrl.producers.reward import RewardCall
     from asyncrl.tasks import calculator
 
-    runner = _eval_runner(cfg, model, tokenizer)
+    runner, engine = _eval_runner(cfg, model, tokenizer, running, idle)
     reward = _eval_reward(cfg.model_dump_json())
     total = used = 0.0
     failures: list[str] = []
@@ -188,6 +192,7 @@ def evaluate_rows(
                     used += calculator.used_tool(state.messages)
     finally:
         runner.close()
+        engine.close()
     if failures:
         log.warning(
             "held-out evaluation: %d reward failures (counted as 0), e.g. %s",
@@ -204,31 +209,45 @@ def evaluate_rows(
 
 
 def held_out_accuracy(
-    cfg: RunConfig, model: Any, tokenizer: Any, problems: list
+    cfg: RunConfig,
+    model: Any,
+    tokenizer: Any,
+    problems: list,
+    running: Engine | None = None,
+    idle: bool = False,
 ) -> dict[str, float]:
-    """What the trainer and the colocated baseline report at each evaluation: ``accuracy``
-    (greedy, or sampled with ``rollout.val_kwargs.do_sample``) and, with the agent loop on,
-    ``tool_use``. Single-turn greedy takes the batched fast path. With data.val_files,
-    ``problems`` are its rows and accuracy is their mean reward (:func:`evaluate_rows`)."""
+    """What the trainer, the colocated baseline and worker 0 report at each evaluation:
+    ``accuracy`` (greedy, or sampled with ``rollout.val_kwargs.do_sample``) and, with the agent
+    loop on, ``tool_use``, generated on the rollout's kind of engine (:func:`evaluation_engine`;
+    ``running``: a rollout engine holding ``model``'s weights, shared where it can be;
+    ``idle``: it has nothing else in flight and is lent whole). Single-turn greedy takes the batched fast path. With data.val_files, ``problems`` are
+    its rows and accuracy is their mean reward (:func:`evaluate_rows`)."""
     import torch
 
     rollout = cfg.actor_rollout_ref.rollout
     if cfg.data.from_files:
         with torch.no_grad():
-            return evaluate_rows(cfg, model, tokenizer, problems)
+            return evaluate_rows(cfg, model, tokenizer, problems, running=running, idle=idle)
     with torch.no_grad():
         if rollout.multi_turn.enable or rollout.val_kwargs.do_sample:
-            measured = evaluate_agent(cfg, model, tokenizer, problems)
+            measured = evaluate_agent(cfg, model, tokenizer, problems, running=running, idle=idle)
             if not rollout.multi_turn.enable:
                 del measured["tool_use"]
             return measured
-        acc = greedy_accuracy(
-            model,
-            tokenizer,
-            problems,
-            max_new_tokens=cfg.data.max_response_length,
-            engine=rollout.name,
-        )
+        engine: str | Engine = rollout.name
+        if rollout.name == "vllm":
+            engine = evaluation_engine(cfg, model, tokenizer, running, idle=idle)
+        try:
+            acc = greedy_accuracy(
+                model,
+                tokenizer,
+                problems,
+                max_new_tokens=cfg.data.max_response_length,
+                engine=engine,
+            )
+        finally:
+            if not isinstance(engine, str):
+                engine.close()
     return {"accuracy": acc}
 
 
@@ -238,15 +257,20 @@ def greedy_accuracy(
     problems: list[Problem],
     max_new_tokens: int = 8,
     batch_size: int = 256,
-    engine: str = "hf_cached",
+    engine: str | Engine = "hf_cached",
 ) -> float:
     """Share of ``problems`` whose greedy completion scores 1.0 (the demo's held-out metric),
-    generated on ``engine`` (a rollout.name)."""
+    generated on ``engine``: an engine, or a rollout.name other than vllm (a fresh
+    transformers engine: :func:`eval_engine`)."""
     import torch
 
     from asyncrl.producers.engines.base import GenRequest
 
-    gen = eval_engine(engine)(model, tokenizer, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    gen = (
+        eval_engine(engine)(model, tokenizer, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        if isinstance(engine, str)
+        else engine
+    )
     correct = 0.0
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
@@ -260,12 +284,3 @@ def greedy_accuracy(
         for p, res in zip(chunk, results, strict=True):
             correct += score(p.answer, tokenizer.decode(res.response_ids, skip_special_tokens=True))
     return correct / max(len(problems), 1)
-
-
-def eval_engine(name: str) -> type[HFEngine]:
-    """The engine class a held-out evaluation generates with: the rollout's (``rollout.name``),
-    or hf_cached for the sim engine's runs (which model no weights)."""
-    from asyncrl.producers.engines.cached import CachedHFEngine
-    from asyncrl.producers.engines.hf import HFEngine
-
-    return HFEngine if name == "hf" else CachedHFEngine

@@ -19,7 +19,7 @@ request never also collects it. An exception on the engine's thread is raised by
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -63,16 +63,22 @@ class BackgroundEngine:
             self._submitted.append(req)
             self._cv.notify_all()
 
-    def collect(self, timeout: float = 0.0) -> list[GenResult]:
-        """Results finished since the last call; waits up to ``timeout`` for the first."""
+    def collect(
+        self, timeout: float = 0.0, request_ids: Container[str] | None = None
+    ) -> list[GenResult]:
+        """Results finished since the last call; waits up to ``timeout`` for the first.
+        ``request_ids``: only those; the others stay for a later call (a held-out evaluation
+        sharing the engine with the worker's rollout takes its own results alone)."""
+
+        def ready() -> list[str]:
+            return [rid for rid in self._finished if request_ids is None or rid in request_ids]
+
         with self._cv:
             self._check()
-            if not self._finished and timeout > 0:
-                self._cv.wait_for(lambda: self._finished or self.error, timeout)
+            if timeout > 0 and not ready():
+                self._cv.wait_for(lambda: ready() or self.error, timeout)
                 self._check()
-            done = list(self._finished.values())
-            self._finished.clear()
-            return done
+            return [self._finished.pop(rid) for rid in ready()]
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenResult]:
         """Stop the named requests (default: all) between two decoding steps; each one's

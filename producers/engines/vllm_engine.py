@@ -25,6 +25,11 @@ hf engines. vLLM is told the same rules (``stop_token_ids``, ``max_tokens``) so 
   directory (no tokenizer: prompts are ids), in the model's dtype (vLLM's ``auto`` would turn
   float32 into bfloat16). ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps its engine core in this
   process, on the thread that steps it.
+- **One live engine per process.** vLLM keeps its parallel groups per process
+  (``vllm.distributed.parallel_state``), and an engine's shutdown tears them down for every
+  engine of the process. So a process holds at most one launched, not yet closed engine
+  (:data:`_LIVE`): launching while an *evictable* one is live (the held-out evaluation's
+  cached engine) closes that one first; launching while any other is live is refused.
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ class VLLMOptions:
     gpu_memory_utilization: float = 0.5
     """On a GPU, vLLM's own meaning. On a CPU vLLM would reserve this share of all RAM; here
     the KV cache is instead sized to hold ``max_num_seqs`` sequences of ``max_model_len``."""
+    size_kv_to_seqs: bool = False
+    """Size the KV cache to ``max_num_seqs`` sequences of ``max_model_len`` on a GPU too, in
+    place of ``gpu_memory_utilization``: an engine sharing its GPU with a trainer (the
+    held-out evaluation's) takes what it needs, not a share of the device."""
 
 
 KV_CACHE_MAX = 2 << 30
@@ -72,6 +81,27 @@ def kv_cache_bytes(config: Any, dtype: torch.dtype, tokens: int) -> int:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     per_token = 2 * config.num_hidden_layers * heads * head_dim * dtype.itemsize
     return min(KV_CACHE_MAX, max(64 << 20, per_token * tokens))
+
+
+_LIVE: list[VLLMEngine] = []
+"""The engines of this process launched and not closed yet (at most one)."""
+
+
+def live_engine() -> VLLMEngine | None:
+    """The process's live engine, if any."""
+    return _LIVE[0] if _LIVE else None
+
+
+def _make_room() -> None:
+    """Close the process's live engine if it is evictable, else refuse to launch another."""
+    for other in list(_LIVE):
+        if not other.evictable:
+            raise RuntimeError(
+                "a second vLLM engine in one process: vLLM keeps its parallel groups per "
+                "process (vllm.distributed.parallel_state) and closing either engine would "
+                "tear them down under the other; close the live engine first"
+            )
+        other.close()
 
 
 def request_seed(seed: int, request_id: str, prefix_len: int) -> int:
@@ -94,6 +124,7 @@ class VLLMEngine(StepwiseEngine):
         top_k: int = -1,
         options: VLLMOptions | None = None,
         emulated_decode_latency_s: float = 0.0,
+        evictable: bool = False,
     ) -> None:
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (use GenRequest.greedy for argmax)")
@@ -108,7 +139,11 @@ class VLLMEngine(StepwiseEngine):
         """Request id -> the id vLLM knows it by (unique: an id may be re-added)."""
         self._by_vllm_id: dict[str, ActiveRequest] = {}
         self._count = 0
+        self.evictable = evictable
+        """A later launch in this process closes this engine instead of being refused (the
+        held-out evaluation's cached engine: see the module doc)."""
         self.llm = self._launch()
+        _LIVE.append(self)
         self._threads = torch.get_num_threads()
         """The intra-op threads vLLM's CPU attention was planned for, at launch: the thread that
         steps the engine runs with as many (a new thread starts at OpenMP's default)."""
@@ -132,9 +167,11 @@ class VLLMEngine(StepwiseEngine):
                 f"{CPU_HEAD_SIZES}, this model's is {head_dim} (hidden_size / "
                 "num_attention_heads); use another engine or another model shape"
             )
+        _make_room()
         opts = self.options
         max_len = opts.max_model_len or config.max_position_embeddings
-        kv = kv_cache_bytes(config, param.dtype, opts.max_num_seqs * max_len) if on_cpu else None
+        sized = on_cpu or opts.size_kv_to_seqs
+        kv = kv_cache_bytes(config, param.dtype, opts.max_num_seqs * max_len) if sized else None
         with tempfile.TemporaryDirectory(prefix="asyncrl-vllm-") as path:
             cast(Any, self.model).save_pretrained(path)
             args = EngineArgs(
@@ -264,5 +301,14 @@ class VLLMEngine(StepwiseEngine):
         torch._C.set_num_threads(self._threads)
 
     def close(self) -> None:
+        """Abort what is running and shut vLLM's engine core down now (its shutdown tears
+        down the process's parallel groups), so that another engine may launch."""
+        if self.llm is None:
+            return
         self.abort()
-        self.llm = None
+        llm, self.llm = self.llm, None
+        try:
+            llm.engine_core.shutdown()
+        finally:
+            if self in _LIVE:
+                _LIVE.remove(self)

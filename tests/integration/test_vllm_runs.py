@@ -2,7 +2,8 @@
 worker's process), with the faults a user meets: a worker SIGKILLed mid-partial in mode (d),
 and a trainer SIGKILLed under in-flight weight updates. The run finishes, ``asyncrl audit`` is
 clean, every logged partial is continued exactly, each token's logprob is its segment's
-weights', and ``asyncrl replay step`` of a step trained on vLLM samples is bit-exact.
+weights', ``asyncrl replay step`` of a step trained on vLLM samples is bit-exact, and the
+trainer's held-out evaluation generates on vLLM.
 
 Short runs (vLLM takes ~15-45 s to start on two cores, once per worker process). The runs to
 the demo's and the calculator's targets on vLLM are commands with their figures in
@@ -101,6 +102,10 @@ def test_a_vllm_worker_killed_mid_partial_is_restarted_and_the_run_replays_exact
     cfg = make_run_cfg(*demo_policy, *VLLM, *MODE_D, *CHECKPOINTS, "trainer.total_training_steps=8")
     summary, killed = run_killing_the_worker_mid_partial(cfg)
     assert summary["step"] == 8 and summary["restarts"] == {"rollout-0": 1}
+    # The trainer's final held-out evaluation generated on vLLM (its evaluation engine).
+    assert 0.0 < summary["val/accuracy"] <= 1.0
+    trainer_log = (cfg.run_dir / "logs" / "trainer.log").read_text()
+    assert "held-out evaluation generates on an evaluation vLLM engine" in trainer_log
 
     # The partials unfinished at the kill were continued by the new worker's vLLM from the
     # logged tokens and logprobs, not generated afresh.

@@ -30,6 +30,15 @@ SHAPE = ModelConfig(hidden_size=64, num_attention_heads=2, intermediate_size=64)
 _shared: dict = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _close_shared():
+    """Close the shared vLLM engine after the module: a process holds one live vLLM engine."""
+    yield
+    engine = _shared.pop(VLLM, None)
+    if engine is not None:
+        engine.close()
+
+
 @pytest.fixture(
     params=[
         HFEngine,
