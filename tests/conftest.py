@@ -6,6 +6,7 @@ Kafka imports stay inside the fixtures so unit tests that need no broker do not 
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -84,7 +85,16 @@ def kafka_cfg(run_cfg: RunConfig) -> KafkaConfig:
 
 @pytest.fixture(scope="session")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One model cache for the session: each warm-start recipe is built once."""
+    """One model cache for the session: each warm-start recipe is built once.
+
+    ``ASYNCRL_TEST_POLICY_DIR`` names a folder kept across sessions instead, so running one
+    file again does not rebuild the demo's warm start (~1.5 min) each time; entries are keyed
+    by recipe and cache format (``asyncrl/models/cache.py``). Unset (CI): a fresh tmp dir.
+    """
+    kept = os.environ.get("ASYNCRL_TEST_POLICY_DIR")
+    if kept:
+        Path(kept).mkdir(parents=True, exist_ok=True)
+        return Path(kept)
     return tmp_path_factory.mktemp("policy")
 
 

@@ -14,7 +14,11 @@ from asyncrl.consumers.colocated import main as colocated  # noqa: E402
 def test_each_step_samples_from_the_weights_the_last_step_trained(demo_policy, tmp_path):
     """verl's training/rollout_probs_diff_max compares the rollout's logprobs with the
     trainer's recomputation under the weights it trains: float noise at every step, the
-    first included, only if each update reaches vLLM before the next rollout."""
+    first included, only if each update reaches vLLM before the next rollout.
+
+    The demo's data section as it ships (no ``data.val_size`` of its own): the warm start's
+    cache key covers ``data``, so any change there built a second 1500-step warm start (~90 s
+    of the suite) where the session's demo policy serves."""
     cfg = load_config(
         None,
         [
@@ -26,7 +30,6 @@ def test_each_step_samples_from_the_weights_the_last_step_trained(demo_policy, t
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
             "actor_rollout_ref.actor.optim.lr=0.003",  # steps that move the logprobs far
             "async_training.use_rollout_log_probs=false",  # the trainer recomputes them
-            "data.val_size=8",
             "trainer.total_training_steps=3",
             "trainer.test_freq=0",
             "trainer.target_accuracy=null",
