@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # faust runs with click 8.5. `none` skips it (the vLLM tests then skip). GPU: README.
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),none,cpu)
 
-.PHONY: install run test test-cluster lint format clean chaos images compose-test
+.PHONY: install run test test-heavy test-cluster lint format clean chaos images compose-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Heavy end-to-end cases kept out of `make test` (which stays within ~25 min on two cores);
+# each names in its test what still covers its property in `make test` (~3-4 min here).
+test-heavy: install
+	$(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
 
 # The tests on a simulated three-node Ray cluster (minutes; not in `make test`).
 test-cluster: install

@@ -6,6 +6,7 @@ Kafka imports stay inside the fixtures so unit tests that need no broker do not 
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,16 +18,27 @@ if TYPE_CHECKING:
     from asyncrl.config import KafkaConfig, RunConfig
 
 
+OPT_IN = {
+    "cluster": "a simulated Ray cluster: opt in with `make test-cluster`",
+    "heavy": "a heavy end-to-end case, covered in part by `make test`: opt in with `make test-heavy`",
+}
+"""Markers whose tests run only when ``-m`` names them, and why they are skipped otherwise."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``cluster`` (a simulated multi-node Ray cluster: each node's agents take
-    most of a minute to start on two cores) run only when asked for by ``-m cluster``
-    (``make test-cluster``), so ``make test`` stays within its time."""
-    if "cluster" in (config.option.markexpr or ""):
-        return
-    skip = pytest.mark.skip(reason="a simulated Ray cluster: opt in with `make test-cluster`")
-    for item in items:
-        if "cluster" in item.keywords:
-            item.add_marker(skip)
+    most of a minute to start on two cores) or ``heavy`` (an end-to-end case whose property
+    a lighter test of ``make test`` also checks, in part) run only when ``-m`` names their
+    marker (``make test-cluster``, ``make test-heavy``), so ``make test`` stays within its
+    time (~25 min on two cores)."""
+    markexpr = config.option.markexpr or ""
+    for marker, reason in OPT_IN.items():
+        if marker in markexpr:
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +96,16 @@ def kafka_cfg(run_cfg: RunConfig) -> KafkaConfig:
 
 @pytest.fixture(scope="session")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One model cache for the session: each warm-start recipe is built once."""
+    """One model cache for the session: each warm-start recipe is built once.
+
+    ``ASYNCRL_TEST_POLICY_DIR`` names a folder kept across sessions instead, so running one
+    file again does not rebuild the demo's warm start (~1.5 min) each time; entries are keyed
+    by recipe and cache format (``asyncrl/models/cache.py``). Unset (CI): a fresh tmp dir.
+    """
+    kept = os.environ.get("ASYNCRL_TEST_POLICY_DIR")
+    if kept:
+        Path(kept).mkdir(parents=True, exist_ok=True)
+        return Path(kept)
     return tmp_path_factory.mktemp("policy")
 
 

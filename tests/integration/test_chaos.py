@@ -10,7 +10,9 @@ import pytest
 
 from tests.chaos import chaos_overrides, chaos_run
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+# Opt-in (`make test-heavy`, ~30 s): each fault it draws has its own case in `make test`
+# (test_faults.py, test_worker_recovery.py, test_kafka_faults.py); `make chaos` runs many seeds.
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.heavy]
 
 SEED = 7
 

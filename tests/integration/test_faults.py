@@ -498,6 +498,8 @@ def _stall_broker_at(cfg, pids: dict[str, int], at_step: int, stall_s: float, ou
         time.sleep(0.05)
 
 
+@pytest.mark.heavy  # `make test-heavy`; in `make test`: a client stalled by a SIGSTOPped broker
+# (test_kafka_faults.py) and a whole run over a killed broker (above)
 def test_a_broker_stalled_for_15_s_costs_time_not_work(make_run_cfg, quick_policy):
     from asyncrl.launch.log_archive import offline_broker
 
@@ -533,6 +535,7 @@ def _stop_worker_at(cfg, pids: dict[str, int], at_step: int, stop_s: float, out:
 
 STOPS = {
     # kafka.session_timeout_ms, heartbeat_interval_ms, max_poll_interval_ms; the stop (s)
+    # Opt-in (`make test-heavy`): the same fault as standalone_defaults' at shorter timeouts.
     "short_session": (1500, 200, 2000, 5.0),
     # What a run pointed at a standalone broker (`asyncrl broker`, a Kafka cluster) gets by
     # default: where the fault was reported (4 runs of 4), the stop past max.poll.interval.
@@ -540,7 +543,10 @@ STOPS = {
 }
 
 
-@pytest.mark.parametrize("timeouts", sorted(STOPS))
+@pytest.mark.parametrize(
+    "timeouts",
+    [pytest.param("short_session", marks=pytest.mark.heavy), "standalone_defaults"],
+)
 def test_a_worker_stopped_past_its_session_timeout_costs_time_not_the_run(
     make_run_cfg, quick_policy, timeouts
 ):

@@ -97,7 +97,13 @@ def sigint_taken():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize(
+    "mode",
+    # (a) is opt-in (`make test-heavy`): (d) adds and removes a worker the same way (Ctrl-C,
+    # not SIGTERM: test_faults.py's last-worker case sends that), and test_run.py checks (a)'s
+    # budget per version.
+    [pytest.param("a", marks=pytest.mark.heavy), "d"],
+)
 @pytest.mark.usefixtures("sigint_taken")
 def test_a_worker_is_added_and_one_removed_mid_run(make_run_cfg, quick_policy, mode):
     cfg = make_run_cfg(*quick_policy, *SETTINGS, *MODES[mode])

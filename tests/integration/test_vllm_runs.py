@@ -143,6 +143,10 @@ def test_a_vllm_worker_killed_mid_partial_is_restarted_and_the_run_replays_exact
     assert all(m["replayed"] == m["recorded"] for m in replayed["metrics"].values())
 
 
+# Opt-in (`make test-heavy`, ~40 s): in `make test`, a trainer killed under in-flight updates
+# on the hf engine (test_faults.py), vLLM's weight swaps between tokens on the engine thread
+# (test_vllm_engine.py) and a whole vLLM run with a fault (the worker kill above).
+@pytest.mark.heavy
 def test_a_trainer_killed_under_in_flight_updates_to_vllm_is_joined_by_the_same_worker(
     make_run_cfg, demo_policy
 ):

@@ -22,7 +22,11 @@ def test_each_step_samples_from_the_weights_the_last_step_trained(
 ):
     """verl's training/rollout_probs_diff_max compares the rollout's logprobs with the
     trainer's recomputation under the weights it trains: float noise at every step, the
-    first included, only if each update reaches vLLM before the next rollout."""
+    first included, only if each update reaches vLLM before the next rollout.
+
+    The demo's data section as it ships (no ``data.val_size`` of its own): the warm start's
+    cache key covers ``data``, so any change there built a second 1500-step warm start (~90 s
+    of the suite) where the session's demo policy serves."""
     cfg = load_config(
         None,
         [
