@@ -177,24 +177,18 @@ def main(cfg: RunConfig, log: Callable[[str], Any] = print) -> list[dict[str, An
 
     try:
         history: list[dict[str, Any]] = [{"step": 0, **evaluate(), "time_s": 0.0}]
-    except BaseException:
-        runner.close()
-        scorer.close()
-        engine.close()
-        raise
-    ws = warm_start_metrics(cfg) if cfg.actor_rollout_ref.model.path is None else None
-    policy = (
-        f"warm start (cached; it took {ws.get('warmup_steps_run')} steps, "
-        f"{ws.get('warmup_seconds', 0):.1f}s when built)"
-        if ws is not None
-        else f"policy {cfg.actor_rollout_ref.model.path}"
-    )
-    log(f"{policy} | step 0 val_acc {history[0]['val_acc']:.3f}")
-    t_start = time.perf_counter()
-    gen_s = train_s = 0.0
-    n_traj = n_gen = total_filtered = 0
+        ws = warm_start_metrics(cfg) if cfg.actor_rollout_ref.model.path is None else None
+        policy = (
+            f"warm start (cached; it took {ws.get('warmup_steps_run')} steps, "
+            f"{ws.get('warmup_seconds', 0):.1f}s when built)"
+            if ws is not None
+            else f"policy {cfg.actor_rollout_ref.model.path}"
+        )
+        log(f"{policy} | step 0 val_acc {history[0]['val_acc']:.3f}")
+        t_start = time.perf_counter()
+        gen_s = train_s = 0.0
+        n_traj = n_gen = total_filtered = 0
 
-    try:
         for step in range(1, cfg.trainer.total_training_steps + 1):
             # --- rollout: n samples per prompt with the current weights, scored ---------------
             t0 = time.perf_counter()

@@ -220,8 +220,9 @@ def held_out_accuracy(
     ``accuracy`` (greedy, or sampled with ``rollout.val_kwargs.do_sample``) and, with the agent
     loop on, ``tool_use``, generated on the rollout's kind of engine (:func:`evaluation_engine`;
     ``running``: a rollout engine holding ``model``'s weights, shared where it can be;
-    ``idle``: it has nothing else in flight and is lent whole). Single-turn greedy takes the batched fast path. With data.val_files, ``problems`` are
-    its rows and accuracy is their mean reward (:func:`evaluate_rows`)."""
+    ``idle``: it has nothing else in flight and is lent whole). Single-turn greedy takes the
+    batched fast path. With data.val_files, ``problems`` are its rows and accuracy is their
+    mean reward (:func:`evaluate_rows`)."""
     import torch
 
     rollout = cfg.actor_rollout_ref.rollout
