@@ -103,7 +103,7 @@ def read(
             or (idle_exit_s is not None and idle > idle_exit_s)
         ):
             state["done"] = True
-            _quiet_loggers()  # a stop as the broker ends logs each cancelled agent as crashed
+            _quiet_stop()
             asyncio.ensure_future(worker.stop())  # from a timer: inside the agent it deadlocks
 
     stopped = threading.Event()
@@ -136,6 +136,23 @@ NOISY = ("faust", "mode", "aiokafka", "asyncio")
 def _quiet_loggers() -> None:
     for name in NOISY:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
+def _quiet_stop() -> None:
+    """Before the monitor stops its worker, having read the whole run: a stop as the broker
+    ends logs each cancelled agent as crashed, and the consumer's thread, closing a fetch
+    cancelled mid-retry, ends on the error. Neither can lose a record the table shows, so
+    faust's loggers and its service threads' tracebacks are silenced; other threads' are not."""
+    from mode.threads import WorkerThread
+
+    _quiet_loggers()
+    shown = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not isinstance(args.thread, WorkerThread):
+            shown(args)
+
+    threading.excepthook = hook
 
 
 def _quiet() -> None:

@@ -50,3 +50,51 @@ def test_a_service_thread_left_running_no_longer_holds_the_process_open():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "returned"
     assert done.stderr == ""
+
+
+# A service thread whose stop ends on an error, as faust's consumer thread's did when the run's
+# embedded broker went just as the monitor, having read the whole run, stopped its worker: the
+# fetch being closed was cancelled mid-retry (CI, 2026-11-29). A plain thread's error after it.
+CRASHING_STOP = textwrap.dedent(
+    """
+    import asyncio, threading
+    from mode.threads import ServiceThread
+    from asyncrl.ops.monitor_faust import _quiet_stop
+
+    class ClosingFetch(ServiceThread):
+        async def on_thread_stop(self):
+            raise asyncio.CancelledError()
+
+    async def main():
+        s = ClosingFetch()
+        await s.start()
+        _quiet_stop()
+        try:
+            await asyncio.wait_for(s.stop(), 2.0)  # the thread ended without saying so
+        except asyncio.TimeoutError:
+            pass
+        s._thread.join(5)
+
+    asyncio.run(main())
+    print("returned")
+
+    def fails():
+        raise RuntimeError("not faust's")
+
+    t = threading.Thread(target=fails)
+    t.start()
+    t.join()
+    """
+)
+
+
+def test_a_service_thread_ending_on_an_error_at_the_monitors_stop_prints_no_traceback():
+    """The monitor prints its table and nothing else: faust's threads ending on an error as
+    the broker goes print no traceback, while any other thread's error is still shown."""
+    done = subprocess.run(
+        [sys.executable, "-c", CRASHING_STOP], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "returned"
+    assert "CancelledError" not in done.stderr, done.stderr[-2000:]
+    assert "RuntimeError: not faust's" in done.stderr
