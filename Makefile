@@ -35,7 +35,7 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Heavy end-to-end cases kept out of `make test` (which stays within ~25 min on two cores);
-# each names in its test what still covers its property in `make test` (~3-4 min here).
+# each names in its test what still covers its property in `make test` (~5-6 min here).
 test-heavy: install
 	$(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
 

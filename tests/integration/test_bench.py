@@ -17,6 +17,9 @@ def smoke(broker, tmp_path, quick_policy) -> list[str]:
     return [*quick_policy, *on_session_broker(broker), f"output_dir='{tmp_path}'"]
 
 
+# Opt-in (`make test-heavy`, ~21 s): a sync's hops from the log are tests/unit/ops/test_sync_hops.py,
+# and modes (c), (d) and in-flight syncs run in test_faults.py and test_partial_rollout.py.
+@pytest.mark.heavy
 def test_sync_pause_smoke(smoke):
     out = io.StringIO()
     result = sync_pause(
@@ -73,6 +76,9 @@ def test_modes_smoke(tmp_path, smoke):
     assert list(tmp_path.glob("bench-modes-*.json"))
 
 
+# Opt-in (`make test-heavy`, ~13 s): the seed-shaped workload's model is tests/unit/bench/
+# test_seed_workload.py, and `bench modes` runs whole in test_modes_smoke above.
+@pytest.mark.heavy
 def test_modes_seed_workload_smoke(smoke):
     """The seed-shaped workload at a tiny time scale: colocated sync, mode (d) and the
     ablation at a staleness given (``--staleness``), 3 steps; each row says how full its
@@ -126,6 +132,8 @@ def test_transport_smoke(broker, tmp_path):
     assert list(tmp_path.glob("bench-transport-*.json"))
 
 
+# Opt-in (`make test-heavy`, ~12 s): tracing's spans are test_tracing.py's runs.
+@pytest.mark.heavy
 def test_tracing_cost_smoke(smoke):
     from asyncrl.bench.tracing import tracing_cost
 
@@ -170,6 +178,10 @@ def test_learn_smoke(tmp_path, smoke, monkeypatch):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+# Opt-in (`make test-heavy`, ~12 s): how seeds fold into a cell's row and the grid's checks
+# before any run are tests/unit/bench/test_bench_learn.py; `bench learn` runs whole in
+# test_learn_smoke.
+@pytest.mark.heavy
 def test_tuning_runs_each_cell_of_the_grid_once_per_seed(tmp_path, smoke):
     from asyncrl.bench.tuning import tuning
 

@@ -110,7 +110,9 @@ def test_the_baseline_generates_with_the_engine_the_config_names(calculator_cfg,
     assert [type(e).__name__ for e in made] == [classes[name]]
 
 
-def test_the_countdown_task_warm_starts_and_trains_with_its_long_responses(policy_dir, tmp_path):
+def test_the_countdown_task_warm_starts_and_trains_with_its_long_responses(
+    countdown_policy, tmp_path
+):
     """The long-tail task end to end in one process: its tokenizer (with ``,``), its model's
     128 positions, its sloppy teacher, and chains of up to 102 tokens generated and scored."""
     from asyncrl.models.warm_start import load_policy
@@ -119,9 +121,8 @@ def test_the_countdown_task_warm_starts_and_trains_with_its_long_responses(polic
     cfg = load_config(
         "countdown",
         [
-            f"actor_rollout_ref.model.cache_dir='{policy_dir}'",
+            *countdown_policy,
             f"output_dir='{tmp_path}'",
-            "actor_rollout_ref.model.warmup_steps=60",
             "trainer.total_training_steps=2",
             "trainer.test_freq=2",
         ],

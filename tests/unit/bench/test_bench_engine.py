@@ -5,6 +5,7 @@ import io
 import json
 import math
 
+import pytest
 from rich.console import Console
 
 from asyncrl.bench.engine import ENGINES, engine
@@ -38,6 +39,8 @@ def test_bench_engine_measures_the_engines_side_by_side(tmp_path):
     assert json.loads(next(tmp_path.glob("bench-engine-*.json")).read_text()) == results
 
 
+# Opt-in (`make test-heavy`, ~24 s): `bench engine`'s measurement itself is the test above.
+@pytest.mark.heavy
 def test_profile_prints_where_each_cached_engines_generation_goes(tmp_path):
     out = io.StringIO()
     engine(
