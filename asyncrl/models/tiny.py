@@ -40,7 +40,7 @@ Builder = Callable[
 
 
 def split_characters() -> pre_tokenizers.PreTokenizer:
-    """One piece per character, line breaks included (``[\s\S]``, not ``.``), so that a run of
+    r"""One piece per character, line breaks included (``[\s\S]``, not ``.``), so that a run of
     newlines is that many ``\n`` tokens, as the start-up check assumes, and decodes back to
     itself."""
     return pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
