@@ -31,13 +31,15 @@ install: $(STAMP)
 run: install
 	$(BIN)/asyncrl run $(ARGS)
 
+# Bytecode written as modules are imported, even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE): each role of each run in the suite compiled the package again.
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Heavy end-to-end cases kept out of `make test` (which stays within ~25 min on two cores);
 # each names in its test what still covers its property in `make test` (~5-6 min here).
 test-heavy: install
-	$(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
 
 # The tests on a simulated three-node Ray cluster (minutes; not in `make test`).
 test-cluster: install

@@ -110,6 +110,9 @@ def test_modes_seed_workload_smoke(smoke):
     assert "seed-shaped" in text and "150.72" in text  # how the model was derived
 
 
+# Opt-in (`make test-heavy`, ~15 s): a sample's Arrow encoding round-trips in tests/unit/schemas/,
+# and samples travel Arrow over Kafka in every run of make test (the Ray queue row aside).
+@pytest.mark.heavy
 def test_transport_smoke(broker, tmp_path):
     from asyncrl.bench.transport import VARIANTS, transport
 

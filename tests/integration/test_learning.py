@@ -18,7 +18,10 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def test_async_grpo_lifts_held_out_accuracy(make_run_cfg, demo_policy):
-    cfg = make_run_cfg(*demo_policy, "trainer.total_training_steps=250")
+    # Stopped at 0.8 (the demo stops at 0.9): the lift asserted below, in fewer steps.
+    cfg = make_run_cfg(
+        *demo_policy, "trainer.total_training_steps=250", "trainer.target_accuracy=0.8"
+    )
     summary = run(cfg, Console(file=io.StringIO(), width=120))
 
     initial, final = summary["val/accuracy_initial"], summary["val/accuracy"]
