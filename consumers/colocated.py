@@ -36,7 +36,7 @@ from asyncrl.models.cache import warm_start_metrics
 from asyncrl.models.policy import resolve_device
 from asyncrl.models.warm_start import load_policy
 from asyncrl.producers.agent.factory import held_out_accuracy, held_out_set, make_runner
-from asyncrl.producers.agent.loop import AgentRunner
+from asyncrl.producers.agent.runner import AgentRunner
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.engines import factory as engines
 from asyncrl.producers.feed import feed_sequence, train_prompts

@@ -55,7 +55,7 @@ def budget_allowance(
             requested = max(requested, e.version)
         # The trainer's drops refund their worker (a duplicate's refunds nobody); a worker's
         # own, at the run's end, refund nothing. One logged after the trainer requested its
-        # next version is that version's (producers/follower.py, ``_refund``).
+        # next version is that version's (producers/control_inbox.py, ``_refund``).
         elif isinstance(e, ev.SamplesDropped) and e.worker == ev.TRAINER and e.target_worker >= 0:
             allowed[e.version] += e.count
             allowed[e.version - 1] += e.count

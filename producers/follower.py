@@ -1,28 +1,29 @@
 """The rollout worker's half of the sync hand-shake: it follows the trainer's weight versions
 (docs/design.md, "A sync, as events on control").
 
-It reads the control events meant for a worker (a sync requested, budget refunded or granted,
-a restarted trainer, the run finished), joins the trainer's weight transport, receives each
-version's weights in place, and publishes the worker's events of the hand-shake: RolloutPaused,
-WeightsLoaded, RolloutResumed with the version's budget. What happens at a sync to the samples
-in flight (finish, or interrupt and continue) is the worker's (``worker.py``); the trainer's
-side of the hand-shake is ``consumers.coordinator``.
+It acts on what its base, ``control_inbox.ControlInbox``, has read on control (a sync
+requested, budget refunded or granted, a restarted trainer, the run finished): it joins the
+trainer's weight transport, receives each version's weights in place, and publishes the
+worker's events of the hand-shake: RolloutPaused, WeightsLoaded, RolloutResumed with the
+version's budget. What happens at a sync to the samples in flight (finish, or interrupt and
+continue) is the worker's (``worker.py``); the trainer's side of the hand-shake is
+``consumers.coordinator``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
 from collections.abc import Callable
 
 import torch
 
 from asyncrl.config import RunConfig
 from asyncrl.producers.budget import RolloutBudget
+from asyncrl.producers.control_inbox import ControlInbox
 from asyncrl.producers.engines.base import Engine
 from asyncrl.schemas import control as ev
-from asyncrl.sync.channel import ControlChannel, SyncTimeout
+from asyncrl.sync.channel import ControlChannel
 from asyncrl.sync.checksum import weights_checksum
 from asyncrl.sync.results import ManifestMismatchError
 from asyncrl.sync.transport import WeightSink
@@ -39,14 +40,7 @@ class JoinCancelled(RuntimeError):
     """The worker was stopped (SIGTERM, Ctrl-C) while it waited to join a trainer."""
 
 
-class WorkerDisplaced(RuntimeError):
-    """Another process announced itself as this worker (the same ``--worker-id``) after this
-    one had joined: the trainer takes the newer one in its place, as it takes a restarted
-    worker's, so this one stops, as a crashed one would (its prompts in flight go back to the
-    group). Two processes sharing an id would otherwise run on, one cut off from the weights."""
-
-
-class SyncFollower:
+class SyncFollower(ControlInbox):
     def __init__(
         self,
         cfg: RunConfig,
@@ -56,40 +50,15 @@ class SyncFollower:
         make_sink: Callable[[torch.device], WeightSink],
         engine: Engine,
     ) -> None:
+        rollout = cfg.actor_rollout_ref.rollout
+        budget = RolloutBudget(cfg.max_samples_per_version, max(1, rollout.num_workers), worker_id)
+        super().__init__(worker_id, incarnation, control, budget)
         self.cfg = cfg
-        self.worker_id = worker_id
-        self.incarnation = incarnation
-        self.control = control
         self.make_sink = make_sink
         self.engine = engine
         self.model = engine.model
         """The engine's model: weights are received into it in place (``engine.update_weights``)."""
-        rollout = cfg.actor_rollout_ref.rollout
         self.num_workers = rollout.num_workers
-        self.budget = RolloutBudget(
-            cfg.max_samples_per_version, max(1, rollout.num_workers), worker_id
-        )
-        self.version = 0
-        self.started_at = time.time()
-        self.joined = False
-        """Accepted by a trainer once: from then on another incarnation's WorkerStarted under
-        this id displaces this one (before, this one may be the newer of two)."""
-        self.requests: deque[ev.SyncRequested] = deque()
-        """Syncs requested above this worker's version, oldest first (in-flight updates may
-        fall behind by a version or two; the hand-shake with pauses holds at most one)."""
-        self.published: dict[int, ev.WeightsPublished] = {}
-        """WeightsPublished naming this incarnation, read before their version was taken."""
-        self.refund_at: Counter[int] = Counter()
-        """Refunds logged after a version's SyncRequested, for that version's budget."""
-        self.counted_at_join: list[ev.ControlEvent] = []
-        """Drops logged before the last join's welcome, not read yet: its ``consumed`` has them."""
-        self.sync_seen_at = 0.0
-        self.sync_seen_ns: int | None = None
-        self.trainer_gone: str | None = None
-        """Why the trainer this worker joined is gone (a new one must be joined), or None."""
-        self.trainer_back = False
-        """A new trainer's TrainerResumed has arrived (it hosts the collective by now)."""
-        self.finished = False
         self.opened = False
         """A budget has been opened: the engine's figures cover a window of work from here."""
         self.sink: WeightSink | None = None
@@ -105,90 +74,6 @@ class SyncFollower:
         """Polls the prompts group while the worker waits here (or it would lose its partitions)."""
         self.cancelled: Callable[[], bool] = lambda: False
         """The worker has been told to stop: a wait to join a trainer ends (JoinCancelled)."""
-
-    @property
-    def pending_sync(self) -> ev.SyncRequested | None:
-        """The oldest sync requested and not done yet."""
-        return self.requests[0] if self.requests else None
-
-    def sync_done(self) -> None:
-        request = self.requests.popleft()
-        self.published.pop(request.version, None)
-
-    # --- control events -----------------------------------------------------------------------
-    def poll(self, timeout: float) -> None:
-        for event in self.control.poll(timeout):
-            self.handle(event)
-
-    def handle(self, event: ev.ControlEvent) -> None:
-        if self._new_trainer(event):
-            self.trainer_gone = f"a new trainer started (version {event.version})"
-            self.trainer_back = True
-        elif isinstance(event, ev.SyncRequested) and event.version > self._last_requested():
-            self.requests.append(event)
-            self.sync_seen_at = time.monotonic()
-            self.sync_seen_ns = time.time_ns()
-        elif (
-            isinstance(event, ev.WeightsPublished)
-            and event.version > self.version
-            and self.incarnation in event.incarnations
-        ):
-            self.published[event.version] = event
-        elif isinstance(event, (ev.SamplesDropped, ev.BudgetGranted)) and self._ours(event):
-            self._refund(event)
-        elif isinstance(event, ev.RunFinished):
-            self.finished = True
-        else:
-            self._check_displaced(event)
-
-    def _check_displaced(self, event: ev.ControlEvent) -> None:
-        """Raise WorkerDisplaced on another process's announcement as this worker. Its time
-        is compared with this process's start so that an announcement of a dead predecessor
-        read back at start-up does not count (a worker reads control from its start's end)."""
-        if (
-            self.joined
-            and isinstance(event, ev.WorkerStarted)
-            and event.worker == self.worker_id
-            and event.incarnation not in ("", self.incarnation)
-            and event.ts > self.started_at
-        ):
-            raise WorkerDisplaced(
-                f"another process started as worker {self.worker_id} (incarnation "
-                f"{event.incarnation}; this one is {self.incarnation}) and takes its place: "
-                "give each rollout worker its own --worker-id"
-            )
-
-    def _refund(self, event: ev.SamplesDropped | ev.BudgetGranted) -> None:
-        """Give back the slots of samples of ours the trainer will not train, to the budget
-        that counted them as stale (docs/design.md, "Versions and the budget").
-
-        A version's budget opens with ``consumed`` as of its SyncRequested: a drop logged
-        before that request is counted there as consumed, one logged after it as stale. So a
-        drop logged after the newest request waits for that version's budget (the in-flight
-        swap or the pause may come later than the event is read), and a drop logged before
-        the welcome of a join refunds nothing (the welcome's ``consumed`` holds it)."""
-        for i, counted in enumerate(self.counted_at_join):
-            if counted is event:
-                del self.counted_at_join[i]
-                return
-        if isinstance(event, ev.SamplesDropped) and self.requests:
-            self.refund_at[self.requests[-1].version] += event.count
-        else:
-            self.budget.refund(event.count)
-
-    def _last_requested(self) -> int:
-        return self.requests[-1].version if self.requests else self.version
-
-    def _ours(self, event: ev.SamplesDropped | ev.BudgetGranted) -> bool:
-        """Samples the trainer dropped of ours, or a share of this version handed over to us."""
-        if isinstance(event, ev.SamplesDropped):
-            return event.target_worker == self.worker_id
-        return event.target_worker == self.worker_id and event.version == self.version
-
-    def _new_trainer(self, event: ev.ControlEvent) -> bool:
-        """A TrainerResumed of a trainer this worker has not joined: its versions are above
-        every version on the log, so above this worker's, unlike the one it joined."""
-        return isinstance(event, ev.TrainerResumed) and event.version > self.version
 
     # --- the hand-shake ------------------------------------------------------------------------
     def join(self) -> ev.WeightsPublished:
@@ -355,14 +240,6 @@ class SyncFollower:
         return [] if self.worker_id >= self.num_workers else None
 
     # --- the in-flight update (async_training.in_flight_update) ---------------------------------
-    def ready_to_swap(self, received: bool) -> tuple[ev.SyncRequested, ev.WeightsPublished] | None:
-        """The oldest sync requested, once its weights are received (``received``) and the
-        trainer has announced them (the version, checksum and members come with that)."""
-        request = self.pending_sync
-        if not received or request is None or request.version not in self.published:
-            return None
-        return request, self.published[request.version]
-
     def swapped(
         self,
         request: ev.SyncRequested,
@@ -378,19 +255,6 @@ class SyncFollower:
         self.paused(request, 0, produced, finished, pause_s=pause_s, flush=False)
         self._loaded(published, checksum, receive_s, flush=False)
         self.sync_done()
-
-    def run_finishing(self, grace_s: float = 2.0) -> bool:
-        """Whether RunFinished arrives within ``grace_s``: the trainer closes its weight pairs
-        right after publishing it, so a worker receiving in the background sees its pair close
-        before it reads the event, and must not take that for a trainer that died."""
-        if self.finished:
-            return True
-        try:
-            self.control.wait_for(ev.RunFinished, timeout_s=grace_s)
-        except SyncTimeout:
-            return False
-        self.finished = True
-        return True
 
     # --- a restarted trainer -------------------------------------------------------------------
     def rejoin(self) -> ev.WeightsPublished | None:

@@ -24,7 +24,7 @@ from asyncrl.config.offpolicy import FilterGroupsConfig
 from asyncrl.consumers.dynamic_sampling import no_signal
 from asyncrl.kafka import Record
 from asyncrl.kafka.interfaces import Sink
-from asyncrl.producers.agent.loop import AgentRunner
+from asyncrl.producers.agent.runner import AgentRunner
 from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.reward import Scored
 from asyncrl.producers.spans import SampleTrace

@@ -71,12 +71,8 @@ from asyncrl.producers.agent.factory import make_runner
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.budget import RolloutBudget
 from asyncrl.producers.completion import Completion
-from asyncrl.producers.follower import (
-    JoinCancelled,
-    SyncFollower,
-    TrainerGone,
-    WorkerDisplaced,
-)
+from asyncrl.producers.control_inbox import WorkerDisplaced
+from asyncrl.producers.follower import JoinCancelled, SyncFollower, TrainerGone
 from asyncrl.producers.in_flight import InFlightSamples
 from asyncrl.producers.io import PromptFeed, WorkerIO, kafka_io
 from asyncrl.producers.reward_pool import make_pool

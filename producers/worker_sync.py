@@ -17,7 +17,7 @@ from asyncrl.sync.checksum import same_format, weights_checksum
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
     from asyncrl.producers.admission import PromptAdmission
-    from asyncrl.producers.agent.loop import AgentRunner
+    from asyncrl.producers.agent.runner import AgentRunner
     from asyncrl.producers.completion import Completion
     from asyncrl.producers.engines.base import Engine
     from asyncrl.producers.follower import SyncFollower

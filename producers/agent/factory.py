@@ -12,8 +12,9 @@ from typing import Any
 from asyncrl.config import RunConfig
 from asyncrl.producers.agent.eval_engine import eval_engine, evaluation_engine
 from asyncrl.producers.agent.interaction import ConfiguredInteractions, load_interactions
-from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
+from asyncrl.producers.agent.loop import AgentLimits, AgentLoop
 from asyncrl.producers.agent.parser import SingleTurn, ToolParser, make_parser
+from asyncrl.producers.agent.runner import AgentRunner
 from asyncrl.producers.engines.base import Engine
 from asyncrl.producers.tools.registry import ToolExecutor, run_tools
 from asyncrl.tasks.arithmetic import Problem, score

@@ -16,8 +16,9 @@ from asyncrl.config import ModelConfig
 from asyncrl.models.tiny import CHARS, build_model, build_tokenizer
 from asyncrl.models.warm_start import encode_turns, warm_start_turns
 from asyncrl.producers.agent.interaction import ConfiguredInteractions, Interaction
-from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
+from asyncrl.producers.agent.loop import AgentLimits, AgentLoop
 from asyncrl.producers.agent.parser import CompactParser, HermesParser, make_parser
+from asyncrl.producers.agent.runner import AgentRunner
 from asyncrl.producers.agent.state import AgentState, Phase
 from asyncrl.producers.engines.base import GenResult
 from asyncrl.producers.engines.hf import HFEngine

@@ -25,9 +25,10 @@ from asyncrl.producers.agent.interaction import (
     InteractionError,
     load_interactions,
 )
-from asyncrl.producers.agent.loop import AgentLimits, AgentLoop, AgentRunner
+from asyncrl.producers.agent.loop import AgentLimits, AgentLoop
 from asyncrl.producers.agent.parser import CompactParser
 from asyncrl.producers.agent.retry_interaction import RetryInteraction
+from asyncrl.producers.agent.runner import AgentRunner
 from asyncrl.producers.agent.state import AgentState
 from asyncrl.producers.engines.base import GenResult
 from asyncrl.producers.engines.hf import HFEngine
