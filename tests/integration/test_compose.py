@@ -69,6 +69,7 @@ class OtlpSink(BaseHTTPRequestHandler):
 # Opt-in (`make test-heavy`, ~25 s): CI's `make compose-test` runs these services from the same
 # compose files under a real engine, with the trainer killed and the audit at its end.
 @pytest.mark.heavy
+@pytest.mark.usefixtures("demo_policy")  # the services' warm start, built in the background
 def test_compose_services_run_natively(broker, tmp_path, policy_dir):
     compose = yaml.safe_load(COMPOSE.read_text())
     services = compose["services"]
