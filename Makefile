@@ -33,17 +33,19 @@ run: install
 
 # Bytecode written as modules are imported, even where the environment says not to
 # (PYTHONDONTWRITEBYTECODE): each role of each run in the suite compiled the package again.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
+
 test: install
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 # Heavy end-to-end cases kept out of `make test` (which stays within ~25 min on two cores);
 # each names in its test what still covers its property in `make test` (~5-6 min here).
 test-heavy: install
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
+	$(PYTEST) -m heavy $(PYTEST_ARGS)
 
 # The tests on a simulated three-node Ray cluster (minutes; not in `make test`).
 test-cluster: install
-	$(BIN)/python -m pytest -m cluster tests/integration/test_ray_placement.py
+	$(PYTEST) -m cluster tests/integration/test_ray_placement.py
 
 # Random faults during mode (d) runs with 2 workers, one line per seed (tests/chaos.py):
 # `make chaos CHAOS_ARGS="--seeds 5 --faults 16 --steps 400 --gap-s 2 8"`.
